@@ -1,0 +1,76 @@
+"""Typed errors a user can cause, each with its own exit code.
+
+The library raises these; ``hpcppo.cli`` maps each class to one clear line on stderr and its exit
+code in one place. Anything else escaping to the CLI is an internal bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class HpcppoError(Exception):
+    """Base class of every user-facing error."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message} ({self.hint})"
+
+
+class ConfigError(HpcppoError):
+    """A TOML file or an override is malformed, has an unknown key, a wrong type or a bad value.
+
+    The message names the file, the dotted key and what is allowed.
+    """
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, file: str | None = None, key: str | None = None, hint: str | None = None):
+        prefix = ""
+        if file:
+            prefix += f"{file}: "
+        if key:
+            prefix += f"{key}: "
+        super().__init__(prefix + message, hint=hint)
+        self.file = file
+        self.key = key
+
+
+class SiteNotFoundError(ConfigError):
+    """``--site NAME`` names no site profile."""
+
+    exit_code = 3
+
+
+class ResolveError(HpcppoError):
+    """The experiment does not fit the site: batch arithmetic or resources do not add up."""
+
+    exit_code = 4
+
+
+class PathError(HpcppoError):
+    """A model, data or run path the experiment needs does not exist or is not usable."""
+
+    exit_code = 5
+
+
+class RunIdError(HpcppoError):
+    """A run id is malformed (path traversal, bad characters) or names no run."""
+
+    exit_code = 6
+
+
+class SchedulerError(HpcppoError):
+    """The scheduler is missing (``sbatch`` not on PATH) or rejected/failed a request (its stderr is shown)."""
+
+    exit_code = 7
+
+
+class RunStateError(HpcppoError):
+    """The run is not in a state that allows the request (e.g. rollback without a checkpoint)."""
+
+    exit_code = 8
