@@ -1,0 +1,227 @@
+"""Pure rendering: a compiled run (site + experiment + plan) -> the job script text.
+
+Jinja with ``StrictUndefined`` (a missing variable is an error, never an empty string) and shell
+quoting filters applied to every user value (``q``, ``qenv``, ``sbatch_value``); ``#SBATCH``
+directives are sorted and sit at the top. A site can point at its own template directory; the
+packaged ``templates/`` are the fallback for partials it does not override.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from hpcppo import __version__, exitcodes
+from hpcppo.errors import ConfigError
+from hpcppo.launch.shell import is_env_name, quote, quote_command, quote_env
+from hpcppo.resources import templates_dir
+
+SLURM_TEMPLATE = "slurm.sbatch.j2"
+LOCAL_TEMPLATE = "local.sh.j2"
+# Rendezvous ports: MASTER_PORT = PORT_BASE + job_id % PORT_SPAN keeps clear of ephemeral ports.
+PORT_BASE = 20000
+PORT_SPAN = 10000
+ENTRY_MODULE = "hpcppo.train.main"
+WATCHDOG_MODULE = "hpcppo.watchdog"
+
+_MEM_RE = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE)
+_MEM_UNIT_MB = {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def _sbatch_value(value: object) -> str:
+    """Directive values: sbatch parses these lines itself, not a shell; refuse what could break them."""
+    text = str(value)
+    if any(c in text for c in "\n\r\0"):
+        raise ConfigError(f"sbatch directive value {text!r} contains a line break")
+    if re.fullmatch(r"[A-Za-z0-9_.,:@%/=+-]*", text):
+        return text
+    return quote(text)
+
+
+def _mem_mb(spec: str) -> int:
+    m = _MEM_RE.match(spec.strip())
+    if not m:
+        raise ConfigError(f"memory {spec!r} is not like 120G, 64000M or 512000", key="site.slurm.mem_per_task")
+    return max(1, int(int(m.group(1)) * _MEM_UNIT_MB[m.group(2).upper()]))
+
+
+def slurm_time(seconds: int) -> str:
+    """Seconds -> Slurm's ``D-HH:MM:SS`` (minutes rounded up: Slurm's resolution is one minute)."""
+    minutes = max(1, -(-int(seconds) // 60))
+    days, rem = divmod(minutes, 24 * 60)
+    hours, mins = divmod(rem, 60)
+    return f"{days}-{hours:02d}:{mins:02d}:00" if days else f"{hours:02d}:{mins:02d}:00"
+
+
+def build_environment(templates: Sequence[Path]) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader([str(p) for p in templates]),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["q"] = quote
+    env.filters["qenv"] = quote_env
+    env.filters["sbatch_value"] = _sbatch_value
+    return env
+
+
+def template_dirs(site: Any) -> list[Path]:
+    dirs = []
+    custom = getattr(site.templates, "dir", "")
+    if custom:
+        path = Path(custom).expanduser()
+        if not path.is_dir():
+            raise ConfigError(f"template directory {path} does not exist", key="site.templates.dir")
+        dirs.append(path)
+    dirs.append(templates_dir())
+    return dirs
+
+
+def slurm_directives(site: Any, exp: Any, plan: Any, run_dir: Path) -> list[tuple[str, str | None]]:
+    """All ``#SBATCH`` directives as sorted (key, value) pairs; value None is a bare flag."""
+    s = site.slurm
+    d: dict[str, str | None] = {
+        "job-name": exp.name,
+        "nodes": str(plan.nodes),
+        "ntasks-per-node": str(plan.ranks_per_node),
+        "time": slurm_time(plan.time_limit_s),
+        "output": str(run_dir / "logs" / "slurm-%j.out"),
+        "open-mode": "append",  # a requeued attempt appends to the same batch log
+        "chdir": str(run_dir),
+        "signal": f"USR2@{s.signal_lead_s}",
+    }
+    if plan.device == "cuda":
+        if s.gpu_request == "gres":
+            d["gres"] = f"{s.gres_name}:{plan.ranks_per_node}"
+        else:
+            d["gpus-per-node"] = str(plan.ranks_per_node)
+    if s.cpus_per_task:
+        d["cpus-per-task"] = str(s.cpus_per_task)
+    if s.mem_per_task:
+        d["mem"] = f"{_mem_mb(s.mem_per_task) * plan.ranks_per_node}M"
+    for key in ("partition", "account", "qos", "constraint", "reservation"):
+        value = getattr(s, key)
+        if value:
+            d[key] = value
+    if s.exclusive:
+        d["exclusive"] = None
+    d["requeue" if s.requeue else "no-requeue"] = None
+    for key, value in s.extra_directives.items():
+        key = key.lstrip("-")
+        if not re.fullmatch(r"[a-z][a-z0-9-]*", key):
+            raise ConfigError(f"extra directive {key!r} is not an sbatch long option", key="site.slurm.extra_directives")
+        d[key] = value if value not in ("", None) else None
+    return sorted(d.items())
+
+
+def _env_pairs(mapping: dict[str, str], key: str) -> list[tuple[str, str]]:
+    for name in mapping:
+        if not is_env_name(name):
+            raise ConfigError(f"{name!r} is not a valid environment variable name", key=key)
+    return sorted(mapping.items())
+
+
+def environment_block(site: Any) -> dict[str, Any]:
+    env = site.env
+    return {
+        "module_purge": env.module_purge,
+        "modules": list(env.modules),
+        "setup": [quote_command(line) for line in env.setup],
+        "vars": _env_pairs(dict(env.vars), "site.env.vars"),
+        "nccl": _env_pairs(dict(env.nccl), "site.env.nccl"),
+        "threads": env.threads_per_rank,
+    }
+
+
+def job_command(site: Any, run_dir: Path, python: str | None = None) -> list[str]:
+    """The job entry point with the run directory as its only argument (unquoted words)."""
+    return [python or site.env.python or "python3", "-u", "-m", ENTRY_MODULE, str(run_dir)]
+
+
+def _container_srun_args(site: Any) -> tuple[list[str], list[str]]:
+    """(extra srun options, command prefix) for the site's container runtime."""
+    c = site.container
+    if c.runtime == "pyxis":
+        args = [f"--container-image={quote(c.image)}"]
+        if c.mounts:
+            args.append(f"--container-mounts={quote(','.join(c.mounts))}")
+        if c.workdir:
+            args.append(f"--container-workdir={quote(c.workdir)}")
+        args += [quote(a) for a in c.extra_args]
+        return args, []
+    if c.runtime == "apptainer":
+        prefix = ["apptainer", "exec", "--nv"]
+        for mount in c.mounts:
+            prefix += ["--bind", mount]
+        if c.workdir:
+            prefix += ["--pwd", c.workdir]
+        prefix += list(c.extra_args) + [c.image]
+        return [], prefix
+    return [], []
+
+
+def render_slurm(site: Any, exp: Any, plan: Any, run_dir: Path, *, python: str | None = None) -> str:
+    run_dir = Path(run_dir)
+    container_args, prefix = _container_srun_args(site)
+    srun_args = [
+        f"--nodes={plan.nodes}",
+        f"--ntasks-per-node={plan.ranks_per_node}",
+        "--kill-on-bad-exit=1",
+        # one log per rank per attempt; the batch log keeps the launcher's own lines
+        '--output="$HPCPPO_LOG_DIR/rank-%t.log"',
+    ] + container_args
+    watchdog = []
+    if getattr(exp.watchdog, "enable", False) and getattr(exp.watchdog, "launch", True):
+        watchdog = [quote(w) for w in prefix + [python or site.env.python or "python3", "-u", "-m", WATCHDOG_MODULE, str(run_dir)]]
+    ctx = _common_context(site, exp, run_dir) | {
+        "directives": slurm_directives(site, exp, plan, run_dir),
+        "device": plan.device,
+        "port_base": PORT_BASE,
+        "port_span": PORT_SPAN,
+        "srun_args": srun_args,
+        "job_command": [quote(w) for w in prefix + job_command(site, run_dir, python)],
+        "watchdog_command": watchdog,
+    }
+    return _render(site, SLURM_TEMPLATE, ctx)
+
+
+def render_local(site: Any, exp: Any, plan: Any, run_dir: Path, *, python: str | None = None) -> str:
+    ctx = _common_context(site, exp, run_dir) | {
+        "job_command": [quote(w) for w in job_command(site, run_dir, python)],
+    }
+    return _render(site, LOCAL_TEMPLATE, ctx)
+
+
+def render(site: Any, exp: Any, plan: Any, run_dir: Path, *, python: str | None = None) -> str:
+    """Render the job script for the site's scheduler."""
+    fn = render_slurm if site.scheduler == "slurm" else render_local
+    return fn(site, exp, plan, run_dir, python=python)
+
+
+def _common_context(site: Any, exp: Any, run_dir: Path) -> dict[str, Any]:
+    return {
+        "version": __version__,
+        "run_id": Path(run_dir).name,
+        "run_dir": str(run_dir),
+        "site_name": site.name,
+        "env": environment_block(site),
+        "hdf5_locking": site.hdf5.locking,
+        "exit_codes": {"requeue": exitcodes.REQUEUE, "paused": exitcodes.PAUSED},
+    }
+
+
+def _render(site: Any, name: str, ctx: dict[str, Any]) -> str:
+    env = build_environment(template_dirs(site))
+    try:
+        return env.get_template(name).render(**ctx)
+    except jinja2.UndefinedError as exc:
+        raise ConfigError(f"template {name}: {exc.message}", key="site.templates.dir") from None
+    except jinja2.TemplateNotFound as exc:
+        raise ConfigError(f"template {exc.name} not found in {[str(p) for p in template_dirs(site)]}") from None

@@ -1,0 +1,55 @@
+"""Shell quoting for every user value that reaches a rendered script.
+
+Two forms:
+- :func:`quote` — a single-quoted shell word: nothing inside is ever expanded or executed.
+- :func:`quote_env` — a double-quoted word in which only ``${NAME}`` references expand (so a site can
+  write ``HF_HOME=/scratch/${USER}/hf``); every other ``$``, backtick, backslash and quote is escaped,
+  so ``$(...)``, backticks, ``;`` and newlines stay inert text.
+Setup lines are one command each: :func:`quote_command` splits them into words (``shlex``) and quotes
+every word, so a line cannot chain, pipe, substitute or redirect.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_VAR_REF_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def quote(value: object) -> str:
+    """Quote ``value`` as one inert shell word."""
+    if isinstance(value, bool):
+        value = "true" if value else "false"
+    return shlex.quote(str(value))
+
+
+def _escape_dq(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`").replace("$", "\\$")
+
+
+def quote_env(value: object) -> str:
+    """Double-quote ``value`` keeping ``${NAME}`` references live and everything else inert."""
+    text = str(value)
+    out, pos = [], 0
+    for m in _VAR_REF_RE.finditer(text):
+        out.append(_escape_dq(text[pos : m.start()]))
+        out.append("${" + m.group(1) + "}")
+        pos = m.end()
+    out.append(_escape_dq(text[pos:]))
+    return '"' + "".join(out) + '"'
+
+
+def quote_command(line: str) -> str:
+    """Render a setup line as one command whose words are all quoted (no chaining, no substitution)."""
+    try:
+        words = shlex.split(line, comments=False, posix=True)
+    except ValueError:
+        # Unbalanced quotes: keep the text as one inert word rather than guess.
+        words = [line]
+    return " ".join(quote(w) for w in words)
+
+
+def is_env_name(name: str) -> bool:
+    return bool(_ENV_NAME_RE.match(name))
