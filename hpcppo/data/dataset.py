@@ -1,0 +1,386 @@
+"""Prompt datasets in verl's Parquet schema: read, validate, write, tokenise, collate.
+
+verl's preprocessing scripts write one Parquet row per prompt with these columns (nested types)::
+
+    data_source   string
+    prompt        list<struct<role: string, content: string>>     (chat messages; column name = prompt_key)
+    ability       string                                           (optional)
+    reward_model  struct<style: string, ground_truth: string>
+    extra_info    struct<...>                                      (optional, e.g. split/index/answer/question)
+
+Files written by verl users load unchanged. Columns other than these are ignored on read (verl files may carry
+more), so the error for a missing column lists the required and optional ones and the columns present.
+
+torch is imported only inside :func:`collate_left_pad`: reading, validating and writing Parquet are used by
+login-node tools (``tools/prepare_gsm8k.py``, config checks), which must not pay for — or need — torch.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from hpcppo.errors import ConfigError, PathError
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import torch
+
+MESSAGE_TYPE = pa.struct([("role", pa.string()), ("content", pa.string())])
+REWARD_MODEL_TYPE = pa.struct([("style", pa.string()), ("ground_truth", pa.string())])
+#: ``extra_info`` as verl's GSM8K preprocessing writes it; other data sets bring their own struct.
+GSM8K_EXTRA_INFO_TYPE = pa.struct(
+    [("split", pa.string()), ("index", pa.int64()), ("answer", pa.string()), ("question", pa.string())]
+)
+REQUIRED_COLUMNS = ("data_source", "reward_model")  # plus the prompt column (prompt_key)
+OPTIONAL_COLUMNS = ("ability", "extra_info")
+TRUNCATION_MODES = ("error", "left", "right")
+
+
+def prompt_schema(prompt_key: str = "prompt", extra_info_type: pa.DataType = GSM8K_EXTRA_INFO_TYPE) -> pa.Schema:
+    """The explicit Parquet schema we write (verl's column order)."""
+    return pa.schema(
+        [
+            ("data_source", pa.string()),
+            (prompt_key, pa.list_(MESSAGE_TYPE)),
+            ("ability", pa.string()),
+            ("reward_model", REWARD_MODEL_TYPE),
+            ("extra_info", extra_info_type),
+        ]
+    )
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    """One prompt row, as read from a file.
+
+    ``ground_truth`` is passed to reward functions as stored (verl does the same); the built-in scorers expect a
+    string. ``source`` and ``row`` locate the row for error messages.
+    """
+
+    data_source: str
+    prompt: list[dict[str, str]]
+    ground_truth: Any
+    ability: str | None = None
+    reward_style: str | None = None
+    extra_info: dict[str, Any] = field(default_factory=dict)
+    source: str = "<memory>"
+    row: int = 0
+
+    def to_row(self, prompt_key: str = "prompt") -> dict[str, Any]:
+        """The verl-schema row this record came from (for :func:`write_prompts_parquet`)."""
+        return {
+            "data_source": self.data_source,
+            prompt_key: [dict(m) for m in self.prompt],
+            "ability": self.ability,
+            "reward_model": {"style": self.reward_style, "ground_truth": self.ground_truth},
+            "extra_info": dict(self.extra_info) if self.extra_info else None,
+        }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Writing
+
+
+def write_prompts_parquet(
+    rows: Iterable[Mapping[str, Any]],
+    path: str | os.PathLike[str],
+    *,
+    prompt_key: str = "prompt",
+    extra_info_type: pa.DataType | None = None,
+) -> Path:
+    """Write verl-schema rows to ``path`` atomically (temp file in the same directory, fsync, rename).
+
+    ``extra_info_type`` fixes the struct type of ``extra_info``; when None it is inferred from the rows (it must
+    come out as a struct). Returns the final path. A reader never sees a half-written file.
+    """
+    path = Path(path)
+    rows = list(rows)
+    for i, row in enumerate(rows):
+        _check_row_for_write(row, i, prompt_key, path)
+    if extra_info_type is None:
+        extra_values = [row.get("extra_info") for row in rows]
+        extra_info_type = pa.array(extra_values).type if any(v for v in extra_values) else GSM8K_EXTRA_INFO_TYPE
+        if not pa.types.is_struct(extra_info_type):
+            raise ConfigError(f"extra_info must be a mapping in every row, got values of type {extra_info_type}",
+                              file=str(path), key="extra_info")
+    schema = prompt_schema(prompt_key, extra_info_type)
+    columns = {name: [row.get(name) for row in rows] for name in schema.names}
+    table = pa.Table.from_pydict(columns, schema=schema)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            pq.write_table(table, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def _fsync_dir(directory: Path) -> None:
+    # The rename is durable only once the directory entry is on disk.
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _check_row_for_write(row: Mapping[str, Any], i: int, prompt_key: str, path: Path) -> None:
+    where = f"row {i}"
+    if not isinstance(row, Mapping):
+        raise ConfigError(f"{where}: expected a mapping, got {type(row).__name__}", file=str(path))
+    for key in ("data_source", prompt_key, "reward_model"):
+        if key not in row:
+            raise ConfigError(f"{where}: missing key {key!r} (a row needs data_source, {prompt_key}, reward_model; "
+                              f"ability and extra_info are optional)", file=str(path))
+    messages = row[prompt_key]
+    if not isinstance(messages, list | tuple) or not messages:
+        raise ConfigError(f"{where}: {prompt_key} must be a non-empty list of {{role, content}} messages",
+                          file=str(path))
+    for m in messages:
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ConfigError(f"{where}: every message in {prompt_key} needs string 'role' and 'content', got {m!r}",
+                              file=str(path))
+    reward = row["reward_model"]
+    if not isinstance(reward, Mapping) or not isinstance(reward.get("ground_truth"), str):
+        raise ConfigError(f"{where}: reward_model must be a mapping with a string 'ground_truth', got {reward!r}",
+                          file=str(path))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reading
+
+
+def _expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Path]:
+    items = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
+    if not items:
+        raise ConfigError("no prompt files given")
+    out: list[Path] = []
+    for item in items:
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(p.glob("*.parquet"))
+            if not found:
+                raise PathError(f"{p}: directory contains no *.parquet files")
+            out.extend(found)
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise PathError(f"{p}: prompt file does not exist")
+    return out
+
+
+def _is_string(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _validate_schema(schema: pa.Schema, file: str, prompt_key: str) -> None:
+    required = (REQUIRED_COLUMNS[0], prompt_key, *REQUIRED_COLUMNS[1:])
+    missing = [c for c in required if c not in schema.names]
+    if missing:
+        raise ConfigError(
+            f"missing column(s) {', '.join(repr(c) for c in missing)}; required: {', '.join(required)}; "
+            f"optional: {', '.join(OPTIONAL_COLUMNS)}; present: {', '.join(schema.names) or '(none)'}",
+            file=file,
+            hint="is the prompt column named differently? set data.prompt_key" if prompt_key in missing else None,
+        )
+
+    def bad(column: str, expected: str) -> ConfigError:
+        return ConfigError(f"column {column!r} has type {schema.field(column).type}, expected {expected}", file=file)
+
+    if not _is_string(schema.field("data_source").type):
+        raise bad("data_source", "string")
+    ptype = schema.field(prompt_key).type
+    if not (pa.types.is_list(ptype) or pa.types.is_large_list(ptype)) or not pa.types.is_struct(ptype.value_type):
+        raise bad(prompt_key, "list<struct<role: string, content: string>>")
+    names = {ptype.value_type.field(i).name: ptype.value_type.field(i).type for i in range(ptype.value_type.num_fields)}
+    if not all(k in names and _is_string(names[k]) for k in ("role", "content")):
+        raise bad(prompt_key, "list<struct<role: string, content: string>>")
+    rtype = schema.field("reward_model").type
+    if not pa.types.is_struct(rtype) or rtype.get_field_index("ground_truth") < 0:
+        raise bad("reward_model", "struct<style: string, ground_truth: ...>")
+    if "ability" in schema.names and not (_is_string(schema.field("ability").type)
+                                          or pa.types.is_null(schema.field("ability").type)):
+        raise bad("ability", "string")
+    if "extra_info" in schema.names and not (pa.types.is_struct(schema.field("extra_info").type)
+                                             or pa.types.is_null(schema.field("extra_info").type)):
+        raise bad("extra_info", "struct")
+
+
+def read_prompts(
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, prompt_key: str = "prompt"
+) -> list[PromptRecord]:
+    """Read and validate verl-schema Parquet files (or directories of them, sorted by name), in order.
+
+    Raises :class:`PathError` for a missing/unreadable file and :class:`ConfigError` naming the file (and row)
+    for a schema problem: a missing column, a wrong type, an empty prompt, a null data_source.
+    """
+    records: list[PromptRecord] = []
+    for path in _expand_paths(paths):
+        file = str(path)
+        try:
+            table = pq.read_table(path)
+        except (OSError, pa.ArrowException) as exc:
+            raise PathError(f"{file}: not a readable Parquet file ({exc})") from exc
+        _validate_schema(table.schema, file, prompt_key)
+        wanted = ["data_source", prompt_key, "reward_model"] + [c for c in OPTIONAL_COLUMNS if c in table.schema.names]
+        for row, values in enumerate(table.select(wanted).to_pylist()):
+            records.append(_record_from_row(values, prompt_key, file, row))
+    return records
+
+
+def _record_from_row(values: dict[str, Any], prompt_key: str, file: str, row: int) -> PromptRecord:
+    where = f"row {row}"
+    if not values["data_source"]:
+        raise ConfigError(f"{where}: data_source is null or empty", file=file)
+    messages = values[prompt_key]
+    if not messages:
+        raise ConfigError(f"{where}: column {prompt_key!r} is null or an empty list of messages", file=file)
+    for m in messages:
+        if m is None or m.get("role") is None or m.get("content") is None:
+            raise ConfigError(f"{where}: a message in {prompt_key!r} has a null role or content: {m!r}", file=file)
+    reward = values["reward_model"] or {}
+    if reward.get("ground_truth") is None:
+        raise ConfigError(f"{where}: reward_model.ground_truth is null", file=file)
+    return PromptRecord(
+        data_source=values["data_source"],
+        prompt=[{"role": m["role"], "content": m["content"]} for m in messages],
+        ground_truth=reward["ground_truth"],
+        ability=values.get("ability"),
+        reward_style=reward.get("style"),
+        extra_info=dict(values.get("extra_info") or {}),
+        source=file,
+        row=row,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tokenisation
+
+
+@dataclass(frozen=True)
+class PromptItem:
+    """One tokenised prompt: ``input_ids`` unpadded (1-D list of token ids), the record, its dataset index."""
+
+    index: int
+    input_ids: list[int]
+    record: PromptRecord
+
+
+class PromptDataset:
+    """Prompts tokenised once, up front, with the tokenizer's chat template.
+
+    Tokenising everything in the constructor (rather than per ``__getitem__``) makes an over-long prompt fail at
+    start-up, before any GPU time is spent, and prompt sets for PPO are small (GSM8K train: 7,473 rows).
+
+    Text of a prompt: with a chat template (``apply_chat_template=None`` means "if ``tokenizer.chat_template`` is
+    set"), ``apply_chat_template(messages, add_generation_prompt=True, tokenize=False)`` tokenised without added
+    special tokens (the template already has them) — what verl does. Without one (base models), the messages'
+    contents joined by a newline, tokenised *with* the tokenizer's special tokens (e.g. a BOS).
+
+    Prompts longer than ``max_prompt_length`` tokens: ``truncation="error"`` raises a :class:`ConfigError` naming
+    the file, row and length; ``"left"`` keeps the last tokens, ``"right"`` the first.
+    """
+
+    def __init__(
+        self,
+        records: Sequence[PromptRecord],
+        tokenizer: Any,
+        *,
+        max_prompt_length: int,
+        truncation: Literal["error", "left", "right"] = "error",
+        apply_chat_template: bool | None = None,
+    ) -> None:
+        if truncation not in TRUNCATION_MODES:
+            raise ConfigError(f"unknown truncation {truncation!r}; allowed: {', '.join(TRUNCATION_MODES)}",
+                              key="truncation")
+        if not isinstance(max_prompt_length, int) or max_prompt_length < 1:
+            raise ConfigError(f"must be a positive integer, got {max_prompt_length!r}", key="max_prompt_length")
+        has_template = bool(getattr(tokenizer, "chat_template", None))
+        if apply_chat_template is None:
+            apply_chat_template = has_template
+        elif apply_chat_template and not has_template:
+            raise ConfigError("apply_chat_template is true but the tokenizer has no chat_template",
+                              key="apply_chat_template", hint="set it to false to join the messages' contents")
+        self.records = list(records)
+        self.tokenizer = tokenizer
+        self.max_prompt_length = max_prompt_length
+        self.truncation = truncation
+        self.uses_chat_template = bool(apply_chat_template)
+        self.truncated = 0  # how many prompts were cut (reported by the trainer)
+        self._ids = [self._tokenize(r) for r in self.records]
+
+    def prompt_text(self, record: PromptRecord) -> str:
+        """The exact text that is tokenised for ``record``."""
+        if self.uses_chat_template:
+            return self.tokenizer.apply_chat_template(record.prompt, add_generation_prompt=True, tokenize=False)
+        return "\n".join(m["content"] for m in record.prompt)
+
+    def _tokenize(self, record: PromptRecord) -> list[int]:
+        text = self.prompt_text(record)
+        ids = list(self.tokenizer(text, add_special_tokens=not self.uses_chat_template)["input_ids"])
+        if not ids:
+            raise ConfigError(f"row {record.row}: prompt tokenises to zero tokens", file=record.source)
+        n = len(ids)
+        if n > self.max_prompt_length:
+            if self.truncation == "error":
+                raise ConfigError(
+                    f"row {record.row}: prompt has {n} tokens, more than max_prompt_length={self.max_prompt_length}",
+                    file=record.source,
+                    hint='raise data.max_prompt_length or set data.truncation = "left" or "right"',
+                )
+            self.truncated += 1
+            ids = ids[-self.max_prompt_length:] if self.truncation == "left" else ids[: self.max_prompt_length]
+        return ids
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> PromptItem:
+        return PromptItem(index=index, input_ids=self._ids[index], record=self.records[index])
+
+    @property
+    def prompt_lengths(self) -> list[int]:
+        """Token count of every prompt (after truncation)."""
+        return [len(ids) for ids in self._ids]
+
+
+def collate_left_pad(items: Sequence[PromptItem], pad_token_id: int) -> dict[str, Any]:
+    """Left-pad a batch of prompts for decoder-only generation.
+
+    Returns ``input_ids`` [B, T] long, ``attention_mask`` [B, T] long (0 on padding), ``position_ids`` [B, T] long
+    (``clamp(cumsum(mask) - 1, min=0)`` — 0 on the padding, 0.. on the tokens, as verl computes them),
+    ``index`` [B] long, and ``records`` (list of :class:`PromptRecord`, not a tensor). T is the longest prompt.
+    """
+    import torch  # here, not at module level: the Parquet I/O above is used on the login node
+
+    if not items:
+        raise ValueError("collate_left_pad needs at least one item")
+    width = max(len(it.input_ids) for it in items)
+    input_ids = torch.full((len(items), width), int(pad_token_id), dtype=torch.long)
+    attention_mask = torch.zeros((len(items), width), dtype=torch.long)
+    for i, it in enumerate(items):
+        n = len(it.input_ids)
+        input_ids[i, width - n:] = torch.tensor(it.input_ids, dtype=torch.long)
+        attention_mask[i, width - n:] = 1
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "index": torch.tensor([it.index for it in items], dtype=torch.long),
+        "records": [it.record for it in items],
+    }
