@@ -1,0 +1,310 @@
+"""Reward functions with verl's signature, the built-in scorers, and loading of user functions.
+
+Every reward function is called exactly as verl calls them, with keyword arguments::
+
+    fn(data_source=..., solution_str=..., ground_truth=..., extra_info=..., **reward_kwargs) -> float
+
+so a ``compute_score`` written for verl works here unchanged (a dict with a ``"score"`` key is accepted too, as
+verl does). :func:`build_reward_fn` turns a spec into such a function:
+
+- ``"auto"``: dispatch on ``data_source`` — ``openai/gsm8k`` -> :func:`gsm8k_compute_score`, ``hpcppo/arith`` ->
+  ``hpcppo.data.synthetic:compute_score`` (imported on first use); an unknown data_source raises, listing the
+  known ones. Options per built-in go in as ``gsm8k={"method": "flexible"}``.
+- ``"gsm8k"`` / ``"arith"``: that built-in for every row, options as keyword arguments.
+- ``"package.module:function"`` or ``"path/to/file.py:function"``: user code, options as keyword arguments. It is
+  loaded and its signature checked at build time, so a typo fails before the job spends GPU time.
+
+No torch here: config validation on the login node builds reward functions.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import math
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from hpcppo.errors import ConfigError, HpcppoError, PathError
+
+
+class RewardFunctionError(HpcppoError):
+    """A reward function raised, or returned something that is not a finite number, while scoring a row."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GSM8K
+
+GSM8K_CLIP_CHARS = 300  # verl looks only at the tail: the final answer is at the end, and regexes stay cheap
+GSM8K_METHODS = ("strict", "flexible")
+
+# A number as people write it: an optional minus that is not glued to a preceding word or number (so "3-4" reads
+# as 3 and 4, not 3 and -4), an optional currency sign, thousands separators only in groups of three (so "1,2,3"
+# is three numbers, not 123), an optional decimal part. A trailing period ("18.") is not part of the number.
+_NUMBER = r"(?P<neg>(?<![0-9A-Za-z])-)?(?:\$(?P<neg2>-)?)?(?P<digits>(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+)"
+_NUMBER_RE = re.compile(_NUMBER)
+_STRICT_RE = re.compile(r"####[ \t]*" + _NUMBER)
+_PLAIN_NUMBER_RE = re.compile(r"-?(?:\d+(?:\.\d*)?|\.\d+)")
+
+
+def _match_to_text(match: re.Match[str]) -> str:
+    negative = bool(match.group("neg") or match.group("neg2"))
+    return ("-" if negative else "") + match.group("digits").replace(",", "")
+
+
+def extract_gsm8k_answer(solution_str: str, method: str = "strict") -> str | None:
+    """The answer a completion gives, normalised (no commas, no ``$``), or None if it gives none.
+
+    Only the last :data:`GSM8K_CLIP_CHARS` characters are read. ``strict``: the number of the last
+    ``#### <number>``; ``flexible``: the last number anywhere.
+    """
+    if method not in GSM8K_METHODS:
+        raise ConfigError(f"unknown method {method!r}; allowed: {', '.join(GSM8K_METHODS)}", key="method")
+    tail = solution_str[-GSM8K_CLIP_CHARS:]
+    last = None
+    for last in (_STRICT_RE if method == "strict" else _NUMBER_RE).finditer(tail):
+        pass
+    return None if last is None else _match_to_text(last)
+
+
+def _as_decimal(text: str) -> Decimal | None:
+    # Normalise what a ground truth or an answer may carry: spaces, thousands commas, currency, a final period.
+    cleaned = text.strip().replace(",", "").replace("$", "").replace(" ", "").rstrip(".")
+    if not _PLAIN_NUMBER_RE.fullmatch(cleaned):
+        return None  # also keeps Decimal's own extras ("NaN", "1e5", "1_000") out
+    return Decimal(cleaned)
+
+
+def answers_match(answer: str, ground_truth: str) -> bool:
+    """Numeric equality ("18.00" == "18", "1,000" == "1000"), else equality of the stripped strings."""
+    a, g = _as_decimal(answer), _as_decimal(str(ground_truth))
+    if a is not None and g is not None:
+        return a == g
+    return answer.strip() == str(ground_truth).strip()
+
+
+def gsm8k_compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: str,
+    extra_info: Mapping[str, Any] | None = None,
+    *,
+    method: str = "strict",
+    format_score: float = 0.0,
+    score: float = 1.0,
+) -> float:
+    """verl's GSM8K rule: ``score`` if the extracted answer equals the ground truth, ``format_score`` if an answer
+    was found but is wrong, 0.0 if none was found. Compares numerically (verl compares strings)."""
+    answer = extract_gsm8k_answer(solution_str, method)
+    if answer is None:
+        return 0.0
+    return float(score) if answers_match(answer, ground_truth) else float(format_score)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Registry, loading, validation
+
+#: built-in name -> "module:function" (imported lazily: the synthetic task lives in its own module)
+BUILTINS: dict[str, str] = {
+    "gsm8k": "hpcppo.data.rewards:gsm8k_compute_score",
+    "arith": "hpcppo.data.synthetic:compute_score",
+}
+#: data_source -> built-in name, used by "auto"
+DATA_SOURCES: dict[str, str] = {"openai/gsm8k": "gsm8k", "hpcppo/arith": "arith"}
+_CALL_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
+
+
+def load_function(spec: str) -> Callable[..., Any]:
+    """Import ``package.module:function`` or ``path/to/file.py:function`` and return the callable."""
+    module_part, sep, attr = spec.rpartition(":")
+    if not sep or not module_part or not attr:
+        raise ConfigError(
+            f"reward function {spec!r} is not a built-in ({', '.join(['auto', *BUILTINS])}) and not of the form "
+            "'package.module:function' or 'path/to/file.py:function'", key="reward")
+    if module_part.endswith(".py") or "/" in module_part:
+        module = _import_file(Path(module_part), spec)
+    else:
+        try:
+            module = importlib.import_module(module_part)
+        except ModuleNotFoundError as exc:
+            raise ConfigError(f"reward function {spec!r}: no module named {exc.name!r}",
+                              key="reward", hint="is it on PYTHONPATH? or give a file: path/to/file.py:function") from exc
+        except Exception as exc:  # the user's module failed while importing: show why, keep the chain
+            raise ConfigError(f"reward function {spec!r}: importing {module_part} failed: "
+                              f"{type(exc).__name__}: {exc}", key="reward") from exc
+    if not hasattr(module, attr):
+        candidates = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        close = difflib.get_close_matches(attr, candidates, n=1)
+        raise ConfigError(
+            f"reward function {spec!r}: {module_part} has no attribute {attr!r}; its functions: "
+            f"{', '.join(candidates) or '(none)'}", key="reward", hint=f"did you mean {close[0]!r}?" if close else None)
+    fn = getattr(module, attr)
+    if not callable(fn):
+        raise ConfigError(f"reward function {spec!r}: {attr!r} is a {type(fn).__name__}, not callable", key="reward")
+    return fn
+
+
+def _import_file(path: Path, spec: str) -> Any:
+    if not path.is_file():
+        raise PathError(f"reward function {spec!r}: file {path} does not exist")
+    resolved = path.resolve()
+    # One module per file path, named after its hash so two files called reward.py do not collide.
+    name = "hpcppo_user_reward_" + hashlib.sha1(str(resolved).encode()).hexdigest()[:12]
+    if name in sys.modules:
+        return sys.modules[name]
+    module_spec = importlib.util.spec_from_file_location(name, resolved)
+    if module_spec is None or module_spec.loader is None:
+        raise ConfigError(f"reward function {spec!r}: {path} cannot be imported as a Python module", key="reward")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # before exec: dataclasses and pickling look the module up there
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise ConfigError(f"reward function {spec!r}: importing {path} failed: {type(exc).__name__}: {exc}",
+                          key="reward") from exc
+    return module
+
+
+def check_signature(fn: Callable[..., Any], kwargs: Mapping[str, Any], name: str) -> None:
+    """Raise a ConfigError unless ``fn`` accepts verl's four keyword arguments plus ``kwargs``."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # builtins without introspectable signatures: let the call decide
+    try:
+        sig.bind(**dict.fromkeys(_CALL_ARGS), **kwargs)
+    except TypeError as exc:
+        extra = f" plus {', '.join(f'{k}=' for k in kwargs)}" if kwargs else ""
+        raise ConfigError(
+            f"reward function {name!r} has signature {sig}, which cannot be called as "
+            f"fn(data_source=, solution_str=, ground_truth=, extra_info={extra}): {exc}", key="reward") from exc
+
+
+def _as_score(value: Any, name: str, data_source: str, row: int | None = None) -> float:
+    raw = value
+    if row is not None:
+        data_source = f"{data_source!r} on row {row}"
+    else:
+        data_source = repr(data_source)
+    if isinstance(value, Mapping):
+        if "score" not in value:
+            raise RewardFunctionError(f"reward function {name!r} returned a dict without 'score' (keys: "
+                                      f"{', '.join(map(str, value))}) for data_source {data_source}")
+        value = value["score"]
+    if isinstance(value, str | bytes) or not hasattr(type(value), "__float__"):
+        raise RewardFunctionError(f"reward function {name!r} returned {raw!r} ({type(raw).__name__}) for "
+                                  f"data_source {data_source}; expected a number or a dict with 'score'")
+    score = float(value)
+    if not math.isfinite(score):
+        raise RewardFunctionError(f"reward function {name!r} returned {score} for data_source {data_source}")
+    return score
+
+
+class RewardFn:
+    """A loaded reward function with bound options: ``fn(data_source, solution_str, ground_truth, extra_info)``."""
+
+    def __init__(self, name: str, fn: Callable[..., Any], kwargs: Mapping[str, Any] | None = None) -> None:
+        self.name = name
+        self.kwargs = dict(kwargs or {})
+        check_signature(fn, self.kwargs, name)
+        self._fn = fn
+
+    def __call__(self, data_source: str, solution_str: str, ground_truth: Any,
+                 extra_info: Mapping[str, Any] | None = None) -> float:
+        value = self._fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
+                         extra_info=extra_info, **self.kwargs)
+        return _as_score(value, self.name, data_source)
+
+    def __repr__(self) -> str:
+        return f"RewardFn({self.name!r}, kwargs={self.kwargs!r})"
+
+
+def _builtin(name: str, kwargs: Mapping[str, Any]) -> RewardFn:
+    if name == "gsm8k" and kwargs.get("method", "strict") not in GSM8K_METHODS:
+        raise ConfigError(f"unknown method {kwargs['method']!r}; allowed: {', '.join(GSM8K_METHODS)}",
+                          key="reward.gsm8k.method")
+    return RewardFn(name, load_function(BUILTINS[name]), kwargs)
+
+
+class AutoRewardFn:
+    """Dispatch on ``data_source`` to the built-ins (:data:`DATA_SOURCES`); each is loaded on first use."""
+
+    name = "auto"
+
+    def __init__(self, options: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        self.options = {k: dict(v) for k, v in (options or {}).items()}
+        unknown = sorted(set(self.options) - set(BUILTINS))
+        if unknown:
+            raise ConfigError(f"options for unknown built-in(s) {', '.join(unknown)}; known: "
+                              f"{', '.join(BUILTINS)}", key="reward")
+        self._fns: dict[str, RewardFn] = {}
+        if "gsm8k" in self.options:  # validate now; the synthetic task stays unimported until a row needs it
+            self._fns["gsm8k"] = _builtin("gsm8k", self.options["gsm8k"])
+
+    def resolve(self, data_source: str) -> RewardFn:
+        """The built-in that scores ``data_source`` (loading it on first use)."""
+        builtin = DATA_SOURCES.get(data_source)
+        if builtin is None:
+            close = difflib.get_close_matches(str(data_source), list(DATA_SOURCES), n=1)
+            raise ConfigError(
+                f"no built-in reward for data_source {data_source!r}; known data sources: "
+                f"{', '.join(DATA_SOURCES)}", key="reward",
+                hint=f"did you mean {close[0]!r}?" if close else "give your own as reward = 'module:function'")
+        if builtin not in self._fns:
+            self._fns[builtin] = _builtin(builtin, self.options.get(builtin, {}))
+        return self._fns[builtin]
+
+    def __call__(self, data_source: str, solution_str: str, ground_truth: Any,
+                 extra_info: Mapping[str, Any] | None = None) -> float:
+        return self.resolve(data_source)(data_source, solution_str, ground_truth, extra_info)
+
+    def __repr__(self) -> str:
+        return f"AutoRewardFn(options={self.options!r})"
+
+
+def build_reward_fn(spec: str = "auto", **kwargs: Any) -> Callable[[str, str, Any, Mapping[str, Any] | None], float]:
+    """A reward function from a spec (see the module docstring); ``kwargs`` are bound options."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigError(f"reward function spec must be a non-empty string, got {spec!r}", key="reward")
+    spec = spec.strip()
+    if spec == "auto":
+        return AutoRewardFn(kwargs)
+    if spec in BUILTINS:
+        return _builtin(spec, kwargs)
+    return RewardFn(spec, load_function(spec), kwargs)
+
+
+def score_batch(
+    fn: Callable[..., float],
+    data_sources: Sequence[str],
+    solutions: Sequence[str],
+    ground_truths: Sequence[Any],
+    extra_infos: Sequence[Mapping[str, Any] | None] | None = None,
+) -> list[float]:
+    """Score each row; a failing row raises :class:`RewardFunctionError` naming the row and its data_source."""
+    n = len(data_sources)
+    extra = list(extra_infos) if extra_infos is not None else [None] * n
+    if not (len(solutions) == len(ground_truths) == len(extra) == n):
+        raise ValueError(f"score_batch: lengths differ (data_sources {n}, solutions {len(solutions)}, "
+                         f"ground_truths {len(ground_truths)}, extra_infos {len(extra)})")
+    name = getattr(fn, "name", getattr(fn, "__name__", repr(fn)))
+    scores = []
+    for i in range(n):
+        try:
+            value = fn(data_sources[i], solutions[i], ground_truths[i], extra[i])
+        except HpcppoError as exc:
+            exc.add_note(f"while scoring row {i} (data_source={data_sources[i]!r})")
+            raise
+        except Exception as exc:
+            raise RewardFunctionError(f"reward function {name!r} raised on row {i} (data_source="
+                                      f"{data_sources[i]!r}): {type(exc).__name__}: {exc}") from exc
+        scores.append(_as_score(value, name, data_sources[i], row=i))
+    return scores
