@@ -189,7 +189,7 @@ def render_slurm(site: Any, exp: Any, plan: Any, run_dir: Path, *, python: str |
         "job_command": [quote(w) for w in prefix + job_command(site, run_dir, python)],
         "watchdog_command": watchdog,
     }
-    return _render(site, SLURM_TEMPLATE, ctx)
+    return _render(site, site.templates.name or SLURM_TEMPLATE, ctx)
 
 
 def render_local(site: Any, exp: Any, plan: Any, run_dir: Path, *, python: str | None = None) -> str:
