@@ -1,0 +1,273 @@
+"""Experiment spec schema (``exp.toml``): one frozen attrs class per section.
+
+Names and semantics follow verl's where one exists (``ppo_mini_batch_size`` counts prompts, the
+``*_per_gpu`` micro-batches count samples, ``loss_agg_mode``, ``kl_penalty`` ...). Relative paths
+(``model.path``, ``data.train_files`` ...) are relative to the spec file's directory; the loader makes
+them absolute.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from hpcppo.config.fields import FieldValueError, opt, parse_slurm_time
+from hpcppo.config.watchdog import Rule, WatchdogSection
+
+__all__ = ["Experiment", "ModelSection", "DataSection", "RolloutSection", "FsdpSection", "ActorSection",
+           "CriticSection", "ReferenceSection", "KlCtrlSection", "AlgorithmSection", "TrainerSection",
+           "CheckpointSection", "ResourcesSection", "WatchdogSection", "Rule", "KL_ESTIMATORS", "NAME_PATTERN"]
+
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+_KL_BASE = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+KL_ESTIMATORS = _KL_BASE + tuple(k + "+" for k in _KL_BASE)
+_LR_SCHEDULES = ("constant", "cosine", "linear")
+_LOSS_AGG = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def _check_betas(value: list[float]) -> str | None:
+    if len(value) != 2 or not all(0.0 <= b < 1.0 for b in value):
+        return f"{value} must be two numbers in [0, 1), e.g. [0.9, 0.999]"
+    return None
+
+
+def _check_time(value: str) -> str | None:
+    try:
+        seconds = parse_slurm_time(value)
+    except ValueError as exc:
+        return str(exc)
+    return None if seconds > 0 else f"{value!r} must be a positive duration"
+
+
+def _check_reward_fn(value: str) -> str | None:
+    if value == "auto":
+        return None
+    module, sep, func = value.partition(":")
+    if not sep or not module or not func.isidentifier():
+        return f"{value!r} must be \"auto\" or \"module:function\" (e.g. \"my_rewards:score\")"
+    return None
+
+
+@attrs.frozen(kw_only=True)
+class ModelSection:
+    """``[model]``: the policy (actor) checkpoint and how it is loaded."""
+
+    path: str = opt(help="Hugging Face model directory the actor starts from (relative to the spec file).", path=True)
+    critic_path: str = opt("", path=True, help="Model directory the critic starts from; \"\" = model.path.")
+    tokenizer_path: str = opt("", path=True, help="Tokenizer directory; \"\" = model.path.")
+    dtype: str = opt("bfloat16", choices=("bfloat16", "float16", "float32"), help="Dtype the weights are loaded in.")
+    trust_remote_code: bool = opt(False, help="Allow the model directory's own Python code (transformers trust_remote_code).")
+    gradient_checkpointing: bool = opt(False, help="Recompute activations in backward to save memory.")
+    attn_implementation: str = opt("sdpa", choices=("sdpa", "eager", "flash_attention_2", "flash_attention_3"),
+                                   help="transformers attention implementation.")
+
+
+@attrs.frozen(kw_only=True)
+class DataSection:
+    """``[data]``: prompt datasets (Parquet in verl's schema) and the reward."""
+
+    train_files: list[str] = opt(help="Parquet files of training prompts (relative to the spec file).", path=True)
+    val_files: list[str] = opt(factory=list, path=True, help="Parquet files of validation prompts; [] = no validation.")
+    prompt_key: str = opt("prompt", help="Column holding the prompt (chat messages or text).")
+    max_prompt_length: int = opt(512, ge=1, help="Longest prompt in tokens.")
+    max_response_length: int = opt(512, ge=1, help="Most tokens generated per response.")
+    truncation: str = opt("error", choices=("error", "left", "right"),
+                          help="What to do with a prompt longer than max_prompt_length: fail, or cut on that side.")
+    shuffle: bool = opt(True, help="Shuffle the training prompts each epoch (seeded).")
+    reward_fn: str = opt("auto", check=_check_reward_fn,
+                         help="\"auto\" = dispatch on each row's data_source, or \"module:function\" for your own scorer.")
+    gsm8k_method: str = opt("strict", choices=("strict", "flexible"),
+                            help="GSM8K answer extraction: strict (last '#### N') or flexible (last number).")
+
+    def __attrs_post_init__(self) -> None:
+        if not self.train_files:
+            raise FieldValueError("train_files", "needs at least one Parquet file")
+
+
+@attrs.frozen(kw_only=True)
+class RolloutSection:
+    """``[rollout]``: generation of responses."""
+
+    engine: str = opt("hf", choices=("hf", "vllm"), help="hf (transformers generate, CPU-capable) or vllm (GPU).")
+    n: int = opt(1, ge=1, help="Responses sampled per prompt (GRPO/RLOO need >= 2).")
+    temperature: float = opt(1.0, gt=0.0, help="Sampling temperature of training rollouts.")
+    top_p: float = opt(1.0, gt=0.0, le=1.0, help="Nucleus sampling mass.")
+    top_k: int = opt(-1, help="Top-k sampling; -1 = off.", check=lambda v: None if v == -1 or v > 0 else f"{v} must be -1 (off) or > 0")
+    val_temperature: float = opt(0.0, ge=0.0, help="Sampling temperature of validation; 0 = greedy.")
+    gpu_memory_utilization: float = opt(0.5, gt=0.0, le=1.0, help="vLLM: fraction of GPU memory for weights and KV cache.")
+    tensor_parallel_size: int = opt(1, ge=1, help="vLLM tensor parallel size; must divide the ranks per node.")
+    enforce_eager: bool = opt(False, help="vLLM: no CUDA graphs (slower, less memory, faster start).")
+    free_cache_engine: bool = opt(True, help="vLLM: sleep mode between rollouts, freeing KV cache and weights for training.")
+    micro_batch_size_per_gpu: int = opt(0, ge=0, help="Samples per forward when recomputing log-probs; 0 = actor.ppo_micro_batch_size_per_gpu.")
+
+
+@attrs.frozen(kw_only=True)
+class FsdpSection:
+    """``[actor.fsdp]`` / ``[critic.fsdp]``: FSDP2 sharding options."""
+
+    param_offload: bool = opt(False, help="Keep parameters on CPU between uses.")
+    optimizer_offload: bool = opt(False, help="Keep optimizer state on CPU.")
+    reshard_after_forward: bool = opt(True, help="Free gathered parameters after forward (less memory, one more all-gather).")
+    param_dtype: str = opt("", choices=("", "bfloat16", "float16", "float32"),
+                           help="Compute dtype of gathered parameters; \"\" = model.dtype.")
+    reduce_dtype: str = opt("float32", choices=("bfloat16", "float16", "float32"), help="Dtype of gradient reduction.")
+
+
+def _optimizer_fields(lr: float, grad_clip_help: str) -> dict[str, object]:
+    # Shared by actor and critic; a function keeps one source for help and ranges.
+    return dict(
+        lr=opt(lr, gt=0.0, help="Learning rate (AdamW)."),
+        weight_decay=opt(0.01, ge=0.0, help="AdamW weight decay."),
+        betas=opt(factory=lambda: [0.9, 0.999], check=_check_betas, help="AdamW betas [beta1, beta2]."),
+        warmup_steps=opt(0, ge=0, help="Linear learning-rate warm-up, in optimizer steps."),
+        lr_schedule=opt("constant", choices=_LR_SCHEDULES, help="Learning-rate schedule after warm-up."),
+        min_lr_ratio=opt(0.0, ge=0.0, le=1.0, help="Final lr as a fraction of lr (cosine/linear)."),
+        grad_clip=opt(1.0, gt=0.0, help=grad_clip_help),
+    )
+
+
+_A = _optimizer_fields(1e-6, "Clip the actor's global gradient norm to this value.")
+_C = _optimizer_fields(1e-5, "Clip the critic's global gradient norm to this value.")
+
+
+@attrs.frozen(kw_only=True)
+class ActorSection:
+    """``[actor]``: policy optimisation."""
+
+    lr: float = _A["lr"]
+    weight_decay: float = _A["weight_decay"]
+    betas: list[float] = _A["betas"]
+    warmup_steps: int = _A["warmup_steps"]
+    lr_schedule: str = _A["lr_schedule"]
+    min_lr_ratio: float = _A["min_lr_ratio"]
+    grad_clip: float = _A["grad_clip"]
+    ppo_epochs: int = opt(1, ge=1, help="Passes over each rollout batch.")
+    ppo_mini_batch_size: int = opt(256, ge=1, help="Prompts per optimizer step (x rollout.n samples), verl's convention.")
+    ppo_micro_batch_size_per_gpu: int = opt(4, ge=1, help="Samples per forward/backward on each rank (gradient accumulation).")
+    clip_ratio: float = opt(0.2, gt=0.0, lt=1.0, help="PPO clip epsilon.")
+    clip_ratio_low: float | None = opt(None, gt=0.0, lt=1.0, help="Lower clip epsilon (1 - low); unset = clip_ratio.")
+    clip_ratio_high: float | None = opt(None, gt=0.0, help="Upper clip epsilon (1 + high); unset = clip_ratio.")
+    clip_ratio_c: float = opt(3.0, gt=1.0, help="Dual-clip bound of the policy loss for negative advantages; must be > 1.")
+    loss_agg_mode: str = opt("token-mean", choices=_LOSS_AGG, help="How token losses are aggregated.")
+    entropy_coeff: float = opt(0.0, ge=0.0, help="Entropy bonus coefficient.")
+    use_kl_loss: bool = opt(False, help="Add a KL(actor || reference) term to the policy loss (GRPO style).")
+    kl_loss_coef: float = opt(0.001, ge=0.0, help="Coefficient of the KL loss.")
+    kl_loss_type: str = opt("low_var_kl", choices=KL_ESTIMATORS,
+                            help="KL estimator of the KL loss; a trailing '+' uses k2's gradient (straight-through).")
+    fsdp: FsdpSection = opt(factory=FsdpSection, help="FSDP2 options of the actor.")
+
+
+@attrs.frozen(kw_only=True)
+class CriticSection:
+    """``[critic]``: value model optimisation (used by GAE only). 0 = take the actor's value."""
+
+    lr: float = _C["lr"]
+    weight_decay: float = _C["weight_decay"]
+    betas: list[float] = _C["betas"]
+    warmup_steps: int = _C["warmup_steps"]
+    lr_schedule: str = _C["lr_schedule"]
+    min_lr_ratio: float = _C["min_lr_ratio"]
+    grad_clip: float = _C["grad_clip"]
+    ppo_epochs: int = opt(0, ge=0, help="Passes over each rollout batch; 0 = actor.ppo_epochs.")
+    ppo_mini_batch_size: int = opt(0, ge=0, help="Prompts per critic optimizer step; 0 = actor.ppo_mini_batch_size.")
+    ppo_micro_batch_size_per_gpu: int = opt(0, ge=0, help="Samples per critic forward/backward per rank; 0 = the actor's.")
+    cliprange_value: float = opt(0.5, gt=0.0, help="Value clipping range around the old values.")
+    loss_agg_mode: str = opt("token-mean", choices=_LOSS_AGG, help="How token value losses are aggregated.")
+    warmup_updates: int = opt(0, ge=0, help="Critic warm-up: the actor is not updated during the first N steps (verl critic_warmup).")
+    fsdp: FsdpSection = opt(factory=FsdpSection, help="FSDP2 options of the critic.")
+
+
+@attrs.frozen(kw_only=True)
+class ReferenceSection:
+    """``[reference]``: the frozen reference policy for KL."""
+
+    enable: str = opt("auto", choices=("auto", "on", "off"),
+                      help="auto = load it when KL is in the reward or the KL loss is on.")
+    offload: bool = opt(False, help="Keep the reference parameters on CPU between uses.")
+
+
+@attrs.frozen(kw_only=True)
+class KlCtrlSection:
+    """``[algorithm.kl_ctrl]``: the KL-in-reward coefficient controller."""
+
+    type: str = opt("fixed", choices=("fixed", "adaptive", "step"),
+                    help="fixed; adaptive (Ziegler et al.: coef *= 1 + clip(kl/target - 1, +-0.2) * n/horizon); "
+                         "step (x factor when KL > target, / factor below, clamped to [min_coef, max_coef]).")
+    kl_coef: float = opt(0.001, ge=0.0, help="Initial KL coefficient.")
+    target_kl: float = opt(0.1, gt=0.0, help="Target KL of the adaptive and step controllers.")
+    horizon: int = opt(10000, ge=1, help="Adaptive controller horizon (in samples).")
+    factor: float = opt(1.5, gt=1.0, help="Step controller multiplier.")
+    min_coef: float = opt(1e-4, ge=0.0, help="Step controller lower clamp.")
+    max_coef: float = opt(10.0, gt=0.0, help="Step controller upper clamp.")
+
+    def __attrs_post_init__(self) -> None:
+        if self.min_coef >= self.max_coef:
+            raise FieldValueError("min_coef", f"{self.min_coef} must be below max_coef {self.max_coef}")
+
+
+@attrs.frozen(kw_only=True)
+class AlgorithmSection:
+    """``[algorithm]``: advantage estimation and the KL penalty in the reward."""
+
+    adv_estimator: str = opt("gae", choices=("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"),
+                             help="Advantage estimator; gae trains a critic.")
+    gamma: float = opt(1.0, ge=0.0, le=1.0, help="Discount factor.")
+    lam: float = opt(1.0, ge=0.0, le=1.0, help="GAE lambda.")
+    norm_adv_by_std_in_grpo: bool = opt(True, help="GRPO: divide by the group's std (false = Dr. GRPO).")
+    use_kl_in_reward: bool = opt(False, help="Subtract kl_coef x KL(actor || reference) from the token rewards.")
+    kl_penalty: str = opt("kl", choices=KL_ESTIMATORS, help="KL estimator for the reward penalty.")
+    kl_ctrl: KlCtrlSection = opt(factory=KlCtrlSection, help="KL coefficient controller.")
+
+
+@attrs.frozen(kw_only=True)
+class TrainerSection:
+    """``[trainer]``: the loop."""
+
+    train_batch_size: int = opt(256, ge=1, help="Prompts per step.")
+    total_steps: int = opt(0, ge=0, help="Steps to train; 0 = total_epochs x steps per epoch.")
+    total_epochs: int = opt(1, ge=1, help="Epochs over the training prompts when total_steps = 0.")
+    test_freq: int = opt(0, ge=0, help="Validate every N steps; 0 = never.")
+    val_before_train: bool = opt(False, help="Validate once before the first step.")
+    log_every: int = opt(1, ge=1, help="Print a progress line every N steps (metrics are recorded every step).")
+    deterministic: bool = opt(False, help="Deterministic algorithms (torch.use_deterministic_algorithms); slower.")
+
+
+@attrs.frozen(kw_only=True)
+class CheckpointSection:
+    """``[checkpoint]``: saving and resuming."""
+
+    save_every: int = opt(0, ge=0, help="Checkpoint every N steps; 0 = only at the end and on preemption.")
+    keep_last: int = opt(3, ge=0, help="Committed checkpoints kept; 0 = keep all (the newest is never deleted).")
+    save_on_preempt: bool = opt(True, help="Checkpoint when Slurm signals the time limit or preemption (USR2).")
+    resume: str = opt("auto", choices=("auto", "never"), help="auto = continue from the newest committed checkpoint.")
+
+
+@attrs.frozen(kw_only=True)
+class ResourcesSection:
+    """``[resources]``: what the job asks the site for."""
+
+    nodes: int = opt(1, ge=1, help="Nodes.")
+    gpus_per_node: int = opt(0, ge=0, help="GPUs (= ranks) per node on GPU sites; 0 = all of the site's.")
+    procs_per_node: int = opt(0, ge=0, help="Ranks per node on CPU sites; 0 = the site's local.procs_per_node (local) or 1 (Slurm).")
+    time: str = opt("01:00:00", check=_check_time, help="Wall-time limit (Slurm format: D-HH:MM:SS, HH:MM:SS, MM:SS, minutes).")
+    hsdp: str = opt("auto", choices=("auto", "on", "off"),
+                    help="Hybrid sharding (replicate across nodes, shard within a node); auto = on when nodes > 1.")
+
+
+@attrs.frozen(kw_only=True)
+class Experiment:
+    """An experiment spec: everything about the training run that is not about the machine."""
+
+    name: str = opt(help="Experiment name; the run id starts with it.", pattern=NAME_PATTERN)
+    seed: int = opt(1, ge=0, help="Seed of data order, sampling and initialisation.")
+    description: str = opt("", help="Free text about the experiment.")
+    model: ModelSection = opt(help="Models.")
+    data: DataSection = opt(help="Datasets and reward.")
+    rollout: RolloutSection = opt(factory=RolloutSection, help="Generation.")
+    actor: ActorSection = opt(factory=ActorSection, help="Policy optimisation.")
+    critic: CriticSection = opt(factory=CriticSection, help="Value model optimisation.")
+    reference: ReferenceSection = opt(factory=ReferenceSection, help="Reference policy.")
+    algorithm: AlgorithmSection = opt(factory=AlgorithmSection, help="Advantages and KL penalty.")
+    trainer: TrainerSection = opt(factory=TrainerSection, help="Training loop.")
+    checkpoint: CheckpointSection = opt(factory=CheckpointSection, help="Checkpoints.")
+    resources: ResourcesSection = opt(factory=ResourcesSection, help="Nodes, GPUs and time.")
+    watchdog: WatchdogSection = opt(factory=WatchdogSection, help="Watchdog and its rules.")

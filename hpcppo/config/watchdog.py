@@ -1,0 +1,106 @@
+"""``[watchdog]`` section and its ``[[watchdog.rules]]``; the built-in rules follow the field-guide table."""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from hpcppo.config.fields import FieldValueError, opt
+
+__all__ = ["Rule", "WatchdogSection", "default_rules", "RULE_ACTIONS", "RULE_CONDITIONS"]
+
+RULE_CONDITIONS = ("gt", "lt", "nonfinite", "drop_frac")
+RULE_ACTIONS = ("raise_kl_coef", "rollback", "pause", "set_grad_clip", "restart_critic", "requeue")
+
+
+@attrs.frozen(kw_only=True)
+class Rule:
+    """One watchdog rule: when ``metric`` meets ``condition``, apply ``action``."""
+
+    name: str = opt(help="Rule name, unique within the experiment; shown in events.jsonl.",
+                    pattern=r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+    metric: str = opt(help="Metric column to watch, e.g. \"kl/actor_ref\", \"reward/mean\", \"actor/grad_norm\".",
+                      pattern=r"[A-Za-z0-9_./-]+")
+    condition: str = opt(choices=RULE_CONDITIONS,
+                         help="gt/lt: value above/below threshold; nonfinite: NaN or inf; drop_frac: value fell "
+                              "more than threshold (a fraction) below its mean over the last `window` steps.")
+    threshold: float = opt(0.0, help="Threshold of the condition (a fraction in (0, 1) for drop_frac; unused for nonfinite).")
+    window: int = opt(10, ge=1, help="Steps in the recent mean used by drop_frac.")
+    action: str = opt(choices=RULE_ACTIONS,
+                      help="raise_kl_coef, rollback (to the last good checkpoint, lr x lr_scale), pause (checkpoint, "
+                           "stop, no requeue), set_grad_clip, restart_critic (from its last good weights), requeue.")
+    factor: float = opt(1.5, gt=1.0, help="raise_kl_coef: multiply kl_coef by this factor.")
+    min_value: float = opt(1e-4, gt=0.0, help="raise_kl_coef: lower clamp of kl_coef.")
+    max_value: float = opt(10.0, gt=0.0, help="raise_kl_coef: upper clamp of kl_coef.")
+    lr_scale: float = opt(0.5, gt=0.0, le=1.0, help="rollback: multiply the learning rates by this factor.")
+    grad_clip: float = opt(1.0, gt=0.0, help="set_grad_clip: the new gradient-norm clip.")
+    cooldown_steps: int = opt(10, ge=0, help="Steps after firing during which the rule stays quiet.")
+    max_count: int = opt(3, ge=0, help="Times the rule may fire in a run; 0 = never fires (disabled).")
+
+    def __attrs_post_init__(self) -> None:
+        if self.condition in ("gt", "lt") and not math.isfinite(self.threshold):
+            raise FieldValueError("threshold", f"{self.threshold} must be a finite number for condition {self.condition!r}")
+        if self.condition == "drop_frac":
+            if not 0.0 < self.threshold < 1.0:
+                raise FieldValueError("threshold", f"{self.threshold} must be a fraction in (0, 1) for condition 'drop_frac'")
+            if self.window < 2:
+                raise FieldValueError("window", f"{self.window} must be >= 2 for condition 'drop_frac'")
+        if self.action == "raise_kl_coef":
+            # Raising the KL penalty only makes sense when KL is too high (the field guide's rule is backwards).
+            if self.condition != "gt":
+                raise FieldValueError("condition", f"action 'raise_kl_coef' needs condition 'gt', not {self.condition!r}")
+            if self.min_value >= self.max_value:
+                raise FieldValueError("min_value", f"{self.min_value} must be below max_value {self.max_value}")
+        if self.action == "set_grad_clip" and self.condition not in ("gt", "nonfinite"):
+            raise FieldValueError("condition", f"action 'set_grad_clip' needs condition 'gt' or 'nonfinite', "
+                                               f"not {self.condition!r}")
+
+
+def default_rules() -> list[Rule]:
+    """The built-in rules (the table in the design document)."""
+    return [
+        Rule(name="kl_raise_coef", metric="kl/actor_ref", condition="gt", threshold=0.05, action="raise_kl_coef",
+             factor=1.5, min_value=1e-4, max_value=10.0),
+        Rule(name="kl_rollback", metric="kl/actor_ref", condition="gt", threshold=0.05, action="rollback",
+             lr_scale=0.5),
+        Rule(name="reward_drop_rollback", metric="reward/mean", condition="drop_frac", threshold=0.2, window=10,
+             action="rollback", lr_scale=0.5),
+        Rule(name="kl_pause", metric="kl/actor_ref", condition="gt", threshold=0.1, action="pause", max_count=1),
+        Rule(name="grad_norm_clip", metric="actor/grad_norm", condition="gt", threshold=1e4, action="set_grad_clip",
+             grad_clip=1.0),
+        Rule(name="value_loss_nonfinite", metric="critic/vf_loss", condition="nonfinite", action="restart_critic"),
+    ]
+
+
+def _merge_rules(given: list[Rule], with_defaults: bool) -> list[Rule]:
+    if not with_defaults:
+        return list(given)
+    names = {r.name for r in given}
+    return [r for r in default_rules() if r.name not in names] + list(given)
+
+
+@attrs.frozen(kw_only=True)
+class WatchdogSection:
+    """``[watchdog]``: the process beside the trainer that reads metrics and heartbeats and acts."""
+
+    enable: bool = opt(True, help="Run the watchdog beside the trainer.")
+    interval_s: float = opt(30.0, gt=0.0, help="Seconds between two looks at the metrics and heartbeat.")
+    heartbeat_factor: float = opt(10.0, gt=1.0,
+                                  help="No step for heartbeat_factor x the typical step time -> cancel and requeue.")
+    min_heartbeat_s: float = opt(600.0, gt=0.0, help="Never declare a hang before this many seconds without a step.")
+    defaults: bool = opt(True, help="Start from the built-in rules; a rule you list with the same name replaces one, "
+                                    "others are added. false = only your rules.")
+    rules: list[Rule] = opt(factory=list, help="The rules ([[watchdog.rules]] tables); after loading, the "
+                                               "effective list (built-in ones included when defaults = true).")
+
+    def __attrs_post_init__(self) -> None:
+        # Store the effective list so every consumer sees the same rules. Idempotent: re-loading a
+        # resolved.toml (defaults = true, all built-ins already present by name) yields the same list.
+        merged = _merge_rules(self.rules, self.defaults)
+        seen: set[str] = set()
+        for rule in merged:
+            if rule.name in seen:
+                raise FieldValueError("rules", f"two rules are named {rule.name!r}; rule names must be unique")
+            seen.add(rule.name)
+        object.__setattr__(self, "rules", merged)
