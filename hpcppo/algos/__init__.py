@@ -1,0 +1,91 @@
+"""PPO math with verl's semantics: advantages, losses, KL estimators and controllers, masked statistics.
+
+Pure tensor functions: no config objects, no torch.distributed, no ``.item()`` (the one host read is inside the
+adaptive/step KL controllers' ``update``). Shapes are ``[batch, response_len]``; see each submodule's docstring.
+"""
+
+from __future__ import annotations
+
+from hpcppo.algos.advantages import (
+    gae,
+    group_ids,
+    grpo_advantage,
+    reinforce_pp_advantage,
+    reinforce_pp_baseline_advantage,
+    rloo_advantage,
+)
+from hpcppo.algos.kl import (
+    KL_CONTROLLERS,
+    KL_KINDS,
+    AdaptiveKLController,
+    FixedKLController,
+    KLController,
+    StepKLController,
+    apply_kl_penalty,
+    build_kl_controller,
+    kl_penalty,
+)
+from hpcppo.algos.losses import (
+    LOSS_AGG_MODES,
+    GlobalBatchInfo,
+    agg_loss,
+    entropy_from_logits,
+    entropy_loss,
+    policy_loss,
+    value_loss,
+)
+from hpcppo.algos.registry import (
+    ADVANTAGE_ESTIMATORS,
+    ESTIMATORS_NEEDING_CRITIC,
+    AdvantageEstimator,
+    AdvantageInputs,
+    compute_advantage,
+    needs_critic,
+    register_advantage_estimator,
+)
+from hpcppo.algos.stats import (
+    explained_variance,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+    reverse_linear_scan,
+)
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "ESTIMATORS_NEEDING_CRITIC",
+    "KL_CONTROLLERS",
+    "KL_KINDS",
+    "LOSS_AGG_MODES",
+    "AdaptiveKLController",
+    "AdvantageEstimator",
+    "AdvantageInputs",
+    "FixedKLController",
+    "GlobalBatchInfo",
+    "KLController",
+    "StepKLController",
+    "agg_loss",
+    "apply_kl_penalty",
+    "build_kl_controller",
+    "compute_advantage",
+    "entropy_from_logits",
+    "entropy_loss",
+    "explained_variance",
+    "gae",
+    "group_ids",
+    "grpo_advantage",
+    "kl_penalty",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "needs_critic",
+    "policy_loss",
+    "register_advantage_estimator",
+    "reinforce_pp_advantage",
+    "reinforce_pp_baseline_advantage",
+    "reverse_linear_scan",
+    "rloo_advantage",
+    "value_loss",
+]

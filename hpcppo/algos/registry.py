@@ -1,0 +1,167 @@
+"""One signature for every advantage estimator, so the trainer never branches on the estimator's name.
+
+    inputs = AdvantageInputs(token_level_rewards=r, response_mask=m, values=v, index=uids, gamma=1.0, lam=0.95)
+    advantages, returns = compute_advantage("gae", inputs)
+
+An estimator is a function ``(AdvantageInputs) -> (advantages, returns)`` registered with what it needs
+(``needs_values``: a critic; ``needs_index``: group ids). Missing inputs and unknown names raise ``ValueError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Set
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hpcppo.algos.advantages import (
+    gae,
+    grpo_advantage,
+    reinforce_pp_advantage,
+    reinforce_pp_baseline_advantage,
+    rloo_advantage,
+)
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "ESTIMATORS_NEEDING_CRITIC",
+    "AdvantageEstimator",
+    "AdvantageInputs",
+    "compute_advantage",
+    "needs_critic",
+    "register_advantage_estimator",
+]
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """Everything any estimator may use. Tensors are ``[batch, response_len]``; ``index`` has ``batch`` group ids.
+
+    Attributes:
+        token_level_rewards: rewards per token (KL penalty already applied if it is in the reward).
+        response_mask: 1 on response tokens.
+        values: critic values at rollout time (GAE).
+        index: group ids, one per sample (GRPO, RLOO, REINFORCE++ baseline): list of hashables or int tensor.
+        gamma: discount (GAE, REINFORCE++).
+        lam: GAE lambda.
+        norm_adv_by_std: GRPO divides by the group std (False: Dr. GRPO).
+        epsilon: GRPO's std epsilon.
+    """
+
+    token_level_rewards: torch.Tensor
+    response_mask: torch.Tensor
+    values: torch.Tensor | None = None
+    index: Any = None
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std: bool = True
+    epsilon: float = 1e-6
+
+
+EstimatorFn = Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    """A registered estimator and the inputs it requires."""
+
+    name: str
+    fn: EstimatorFn
+    needs_values: bool = False
+    needs_index: bool = False
+
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+
+
+def register_advantage_estimator(
+    name: str, *, needs_values: bool = False, needs_index: bool = False
+) -> Callable[[EstimatorFn], EstimatorFn]:
+    """Decorator registering ``fn(inputs) -> (advantages, returns)`` under ``name`` (names are unique)."""
+
+    def decorator(fn: EstimatorFn) -> EstimatorFn:
+        if name in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} is already registered")
+        ADVANTAGE_ESTIMATORS[name] = AdvantageEstimator(name, fn, needs_values, needs_index)
+        return fn
+
+    return decorator
+
+
+def _lookup(name: str) -> AdvantageEstimator:
+    spec = ADVANTAGE_ESTIMATORS.get(name)
+    if spec is None:
+        raise ValueError(f"unknown advantage estimator {name!r}; known: {', '.join(sorted(ADVANTAGE_ESTIMATORS))}")
+    return spec
+
+
+def needs_critic(name: str) -> bool:
+    """Whether estimator ``name`` needs critic values (so the trainer must build and train a critic)."""
+    return _lookup(name).needs_values
+
+
+class _NeedsCriticView(Set[str]):
+    """Live set of registered estimator names that need a critic (stays true after later registrations)."""
+
+    def __contains__(self, name: object) -> bool:
+        spec = ADVANTAGE_ESTIMATORS.get(name) if isinstance(name, str) else None
+        return spec is not None and spec.needs_values
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([n for n, s in ADVANTAGE_ESTIMATORS.items() if s.needs_values])
+
+    def __len__(self) -> int:
+        return sum(1 for s in ADVANTAGE_ESTIMATORS.values() if s.needs_values)
+
+    def __repr__(self) -> str:
+        return f"ESTIMATORS_NEEDING_CRITIC({sorted(self)})"
+
+
+ESTIMATORS_NEEDING_CRITIC: Set[str] = _NeedsCriticView()
+
+
+def compute_advantage(name: str, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run estimator ``name`` on ``inputs``; returns ``(advantages, returns)``, each ``[batch, response_len]``.
+
+    Raises:
+        ValueError: unknown name (listing the known ones), or an input the estimator needs is None.
+    """
+    spec = _lookup(name)
+    if spec.needs_values and inputs.values is None:
+        raise ValueError(f"advantage estimator {name!r} needs critic values: AdvantageInputs.values is None")
+    if spec.needs_index and inputs.index is None:
+        raise ValueError(f"advantage estimator {name!r} needs group ids: AdvantageInputs.index is None")
+    return spec.fn(inputs)
+
+
+@register_advantage_estimator("gae", needs_values=True)
+def _gae(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    assert inputs.values is not None  # checked by compute_advantage
+    return gae(inputs.token_level_rewards, inputs.values, inputs.response_mask, inputs.gamma, inputs.lam)
+
+
+@register_advantage_estimator("grpo", needs_index=True)
+def _grpo(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    return grpo_advantage(
+        inputs.token_level_rewards,
+        inputs.response_mask,
+        inputs.index,
+        epsilon=inputs.epsilon,
+        norm_adv_by_std=inputs.norm_adv_by_std,
+    )
+
+
+@register_advantage_estimator("rloo", needs_index=True)
+def _rloo(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    return rloo_advantage(inputs.token_level_rewards, inputs.response_mask, inputs.index)
+
+
+@register_advantage_estimator("reinforce_plus_plus")
+def _reinforce_pp(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    return reinforce_pp_advantage(inputs.token_level_rewards, inputs.response_mask, inputs.gamma)
+
+
+@register_advantage_estimator("reinforce_plus_plus_baseline", needs_index=True)
+def _reinforce_pp_baseline(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    return reinforce_pp_baseline_advantage(inputs.token_level_rewards, inputs.response_mask, inputs.index)
