@@ -1,0 +1,276 @@
+"""``hpcppo`` command line: parse, call the library, print, map error classes to exit codes.
+
+Commands that do not train (compile, submit --dry-run, status, cancel, config) never import torch:
+they are meant for login nodes. The library raises :class:`hpcppo.errors.HpcppoError` subclasses;
+:func:`main` prints one line for them and returns the class's exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from hpcppo import __version__
+from hpcppo.errors import HpcppoError
+
+DEFAULT_SITE = "local"
+
+
+def _err(msg: str) -> None:
+    print(f"hpcppo: error: {msg}", file=sys.stderr)
+
+
+def _fmt_elapsed(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}"
+
+
+def _state_text(st: dict[str, Any]) -> str:
+    return f"{st['state']} ({st['reason']})" if st.get("reason") and st["reason"] not in ("None",) else st["state"]
+
+
+# ----------------------------------------------------------------------------- commands
+def cmd_compile(args: argparse.Namespace) -> int:
+    from hpcppo.launch import jobs
+
+    crun = jobs.compile_run(Path(args.spec), args.site, args.override, runs_root=args.runs_root,
+                            check_paths=not args.no_check_paths)
+    if not args.quiet:
+        sys.stdout.write(crun.script)
+    print(f"# run directory: {crun.run.path}", file=sys.stderr)
+    return 0
+
+
+def _submit_and_report(crun: Any, args: argparse.Namespace) -> int:
+    from hpcppo.launch import jobs
+
+    if args.dry_run:
+        if not args.quiet:
+            sys.stdout.write(crun.script)
+        print(f"dry run: not submitted; run directory {crun.run.path}", file=sys.stderr)
+        return 0
+    job_id = jobs.submit_run(crun)
+    print(f"submitted {crun.run.run_id} as job {job_id} ({crun.compiled.site.name})")
+    print(f"  run directory: {crun.run.path}")
+    if not args.wait:
+        print(f"  follow it with: hpcppo status {crun.run.run_id} --runs-root {crun.run.path.parent}")
+        return 0
+    last = {}
+
+    def echo(st: dict[str, Any]) -> None:
+        key = (st["state"], st.get("reason"))
+        if key != last.get("key"):
+            print(f"  {_state_text(st)}", flush=True)
+            last["key"] = key
+
+    st = jobs.wait_for(crun.run, echo=echo)
+    return 0 if st["state"] in ("COMPLETED", "PAUSED") else 1
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from hpcppo.launch import jobs
+
+    crun = jobs.compile_run(Path(args.spec), args.site, args.override, runs_root=args.runs_root,
+                            check_paths=not args.no_check_paths)
+    return _submit_and_report(crun, args)
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    from hpcppo.launch import jobs
+
+    crun = jobs.compile_run(None, args.site, args.override, runs_root=args.runs_root, kind="preflight", nodes=args.nodes)
+    rc = _submit_and_report(crun, args)
+    report = crun.run.path / "preflight.json"
+    if args.wait and not args.dry_run:
+        if report.exists():
+            data = json.loads(report.read_text())
+            print(f"preflight {'OK' if data['ok'] else 'FAILED'}: world size {data['world_size']} on {', '.join(data['nodes'])}"
+                  f" ({data['backend']}); report: {report}")
+            for row in data["bandwidth"]:
+                print(f"  all-reduce {row['bytes']:>10,d} B: {row['time_s'] * 1e3:8.3f} ms  busbw {row['busbw_GBps']:.3f} GB/s")
+            return 0 if data["ok"] and rc == 0 else 1
+        _err(f"the preflight job left no report; see {crun.run.logs}")
+        return 1
+    return rc
+
+
+def _runs_root(args: argparse.Namespace) -> Path:
+    import os
+
+    from hpcppo.launch.jobs import runs_root_for
+
+    if args.runs_root or os.environ.get("HPCPPO_RUNS_ROOT"):
+        return Path(args.runs_root or os.environ["HPCPPO_RUNS_ROOT"]).resolve()
+    from hpcppo.config import load_site
+
+    return runs_root_for(load_site(args.site))
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from hpcppo.launch import jobs
+    from hpcppo.launch.rundir import RunDir
+
+    root = _runs_root(args)
+    if args.run:
+        rows = [jobs.run_status(RunDir.open(root, args.run))]
+    else:
+        rows = jobs.all_statuses(root)
+    if args.json:
+        print(json.dumps(rows if not args.run else rows[0], indent=2, default=str))
+        return 0
+    if args.run:
+        st = rows[0]
+        record = RunDir.open(root, args.run).read_record()
+        print(f"run         {st['run_id']}\nsite        {st['site']} ({st['scheduler']})\n"
+              f"job         {st['job_id']}\nstate       {_state_text(st)}\nelapsed     {_fmt_elapsed(st['elapsed_s'])}\n"
+              f"restarts    {st['restarts'] if st['restarts'] is not None else '-'}\n"
+              f"checkpoint  {st['latest_checkpoint'] if st['latest_checkpoint'] is not None else '-'}\n"
+              f"directory   {st['path']}")
+        for i, a in enumerate(record.get("attempts", [])):
+            print(f"attempt {i}: job {a.get('job_id')} submitted {a.get('submitted_at')} ({a.get('kind', 'submit')})")
+        return 0
+    if not rows:
+        print(f"no runs under {root}")
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"runs under {root}", title_justify="left")
+    for col in ("run", "site", "job", "state", "attempts", "elapsed", "ckpt"):
+        table.add_column(col)
+    for st in rows:
+        table.add_row(st["run_id"], st["site"], str(st["job_id"] or "-"), _state_text(st), str(st["attempts"]),
+                      _fmt_elapsed(st["elapsed_s"]), str(st["latest_checkpoint"] if st["latest_checkpoint"] is not None else "-"))
+    Console(width=200).print(table)
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from hpcppo.launch import jobs
+    from hpcppo.launch.rundir import RunDir
+
+    run = RunDir.open(_runs_root(args), args.run)
+    job_id = jobs.cancel_run(run)
+    print(f"cancelled job {job_id} of {run.run_id}")
+    return 0
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    from hpcppo import config
+
+    compiled = config.compile_config(Path(args.spec), args.site, args.override, check_paths=False)
+    if args.toml:
+        sys.stdout.write(config.to_toml(compiled))
+    else:
+        sys.stdout.write(config.render_provenance(compiled))
+    return 0
+
+
+def cmd_config_explain(args: argparse.Namespace) -> int:
+    from hpcppo import config
+
+    print(config.explain(args.key))
+    return 0
+
+
+def cmd_make_model(args: argparse.Namespace) -> int:
+    from hpcppo.train.tiny import build_tiny_model_and_data
+
+    info = build_tiny_model_and_data(Path(args.out), Path(args.data_out) if args.data_out else None, seed=args.seed)
+    print(json.dumps(info, indent=2, default=str))
+    return 0
+
+
+# ----------------------------------------------------------------------------- parser
+def _add_compile_args(p: argparse.ArgumentParser, *, spec: bool = True) -> None:
+    if spec:
+        p.add_argument("spec", help="experiment spec (TOML)")
+    p.add_argument("--site", default=DEFAULT_SITE, help=f"site profile name or path (default: {DEFAULT_SITE})")
+    p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. -o actor.lr=1e-6 (repeatable; site keys as site.KEY)")
+    p.add_argument("--runs-root", help="directory of run directories (default: the site's paths.runs_root)")
+    p.add_argument("-q", "--quiet", action="store_true", help="do not print the job script")
+    if spec:
+        p.add_argument("--no-check-paths", action="store_true",
+                       help="do not check that model and data paths exist (they may exist only on the cluster)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hpcppo", description="PPO RLHF for LLMs on Slurm clusters, driven by a config compiler.")
+    parser.add_argument("--version", action="version", version=f"hpcppo {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("compile", help="validate and resolve a spec, write the run directory, print the job script")
+    _add_compile_args(p)
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("submit", help="compile and submit (Slurm through submitit, or the local executor)")
+    _add_compile_args(p)
+    p.add_argument("--dry-run", action="store_true", help="stop before submitting")
+    p.add_argument("--wait", action="store_true", help="wait until the job ends and report its state")
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("preflight", help="a short distributed check job through the whole launch path")
+    _add_compile_args(p, spec=False)
+    p.add_argument("--nodes", type=int, default=None, help="nodes to check (default 1)")
+    p.add_argument("--dry-run", action="store_true", help="stop before submitting")
+    p.add_argument("--no-wait", dest="wait", action="store_false", help="return after submitting")
+    p.set_defaults(func=cmd_preflight, wait=True)
+
+    p = sub.add_parser("status", help="list runs, or one run in detail")
+    p.add_argument("run", nargs="?", help="run id")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--site", default=DEFAULT_SITE, help="site whose runs root to list (default: local)")
+    p.add_argument("--runs-root", help="directory of run directories")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("cancel", help="cancel a run's job")
+    p.add_argument("run", help="run id")
+    p.add_argument("--site", default=DEFAULT_SITE, help="site whose runs root holds the run")
+    p.add_argument("--runs-root", help="directory of run directories")
+    p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser("config", help="inspect configuration")
+    csub = p.add_subparsers(dest="config_command", required=True, metavar="SUBCOMMAND")
+    q = csub.add_parser("show", help="the resolved config and where each value came from")
+    q.add_argument("spec")
+    q.add_argument("--site", default=DEFAULT_SITE)
+    q.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE")
+    q.add_argument("--toml", action="store_true", help="print resolved.toml instead of the provenance table")
+    q.set_defaults(func=cmd_config_show)
+    q = csub.add_parser("explain", help="describe a config key (e.g. actor.clip_ratio_c, site.slurm.partition)")
+    q.add_argument("key")
+    q.set_defaults(func=cmd_config_explain)
+
+    p = sub.add_parser("tools", help="project tools")
+    tsub = p.add_subparsers(dest="tools_command", required=True, metavar="TOOL")
+    q = tsub.add_parser("make-model", help="build the tiny offline model, tokenizer and arithmetic data")
+    q.add_argument("--out", default="artifacts/tiny-arith/model")
+    q.add_argument("--data-out", default="artifacts/tiny-arith/data")
+    q.add_argument("--seed", type=int, default=0)
+    q.set_defaults(func=cmd_make_model)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except HpcppoError as exc:
+        _err(str(exc))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
