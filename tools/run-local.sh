@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The README's first command: set up (idempotent), build the tiny offline model and data, and train
+# examples/arith-tiny.toml on the embedded local default (submitit local executor, 2 CPU ranks).
+#   tools/run-local.sh [extra hpcppo submit args, e.g. -o trainer.total_steps=10]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/setup.sh
+.venv/bin/hpcppo tools make-model --out artifacts/tiny-arith/model --data-out artifacts/tiny-arith/data >/dev/null
+exec .venv/bin/hpcppo submit examples/arith-tiny.toml --site local --wait -q "$@"
