@@ -48,10 +48,14 @@ GSM8K_METHODS = ("strict", "flexible")
 # A number as people write it: an optional minus that is not glued to a preceding word or number (so "3-4" reads
 # as 3 and 4, not 3 and -4), an optional currency sign, thousands separators only in groups of three (so "1,2,3"
 # is three numbers, not 123), an optional decimal part. A trailing period ("18.") is not part of the number.
-_NUMBER = r"(?P<neg>(?<![0-9A-Za-z])-)?(?:\$(?P<neg2>-)?)?(?P<digits>(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+)"
+# ASCII digits only: re's \d also matches other scripts' digits, which Decimal would then silently accept.
+_NUMBER = (
+    r"(?P<neg>(?<![0-9A-Za-z])-)?(?:\$(?P<neg2>-)?)?"
+    r"(?P<digits>(?:[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)(?:\.[0-9]+)?|\.[0-9]+)"
+)
 _NUMBER_RE = re.compile(_NUMBER)
 _STRICT_RE = re.compile(r"####[ \t]*" + _NUMBER)
-_PLAIN_NUMBER_RE = re.compile(r"-?(?:\d+(?:\.\d*)?|\.\d+)")
+_PLAIN_NUMBER_RE = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)")
 
 
 def _match_to_text(match: re.Match[str]) -> str:
@@ -217,11 +221,15 @@ class RewardFn:
         check_signature(fn, self.kwargs, name)
         self._fn = fn
 
+    def raw(self, data_source: str, solution_str: str, ground_truth: Any,
+            extra_info: Mapping[str, Any] | None = None) -> Any:
+        """The function's return value, unchecked (``score_batch`` checks it, naming the row)."""
+        return self._fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
+                        extra_info=extra_info, **self.kwargs)
+
     def __call__(self, data_source: str, solution_str: str, ground_truth: Any,
                  extra_info: Mapping[str, Any] | None = None) -> float:
-        value = self._fn(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth,
-                         extra_info=extra_info, **self.kwargs)
-        return _as_score(value, self.name, data_source)
+        return _as_score(self.raw(data_source, solution_str, ground_truth, extra_info), self.name, data_source)
 
     def __repr__(self) -> str:
         return f"RewardFn({self.name!r}, kwargs={self.kwargs!r})"
@@ -262,6 +270,11 @@ class AutoRewardFn:
             self._fns[builtin] = _builtin(builtin, self.options.get(builtin, {}))
         return self._fns[builtin]
 
+    def raw(self, data_source: str, solution_str: str, ground_truth: Any,
+            extra_info: Mapping[str, Any] | None = None) -> Any:
+        """The dispatched function's return value, unchecked."""
+        return self.resolve(data_source).raw(data_source, solution_str, ground_truth, extra_info)
+
     def __call__(self, data_source: str, solution_str: str, ground_truth: Any,
                  extra_info: Mapping[str, Any] | None = None) -> float:
         return self.resolve(data_source)(data_source, solution_str, ground_truth, extra_info)
@@ -296,10 +309,11 @@ def score_batch(
         raise ValueError(f"score_batch: lengths differ (data_sources {n}, solutions {len(solutions)}, "
                          f"ground_truths {len(ground_truths)}, extra_infos {len(extra)})")
     name = getattr(fn, "name", getattr(fn, "__name__", repr(fn)))
+    call = getattr(fn, "raw", fn)  # our wrappers: take the raw value so the check below can name the row
     scores = []
     for i in range(n):
         try:
-            value = fn(data_sources[i], solutions[i], ground_truths[i], extra[i])
+            value = call(data_sources[i], solutions[i], ground_truths[i], extra[i])
         except HpcppoError as exc:
             exc.add_note(f"while scoring row {i} (data_source={data_sources[i]!r})")
             raise
