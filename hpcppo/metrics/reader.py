@@ -79,7 +79,10 @@ def _read_rows(path: Path, locking: bool | None) -> tuple[list[str], pd.DataFram
         names = [*schema.STRUCTURAL, schema.VALUES]
         n = _committed_length([f[name] for name in names])
         arrays = {name: f[name][:n] for name in names}
-    written = arrays["seq"] >= 0  # seq is written last; a fill value means the row is not complete yet
+    # A structural value still at its fill value means the row is not complete yet (seq is written last,
+    # but the order in which HDF5 writes chunks of different datasets to disk is not ours to choose).
+    written = (arrays["seq"] >= 0) & (arrays["step"] >= 0) & (arrays["attempt"] >= 0) & (arrays["branch"] >= 0)
+    written &= ~np.isnan(arrays["time"])
     data: dict[str, np.ndarray] = {name: arrays[name][written] for name in ROW_COLUMNS}
     values = arrays[schema.VALUES][written]
     for j, name in enumerate(columns):
