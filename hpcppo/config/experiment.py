@@ -229,6 +229,8 @@ class TrainerSection:
     val_before_train: bool = opt(False, help="Validate once before the first step.")
     log_every: int = opt(1, ge=1, help="Print a progress line every N steps (metrics are recorded every step).")
     deterministic: bool = opt(False, help="Deterministic algorithms (torch.use_deterministic_algorithms); slower.")
+    collective_timeout_s: float = opt(1800.0, gt=0.0,
+                                      help="torch.distributed timeout: a rank stuck in a collective fails after this.")
 
 
 @attrs.frozen(kw_only=True)

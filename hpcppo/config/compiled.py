@@ -1,0 +1,215 @@
+"""``compile_config``: site + spec + overrides -> ``Compiled`` (site, experiment, plan, provenance);
+``to_toml`` / ``load_resolved`` write and read ``resolved.toml``, the job's only input.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import tomli_w
+
+import hpcppo
+from hpcppo.config.convert import converter, read_toml, structure
+from hpcppo.config.experiment import Experiment
+from hpcppo.config.fields import opt
+from hpcppo.config.load import (experiment_from_data, load_experiment_with_provenance, load_site_with_provenance,
+                                parse_overrides)
+from hpcppo.config.plan import RunPlan
+from hpcppo.config.resolve import resolve
+from hpcppo.config.site import Site
+from hpcppo.errors import ConfigError, PathError
+
+__all__ = ["Compiled", "JobSection", "compile_config", "compile_preflight", "check_experiment_paths", "to_toml",
+           "load_resolved", "write_resolved", "runs_root"]
+
+_SECTIONS = ("source", "job", "site", "experiment", "plan", "provenance")
+
+
+@attrs.frozen(kw_only=True)
+class JobSection:
+    """``[job]`` of resolved.toml: what the job entry point runs."""
+
+    kind: str = opt("train", choices=("train", "preflight"), help="train, or preflight (a short check job).")
+    collective_timeout_s: float = opt(1800.0, gt=0.0, help="torch.distributed timeout (trainer.collective_timeout_s).")
+    preflight_paths: list[str] = opt(factory=list, help="Directories the preflight job checks it can write.")
+
+
+@attrs.frozen(kw_only=True)
+class Compiled:
+    """Everything a run needs, resolved.
+
+    ``provenance`` maps every leaf key to ``default``, ``site``, ``spec`` or ``override``; experiment keys
+    are bare (``actor.lr``), site keys carry the ``site.`` prefix (``site.slurm.partition``).
+    """
+
+    site: Site
+    experiment: Experiment
+    plan: RunPlan
+    provenance: dict[str, str]
+    job: JobSection = attrs.field(factory=JobSection)
+    spec_path: str = ""  # the spec file (absolute); "" for a generated spec (preflight)
+    site_path: str = ""  # the site profile file (absolute)
+    # The spec as given (what run directories keep as spec.toml); not part of resolved.toml.
+    spec_text: str = attrs.field(default="", eq=False, repr=False)
+
+
+def check_experiment_paths(experiment: Experiment) -> None:
+    """``PathError`` naming the key and path of the first model or data path that does not exist."""
+    m, d = experiment.model, experiment.data
+    dirs = [("model.path", m.path), ("model.critic_path", m.critic_path), ("model.tokenizer_path", m.tokenizer_path)]
+    for key, value in dirs:
+        if value and not Path(value).is_dir():
+            what = "does not exist" if not Path(value).exists() else "is not a directory"
+            raise PathError(f"{key}: {value} {what} (a Hugging Face model directory is expected)")
+    for key, values in (("data.train_files", d.train_files), ("data.val_files", d.val_files)):
+        for i, value in enumerate(values):
+            if not Path(value).is_file():
+                what = "does not exist" if not Path(value).exists() else "is not a file"
+                raise PathError(f"{key}[{i}]: {value} {what}")
+
+
+def compile_config(spec: str | os.PathLike[str], site: str | os.PathLike[str] = "local",
+                   overrides: Iterable[str] = (), *, check_paths: bool = True, cwd: Path | None = None) -> Compiled:
+    """Load the site (name or path) and the spec, apply ``-o key=value`` overrides, resolve the plan.
+
+    ``check_paths=False`` skips the existence check of model and data paths (for ``config show`` on a
+    login node where they exist only on the cluster); submission keeps it on. Relative paths in
+    overrides are relative to ``cwd`` (default: the current directory).
+    """
+    spec_path = Path(spec)
+    try:
+        spec_text = spec_path.read_text(encoding="utf-8")
+    except OSError:
+        spec_text = ""  # read_toml below reports the problem with the file name
+    exp_data, site_data = parse_overrides(overrides)
+    site_obj, site_prov, site_file = load_site_with_provenance(site, site_data)
+    experiment, exp_prov = load_experiment_with_provenance(spec_path, exp_data, site=site_obj,
+                                                           site_file=str(site_file), cwd=cwd)
+    if check_paths:
+        check_experiment_paths(experiment)
+    plan = resolve(site_obj, experiment)
+    job = JobSection(kind="train", collective_timeout_s=experiment.trainer.collective_timeout_s)
+    return Compiled(site=site_obj, experiment=experiment, plan=plan, provenance=_merge_prov(exp_prov, site_prov),
+                    job=job, spec_path=str(spec_path.resolve()), site_path=str(Path(site_file).resolve()),
+                    spec_text=spec_text)
+
+
+def _merge_prov(exp_prov: dict[str, str], site_prov: dict[str, str]) -> dict[str, str]:
+    provenance = dict(exp_prov)
+    provenance.update({f"site.{k}": v for k, v in site_prov.items()})
+    return provenance
+
+
+def compile_preflight(site: str | os.PathLike[str] = "local", *, nodes: int | None = None,
+                      overrides: Iterable[str] = (), cwd: Path | None = None) -> Compiled:
+    """A preflight job for ``site``: the whole launch path, no model or data.
+
+    The generated spec asks for ``nodes`` nodes (default: the site's largest allocation on Slurm, 1
+    locally), all ranks per node, 10 minutes and a batch that divides any world size; ``overrides``
+    apply as usual (e.g. ``resources.time=00:05:00``, ``site.slurm.partition=debug``).
+    """
+    exp_data, site_data = parse_overrides(overrides)
+    site_obj, site_prov, site_file = load_site_with_provenance(site, site_data)
+    n_nodes = nodes if nodes is not None else (site_obj.max_nodes if site_obj.scheduler == "slurm" else 1)
+    # Ranks per node only depend on the site; the batch is then one prompt per rank.
+    ranks = site_obj.gpus_per_node or (site_obj.local.procs_per_node if site_obj.scheduler == "local" else 1)
+    world = max(1, n_nodes) * ranks
+    data = {
+        "name": "preflight",
+        "description": f"preflight of site {site_obj.name}",
+        "model": {"path": "unused-by-preflight"},
+        "data": {"train_files": ["unused-by-preflight.parquet"]},
+        "trainer": {"train_batch_size": world, "total_steps": 1},
+        "actor": {"ppo_mini_batch_size": world, "ppo_micro_batch_size_per_gpu": 1},
+        "resources": {"nodes": n_nodes, "time": "00:10:00"},
+        "checkpoint": {"save_on_preempt": False},
+        "watchdog": {"enable": False},
+    }
+    spec_text = "# generated by hpcppo preflight\n" + tomli_w.dumps(data)
+    experiment, exp_prov = experiment_from_data(data, "preflight spec", None, exp_data, site=site_obj,
+                                                site_file=str(site_file), cwd=cwd)
+    plan = resolve(site_obj, experiment)
+    paths = [str(runs_root(site_obj, cwd))]
+    if site_obj.paths.scratch:
+        paths.append(os.path.expanduser(os.path.expandvars(site_obj.paths.scratch)))
+    job = JobSection(kind="preflight", collective_timeout_s=min(300.0, experiment.trainer.collective_timeout_s),
+                     preflight_paths=paths)
+    return Compiled(site=site_obj, experiment=experiment, plan=plan, provenance=_merge_prov(exp_prov, site_prov),
+                    job=job, spec_path="", site_path=str(Path(site_file).resolve()), spec_text=spec_text)
+
+
+def _drop_none(value: Any) -> Any:
+    # TOML has no null: unset optional fields are omitted and come back as their default (None).
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_none(v) for v in value]
+    return value
+
+
+def to_toml(compiled: Compiled) -> str:
+    """The text of ``resolved.toml``: a header comment, then ``[source]``, ``[job]``, ``[site]``,
+    ``[experiment]``, ``[plan]`` and ``[provenance]``."""
+    doc = {
+        "source": {"hpcppo_version": hpcppo.__version__, "spec": compiled.spec_path, "site_file": compiled.site_path},
+        "job": _drop_none(converter.unstructure(compiled.job)),
+        "site": _drop_none(converter.unstructure(compiled.site)),
+        "experiment": _drop_none(converter.unstructure(compiled.experiment)),
+        "plan": _drop_none(converter.unstructure(compiled.plan)),
+        "provenance": dict(compiled.provenance),
+    }
+    header = (
+        f"# resolved.toml written by hpcppo {hpcppo.__version__}: the job's only input.\n"
+        f"# Experiment {compiled.experiment.name!r} on site {compiled.site.name!r}: defaults < site < spec < "
+        f"overrides, all applied; [plan] is derived (hpcppo.config.resolve). Do not edit: re-submit instead.\n\n"
+    )
+    return header + tomli_w.dumps(doc, multiline_strings=False)
+
+
+def write_resolved(compiled: Compiled, path: str | os.PathLike[str]) -> Path:
+    """Write ``resolved.toml`` atomically (temporary file, fsync, rename)."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(to_toml(compiled))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, target)
+    return target
+
+
+def load_resolved(path: str | os.PathLike[str]) -> Compiled:
+    """Read a ``resolved.toml``; the plan is recomputed and must match the stored one."""
+    label = str(path)
+    data = read_toml(path)
+    for key in data:
+        if key not in _SECTIONS:
+            raise ConfigError(f"unknown section; a resolved.toml has {', '.join(_SECTIONS)}", file=label, key=key)
+    for key in _SECTIONS:
+        if not isinstance(data.get(key), dict):
+            raise ConfigError("missing section (is this a resolved.toml?)", file=label, key=key)
+    source = data["source"]
+    job = structure(data["job"], JobSection, file=label, path="job")
+    site = structure(data["site"], Site, file=label, path="site")
+    experiment = structure(data["experiment"], Experiment, file=label, path="experiment")
+    plan = structure(data["plan"], RunPlan, file=label, path="plan")
+    provenance = structure(data["provenance"], dict[str, str], file=label, path="provenance")
+    fresh = resolve(site, experiment)
+    if fresh != plan:
+        diff = [f.name for f in attrs.fields(RunPlan) if getattr(fresh, f.name) != getattr(plan, f.name)]
+        raise ConfigError(f"does not match the site and experiment (changed by hand, or written by another hpcppo "
+                          f"version {source.get('hpcppo_version')!r}?); differing keys: {', '.join(diff)}",
+                          file=label, key="plan")
+    return Compiled(site=site, experiment=experiment, plan=plan, provenance=provenance, job=job,
+                    spec_path=str(source.get("spec", "")), site_path=str(source.get("site_file", "")))
+
+
+def runs_root(site: Site, cwd: Path | None = None) -> Path:
+    """The site's runs root as an absolute path (``~`` and ``$VAR`` expanded, relative to ``cwd``)."""
+    raw = os.path.expanduser(os.path.expandvars(site.paths.runs_root))
+    base = cwd or Path.cwd()
+    return Path(raw) if os.path.isabs(raw) else (base / raw)

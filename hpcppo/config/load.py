@@ -1,0 +1,312 @@
+"""Load site profiles and experiment specs: layers, overrides, provenance, relative paths.
+
+Precedence (lowest first), each layer recorded per dotted key in the provenance:
+
+``default``   the schema's defaults;
+``site``      the site's ``[defaults]`` table (experiment keys) and, for ``site.*`` keys, the site file;
+``spec``      the experiment spec file;
+``override``  ``-o key=value`` on the command line; ``-o site.slurm.partition=debug`` targets the site.
+
+Sections merge key by key; any other value (a list, a table such as ``env.vars``, the watchdog rules)
+is replaced as a whole by a higher layer. Relative file-system paths (``model.path``,
+``data.train_files`` ...) are made absolute against the directory of the file that set them (the
+spec's or the site's directory; the current directory for ``-o``), after expanding ``~`` and ``$VAR``.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from hpcppo.config.convert import is_section, read_toml, section_fields, structure, type_text
+from hpcppo.config.experiment import Experiment
+from hpcppo.config.fields import FieldValueError, did_you_mean, fmt_value
+from hpcppo.config.site import Site
+from hpcppo.errors import ConfigError, SiteNotFoundError
+
+__all__ = ["Layer", "load_site", "load_site_with_provenance", "load_experiment", "load_experiment_with_provenance",
+           "parse_overrides", "site_search_dirs", "experiment_from_data", "available_sites", "lookup_field", "OVERRIDE_LABEL",
+           "leaf_keys"]
+
+OVERRIDE_LABEL = "command line (-o)"
+SITE_PREFIX = "site."
+
+
+@attrs.frozen
+class Layer:
+    """One source of values: a nested dict, where it came from, and the directory relative paths use."""
+
+    data: dict[str, Any]
+    source: str  # default | site | spec | override
+    label: str  # file name (or OVERRIDE_LABEL) used in error messages
+    base_dir: Path | None  # for relative paths; None = leave them as given
+
+
+def _resolve_all(cls: type, seen: set[type] | None = None) -> None:
+    seen = set() if seen is None else seen
+    if cls in seen:
+        return
+    seen.add(cls)
+    for attribute in section_fields(cls).values():
+        if is_section(attribute):
+            _resolve_all(attribute.type, seen)
+
+
+_resolve_all(Experiment)
+_resolve_all(Site)
+
+
+def lookup_field(cls: type, dotted: str, *, label: str | None = None, shown_prefix: str = "") -> attrs.Attribute:
+    """The field a dotted key names, or ConfigError with did-you-mean among that section's keys."""
+    parts = dotted.split(".")
+    current = cls
+    for i, part in enumerate(parts):
+        fields = section_fields(current)
+        if part not in fields:
+            where = shown_prefix + ".".join(parts[: i + 1])
+            raise ConfigError(f"unknown key{did_you_mean(part, fields)}; known keys here: {', '.join(fields)}",
+                              file=label, key=where)
+        attribute = fields[part]
+        if i < len(parts) - 1:
+            if not is_section(attribute):
+                where = shown_prefix + ".".join(parts[: i + 1])
+                raise ConfigError(f"is a {type_text(attribute.type)}, not a section with keys", file=label, key=where)
+            current = attribute.type
+    return attribute
+
+
+def _expand_path(value: str, base_dir: Path | None) -> str:
+    if not value:
+        return value
+    expanded = os.path.expanduser(os.path.expandvars(value))
+    if base_dir is not None and not os.path.isabs(expanded):
+        expanded = os.path.normpath(str(base_dir / expanded))
+    return expanded
+
+
+def _check_leaf(attribute: attrs.Attribute, value: Any, *, key: str, label: str) -> Any:
+    """Type-check and range-check one value now, so the error names the layer it came from."""
+    checked = structure(value, attribute.type, file=label, path=key)
+    if attribute.validator is not None and not is_section(attribute):
+        try:
+            attribute.validator(None, attribute, checked)
+        except FieldValueError as exc:
+            raise ConfigError(exc.message, file=label, key=key) from None
+    return checked
+
+
+def _merge(cls: type, base: dict[str, Any], layer: Layer, data: dict[str, Any], prov: dict[str, str],
+           prefix: str, shown_prefix: str) -> None:
+    """Merge ``data`` (part of ``layer``) into ``base`` for section ``cls``; record provenance."""
+    fields = section_fields(cls)
+    for key, value in data.items():
+        dotted = prefix + key
+        shown = shown_prefix + dotted
+        if key not in fields:
+            raise ConfigError(f"unknown key{did_you_mean(key, fields)}; known keys here: {', '.join(fields)}",
+                              file=layer.label, key=shown)
+        attribute = fields[key]
+        if is_section(attribute):
+            if not isinstance(value, dict):
+                raise ConfigError(f"expected a table (section), got {fmt_value(value)}", file=layer.label, key=shown)
+            sub = base.setdefault(key, {})
+            _merge(attribute.type, sub, layer, value, prov, dotted + ".", shown_prefix)
+            continue
+        _check_leaf(attribute, value, key=shown, label=layer.label)
+        if attribute.metadata.get("path"):
+            if isinstance(value, list):
+                value = [_expand_path(v, layer.base_dir) for v in value]
+            else:
+                value = _expand_path(value, layer.base_dir)
+        base[key] = value
+        prov[dotted] = layer.source
+
+
+def leaf_keys(cls: type, prefix: str = "") -> list[str]:
+    """All dotted leaf keys of a section class, in declaration order."""
+    out: list[str] = []
+    for name, attribute in section_fields(cls).items():
+        if is_section(attribute):
+            out.extend(leaf_keys(attribute.type, f"{prefix}{name}."))
+        else:
+            out.append(prefix + name)
+    return out
+
+
+def _build(cls: type, layers: Sequence[Layer], *, shown_prefix: str = "") -> tuple[Any, dict[str, str]]:
+    merged: dict[str, Any] = {}
+    prov: dict[str, str] = {}
+    for layer in layers:
+        _merge(cls, merged, layer, layer.data, prov, "", shown_prefix)
+    labels = {layer.source: layer.label for layer in layers}
+    # Errors no single layer explains (a missing required key, a cross-field check) name the main file.
+    main_label = next((layer.label for layer in layers if layer.source == "spec"), layers[0].label)
+
+    def file_for(key: str) -> str | None:
+        bare = key[len(shown_prefix):] if key.startswith(shown_prefix) else key
+        bare = bare.split("[")[0]
+        while bare:
+            if bare in prov:
+                return labels.get(prov[bare], main_label)
+            bare = bare.rpartition(".")[0]
+        return main_label
+
+    obj = structure(merged, cls, file=main_label, path=shown_prefix.rstrip("."), file_for=file_for)
+    full = {k: prov.get(k, "default") for k in leaf_keys(cls)}
+    return obj, full
+
+
+# ------------------------------------------------------------------------------------------------ overrides
+
+def _convert_override(attribute: attrs.Attribute, key: str, raw: str) -> Any:
+    tp = attribute.type
+    text = raw.strip()
+    if tp is str and not (text[:1] in ('"', "'")):
+        return raw  # plain strings need no quotes on the command line
+    if text.lower() in ("none", "null", "unset") and "None" in repr(tp):
+        return None
+    if tp is bool and text.lower() in ("true", "false"):
+        text = text.lower()
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        raise ConfigError(f"expected {type_text(tp)}, got {raw!r} (write TOML: 1e-6, true, \"text\", [1, 2], "
+                          f"{{a = 1}})", file=OVERRIDE_LABEL, key=key) from None
+
+
+def _set_nested(target: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        target = target.setdefault(part, {})
+    target[parts[-1]] = value
+
+
+def parse_overrides(overrides: Iterable[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split ``key=value`` overrides into (experiment layer data, site layer data), values typed by the schema."""
+    exp: dict[str, Any] = {}
+    site: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"{item!r} is not key=value (e.g. -o actor.lr=1e-6)", file=OVERRIDE_LABEL)
+        if key.startswith(SITE_PREFIX):
+            bare = key[len(SITE_PREFIX):]
+            attribute = lookup_field(Site, bare, label=OVERRIDE_LABEL, shown_prefix=SITE_PREFIX)
+            _set_nested(site, bare, _convert_override(attribute, key, raw))
+        else:
+            attribute = lookup_field(Experiment, key, label=OVERRIDE_LABEL)
+            _set_nested(exp, key, _convert_override(attribute, key, raw))
+    return exp, site
+
+
+# ------------------------------------------------------------------------------------------------ sites
+
+def site_search_dirs() -> list[Path]:
+    """Where site names are looked up, in order: $HPCPPO_SITES_DIR, ~/.config/hpcppo/sites, packaged sites/."""
+    from hpcppo.resources import sites_dir
+
+    dirs = [Path(d) for d in os.environ.get("HPCPPO_SITES_DIR", "").split(os.pathsep) if d]
+    dirs.append(Path.home() / ".config" / "hpcppo" / "sites")
+    try:
+        dirs.append(sites_dir())
+    except FileNotFoundError:
+        pass
+    return dirs
+
+
+def available_sites() -> dict[str, Path]:
+    """Site name -> file, the first found along :func:`site_search_dirs` winning."""
+    found: dict[str, Path] = {}
+    for d in site_search_dirs():
+        if d.is_dir():
+            for f in sorted(d.glob("*.toml")):
+                found.setdefault(f.stem, f)
+    return found
+
+
+def _site_file(name_or_path: str | os.PathLike[str]) -> Path:
+    text = os.fspath(name_or_path)
+    if text.endswith(".toml") or os.sep in text or (os.altsep and os.altsep in text):
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise SiteNotFoundError("site file not found", file=str(path))
+        return path
+    sites = available_sites()
+    if text in sites:
+        return sites[text]
+    names = ", ".join(sorted(sites)) or "none"
+    raise SiteNotFoundError(f"unknown site {text!r}{did_you_mean(text, sites)}; available sites: {names} "
+                            f"(searched {os.pathsep.join(str(d) for d in site_search_dirs())})")
+
+
+def load_site_with_provenance(name_or_path: str | os.PathLike[str], overrides: dict[str, Any] | None = None
+                              ) -> tuple[Site, dict[str, str], Path]:
+    """Load a site (name or .toml path); ``overrides`` is parsed site layer data. Returns site, provenance, file."""
+    path = _site_file(name_or_path)
+    data = read_toml(path)
+    layers = [Layer(data, "site", str(path), None)]
+    if overrides:
+        layers.append(Layer(overrides, "override", OVERRIDE_LABEL, None))
+    # templates.dir is relative to the site file: a site directory may ship its own templates.
+    tdir = data.get("templates", {}).get("dir") if isinstance(data.get("templates"), dict) else None
+    if isinstance(tdir, str) and tdir:
+        data["templates"]["dir"] = _expand_path(tdir, path.parent)
+    site, prov = _build(Site, layers, shown_prefix="")
+    if site.defaults:
+        # Check the [defaults] table against the experiment schema now (keys, types, ranges), and make
+        # its relative paths absolute against the site file's directory.
+        checked: dict[str, Any] = {}
+        _merge(Experiment, checked, Layer(site.defaults, "site", str(path), path.parent), site.defaults, {}, "",
+               "defaults.")
+        site = attrs.evolve(site, defaults=checked)
+    return site, prov, path
+
+
+def load_site(name_or_path: str | os.PathLike[str], overrides: Iterable[str] = ()) -> Site:
+    """Load a site by name (searched in :func:`site_search_dirs`) or by path to a .toml file.
+
+    ``overrides`` are ``key=value`` strings for site keys, with or without the ``site.`` prefix.
+    """
+    items = [o if o.startswith(SITE_PREFIX) else SITE_PREFIX + o for o in overrides]
+    _, site_data = parse_overrides(items)
+    return load_site_with_provenance(name_or_path, site_data)[0]
+
+
+# ------------------------------------------------------------------------------------------------ experiments
+
+def load_experiment_with_provenance(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None, *,
+                                    site: Site | None = None, site_file: str | None = None,
+                                    cwd: Path | None = None) -> tuple[Experiment, dict[str, str]]:
+    """Build the experiment from site defaults < spec < overrides (parsed layer data)."""
+    spec = Path(path)
+    return experiment_from_data(read_toml(spec), str(spec), spec.resolve().parent, overrides, site=site,
+                                site_file=site_file, cwd=cwd)
+
+
+def experiment_from_data(data: dict[str, Any], label: str, base_dir: Path | None,
+                         overrides: dict[str, Any] | None = None, *, site: Site | None = None,
+                         site_file: str | None = None, cwd: Path | None = None) -> tuple[Experiment, dict[str, str]]:
+    """Like :func:`load_experiment_with_provenance` for spec data already parsed (``label`` names it)."""
+    layers = []
+    if site is not None and site.defaults:
+        # Paths in site.defaults were made absolute when the site was loaded.
+        layers.append(Layer(site.defaults, "site", f"{site_file or site.name} [defaults]", None))
+    layers.append(Layer(data, "spec", label, base_dir))
+    if overrides:
+        layers.append(Layer(overrides, "override", OVERRIDE_LABEL, cwd or Path.cwd()))
+    return _build(Experiment, layers)
+
+
+def load_experiment(path: str | os.PathLike[str], overrides: Iterable[str] = (), *, site: Site | None = None
+                    ) -> Experiment:
+    """Load an experiment spec with ``key=value`` overrides (experiment keys only) and optional site defaults."""
+    exp_data, site_data = parse_overrides(overrides)
+    if site_data:
+        raise ConfigError("site.* overrides need a site: use compile_config", file=OVERRIDE_LABEL)
+    return load_experiment_with_provenance(path, exp_data, site=site)[0]

@@ -1,0 +1,232 @@
+"""``resolve(site, experiment) -> RunPlan``: pure layout and batch arithmetic, every check in one place.
+
+Every failure is a ``ResolveError`` that names the keys and numbers that do not fit and suggests values
+that would. Nothing here reads files or the environment.
+"""
+
+from __future__ import annotations
+
+from hpcppo.config.experiment import Experiment
+from hpcppo.config.fields import parse_slurm_time
+from hpcppo.config.plan import RunPlan
+from hpcppo.config.site import Site
+from hpcppo.errors import ResolveError
+
+__all__ = ["resolve", "format_slurm_time", "divisors"]
+
+_GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
+
+
+def divisors(n: int) -> list[int]:
+    """Positive divisors of ``n`` in increasing order."""
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _listing(values: list[int], limit: int = 12) -> str:
+    shown = ", ".join(str(v) for v in values[:limit])
+    return shown + (", ..." if len(values) > limit else "")
+
+
+def _nearest_multiples(value: int, step: int) -> str:
+    below = (value // step) * step
+    above = below + step
+    return " or ".join(str(v) for v in (below, above) if v > 0)
+
+
+def format_slurm_time(seconds: int) -> str:
+    """Seconds as Slurm's ``HH:MM:SS`` or ``D-HH:MM:SS``."""
+    days, rest = divmod(int(seconds), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    core = f"{hours:02d}:{minutes:02d}:{secs:02d}"
+    return f"{days}-{core}" if days else core
+
+
+def _layout(site: Site, exp: Experiment) -> tuple[int, int, int, str]:
+    """(nodes, ranks_per_node, gpus_per_node, device) after the resource checks."""
+    res = exp.resources
+    site_gpus = site.gpus_per_node
+    if site.scheduler == "local" and res.nodes != 1:
+        raise ResolveError(f"resources.nodes={res.nodes}: site {site.name!r} runs locally on one machine; use nodes = 1")
+    if res.nodes > site.max_nodes:
+        raise ResolveError(f"resources.nodes={res.nodes} is more than site {site.name!r} allows "
+                           f"(slurm.max_nodes={site.max_nodes}); use at most {site.max_nodes}")
+    if res.gpus_per_node > site_gpus:
+        raise ResolveError(f"resources.gpus_per_node={res.gpus_per_node}: more GPUs per node than site {site.name!r} "
+                           f"has ({site_gpus}); use {'0 (all)' if site_gpus else '0 on this CPU site'}"
+                           + (f" or a value up to {site_gpus}" if site_gpus else ""))
+    if site_gpus > 0:
+        gpus = res.gpus_per_node or site_gpus
+        if res.procs_per_node not in (0, gpus):
+            raise ResolveError(f"resources.procs_per_node={res.procs_per_node}: on GPU site {site.name!r} there is one "
+                               f"rank per GPU ({gpus}); leave procs_per_node = 0 and set resources.gpus_per_node")
+        return res.nodes, gpus, gpus, "cuda"
+    if site.scheduler == "local":
+        ranks = res.procs_per_node or site.local.procs_per_node
+    else:
+        ranks = res.procs_per_node or 1
+    return res.nodes, ranks, 0, "cpu"
+
+
+def _check_time(site: Site, exp: Experiment) -> tuple[int, int]:
+    limit = parse_slurm_time(exp.resources.time)
+    site_max = parse_slurm_time(site.max_time)
+    if limit > site_max:
+        raise ResolveError(f"resources.time={exp.resources.time!r} is longer than site {site.name!r} allows "
+                           f"(max_time={site.max_time!r}); use at most {format_slurm_time(site_max)} "
+                           f"(checkpoints and requeue carry a run across allocations)")
+    lead = site.slurm.signal_lead_s if site.scheduler == "slurm" else 0
+    if lead and exp.checkpoint.save_on_preempt and limit <= lead:
+        raise ResolveError(f"resources.time={exp.resources.time!r} ({limit} s) is not longer than the site's "
+                           f"checkpoint signal lead (slurm.signal_lead_s={lead}); ask for more than "
+                           f"{format_slurm_time(lead)}")
+    return limit, lead
+
+
+def _check_rollout(site: Site, exp: Experiment, ranks_per_node: int, device: str) -> None:
+    ro = exp.rollout
+    if ro.engine == "vllm" and device != "cuda":
+        raise ResolveError(f"rollout.engine='vllm' needs GPUs, and site {site.name!r} has none; use rollout.engine='hf'")
+    if ro.tensor_parallel_size > 1 and ro.engine != "vllm":
+        raise ResolveError(f"rollout.tensor_parallel_size={ro.tensor_parallel_size} needs rollout.engine='vllm' "
+                           f"(the hf engine has no tensor parallelism); use 1")
+    if ranks_per_node % ro.tensor_parallel_size:
+        raise ResolveError(f"rollout.tensor_parallel_size={ro.tensor_parallel_size} does not divide the ranks per node "
+                           f"({ranks_per_node}); valid values: {_listing(divisors(ranks_per_node))}")
+    if exp.algorithm.adv_estimator in _GROUP_ESTIMATORS and ro.n < 2:
+        raise ResolveError(f"algorithm.adv_estimator={exp.algorithm.adv_estimator!r} compares responses to the same "
+                           f"prompt and needs rollout.n >= 2 (got {ro.n})")
+
+
+def _update_batches(role: str, *, train: int, mini: int, micro: int, n: int, dp: int,
+                    mini_key: str, micro_key: str) -> tuple[int, int, int, int]:
+    """(mini_samples, mini_per_rank, grad_accum, mini_batches_per_epoch) or ResolveError with suggestions."""
+    if train % mini:
+        ok = [m for m in divisors(train) if (m * n) % dp == 0]
+        raise ResolveError(f"trainer.train_batch_size={train} is not divisible by {mini_key}={mini} (prompts); "
+                           f"valid {role} mini-batch sizes: {_listing(ok)}")
+    samples = mini * n
+    if samples % dp:
+        ok = [m for m in divisors(train) if (m * n) % dp == 0]
+        raise ResolveError(f"{mini_key}={mini} x rollout.n={n} = {samples} samples is not divisible by data-parallel "
+                           f"size {dp}; valid {role} mini-batch sizes: {_listing(ok) or 'none (change train_batch_size)'}")
+    per_rank = samples // dp
+    if per_rank % micro:
+        raise ResolveError(f"{mini_key}={mini} x rollout.n={n} = {samples} samples is not divisible by data-parallel "
+                           f"size {dp} x {micro_key}={micro} = {dp * micro}; valid micro-batch sizes: "
+                           f"{_listing(divisors(per_rank))}")
+    return samples, per_rank, per_rank // micro, train // mini
+
+
+def _needs_reference(exp: Experiment) -> bool:
+    needed = exp.algorithm.use_kl_in_reward or exp.actor.use_kl_loss
+    mode = exp.reference.enable
+    if mode == "off" and needed:
+        which = "algorithm.use_kl_in_reward" if exp.algorithm.use_kl_in_reward else "actor.use_kl_loss"
+        raise ResolveError(f"reference.enable='off' but {which} = true needs the reference policy; "
+                           f"use reference.enable='auto' or turn the KL term off")
+    return mode == "on" or (mode == "auto" and needed)
+
+
+def _check_trainer(exp: Experiment, needs_critic: bool) -> None:
+    tr = exp.trainer
+    if (tr.test_freq > 0 or tr.val_before_train) and not exp.data.val_files:
+        key = "trainer.test_freq" if tr.test_freq > 0 else "trainer.val_before_train"
+        raise ResolveError(f"{key} asks for validation but data.val_files is empty; add validation files or turn it off")
+    warm = exp.critic.warmup_updates
+    if warm and not needs_critic:
+        raise ResolveError(f"critic.warmup_updates={warm} but algorithm.adv_estimator="
+                           f"{exp.algorithm.adv_estimator!r} trains no critic; use 0")
+    if warm and tr.total_steps and warm >= tr.total_steps:
+        raise ResolveError(f"critic.warmup_updates={warm} >= trainer.total_steps={tr.total_steps}: the actor would "
+                           f"never be updated; use fewer warm-up steps")
+
+
+def resolve(site: Site, experiment: Experiment) -> RunPlan:
+    """Compute the run's layout and batch arithmetic; ``ResolveError`` on anything that does not fit."""
+    exp = experiment
+    nodes, ranks_per_node, gpus, device = _layout(site, exp)
+    world = nodes * ranks_per_node
+    limit, lead = _check_time(site, exp)
+    _check_rollout(site, exp, ranks_per_node, device)
+
+    tp = exp.rollout.tensor_parallel_size
+    dp = world // tp
+    train = exp.trainer.train_batch_size
+    n = exp.rollout.n
+    if train % dp:
+        raise ResolveError(f"trainer.train_batch_size={train} prompts cannot be split over {dp} rollout data-parallel "
+                           f"groups (world size {world} / rollout.tensor_parallel_size {tp}); use a multiple of {dp}, "
+                           f"e.g. {_nearest_multiples(train, dp)}")
+    a = exp.actor
+    a_samples, a_per_rank, a_accum, a_minis = _update_batches(
+        "actor", train=train, mini=a.ppo_mini_batch_size, micro=a.ppo_micro_batch_size_per_gpu, n=n, dp=world,
+        mini_key="actor.ppo_mini_batch_size", micro_key="actor.ppo_micro_batch_size_per_gpu")
+
+    needs_critic = exp.algorithm.adv_estimator == "gae"
+    c = exp.critic
+    c_epochs = c_samples = c_per_rank = c_micro = c_accum = c_minis = 0
+    if needs_critic:
+        c_epochs = c.ppo_epochs or a.ppo_epochs
+        c_mini = c.ppo_mini_batch_size or a.ppo_mini_batch_size
+        c_micro = c.ppo_micro_batch_size_per_gpu or a.ppo_micro_batch_size_per_gpu
+        mini_key = "critic.ppo_mini_batch_size" if c.ppo_mini_batch_size else "critic.ppo_mini_batch_size (0 = actor's)"
+        micro_key = ("critic.ppo_micro_batch_size_per_gpu" if c.ppo_micro_batch_size_per_gpu
+                     else "critic.ppo_micro_batch_size_per_gpu (0 = actor's)")
+        c_samples, c_per_rank, c_accum, c_minis = _update_batches(
+            "critic", train=train, mini=c_mini, micro=c_micro, n=n, dp=world, mini_key=mini_key, micro_key=micro_key)
+
+    needs_reference = _needs_reference(exp)
+    _check_trainer(exp, needs_critic)
+    hsdp = exp.resources.hsdp == "on" or (exp.resources.hsdp == "auto" and nodes > 1)
+    mesh_shape, mesh_names = ([nodes, ranks_per_node], ["replicate", "shard"]) if hsdp else ([world], ["shard"])
+    model_dtype = exp.model.dtype
+    return RunPlan(
+        scheduler=site.scheduler,
+        nodes=nodes,
+        ranks_per_node=ranks_per_node,
+        world_size=world,
+        gpus_per_node=gpus,
+        cpus_per_rank=site.slurm.cpus_per_task if site.scheduler == "slurm" else 1,
+        device=device,
+        backend="nccl" if device == "cuda" else "gloo",
+        tensor_parallel_size=tp,
+        dp_size=dp,
+        train_dp_size=world,
+        hsdp=hsdp,
+        mesh_shape=mesh_shape,
+        mesh_dim_names=mesh_names,
+        time_limit_s=limit,
+        time_limit=format_slurm_time(limit),
+        signal_lead_s=lead,
+        prompts_per_step=train,
+        samples_per_step=train * n,
+        prompts_per_rank=train // dp,
+        samples_per_rank=train * n // world,
+        logprob_micro_batch_per_rank=exp.rollout.micro_batch_size_per_gpu or a.ppo_micro_batch_size_per_gpu,
+        actor_ppo_epochs=a.ppo_epochs,
+        actor_mini_batch_samples=a_samples,
+        actor_mini_batch_per_rank=a_per_rank,
+        actor_micro_batch_per_rank=a.ppo_micro_batch_size_per_gpu,
+        grad_accum_steps_actor=a_accum,
+        mini_batches_per_epoch_actor=a_minis,
+        actor_optimizer_steps_per_step=a.ppo_epochs * a_minis,
+        needs_critic=needs_critic,
+        critic_ppo_epochs=c_epochs,
+        critic_mini_batch_samples=c_samples,
+        critic_mini_batch_per_rank=c_per_rank,
+        critic_micro_batch_per_rank=c_micro,
+        grad_accum_steps_critic=c_accum,
+        mini_batches_per_epoch_critic=c_minis,
+        needs_reference=needs_reference,
+        kl_penalty_in_reward=exp.algorithm.use_kl_in_reward,
+        kl_loss=a.use_kl_loss,
+        clip_ratio_low=a.clip_ratio if a.clip_ratio_low is None else a.clip_ratio_low,
+        clip_ratio_high=a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high,
+        actor_param_dtype=a.fsdp.param_dtype or model_dtype,
+        critic_param_dtype=c.fsdp.param_dtype or model_dtype,
+        total_steps=exp.trainer.total_steps,
+        total_epochs=exp.trainer.total_epochs,
+        max_sequence_length=exp.data.max_prompt_length + exp.data.max_response_length,
+    )
