@@ -51,7 +51,7 @@ def metric_files(run: str | os.PathLike[str]) -> list[Path]:
 
 
 def _open(path: Path, locking: bool | None) -> h5py.File:
-    kwargs = {} if locking is None else {"locking": locking}
+    kwargs = schema.file_locking(locking)
     try:
         f = h5py.File(path, "r", swmr=True, **kwargs)
     except OSError as e:

@@ -114,7 +114,7 @@ class MetricsWriter:
         in SWMR mode (which it could not open while the writer holds it).
         """
         tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-        kwargs = {} if locking is None else {"locking": locking}
+        kwargs = schema.file_locking(locking)
         f = h5py.File(tmp, "w", libver="latest", **kwargs)
         try:
             f.attrs["format"] = schema.FORMAT

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import subprocess
+import sys
 import time
 
 import h5py
@@ -249,3 +251,18 @@ def test_without_swmr_the_file_is_readable_after_close(tmp_path):
         w.log(0, {"reward/mean": 1.0})
         w.log(1, {"reward/mean": 2.0})
     assert load(tmp_path)["reward/mean"].tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize(("env", "expected"), [("FALSE", 0), ("0", 0), ("TRUE", 1)])
+def test_hdf5_use_file_locking_is_honoured_even_when_set_after_import(tmp_path, monkeypatch, env, expected):
+    monkeypatch.setenv("HDF5_USE_FILE_LOCKING", env)
+    with MetricsWriter(tmp_path, COLS, attempt=1) as w:
+        assert w._file.id.get_access_plist().get_file_locking()[0] == expected
+        w.log(0, {"reward/mean": 1.0})
+    assert load(tmp_path)["reward/mean"].tolist() == [1.0]
+
+
+def test_the_package_does_not_import_torch():
+    """The login-node CLI reads metrics: importing the package must not pull torch in."""
+    code = "import sys, hpcppo.metrics; sys.exit(1 if 'torch' in sys.modules else 0)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
