@@ -1,0 +1,178 @@
+"""Batch plumbing of the trainer: building the training batch from a rollout, splitting it into mini-
+and micro-batches, gathering the small per-token tensors across ranks, optimizer steps and metrics.
+
+Batches are plain dicts of tensors (rows = samples) plus a few Python lists (``records``); the keys are
+documented in :func:`to_training_batch`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from hpcppo import algos
+
+
+def to_training_batch(out: Any, prompts: Sequence[Any], device: torch.device) -> dict[str, Any]:
+    """A rollout (``RolloutBatch``) and its prompts -> the trainer's batch on ``device``.
+
+    Keys: ``input_ids``/``attention_mask``/``position_ids`` ``[b, P+R]`` (prompt then response),
+    ``responses``/``response_mask``/``rollout_log_probs`` ``[b, R]``, ``prompt_index`` ``[b]`` (dataset index of
+    the prompt: GRPO/RLOO groups), ``prompt_len``/``seq_tokens`` ``[b]``, ``records`` (one per sample).
+    """
+    which = out.prompt_index.tolist()
+    batch: dict[str, Any] = {
+        "input_ids": out.input_ids.to(device),
+        "attention_mask": out.attention_mask.to(device),
+        "position_ids": out.position_ids.to(device),
+        "responses": out.response_ids.to(device),
+        "response_mask": out.response_mask.to(device),
+        "rollout_log_probs": out.rollout_log_probs.to(device).float(),
+        "prompt_index": torch.tensor([prompts[i].index for i in which], dtype=torch.long, device=device),
+        "prompt_len": out.prompt_mask.sum(-1).to(device),
+        "records": [prompts[i].record for i in which],
+    }
+    batch["seq_tokens"] = batch["attention_mask"].sum(-1)
+    return batch
+
+
+def place_scores(scores: Sequence[float], response_mask: torch.Tensor) -> torch.Tensor:
+    """``[b, R]`` token-level scores: each sequence's score on its last response token (verl's convention)."""
+    out = torch.zeros(response_mask.shape, dtype=torch.float32, device=response_mask.device)
+    last = (response_mask.sum(-1) - 1).clamp(min=0).long()
+    out[torch.arange(len(scores), device=out.device), last] = torch.tensor(scores, dtype=torch.float32, device=out.device)
+    return out * (response_mask.sum(-1, keepdim=True) > 0)
+
+
+def split(batch: Mapping[str, Any], size: int) -> Iterator[dict[str, Any]]:
+    """Consecutive row slices of ``size`` rows (the last may be shorter)."""
+    n = batch["response_mask"].shape[0]
+    for start in range(0, n, size):
+        yield {k: v[start : start + size] for k, v in batch.items()}
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def _device_for_collectives(t: torch.Tensor) -> torch.device:
+    return t.device
+
+
+def gather_rows(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """All-gather each tensor along rows (rank order); ``[b, R]`` tensors are right-padded with zeros to
+    the widest rank's ``R`` first. Every rank holds the same number of rows."""
+    world = _world()
+    if world == 1:
+        return {k: v for k, v in tensors.items()}
+    some = next(iter(tensors.values()))
+    widths = [v.shape[1] for v in tensors.values() if v.dim() == 2]
+    width = torch.tensor([max(widths) if widths else 0], device=_device_for_collectives(some))
+    dist.all_reduce(width, op=dist.ReduceOp.MAX)
+    width_max = int(width.item())
+    out = {}
+    for key, value in tensors.items():
+        if value.dim() == 2 and value.shape[1] < width_max:
+            value = F.pad(value, (0, width_max - value.shape[1]))
+        value = value.contiguous()
+        parts = [torch.empty_like(value) for _ in range(world)]
+        dist.all_gather(parts, value)
+        out[key] = torch.cat(parts, dim=0)
+    return out
+
+
+def local_rows(rows_per_rank: int, rank: int) -> slice:
+    return slice(rank * rows_per_rank, (rank + 1) * rows_per_rank)
+
+
+def global_batch_info(response_mask: torch.Tensor, dp_size: int, loss_scale_factor: int) -> algos.GlobalBatchInfo:
+    """Token and sequence counts of the global mini-batch (one all-reduce), for exact loss normalisation."""
+    counts = torch.stack([response_mask.sum(), (response_mask.sum(-1) > 0).sum()]).to(torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(counts)
+    return algos.GlobalBatchInfo(batch_num_tokens=counts[0], global_batch_size=counts[1], dp_size=dp_size,
+                                 loss_scale_factor=loss_scale_factor)
+
+
+def set_grad_sync(model: nn.Module, enabled: bool) -> None:
+    """Reduce-scatter gradients only on the last micro-batch of a mini-batch (FSDP2 accumulates locally)."""
+    fn = getattr(model, "set_requires_gradient_sync", None)
+    if fn is not None:
+        fn(enabled)
+
+
+def forward_log_probs(model: nn.Module, mb: Mapping[str, torch.Tensor], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs and entropy ``[b, R]`` of the response tokens, with the graph (for the actor update)."""
+    width = mb["responses"].shape[1]
+    logits = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"]).logits
+    logits = logits[:, -width - 1 : -1, :].float() / temperature
+    log_probs = torch.log_softmax(logits, dim=-1).gather(-1, mb["responses"].unsqueeze(-1)).squeeze(-1)
+    return log_probs, algos.entropy_from_logits(logits)
+
+
+def _to_float(t: torch.Tensor | float) -> float:
+    if hasattr(t, "full_tensor"):
+        t = t.full_tensor()
+    return float(t)
+
+
+def clip_and_step(model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> float:
+    """Clip the global grad norm, step unless it is not finite (then skip, as verl does); zero the grads."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = _to_float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
+    if math.isfinite(norm):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+
+def mean_across_ranks(values: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """Local mean of each list, then the mean over ranks (one all-reduce; every rank has the same keys)."""
+    keys = sorted(values)
+    local = torch.tensor([sum(values[k]) / max(len(values[k]), 1) for k in keys], dtype=torch.float64)
+    if dist.is_initialized() and keys:
+        if dist.get_backend() == "nccl":
+            local = local.cuda()
+        dist.all_reduce(local)
+        local /= dist.get_world_size()
+    return {k: float(v) for k, v in zip(keys, local.tolist())}
+
+
+def batch_metrics(full: Mapping[str, torch.Tensor], *, kl_coef: float, max_response_length: int) -> dict[str, float]:
+    """Batch-level metrics from the gathered batch (identical on every rank)."""
+    mask = full["response_mask"]
+    score = full["token_level_scores"].sum(-1).float()
+    reward = full["token_level_rewards"].sum(-1).float()
+    lengths = mask.sum(-1).float()
+    m: dict[str, float] = {
+        "score/mean": score.mean(),
+        "score/std": score.std(unbiased=False),
+        "reward/mean": reward.mean(),
+        "reward/std": reward.std(unbiased=False),
+        "reward/max": reward.max(),
+        "reward/min": reward.min(),
+        "kl/coef": kl_coef,
+        "advantages/mean": algos.masked_mean(full["advantages"], mask),
+        "advantages/std": algos.masked_var(full["advantages"], mask).sqrt() if mask.sum() > 1 else torch.tensor(0.0),
+        "returns/mean": algos.masked_mean(full["returns"], mask),
+        "response/length_mean": lengths.mean(),
+        "response/length_max": lengths.max(),
+        "response/clip_ratio": (lengths >= max_response_length).float().mean(),
+        "prompt/length_mean": full["prompt_len"].float().mean(),
+    }
+    if "ref_log_probs" in full:
+        # KL(actor || reference) with the non-negative low-variance estimator (k3): the watchdog's signal.
+        kl = algos.kl_penalty(full["old_log_probs"], full["ref_log_probs"], "low_var_kl")
+        m["kl/actor_ref"] = algos.masked_mean(kl, mask, axis=-1).mean()
+    if "values" in full:
+        m["critic/values_mean"] = algos.masked_mean(full["values"], mask)
+        m["critic/vf_explained_var"] = algos.explained_variance(full["values"], full["returns"], mask)
+    if "rollout_log_probs" in full:
+        m["rollout/logprob_gap"] = algos.masked_mean((full["rollout_log_probs"] - full["old_log_probs"]).abs(), mask)
+    return {k: float(v) for k, v in m.items()}

@@ -1,0 +1,213 @@
+"""Build everything a trainer rank needs from the resolved config: the table of contents of a run.
+
+Each builder gets its own config section (or primitives), never the root config.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from hpcppo import algos
+from hpcppo.data.dataset import PromptDataset, read_prompts
+from hpcppo.data.rewards import build_reward_fn, score_batch
+from hpcppo.data.sampler import ShardedEpochSampler
+from hpcppo.dist.checkpoint import CheckpointManager
+from hpcppo.dist.env import DistEnv
+from hpcppo.dist.fsdp import apply_activation_checkpointing, apply_fsdp
+from hpcppo.dist.mesh import build_mesh
+from hpcppo.metrics import STANDARD_COLUMNS, MetricsWriter
+from hpcppo.rollout.base import RolloutEngine, SamplingParams, build_engine
+from hpcppo.train import models
+from hpcppo.train.optim import LRSchedule, build_optimizer
+from hpcppo.train.signals import PreemptionFlag
+
+log = logging.getLogger("hpcppo.train")
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+EXTRA_COLUMNS = ("actor/kl_loss",)
+
+
+@dataclass
+class Components:
+    """Everything one rank trains with."""
+
+    cfg: Any  # Experiment
+    plan: Any  # RunPlan
+    site: Any
+    env: DistEnv
+    run_dir: Path
+    device: torch.device
+    tokenizer: Any
+    train_data: PromptDataset
+    val_data: PromptDataset | None
+    val_sources: list[str]
+    sampler: ShardedEpochSampler
+    total_steps: int
+    actor: nn.Module
+    actor_optim: torch.optim.Optimizer
+    actor_lr: LRSchedule
+    grad_clip: float
+    reference: nn.Module | None
+    critic: nn.Module | None
+    critic_optim: torch.optim.Optimizer | None
+    critic_lr: LRSchedule | None
+    engine: RolloutEngine
+    sampling: SamplingParams
+    val_sampling: SamplingParams
+    kl_ctrl: Any
+    score_fn: Callable[..., list[float]]
+    ckpt: CheckpointManager
+    metrics: MetricsWriter | None
+    metric_columns: set[str] = field(default_factory=set)
+    preempt: PreemptionFlag = field(default_factory=PreemptionFlag)
+
+    def close(self) -> None:
+        self.preempt.restore()
+        if self.metrics is not None:
+            self.metrics.close()
+        self.engine.close()
+
+
+def _set_threads(env: DistEnv) -> None:
+    # Ranks sharing a CPU machine split its cores instead of oversubscribing them (OMP_NUM_THREADS wins).
+    if env.device_type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, env.local_world_size)))
+
+
+def _dtype(name: str, default: str) -> torch.dtype:
+    return DTYPES[name or default]
+
+
+def build_datasets(data: Any, tokenizer: Any) -> tuple[PromptDataset, PromptDataset | None]:
+    def dataset(files: list[str]) -> PromptDataset:
+        return PromptDataset(read_prompts(files, prompt_key=data.prompt_key), tokenizer,
+                             max_prompt_length=data.max_prompt_length, truncation=data.truncation)
+
+    return dataset(list(data.train_files)), (dataset(list(data.val_files)) if data.val_files else None)
+
+
+def build_score_fn(data: Any) -> Callable[..., list[float]]:
+    spec = data.reward_fn
+    fn = build_reward_fn(spec, gsm8k={"method": data.gsm8k_method}) if spec == "auto" else build_reward_fn(spec)
+
+    def score(sources, texts, truths, extras):
+        return score_batch(fn, sources, texts, truths, extras)
+
+    return score
+
+
+def _sharded(model: nn.Module, mesh: Any, fsdp: Any, model_dtype: str, *, frozen: bool = False,
+             offload: bool | None = None) -> nn.Module:
+    return apply_fsdp(
+        model, mesh,
+        param_dtype=_dtype(fsdp.param_dtype, model_dtype) if fsdp is not None else DTYPES[model_dtype],
+        reduce_dtype=DTYPES[fsdp.reduce_dtype] if fsdp is not None else torch.float32,
+        cpu_offload=fsdp.param_offload if offload is None else offload,
+        reshard_after_forward=True if frozen else fsdp.reshard_after_forward,
+    )
+
+
+def build_components(compiled: Any, env: DistEnv, run_dir: Path) -> Components:
+    cfg, plan, site = compiled.experiment, compiled.plan, compiled.site
+    _set_threads(env)
+    if cfg.trainer.deterministic:
+        torch.use_deterministic_algorithms(True)
+    torch.manual_seed(cfg.seed)
+    device = torch.device("cuda", env.local_rank) if env.device_type == "cuda" else torch.device("cpu")
+    model_cfg = cfg.model
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_cfg.tokenizer_path or model_cfg.path,
+                                              trust_remote_code=model_cfg.trust_remote_code)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    train_data, val_data = build_datasets(cfg.data, tokenizer)
+    val_sources = sorted({r.data_source for r in val_data.records}) if val_data is not None else []
+    sampler = ShardedEpochSampler(len(train_data), batch_size=plan.prompts_per_step, dp_rank=env.rank,
+                                  dp_size=env.world_size, seed=cfg.seed, shuffle=cfg.data.shuffle)
+    total_steps = plan.total_steps or plan.total_epochs * sampler.steps_per_epoch
+
+    mesh = build_mesh(env.device_type, env.world_size, env.num_nodes, hsdp=plan.hsdp)
+    common = dict(dtype=DTYPES["float32"], trust_remote_code=model_cfg.trust_remote_code,
+                  attn_implementation=model_cfg.attn_implementation)
+    # Master weights in float32; FSDP's param_dtype sets the compute dtype (model.dtype by default).
+    actor = models.build_actor(model_cfg.path, gradient_checkpointing=False, **common).to(device)
+    if model_cfg.gradient_checkpointing:
+        apply_activation_checkpointing(actor)
+    _sharded(actor, mesh, cfg.actor.fsdp, model_cfg.dtype)
+    ac = cfg.actor
+    actor_optim = build_optimizer(actor, lr=ac.lr, weight_decay=ac.weight_decay, betas=ac.betas)
+    actor_updates = total_steps * plan.actor_optimizer_steps_per_step
+    actor_lr = LRSchedule(actor_optim, base_lr=ac.lr, warmup_steps=ac.warmup_steps, total_steps=actor_updates,
+                          schedule=ac.lr_schedule, min_lr_ratio=ac.min_lr_ratio)
+
+    reference = None
+    if plan.needs_reference:
+        reference = models.build_reference(model_cfg.path, **common).to(device)
+        _sharded(reference, mesh, cfg.actor.fsdp, model_cfg.dtype, frozen=True, offload=cfg.reference.offload)
+
+    critic = critic_optim = critic_lr = None
+    if plan.needs_critic:
+        cc = cfg.critic
+        critic = models.build_critic(model_cfg.critic_path or model_cfg.path, gradient_checkpointing=False, **common).to(device)
+        if model_cfg.gradient_checkpointing:
+            apply_activation_checkpointing(critic)
+        _sharded(critic, mesh, cc.fsdp, model_cfg.dtype)
+        critic_optim = build_optimizer(critic, lr=cc.lr, weight_decay=cc.weight_decay, betas=cc.betas)
+        critic_updates = total_steps * plan.critic_ppo_epochs * plan.mini_batches_per_epoch_critic
+        critic_lr = LRSchedule(critic_optim, base_lr=cc.lr, warmup_steps=cc.warmup_steps, total_steps=critic_updates,
+                               schedule=cc.lr_schedule, min_lr_ratio=cc.min_lr_ratio)
+
+    ro = cfg.rollout
+    engine = build_engine(ro.engine, **_engine_kwargs(cfg, plan, device))
+    eos = tokenizer.eos_token_id
+    sampling = SamplingParams(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, n=ro.n, temperature=ro.temperature,
+                              top_p=ro.top_p, top_k=ro.top_k, max_new_tokens=cfg.data.max_response_length)
+    val_sampling = SamplingParams(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, n=1,
+                                  temperature=ro.val_temperature, max_new_tokens=cfg.data.max_response_length)
+
+    kc = cfg.algorithm.kl_ctrl
+    kl_kwargs: dict[str, Any] = {"fixed": dict(kl_coef=kc.kl_coef),
+                                 "adaptive": dict(init_kl_coef=kc.kl_coef, target_kl=kc.target_kl, horizon=kc.horizon),
+                                 "step": dict(init_kl_coef=kc.kl_coef, target_kl=kc.target_kl, factor=kc.factor,
+                                              min_coef=kc.min_coef, max_coef=kc.max_coef)}[kc.type]
+    kl_ctrl = algos.build_kl_controller(kc.type, **kl_kwargs)
+
+    ckpt = CheckpointManager(run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last, rank=env.rank,
+                             world_size=env.world_size)
+    columns = list(STANDARD_COLUMNS) + list(EXTRA_COLUMNS) + [f"val/score/{s}" for s in val_sources]
+    metrics = None
+    if env.rank == 0:
+        attempt = len(list((run_dir / "metrics").glob("attempt-*.h5")))
+        metrics = MetricsWriter(run_dir, columns, attempt=attempt, swmr=site.hdf5.swmr,
+                                locking=None if site.hdf5.locking else False)
+    log.info("built: %d train prompts, %d val prompts, %d steps; actor%s%s; engine %s",
+             len(train_data), len(val_data) if val_data else 0, total_steps,
+             " + critic" if critic is not None else "", " + reference" if reference is not None else "", ro.engine)
+    return Components(
+        cfg=cfg, plan=plan, site=site, env=env, run_dir=run_dir, device=device, tokenizer=tokenizer,
+        train_data=train_data, val_data=val_data, val_sources=val_sources, sampler=sampler, total_steps=total_steps,
+        actor=actor, actor_optim=actor_optim, actor_lr=actor_lr, grad_clip=cfg.actor.grad_clip, reference=reference,
+        critic=critic, critic_optim=critic_optim, critic_lr=critic_lr, engine=engine, sampling=sampling,
+        val_sampling=val_sampling, kl_ctrl=kl_ctrl, score_fn=build_score_fn(cfg.data), ckpt=ckpt, metrics=metrics,
+        metric_columns=set(columns),
+    )
+
+
+def _engine_kwargs(cfg: Any, plan: Any, device: torch.device) -> dict[str, Any]:
+    ro = cfg.rollout
+    if ro.engine == "hf":
+        return dict(path=cfg.model.path, dtype=DTYPES[cfg.model.dtype], device=device,
+                    trust_remote_code=cfg.model.trust_remote_code)
+    return dict(path=cfg.model.path, dtype=cfg.model.dtype, tensor_parallel_size=ro.tensor_parallel_size,
+                gpu_memory_utilization=ro.gpu_memory_utilization, enforce_eager=ro.enforce_eager,
+                enable_sleep_mode=ro.free_cache_engine, seed=cfg.seed,
+                max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length)
