@@ -19,7 +19,8 @@ Layout of one file (every object is created before SWMR is switched on; nothing 
 Why one 2-D ``values`` dataset instead of one dataset per metric: metric names are namespaced with ``/``
 (``actor/pg_loss``), which HDF5 reads as a group path; and appending one row to 40 separate datasets costs
 40 resizes and 40 writes per step: with SWMR and a flush per row, 45 one-column datasets measured 6-8x
-slower than 5 structural datasets + one 2-D dataset (100-230 against 750-1,500 rows/s on a shared 2-core box). The original names live, unescaped, in the ``columns`` attribute.
+slower than 5 structural datasets + one 2-D dataset (100-230 against 750-1,500 rows/s on a shared 2-core box).
+The original names live, unescaped, in the ``columns`` attribute.
 
 Why fixed-length strings for events: HDF5 does not support variable-length data under SWMR (a reader of a
 file still open for writing can fail on them, h5py issue #1273). Messages longer than 1024 bytes are

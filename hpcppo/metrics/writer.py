@@ -332,7 +332,9 @@ class MetricsWriter:
         self.fsync()
         lost_rows, lost_events = len(self._pending_rows), len(self._pending_events)
         if lost_rows or lost_events:
-            log.error("%s: closing with %d rows and %d events that could not be written", self.path, lost_rows, lost_events)
+            log.error(
+                "%s: closing with %d rows and %d events that could not be written", self.path, lost_rows, lost_events
+            )
         self._closed = True
         try:
             self._file.close()
