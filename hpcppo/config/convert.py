@@ -79,7 +79,9 @@ class _Located(ValueError):
 
 
 def _expected(what: str, value: Any) -> TypeError:
-    return TypeError(f"expected {what}, got {fmt_value(value)} (a {toml_type_name(value)})")
+    kind = toml_type_name(value)
+    article = "an" if kind[0] in "aeiou" else "a"
+    return TypeError(f"expected {what}, got {fmt_value(value)} ({article} {kind})")
 
 
 def _make_converter() -> cattrs.Converter:
@@ -142,7 +144,7 @@ def _make_converter() -> cattrs.Converter:
                 try:
                     out[k] = conv.structure(item, value_type)
                 except Exception as exc:  # noqa: BLE001 - re-raised with its key
-                    raise _Located(f".{k}", exc) from exc
+                    raise _Located(str(k), exc) from exc
             return out
 
         return s_dict
