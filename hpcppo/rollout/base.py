@@ -1,0 +1,323 @@
+"""The rollout engine protocol: sampling parameters in, a padded batch of prompt + response tensors out.
+
+Conventions every engine follows (the trainer and ``hpcppo.train.models`` rely on them):
+
+* **Rows are samples, prompt-major.** With ``n`` samples per prompt, rows ``0..n-1`` belong to prompt 0, rows
+  ``n..2n-1`` to prompt 1, and so on; ``prompt_index[row]`` says which prompt (GRPO/RLOO groups).
+* **Prompts are left padded, responses right padded.** ``input_ids = cat(prompt_ids, response_ids)``, so the
+  response always starts at column ``P`` and ``hpcppo.train.models.compute_log_probs`` can slice the last ``R``
+  positions. The response width ``R`` is the longest response *in this batch* (at most ``max_new_tokens``);
+  use :meth:`RolloutBatch.pad_responses_to` when a fixed width is needed.
+* **``response_mask`` is 1 up to and including the EOS token**, 0 on the padding after it. A response cut by
+  ``max_new_tokens`` has no EOS and is all ones up to its length.
+* **``rollout_log_probs`` are ``log_softmax(logits / temperature)`` of the sampled tokens**, computed in float32
+  on the model's *unfiltered* logits (no top-k/top-p truncation). That is exactly what verl's actor recomputes
+  (``dp_actor._forward_micro_batch``: ``logits.div_(temperature)`` then ``logprobs_from_logits``) and what
+  ``compute_log_probs(..., temperature=T)`` returns, so with top-k/top-p off the two agree to float precision.
+  Greedy decoding (``temperature == 0``) reports log-probs at temperature 1. They are 0 on padding.
+* **Seeding**: ``SamplingParams.seed`` seeds the engine's own generator, so a given seed reproduces the same
+  samples whatever the global RNG state. The trainer passes a distinct seed per step and rank (see
+  :func:`derive_seed`); ``seed=None`` draws one from torch's global RNG (so ``torch.manual_seed`` still decides).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+PromptInput = Sequence[Sequence[int]] | Mapping[str, Any]
+"""Prompts as token-id lists, or a mapping with left-padded ``input_ids`` and ``attention_mask`` tensors
+(``hpcppo.data.collate_left_pad``'s output)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingParams:
+    """How to sample responses.
+
+    Keyword-only. Attributes:
+        eos_token_id: token id(s) that end a response (required); generation always stops at them.
+        pad_token_id: id written after the end of a response and in prompt padding (required).
+        n: samples per prompt (>= 1).
+        temperature: softmax temperature; 0 means greedy decoding.
+        top_p: nucleus sampling mass in (0, 1]; 1 disables it.
+        top_k: keep the k most likely tokens; -1 (or 0) disables it.
+        max_new_tokens: the longest response (>= 1).
+        seed: seeds the engine's generator; None draws one from torch's global RNG.
+    """
+
+    eos_token_id: int | tuple[int, ...]
+    pad_token_id: int
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 128
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        eos = self.eos_token_id
+        eos_ids = (int(eos),) if isinstance(eos, int) else tuple(int(e) for e in eos)
+        object.__setattr__(self, "eos_token_id", eos_ids)
+        if not eos_ids:
+            raise ValueError("SamplingParams.eos_token_id: give at least one end-of-sequence token id")
+        if self.n < 1:
+            raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            raise ValueError(f"SamplingParams.top_k must be -1 (off) or >= 0, got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        """``eos_token_id`` as a tuple (it is always normalised to one)."""
+        return self.eos_token_id  # type: ignore[return-value]
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature the reported log-probs use: the sampling temperature, or 1 for greedy decoding."""
+        return 1.0 if self.greedy else float(self.temperature)
+
+
+def derive_seed(base_seed: int, step: int, rank: int) -> int:
+    """A 63-bit seed for one rollout, distinct per ``(base_seed, step, rank)`` and stable across runs/platforms."""
+    digest = hashlib.blake2b(f"{base_seed}:{step}:{rank}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """One rollout: B = prompts × n rows (prompt-major), P prompt columns, R response columns.
+
+    Attributes:
+        prompt_ids: ``[B, P]`` long, left padded with the pad id.
+        prompt_mask: ``[B, P]`` long, 1 on prompt tokens.
+        response_ids: ``[B, R]`` long, right padded with the pad id.
+        response_mask: ``[B, R]`` long, 1 up to and including EOS.
+        input_ids: ``[B, P+R]`` = ``cat(prompt_ids, response_ids)``.
+        attention_mask: ``[B, P+R]`` = ``cat(prompt_mask, response_mask)``.
+        position_ids: ``[B, P+R]`` = ``clamp(cumsum(attention_mask) - 1, min=0)``.
+        rollout_log_probs: ``[B, R]`` float32, the engine's ``log_softmax(logits / T)`` of each sampled token.
+        prompt_index: ``[B]`` long, the prompt (0..num_prompts-1) each row came from.
+        response_lengths: ``[B]`` long, ``response_mask.sum(-1)``.
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    rollout_log_probs: torch.Tensor
+    prompt_index: torch.Tensor
+    response_lengths: torch.Tensor
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.response_ids.shape[0])
+
+    @property
+    def prompt_width(self) -> int:
+        return int(self.prompt_ids.shape[1])
+
+    @property
+    def response_width(self) -> int:
+        return int(self.response_ids.shape[1])
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """A copy with every tensor on ``device``."""
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+
+    def pad_responses_to(self, width: int, pad_token_id: int) -> RolloutBatch:
+        """The same batch with response columns right padded to ``width`` (>= the current width)."""
+        extra = width - self.response_width
+        if extra < 0:
+            raise ValueError(f"cannot pad responses of width {self.response_width} down to {width}")
+        if extra == 0:
+            return self
+
+        def pad(t: torch.Tensor, value: float) -> torch.Tensor:
+            return torch.nn.functional.pad(t, (0, extra), value=value)
+
+        return assemble_batch(
+            prompt_ids=self.prompt_ids, prompt_mask=self.prompt_mask,
+            response_ids=pad(self.response_ids, pad_token_id), response_mask=pad(self.response_mask, 0),
+            rollout_log_probs=pad(self.rollout_log_probs, 0.0), prompt_index=self.prompt_index,
+        )
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``clamp(cumsum(mask) - 1, min=0)``: 0.. along the tokens of each row, 0 on left padding. ``[B, T]``."""
+    return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+
+
+def assemble_batch(
+    *,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    response_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+    rollout_log_probs: torch.Tensor,
+    prompt_index: torch.Tensor,
+) -> RolloutBatch:
+    """Build a :class:`RolloutBatch` from its prompt and response halves (all ``[B, *]``, same device)."""
+    response_mask = response_mask.long()
+    attention_mask = torch.cat([prompt_mask.long(), response_mask], dim=1)
+    return RolloutBatch(
+        prompt_ids=prompt_ids.long(),
+        prompt_mask=prompt_mask.long(),
+        response_ids=response_ids.long(),
+        response_mask=response_mask,
+        input_ids=torch.cat([prompt_ids.long(), response_ids.long()], dim=1),
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        rollout_log_probs=(rollout_log_probs.float() * response_mask),
+        prompt_index=prompt_index.long(),
+        response_lengths=response_mask.sum(dim=-1),
+    )
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left pad token lists to ``[B, max_len]`` ids and mask (long)."""
+    width = max((len(r) for r in rows), default=0)
+    ids = torch.full((len(rows), width), int(pad_token_id), dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if row:
+            ids[i, width - len(row):] = torch.as_tensor(list(row), dtype=torch.long)
+            mask[i, width - len(row):] = 1
+    return ids, mask
+
+
+def prompt_lists(prompts: PromptInput) -> list[list[int]]:
+    """Token-id lists from either accepted prompt form; checks that tensor prompts are left padded.
+
+    Raises ``ValueError`` for an empty batch, an empty prompt, or a mask with padding on the right/inside.
+    """
+    if isinstance(prompts, Mapping):
+        try:
+            ids, mask = prompts["input_ids"], prompts["attention_mask"]
+        except KeyError as e:
+            raise ValueError(f"prompt mapping needs 'input_ids' and 'attention_mask' tensors; missing {e}") from None
+        ids, mask = torch.as_tensor(ids).cpu(), torch.as_tensor(mask).cpu()
+        if ids.shape != mask.shape or ids.dim() != 2:
+            raise ValueError(f"input_ids {tuple(ids.shape)} and attention_mask {tuple(mask.shape)} must be equal [B, P]")
+        lengths = mask.sum(dim=-1)
+        expected = torch.arange(mask.shape[1]).unsqueeze(0) >= (mask.shape[1] - lengths).unsqueeze(1)
+        if not torch.equal(mask.bool(), expected):
+            raise ValueError("prompts must be left padded: attention_mask has padding after a token")
+        rows = [ids[i, ids.shape[1] - int(n):].tolist() for i, n in enumerate(lengths)]
+    else:
+        rows = [[int(t) for t in row] for row in prompts]
+    if not rows:
+        raise ValueError("generate needs at least one prompt")
+    empty = [i for i, r in enumerate(rows) if not r]
+    if empty:
+        raise ValueError(f"prompts {empty[:5]} are empty; every prompt needs at least one token")
+    return rows
+
+
+def batch_from_lists(
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    log_probs: Sequence[Sequence[float]],
+    *,
+    n: int,
+    eos_token_ids: Iterable[int],
+    pad_token_id: int,
+) -> RolloutBatch:
+    """Assemble a batch from per-prompt token lists and per-sample responses (``len(prompts) * n`` of them).
+
+    Each response is cut after its first EOS (an engine may run on past it); the mask covers it and the
+    tokens before. ``log_probs[i]`` must have one entry per token of ``responses[i]``.
+    """
+    if len(responses) != len(prompts) * n or len(log_probs) != len(responses):
+        raise ValueError(f"{len(prompts)} prompts × n={n} need {len(prompts) * n} responses and log-prob lists, "
+                         f"got {len(responses)} and {len(log_probs)}")
+    eos = set(int(e) for e in eos_token_ids)
+    cut_ids: list[list[int]] = []
+    cut_lps: list[list[float]] = []
+    for i, (resp, lps) in enumerate(zip(responses, log_probs)):
+        resp, lps = [int(t) for t in resp], [float(x) for x in lps]
+        if len(lps) != len(resp):
+            raise ValueError(f"sample {i}: {len(resp)} tokens but {len(lps)} log-probs")
+        end = next((j + 1 for j, t in enumerate(resp) if t in eos), len(resp))
+        cut_ids.append(resp[:end])
+        cut_lps.append(lps[:end])
+    width = max(1, max(len(r) for r in cut_ids))  # keep R >= 1 so slicing logits[:, -R-1:-1] stays valid
+    response_ids = torch.full((len(cut_ids), width), int(pad_token_id), dtype=torch.long)
+    response_mask = torch.zeros((len(cut_ids), width), dtype=torch.long)
+    rollout_lps = torch.zeros((len(cut_ids), width), dtype=torch.float32)
+    for i, (r, lp) in enumerate(zip(cut_ids, cut_lps)):
+        response_ids[i, :len(r)] = torch.as_tensor(r, dtype=torch.long)
+        response_mask[i, :len(r)] = 1
+        rollout_lps[i, :len(lp)] = torch.as_tensor(lp, dtype=torch.float32)
+    prompt_ids, prompt_mask = left_pad(prompts, pad_token_id)
+    index = torch.arange(len(prompts)).repeat_interleave(n)
+    return assemble_batch(prompt_ids=prompt_ids[index], prompt_mask=prompt_mask[index], response_ids=response_ids,
+                          response_mask=response_mask, rollout_log_probs=rollout_lps, prompt_index=index)
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the trainer needs from a generator (one engine per rank; it does not communicate).
+
+    Lifecycle per step (colocated with training): ``wake_up()`` -> ``sync_weights(iter_full_params(actor))`` ->
+    ``generate(...)`` -> ``sleep()``. ``sync_weights`` is driven by a collective iterator: every rank must call it
+    at the same time (see ``hpcppo.dist.weights.iter_full_params``).
+    """
+
+    def generate(self, prompts: PromptInput, sampling: SamplingParams) -> RolloutBatch:
+        """Sample ``sampling.n`` responses per prompt; rows prompt-major (see the module docstring)."""
+        ...
+
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Copy full tensors with Hugging Face names into the engine's model, consuming the stream as it comes.
+
+        Returns the number of bytes received. Raises on unknown names, shape mismatches or missing parameters.
+        """
+        ...
+
+    def sleep(self) -> None:
+        """Release memory the engine can rebuild (KV cache, and for vLLM level 1 the weights' GPU copy)."""
+        ...
+
+    def wake_up(self) -> None:
+        """Undo :meth:`sleep`."""
+        ...
+
+    def close(self) -> None:
+        """Free the engine; it cannot be used afterwards."""
+        ...
+
+
+ENGINE_KINDS = ("hf", "vllm")
+
+
+def build_engine(kind: str, **kwargs: Any) -> RolloutEngine:
+    """Construct an engine by name: ``"hf"`` -> :class:`~hpcppo.rollout.hf.HFRolloutEngine.from_pretrained`,
+    ``"vllm"`` -> :class:`~hpcppo.rollout.vllm_engine.VLLMRolloutEngine`. Keyword arguments go to that constructor.
+
+    Raises ``ValueError`` naming the known kinds for anything else.
+    """
+    if kind == "hf":
+        from hpcppo.rollout.hf import HFRolloutEngine
+
+        return HFRolloutEngine.from_pretrained(**kwargs)
+    if kind == "vllm":
+        from hpcppo.rollout.vllm_engine import VLLMRolloutEngine
+
+        return VLLMRolloutEngine(**kwargs)
+    raise ValueError(f"unknown rollout engine {kind!r}; known engines: {', '.join(ENGINE_KINDS)}")

@@ -1,0 +1,310 @@
+"""The three networks of PPO and the batched forwards the trainer runs on them.
+
+* actor — a Hugging Face causal LM (``build_actor``), trained;
+* reference — the same, frozen (``build_reference``);
+* critic — an HF backbone without its LM head plus a scalar value head (``Critic``, ``build_critic``).
+
+Position conventions (verl's): a sequence is ``cat(prompt, response)`` with the response in the last ``R``
+columns. The logits that *predict* response token ``j`` sit at position ``P + j - 1``, i.e. ``logits[:, -R-1:-1]``;
+values use the same slice (``values[:, -R-1:-1]``, verl ``dp_critic``): the value of the state just before each
+response token is generated. Log-probs are taken of ``logits / temperature`` in float32, as verl's actor does.
+
+Two levels of API: ``forward_log_probs`` / ``forward_values`` run one micro-batch *with* autograd (the update
+loop calls them inside its loss); ``compute_log_probs`` / ``compute_values`` run a whole batch in micro-batches
+under ``torch.no_grad()`` (old/reference log-probs and values before the update).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+VALUE_HEAD_FILE = "value_head.safetensors"
+VALUE_HEAD_SEED = 0x5EED
+
+
+def as_torch_dtype(dtype: torch.dtype | str) -> torch.dtype | str:
+    """``torch.bfloat16`` or a name (``"bfloat16"``, ``"bf16"``, ``"float32"``, ...); ``"auto"`` passes through."""
+    if isinstance(dtype, torch.dtype) or dtype == "auto":
+        return dtype
+    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
+    name = aliases.get(str(dtype), str(dtype))
+    value = getattr(torch, name, None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; use bfloat16, float16, float32 or auto")
+    return value
+
+
+def _load_kwargs(dtype: torch.dtype | str, trust_remote_code: bool, attn_implementation: str | None) -> dict:
+    import transformers
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    # `dtype=` replaced `torch_dtype=` in transformers 4.56; vLLM environments may pin an older 4.x.
+    dtype_kw = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+    kwargs: dict = {dtype_kw: as_torch_dtype(dtype), "trust_remote_code": trust_remote_code}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    return kwargs
+
+
+def _check_dir(path: str | os.PathLike[str]) -> Path:
+    from hpcppo.errors import PathError
+
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise PathError(f"model path {str(p)!r} is not a Hugging Face model directory (no config.json)")
+    return p
+
+
+def load_causal_lm(
+    path: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype | str = "float32",
+    trust_remote_code: bool = False,
+    attn_implementation: str | None = None,
+) -> nn.Module:
+    """``AutoModelForCausalLM.from_pretrained`` on a local directory (no hub), on CPU."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        str(_check_dir(path)), **_load_kwargs(dtype, trust_remote_code, attn_implementation))
+
+
+def build_actor(
+    path: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype | str = "float32",
+    trust_remote_code: bool = False,
+    attn_implementation: str | None = None,
+    gradient_checkpointing: bool = False,
+) -> nn.Module:
+    """The trainable policy: an HF causal LM in train mode, KV cache off.
+
+    ``dtype`` is the master-weight dtype (keep float32 and let FSDP's ``param_dtype`` cast for compute).
+    ``gradient_checkpointing`` enables HF's non-reentrant checkpointing (parameter names unchanged).
+    """
+    model = load_causal_lm(path, dtype=dtype, trust_remote_code=trust_remote_code,
+                           attn_implementation=attn_implementation)
+    model.config.use_cache = False
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.train()
+
+
+def build_reference(
+    path: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype | str = "float32",
+    trust_remote_code: bool = False,
+    attn_implementation: str | None = None,
+) -> nn.Module:
+    """The frozen reference policy: same weights as the initial actor, eval mode, ``requires_grad=False``."""
+    model = load_causal_lm(path, dtype=dtype, trust_remote_code=trust_remote_code,
+                           attn_implementation=attn_implementation)
+    model.config.use_cache = False
+    model.requires_grad_(False)
+    return model.eval()
+
+
+class Critic(nn.Module):
+    """An HF backbone (the base model, no LM head) and a linear value head: ``[B, T]`` ids -> ``[B, T]`` values.
+
+    The backbone's decoder layers are declared by its ``_no_split_modules``, which ``hpcppo.dist.fsdp.find_layers``
+    finds on any submodule, so ``apply_fsdp(critic, ...)`` shards layer by layer like the actor.
+
+    The value head's weight is drawn from N(0, ``initializer_range``²) (verl's token-classification critic head
+    is initialised the same way by HF) with a *fixed* generator, bias 0: every rank must build bit-identical
+    weights before FSDP shards them, and a non-zero head lets gradients reach the backbone from the first step.
+    """
+
+    def __init__(self, backbone: nn.Module, *, value_head_seed: int = VALUE_HEAD_SEED):
+        super().__init__()
+        self.backbone = backbone
+        self.config = backbone.config
+        hidden = int(self.config.hidden_size)
+        self.value_head = nn.Linear(hidden, 1, dtype=next(backbone.parameters()).dtype)
+        std = float(getattr(self.config, "initializer_range", 0.02))
+        generator = torch.Generator().manual_seed(value_head_seed)
+        with torch.no_grad():
+            weight = torch.randn(self.value_head.weight.shape, generator=generator) * std
+            self.value_head.weight.copy_(weight)
+            self.value_head.bias.zero_()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``[B, T]`` long ids (+ mask, positions) -> ``[B, T]`` float32 values (one per position)."""
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            use_cache=False)
+        return self.value_head(out.last_hidden_state).squeeze(-1).float()
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
+        """Save the backbone as an HF directory plus ``value_head.safetensors`` (``build_critic`` reloads both)."""
+        from safetensors.torch import save_file
+
+        self.backbone.save_pretrained(str(directory))
+        head = {f"value_head.{k}": v.detach().cpu().contiguous() for k, v in self.value_head.state_dict().items()}
+        tmp = Path(directory) / (VALUE_HEAD_FILE + ".tmp")
+        save_file(head, str(tmp))
+        os.replace(tmp, Path(directory) / VALUE_HEAD_FILE)
+
+
+def build_critic(
+    path: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype | str = "float32",
+    trust_remote_code: bool = False,
+    attn_implementation: str | None = None,
+    gradient_checkpointing: bool = False,
+) -> Critic:
+    """A critic initialised from a causal LM (or base model) directory, in train mode.
+
+    ``AutoModel.from_pretrained`` keeps the backbone and drops the LM head. If the directory holds a
+    ``value_head.safetensors`` (written by :meth:`Critic.save_pretrained`), the head is loaded from it.
+    """
+    from transformers import AutoModel
+
+    directory = _check_dir(path)
+    backbone = AutoModel.from_pretrained(str(directory), **_load_kwargs(dtype, trust_remote_code, attn_implementation))
+    backbone.config.use_cache = False
+    if gradient_checkpointing:
+        backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    critic = Critic(backbone)
+    head_file = directory / VALUE_HEAD_FILE
+    if head_file.is_file():
+        from safetensors.torch import load_file
+
+        state = {k.removeprefix("value_head."): v for k, v in load_file(str(head_file)).items()}
+        critic.value_head.load_state_dict(state)
+    return critic.train()
+
+
+# -- batched forwards ----------------------------------------------------------------------------------------
+
+
+def _check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                  response_len: int) -> None:
+    if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape or position_ids.shape != input_ids.shape:
+        raise ValueError(f"input_ids, attention_mask, position_ids must all be [B, T]; got {tuple(input_ids.shape)}, "
+                         f"{tuple(attention_mask.shape)}, {tuple(position_ids.shape)}")
+    if not 0 < response_len < input_ids.shape[1]:
+        raise ValueError(f"response_len must be in [1, T-1] (T={input_ids.shape[1]}), got {response_len}")
+
+
+def _accepts_logits_to_keep(model: nn.Module) -> bool:
+    import inspect
+
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
+def forward_log_probs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_len: int,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropies) of the last ``response_len`` tokens, for one micro-batch, with autograd.
+
+    Args:
+        model: an HF causal LM (possibly FSDP-sharded).
+        input_ids, attention_mask, position_ids: ``[B, T]``, response in the last ``R = response_len`` columns.
+        temperature: logits are divided by it (the rollout's sampling temperature; 1 for greedy rollouts).
+
+    Returns:
+        ``log_probs [B, R]`` float32 = ``log_softmax(logits / T)[response token]`` and ``entropy [B, R]`` float32
+        (or None). Only the ``R + 1`` last positions' logits are materialised (``logits_to_keep``).
+    """
+    _check_inputs(input_ids, attention_mask, position_ids, response_len)
+    extra = {"logits_to_keep": response_len + 1} if _accepts_logits_to_keep(model) else {}
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+                **extra)
+    logits = out.logits[:, -response_len - 1:-1, :].float() / temperature  # [B, R, V]
+    targets = input_ids[:, -response_len:].unsqueeze(-1)
+    # gather - logsumexp: the same value as log_softmax().gather() without a second [B, R, V] tensor.
+    log_probs = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    entropy = None
+    if with_entropy:
+        from hpcppo.algos.losses import entropy_from_logits
+
+        entropy = entropy_from_logits(logits)
+    return log_probs, entropy
+
+
+def forward_values(
+    critic: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_len: int,
+) -> torch.Tensor:
+    """Values of the states preceding each response token, one micro-batch, with autograd: ``[B, R]`` float32
+    (``critic(...)[:, -R-1:-1]``, verl's convention)."""
+    _check_inputs(input_ids, attention_mask, position_ids, response_len)
+    values = critic(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    return values[:, -response_len - 1:-1].float()
+
+
+def _micro_batches(batch: int, micro_batch_size: int) -> list[slice]:
+    if micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+    return [slice(i, min(i + micro_batch_size, batch)) for i in range(0, batch, micro_batch_size)]
+
+
+@torch.no_grad()
+def compute_log_probs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_len: int,
+    *,
+    temperature: float = 1.0,
+    micro_batch_size: int,
+    with_entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """:func:`forward_log_probs` over the whole ``[B, T]`` batch in micro-batches, without autograd.
+
+    Returns ``log_probs [B, R]`` float32, or ``(log_probs, entropy)`` with ``with_entropy``. The model's
+    train/eval mode is left as it is (dropout is off in the models we build either way).
+    """
+    lps, ents = [], []
+    for sl in _micro_batches(input_ids.shape[0], micro_batch_size):
+        lp, ent = forward_log_probs(model, input_ids[sl], attention_mask[sl], position_ids[sl], response_len,
+                                    temperature=temperature, with_entropy=with_entropy)
+        lps.append(lp)
+        if ent is not None:
+            ents.append(ent)
+    log_probs = torch.cat(lps, dim=0)
+    return (log_probs, torch.cat(ents, dim=0)) if with_entropy else log_probs
+
+
+@torch.no_grad()
+def compute_values(
+    critic: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_len: int,
+    *,
+    micro_batch_size: int,
+    response_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`forward_values` over the whole batch in micro-batches, without autograd: ``[B, R]`` float32.
+
+    With ``response_mask`` (``[B, R]``), values outside it are zeroed, as verl's ``compute_values`` does.
+    """
+    values = torch.cat([forward_values(critic, input_ids[sl], attention_mask[sl], position_ids[sl], response_len)
+                        for sl in _micro_batches(input_ids.shape[0], micro_batch_size)], dim=0)
+    if response_mask is not None:
+        values = values * response_mask.to(values.dtype)
+    return values
