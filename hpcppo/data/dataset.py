@@ -22,15 +22,12 @@ import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hpcppo.errors import ConfigError, PathError
-
-if TYPE_CHECKING:  # pragma: no cover - typing only
-    import torch
 
 MESSAGE_TYPE = pa.struct([("role", pa.string()), ("content", pa.string())])
 REWARD_MODEL_TYPE = pa.struct([("style", pa.string()), ("ground_truth", pa.string())])

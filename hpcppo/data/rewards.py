@@ -138,8 +138,8 @@ def load_function(spec: str) -> Callable[..., Any]:
         try:
             module = importlib.import_module(module_part)
         except ModuleNotFoundError as exc:
-            raise ConfigError(f"reward function {spec!r}: no module named {exc.name!r}",
-                              key="reward", hint="is it on PYTHONPATH? or give a file: path/to/file.py:function") from exc
+            raise ConfigError(f"reward function {spec!r}: no module named {exc.name!r}", key="reward",
+                              hint="is it on PYTHONPATH? or give a file: path/to/file.py:function") from exc
         except Exception as exc:  # the user's module failed while importing: show why, keep the chain
             raise ConfigError(f"reward function {spec!r}: importing {module_part} failed: "
                               f"{type(exc).__name__}: {exc}", key="reward") from exc

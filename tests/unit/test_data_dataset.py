@@ -49,7 +49,8 @@ def test_write_read_round_trip_with_the_explicit_schema(tmp_path):
     assert [r.to_row() for r in records] == rows
     assert records[2].prompt[0] == {"role": "system", "content": "be brief"}
     assert (records[3].source, records[3].row, records[3].ground_truth) == (str(path), 3, "3")
-    assert records[3].extra_info == {"split": "train", "index": 3, "answer": "#### 3", "question": rows[3]["prompt"][0]["content"]}
+    assert records[3].extra_info == {"split": "train", "index": 3, "answer": "#### 3",
+                                     "question": rows[3]["prompt"][0]["content"]}
 
 
 def test_read_several_files_and_directories_in_order(tmp_path):
