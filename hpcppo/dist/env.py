@@ -1,0 +1,292 @@
+"""Where this process sits in the job: rank, world, nodes, rendezvous address; process-group life cycle.
+
+``detect_env`` is pure: it reads one environment mapping and returns a ``DistEnv``. It recognises, in order,
+
+1. torchrun (and anything that exports the same variables, e.g. ``submitit``'s
+   ``TorchDistributedEnvironment().export()``): ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+   ``GROUP_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``;
+2. Slurm tasks started by ``srun``: ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_NODEID``,
+   ``SLURM_NNODES``, ``SLURM_NTASKS_PER_NODE`` or ``SLURM_TASKS_PER_NODE`` (``2(x2)``, ``4,2``), with
+   ``MASTER_ADDR``/``MASTER_PORT`` exported by our sbatch script (fallbacks: the first host of
+   ``SLURM_JOB_NODELIST`` and a port derived from ``SLURM_JOB_ID``);
+3. submitit's local executor: ``SUBMITIT_EXECUTOR=local`` with ``SUBMITIT_LOCAL_*``;
+4. nothing: a single process.
+
+Everything else in this module touches ``torch.distributed`` and is thin.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import random
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import attrs
+import torch
+import torch.distributed as dist
+
+from hpcppo.errors import ConfigError
+
+DeviceType = Literal["cpu", "cuda"]
+
+# Ports derived from a job id land in this range: above the well-known/registered ranges that clusters often
+# firewall, below the Linux ephemeral range (32768+) where a derived port could collide with an outgoing socket.
+_PORT_MIN, _PORT_SPAN = 15000, 15000
+
+
+def port_from_job_id(job_id: str) -> int:
+    """A deterministic rendezvous port for a job: every task of the job derives the same one.
+
+    >>> port_from_job_id("12345")
+    27345
+    """
+    digits = re.sub(r"\D", "", job_id)
+    if digits:
+        return _PORT_MIN + int(digits) % _PORT_SPAN
+    # Non-numeric ids (submitit's local executor uses the pid; be robust anyway): a seeded draw.
+    return _PORT_MIN + random.Random(job_id).randrange(_PORT_SPAN)
+
+
+@attrs.frozen
+class DistEnv:
+    """This process's place in the job. ``node_rank`` counts nodes from 0; ``local_*`` count within a node."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    master_addr: str
+    master_port: int
+    device_type: DeviceType
+    backend: Literal["gloo", "nccl"]
+    source: str = "single"
+    """Which launcher's variables were read: ``torchrun``, ``slurm``, ``submitit-local`` or ``single``."""
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _int(environ: Mapping[str, str], key: str, default: int | None = None) -> int:
+    raw = environ.get(key)
+    if raw is None or raw == "":
+        if default is None:
+            raise ConfigError("required environment variable is not set", key=key)
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"expected an integer, got {raw!r}", key=key) from None
+
+
+def expand_tasks_per_node(spec: str) -> list[int]:
+    """Expand Slurm's compact task counts, one entry per node.
+
+    >>> expand_tasks_per_node("2(x3),1")
+    [2, 2, 2, 1]
+    """
+    counts: list[int] = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not m:
+            raise ConfigError(f"cannot parse {spec!r}: expected e.g. '2(x2)' or '4,2'", key="SLURM_TASKS_PER_NODE")
+        counts.extend([int(m.group(1))] * int(m.group(2) or 1))
+    return counts
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm compact host list, without calling ``scontrol``.
+
+    >>> first_host("gpu[003-005,9],cpu1")
+    'gpu003'
+    """
+    m = re.match(r"\s*([^,\[\s]+)(?:\[([^\]]+)\])?", nodelist)
+    if not m:
+        raise ConfigError(f"cannot parse the host list {nodelist!r}", key="SLURM_JOB_NODELIST")
+    prefix, ranges = m.group(1), m.group(2)
+    if not ranges:
+        return prefix
+    return prefix + ranges.split(",")[0].split("-")[0]
+
+
+def _validate(env: DistEnv) -> DistEnv:
+    checks = [
+        (0 <= env.rank < env.world_size, f"rank {env.rank} is outside world size {env.world_size}"),
+        (0 <= env.local_rank < env.local_world_size,
+         f"local rank {env.local_rank} is outside local world size {env.local_world_size}"),
+        (0 <= env.node_rank < env.num_nodes, f"node rank {env.node_rank} is outside {env.num_nodes} nodes"),
+        (0 < env.master_port < 65536, f"master port {env.master_port} is not a TCP port"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(f"inconsistent distributed environment ({env.source}): {message}")
+    return env
+
+
+def _default_device_type() -> DeviceType:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def detect_env(environ: Mapping[str, str] = os.environ, *, device_type: DeviceType | None = None) -> DistEnv:
+    """Read this process's ``DistEnv`` from ``environ`` (see the module docstring for the order).
+
+    ``device_type`` defaults to ``cuda`` when a GPU is visible; the backend follows (``nccl`` / ``gloo``).
+    Raises ``ConfigError`` naming the variable when one is malformed or the values contradict each other.
+    """
+    dev: DeviceType = device_type or _default_device_type()
+    common: dict[str, Any] = {"device_type": dev, "backend": "nccl" if dev == "cuda" else "gloo"}
+    master_addr = environ.get("MASTER_ADDR") or ""
+
+    if "RANK" in environ and "WORLD_SIZE" in environ:
+        world = _int(environ, "WORLD_SIZE")
+        local_world = _int(environ, "LOCAL_WORLD_SIZE", world)
+        return _validate(DistEnv(
+            rank=_int(environ, "RANK"),
+            local_rank=_int(environ, "LOCAL_RANK", 0),
+            world_size=world,
+            local_world_size=local_world,
+            node_rank=_int(environ, "GROUP_RANK", _int(environ, "RANK") // local_world),
+            num_nodes=max(1, world // local_world),
+            master_addr=master_addr or "127.0.0.1",
+            master_port=_int(environ, "MASTER_PORT", 29500),
+            source="torchrun",
+            **common,
+        ))
+
+    if "SLURM_PROCID" in environ:
+        node_rank = _int(environ, "SLURM_NODEID", 0)
+        num_nodes = _int(environ, "SLURM_NNODES", _int(environ, "SLURM_JOB_NUM_NODES", 1))
+        if environ.get("SLURM_NTASKS_PER_NODE"):
+            local_world = _int(environ, "SLURM_NTASKS_PER_NODE")
+        elif environ.get("SLURM_TASKS_PER_NODE"):
+            per_node = expand_tasks_per_node(environ["SLURM_TASKS_PER_NODE"])
+            if node_rank >= len(per_node):
+                raise ConfigError(f"node {node_rank} is not covered by {environ['SLURM_TASKS_PER_NODE']!r}",
+                                  key="SLURM_TASKS_PER_NODE")
+            local_world = per_node[node_rank]
+        else:
+            local_world = _int(environ, "SLURM_NTASKS", 1) // num_nodes
+        if not master_addr:
+            nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
+            master_addr = first_host(nodelist) if nodelist else "127.0.0.1"
+        port = (_int(environ, "MASTER_PORT") if environ.get("MASTER_PORT")
+                else port_from_job_id(environ.get("SLURM_JOB_ID", "0")))
+        return _validate(DistEnv(
+            rank=_int(environ, "SLURM_PROCID"),
+            local_rank=_int(environ, "SLURM_LOCALID", 0),
+            world_size=_int(environ, "SLURM_NTASKS", 1),
+            local_world_size=local_world,
+            node_rank=node_rank,
+            num_nodes=num_nodes,
+            master_addr=master_addr,
+            master_port=port,
+            source="slurm",
+            **common,
+        ))
+
+    if environ.get("SUBMITIT_EXECUTOR") == "local" and "SUBMITIT_LOCAL_GLOBALID" in environ:
+        world = _int(environ, "SUBMITIT_LOCAL_NTASKS")
+        num_nodes = _int(environ, "SUBMITIT_LOCAL_JOB_NUM_NODES", 1)
+        port = (_int(environ, "MASTER_PORT") if environ.get("MASTER_PORT")
+                else port_from_job_id(environ.get("SUBMITIT_LOCAL_JOB_ID", "0")))
+        return _validate(DistEnv(
+            rank=_int(environ, "SUBMITIT_LOCAL_GLOBALID"),
+            local_rank=_int(environ, "SUBMITIT_LOCAL_LOCALID", 0),
+            world_size=world,
+            local_world_size=world // num_nodes,
+            node_rank=_int(environ, "SUBMITIT_LOCAL_NODEID", 0),
+            num_nodes=num_nodes,
+            master_addr=master_addr or "127.0.0.1",
+            master_port=port,
+            source="submitit-local",
+            **common,
+        ))
+
+    return DistEnv(rank=0, local_rank=0, world_size=1, local_world_size=1, node_rank=0, num_nodes=1,
+                   master_addr=master_addr or "127.0.0.1", master_port=_int(environ, "MASTER_PORT", 29500),
+                   source="single", **common)
+
+
+def init_distributed(env: DistEnv, *, timeout_s: float = 1800) -> None:
+    """Join the default process group described by ``env`` (idempotent: a second call is a no-op).
+
+    CPU uses gloo; CUDA selects ``cuda:<local_rank>`` first and uses NCCL, bound to that device.
+    ``timeout_s`` bounds every collective: a rank that never arrives fails the others instead of hanging them.
+    A world of one still gets a process group, so the same code paths (DTensor, DCP) run everywhere.
+    """
+    if dist.is_initialized():
+        if dist.get_world_size() != env.world_size or dist.get_rank() != env.rank:
+            raise RuntimeError(f"a process group already exists as rank {dist.get_rank()}/{dist.get_world_size()},"
+                               f" not {env.rank}/{env.world_size}")
+        return
+    host = f"[{env.master_addr}]" if ":" in env.master_addr else env.master_addr
+    kwargs: dict[str, Any] = {}
+    if env.device_type == "cuda":
+        torch.cuda.set_device(env.local_rank)
+        kwargs["device_id"] = torch.device("cuda", env.local_rank)
+    dist.init_process_group(
+        backend=env.backend,
+        init_method=f"tcp://{host}:{env.master_port}",
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        **kwargs,
+    )
+
+
+def destroy_distributed() -> None:
+    """Leave the default process group if there is one (safe to call twice)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def get_rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def get_world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def is_rank0() -> bool:
+    return get_rank() == 0
+
+
+def barrier() -> None:
+    """Wait for every rank (no-op without a process group)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def all_reduce_scalar(value: float, op: str = "mean", *, device: str | torch.device = "cpu") -> float:
+    """Reduce one Python number over all ranks; ``op`` is ``sum``, ``mean``, ``max`` or ``min``.
+
+    ``device`` must suit the backend (``cuda`` for NCCL). Without a process group the value comes back unchanged.
+    """
+    ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+    if op not in ops:
+        raise ValueError(f"unknown reduction {op!r}; allowed: {sorted(ops)}")
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return float(value)
+    t = torch.tensor([float(value)], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=ops[op])
+    out = float(t.item())
+    return out / dist.get_world_size() if op == "mean" else out
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s ``obj`` on every rank (pickled; keep it small)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]

@@ -1,0 +1,58 @@
+"""Run a function on N real gloo ranks (``torch.multiprocessing.spawn``, ``env://``-style variables, free port).
+
+The function must live at module level in an importable module (the spawn start method pickles it by name) and
+is called as ``fn(rank, world_size, *args)``. Its return value (picklable) comes back per rank. Every process group
+gets a 60 s timeout, so a rank that misses a collective fails the test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+TIMEOUT_S = 60
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, out_dir: str, args: tuple) -> None:
+    # Variables as torchrun would export them: the workers go through detect_env + init_distributed for real.
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)  # N ranks share 2 cores; oversubscription makes gloo tests crawl
+
+    from hpcppo.dist.env import destroy_distributed, detect_env, init_distributed
+
+    init_distributed(detect_env(os.environ, device_type="cpu"), timeout_s=TIMEOUT_S)
+    try:
+        result = fn(rank, world_size, *args)
+    finally:
+        destroy_distributed()
+    with open(Path(out_dir) / f"result-{rank}.pkl", "wb") as f:
+        pickle.dump(result, f)
+
+
+def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any) -> list[Any]:
+    """Run ``fn`` on ``world_size`` gloo ranks and return the per-rank results (rank order).
+
+    An exception on any rank is re-raised here with that rank's traceback.
+    """
+    with tempfile.TemporaryDirectory(prefix="hpcppo-dist-") as out_dir:
+        mp.spawn(_entry, args=(fn, world_size, free_port(), out_dir, args), nprocs=world_size, join=True)
+        results = []
+        for rank in range(world_size):
+            with open(Path(out_dir) / f"result-{rank}.pkl", "rb") as f:
+                results.append(pickle.load(f))
+        return results
