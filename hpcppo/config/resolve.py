@@ -101,20 +101,23 @@ def _check_rollout(site: Site, exp: Experiment, ranks_per_node: int, device: str
 
 def _update_batches(role: str, *, train: int, mini: int, micro: int, n: int, dp: int,
                     mini_key: str, micro_key: str) -> tuple[int, int, int, int]:
-    """(mini_samples, mini_per_rank, grad_accum, mini_batches_per_epoch) or ResolveError with suggestions."""
+    """(mini_samples, mini_per_rank, grad_accum, mini_batches_per_epoch) or ResolveError with suggestions.
+
+    ``mini_key``/``micro_key`` are the ``key=value`` texts shown in messages.
+    """
     if train % mini:
         ok = [m for m in divisors(train) if (m * n) % dp == 0]
-        raise ResolveError(f"trainer.train_batch_size={train} is not divisible by {mini_key}={mini} (prompts); "
+        raise ResolveError(f"trainer.train_batch_size={train} is not divisible by {mini_key} (prompts); "
                            f"valid {role} mini-batch sizes: {_listing(ok)}")
     samples = mini * n
     if samples % dp:
         ok = [m for m in divisors(train) if (m * n) % dp == 0]
-        raise ResolveError(f"{mini_key}={mini} x rollout.n={n} = {samples} samples is not divisible by data-parallel "
+        raise ResolveError(f"{mini_key} x rollout.n={n} = {samples} samples is not divisible by data-parallel "
                            f"size {dp}; valid {role} mini-batch sizes: {_listing(ok) or 'none (change train_batch_size)'}")
     per_rank = samples // dp
     if per_rank % micro:
-        raise ResolveError(f"{mini_key}={mini} x rollout.n={n} = {samples} samples is not divisible by data-parallel "
-                           f"size {dp} x {micro_key}={micro} = {dp * micro}; valid micro-batch sizes: "
+        raise ResolveError(f"{mini_key} x rollout.n={n} = {samples} samples is not divisible by data-parallel "
+                           f"size {dp} x {micro_key} = {dp * micro}; valid micro-batch sizes: "
                            f"{_listing(divisors(per_rank))}")
     return samples, per_rank, per_rank // micro, train // mini
 
@@ -162,7 +165,8 @@ def resolve(site: Site, experiment: Experiment) -> RunPlan:
     a = exp.actor
     a_samples, a_per_rank, a_accum, a_minis = _update_batches(
         "actor", train=train, mini=a.ppo_mini_batch_size, micro=a.ppo_micro_batch_size_per_gpu, n=n, dp=world,
-        mini_key="actor.ppo_mini_batch_size", micro_key="actor.ppo_micro_batch_size_per_gpu")
+        mini_key=f"actor.ppo_mini_batch_size={a.ppo_mini_batch_size}",
+        micro_key=f"actor.ppo_micro_batch_size_per_gpu={a.ppo_micro_batch_size_per_gpu}")
 
     needs_critic = exp.algorithm.adv_estimator == "gae"
     c = exp.critic
@@ -171,9 +175,10 @@ def resolve(site: Site, experiment: Experiment) -> RunPlan:
         c_epochs = c.ppo_epochs or a.ppo_epochs
         c_mini = c.ppo_mini_batch_size or a.ppo_mini_batch_size
         c_micro = c.ppo_micro_batch_size_per_gpu or a.ppo_micro_batch_size_per_gpu
-        mini_key = "critic.ppo_mini_batch_size" if c.ppo_mini_batch_size else "critic.ppo_mini_batch_size (0 = actor's)"
-        micro_key = ("critic.ppo_micro_batch_size_per_gpu" if c.ppo_micro_batch_size_per_gpu
-                     else "critic.ppo_micro_batch_size_per_gpu (0 = actor's)")
+        mini_key = f"critic.ppo_mini_batch_size={c.ppo_mini_batch_size}" + ("" if c.ppo_mini_batch_size
+                                                                            else f" (= the actor's {c_mini})")
+        micro_key = f"critic.ppo_micro_batch_size_per_gpu={c.ppo_micro_batch_size_per_gpu}" + (
+            "" if c.ppo_micro_batch_size_per_gpu else f" (= the actor's {c_micro})")
         c_samples, c_per_rank, c_accum, c_minis = _update_batches(
             "critic", train=train, mini=c_mini, micro=c_micro, n=n, dp=world, mini_key=mini_key, micro_key=micro_key)
 
