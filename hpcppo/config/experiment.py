@@ -30,6 +30,9 @@ def _check_betas(value: list[float]) -> str | None:
     return None
 
 
+_TIME_ALLOWED = "Slurm time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+
+
 def _check_time(value: str) -> str | None:
     try:
         seconds = parse_slurm_time(value)
@@ -250,7 +253,7 @@ class ResourcesSection:
     nodes: int = opt(1, ge=1, help="Nodes.")
     gpus_per_node: int = opt(0, ge=0, help="GPUs (= ranks) per node on GPU sites; 0 = all of the site's.")
     procs_per_node: int = opt(0, ge=0, help="Ranks per node on CPU sites; 0 = the site's local.procs_per_node (local) or 1 (Slurm).")
-    time: str = opt("01:00:00", check=_check_time, help="Wall-time limit (Slurm format: D-HH:MM:SS, HH:MM:SS, MM:SS, minutes).")
+    time: str = opt("01:00:00", check=_check_time, allowed=_TIME_ALLOWED, help="Wall-time limit (Slurm format: D-HH:MM:SS, HH:MM:SS, MM:SS, minutes).")
     hsdp: str = opt("auto", choices=("auto", "on", "off"),
                     help="Hybrid sharding (replicate across nodes, shard within a node); auto = on when nodes > 1.")
 

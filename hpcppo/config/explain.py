@@ -151,4 +151,4 @@ def render_provenance(compiled: Compiled, *, only_set: bool = False) -> str:
             f"# site {compiled.site.name!r} from {compiled.site_path or '?'}",
             f"{'key':<{width}}  {'value':<{vwidth}}  source"]
     body = [f"{k:<{width}}  {v:<{vwidth}}  {s}" for k, v, s in rows]
-    return "\n".join(head + body)
+    return "\n".join(head + body) + "\n"

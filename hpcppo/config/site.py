@@ -23,6 +23,9 @@ _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MOUNT_RE = re.compile(r"^[^:\s]+:[^:\s]+(:(ro|rw))?$")
 
 
+_TIME_ALLOWED = "Slurm time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+
+
 def _check_time(value: str) -> str | None:
     try:
         parse_slurm_time(value)
@@ -81,7 +84,7 @@ class SlurmSection:
     mem_per_task: str = opt("", check=_check_mem,
                             help="Memory per rank, Slurm size (e.g. \"120G\"); \"\" = the partition default.")
     max_nodes: int = opt(1, ge=1, help="Largest number of nodes one job may use on this site.")
-    max_time: str = opt("48:00:00", check=_check_time,
+    max_time: str = opt("48:00:00", check=_check_time, allowed=_TIME_ALLOWED,
                         help="Longest wall time the partition allows (Slurm format: D-HH:MM:SS, HH:MM:SS, MM:SS, minutes).")
     exclusive: bool = opt(False, help="Ask for whole nodes (--exclusive).")
     signal_lead_s: int = opt(300, ge=0,
@@ -98,7 +101,7 @@ class LocalSection:
 
     procs_per_node: int = opt(2, ge=1, help="CPU ranks started on this machine when the site has no GPUs.")
     gpus_per_node: int = opt(0, ge=0, help="GPUs on this workstation; > 0 runs one CUDA rank per GPU.")
-    max_time: str = opt("48:00:00", check=_check_time, help="Longest wall time a local run may ask for (Slurm time format).")
+    max_time: str = opt("48:00:00", check=_check_time, allowed=_TIME_ALLOWED, help="Longest wall time a local run may ask for (Slurm time format).")
 
 
 @attrs.frozen(kw_only=True)
