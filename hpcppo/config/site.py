@@ -184,6 +184,15 @@ class Site:
         factory=dict,
         help="Experiment keys this site sets for its hardware (e.g. model.dtype); the spec and -o override them.")
 
+    def __attrs_post_init__(self) -> None:
+        from hpcppo.config.fields import FieldValueError
+
+        threads = self.env.threads_per_rank
+        if self.scheduler == "slurm" and threads > self.slurm.cpus_per_task:
+            # More OpenMP threads than the cores Slurm binds to a rank only oversubscribes them.
+            raise FieldValueError("env.threads_per_rank", f"{threads} is more than slurm.cpus_per_task = "
+                                                          f"{self.slurm.cpus_per_task} cores per rank")
+
     @property
     def gpus_per_node(self) -> int:
         """GPUs per node for this site's scheduler (0 = CPU site)."""

@@ -88,6 +88,8 @@ def test_lookup_order_env_then_user_then_packaged(tmp_path, monkeypatch):
     ('[env]\nvars = { A = 1 }', "env.vars.A: expected a string, got 1 (an integer)"),
     ('[container]\nruntime = "pyxis"', "container.image: runtime = 'pyxis' needs an image"),
     ('[container]\nruntime = "apptainer"\nimage = "x.sif"\nmounts = ["/data"]', "container.mounts: '/data' is not a mount"),
+    ('[slurm]\ncpus_per_task = 4\n[env]\nthreads_per_rank = 8',
+     "env.threads_per_rank: 8 is more than slurm.cpus_per_task = 4 cores per rank"),
     ('[slurm]\npartiton = "x"', "slurm.partiton: unknown key (did you mean 'partition'?)"),
 ])
 def test_site_validation_messages(tmp_path, text, expected):
