@@ -168,6 +168,16 @@ def _container_srun_args(site: Any) -> tuple[list[str], list[str]]:
     return [], []
 
 
+def watchdog_available() -> bool:
+    """The watchdog runner ships with hpcppo from the watchdog release on; before that the slot stays empty."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("hpcppo.watchdog.__main__") is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def render_slurm(site: Any, exp: Any, plan: Any, run_dir: Path, *, python: str | None = None) -> str:
     run_dir = Path(run_dir)
     container_args, prefix = _container_srun_args(site)
@@ -179,7 +189,7 @@ def render_slurm(site: Any, exp: Any, plan: Any, run_dir: Path, *, python: str |
         '--output="$HPCPPO_LOG_DIR/rank-%t.log"',
     ] + container_args
     watchdog = []
-    if getattr(exp.watchdog, "enable", False) and getattr(exp.watchdog, "launch", True):
+    if exp.watchdog.enable and watchdog_available():
         watchdog = [quote(w) for w in prefix + [python or site.env.python or "python3", "-u", "-m", WATCHDOG_MODULE, str(run_dir)]]
     ctx = _common_context(site, exp, run_dir) | {
         "directives": slurm_directives(site, exp, plan, run_dir),
@@ -221,7 +231,8 @@ def _common_context(site: Any, exp: Any, run_dir: Path) -> dict[str, Any]:
 def _render(site: Any, name: str, ctx: dict[str, Any]) -> str:
     env = build_environment(template_dirs(site))
     try:
-        return env.get_template(name).render(**ctx)
+        text = env.get_template(name).render(**ctx)
+        return text if text.endswith("\n") else text + "\n"
     except jinja2.UndefinedError as exc:
         raise ConfigError(f"template {name}: {exc.message}", key="site.templates.dir") from None
     except jinja2.TemplateNotFound as exc:

@@ -38,12 +38,27 @@ def run(run_dir: Path) -> int:
         if compiled.job.kind == "preflight":
             from hpcppo.train.preflight import run_preflight
 
-            return run_preflight(env, run_dir, plan.world_size, compiled.job.preflight_paths)
-        from hpcppo.train.trainer import run_training
+            code = run_preflight(env, run_dir, plan.world_size, list(compiled.job.preflight_paths))
+        else:
+            from hpcppo.train.trainer import run_training
 
-        return run_training(compiled, env, run_dir)
+            code = run_training(compiled, env, run_dir)
+        if env.rank == 0:
+            record_exit_code(run_dir, code)
+        return code
     finally:
         dist_env.destroy_distributed()
+
+
+def record_exit_code(run_dir: Path, code: int) -> None:
+    """Rank 0's verdict for the batch script: ``srun`` reports the highest task exit code, and a task killed
+    by ``--kill-on-bad-exit`` (137) would mask the requeue/pause code, so the script reads this file."""
+    import os
+
+    from hpcppo.launch.rundir import atomic_write_text
+
+    attempt = os.environ.get("HPCPPO_ATTEMPT", "unknown")
+    atomic_write_text(run_dir / "control" / f"exit-code.{attempt}", f"{code}\n")
 
 
 def main(argv: list[str] | None = None) -> int:
