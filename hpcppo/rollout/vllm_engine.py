@@ -115,9 +115,10 @@ class VLLMRolloutEngine:
         enable_sleep_mode: bool = True,
         **llm_kwargs: Any,
     ):
-        # external_launcher runs the engine core in-process; say so explicitly (vLLM also forces it).
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         vllm = _import_vllm()
+        # external_launcher runs the engine core in-process; say so explicitly (vLLM also forces it). vllm.envs
+        # reads variables lazily, so setting it after the import still takes effect.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         kwargs: dict[str, Any] = dict(
             model=str(model_path),
             tensor_parallel_size=tensor_parallel_size,

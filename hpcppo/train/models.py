@@ -50,6 +50,17 @@ def _load_kwargs(dtype: torch.dtype | str, trust_remote_code: bool, attn_impleme
     return kwargs
 
 
+def enable_checkpointing(model: nn.Module) -> None:
+    """Non-reentrant activation checkpointing of an HF model's layers (names unchanged).
+
+    transformers 5.2x renamed ``gradient_checkpointing_enable`` to ``activation_checkpointing_enable``.
+    """
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def _check_dir(path: str | os.PathLike[str]) -> Path:
     from hpcppo.errors import PathError
 
@@ -90,7 +101,7 @@ def build_actor(
                            attn_implementation=attn_implementation)
     model.config.use_cache = False
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     return model.train()
 
 
@@ -174,7 +185,7 @@ def build_critic(
     backbone = AutoModel.from_pretrained(str(directory), **_load_kwargs(dtype, trust_remote_code, attn_implementation))
     backbone.config.use_cache = False
     if gradient_checkpointing:
-        backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(backbone)
     critic = Critic(backbone)
     head_file = directory / VALUE_HEAD_FILE
     if head_file.is_file():
