@@ -58,7 +58,7 @@ def submit_slurm(run: RunDir, nodes: int, ranks_per_node: int) -> str:
     text = run.script.read_text()
     executor = _slurm_executor_class()(folder=run.path / SUBMITIT_DIR, script_text=text)
     # Only used by submitit to count tasks for its job object; the directives live in the script.
-    executor.update_parameters(nodes=nodes, tasks_per_node=ranks_per_node)
+    executor.update_parameters(nodes=nodes, ntasks_per_node=ranks_per_node)
     submitted_at = _dt.datetime.now(_dt.timezone.utc)
     try:
         job = executor.submit(_noop)
