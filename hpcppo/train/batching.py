@@ -107,15 +107,6 @@ def set_grad_sync(model: nn.Module, enabled: bool) -> None:
         fn(enabled)
 
 
-def forward_log_probs(model: nn.Module, mb: Mapping[str, torch.Tensor], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs and entropy ``[b, R]`` of the response tokens, with the graph (for the actor update)."""
-    width = mb["responses"].shape[1]
-    logits = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"]).logits
-    logits = logits[:, -width - 1 : -1, :].float() / temperature
-    log_probs = torch.log_softmax(logits, dim=-1).gather(-1, mb["responses"].unsqueeze(-1)).squeeze(-1)
-    return log_probs, algos.entropy_from_logits(logits)
-
-
 def _to_float(t: torch.Tensor | float) -> float:
     if hasattr(t, "full_tensor"):
         t = t.full_tensor()

@@ -136,7 +136,7 @@ def build_components(compiled: Any, env: DistEnv, run_dir: Path) -> Components:
     total_steps = plan.total_steps or plan.total_epochs * sampler.steps_per_epoch
 
     mesh = build_mesh(env.device_type, env.world_size, env.num_nodes, hsdp=plan.hsdp)
-    common = dict(dtype=DTYPES["float32"], trust_remote_code=model_cfg.trust_remote_code,
+    common = dict(dtype="float32", trust_remote_code=model_cfg.trust_remote_code,
                   attn_implementation=model_cfg.attn_implementation)
     # Master weights in float32; FSDP's param_dtype sets the compute dtype (model.dtype by default).
     actor = models.build_actor(model_cfg.path, gradient_checkpointing=False, **common).to(device)
@@ -205,9 +205,10 @@ def build_components(compiled: Any, env: DistEnv, run_dir: Path) -> Components:
 def _engine_kwargs(cfg: Any, plan: Any, device: torch.device) -> dict[str, Any]:
     ro = cfg.rollout
     if ro.engine == "hf":
-        return dict(path=cfg.model.path, dtype=DTYPES[cfg.model.dtype], device=device,
-                    trust_remote_code=cfg.model.trust_remote_code)
-    return dict(path=cfg.model.path, dtype=cfg.model.dtype, tensor_parallel_size=ro.tensor_parallel_size,
+        return dict(model_path=cfg.model.path, dtype=cfg.model.dtype, device=device,
+                    trust_remote_code=cfg.model.trust_remote_code, attn_implementation=cfg.model.attn_implementation)
+    return dict(model_path=cfg.model.path, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code,
+                tensor_parallel_size=ro.tensor_parallel_size,
                 gpu_memory_utilization=ro.gpu_memory_utilization, enforce_eager=ro.enforce_eager,
                 enable_sleep_mode=ro.free_cache_engine, seed=cfg.seed,
                 max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length)

@@ -30,7 +30,7 @@ from hpcppo.dist.weights import iter_full_params
 from hpcppo.rollout.base import derive_seed
 from hpcppo.train import batching
 from hpcppo.train.build import Components, build_components
-from hpcppo.train.models import compute_log_probs, compute_values
+from hpcppo.train.models import compute_log_probs, compute_values, forward_log_probs, forward_values
 
 log = logging.getLogger("hpcppo.train")
 
@@ -140,7 +140,8 @@ class Trainer:
                                                            micro_batch_size=p.logprob_micro_batch_per_rank)
         if c.critic is not None:
             with timer("values"):
-                batch["values"] = compute_values(c.critic, *args, micro_batch_size=p.logprob_micro_batch_per_rank)
+                batch["values"] = compute_values(c.critic, *args, micro_batch_size=p.logprob_micro_batch_per_rank,
+                                                 response_mask=batch["response_mask"])
 
     def compute_advantages(self, batch: dict[str, Any], timer: PhaseTimer) -> dict[str, torch.Tensor]:
         """Gather the batch's small tensors, apply the KL penalty and the estimator on the whole batch.
@@ -183,8 +184,8 @@ class Trainer:
                 micros = list(batching.split(mini, p.critic_micro_batch_per_rank))
                 for i, mb in enumerate(micros):
                     batching.set_grad_sync(c.critic, i == len(micros) - 1)
-                    values = c.critic(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
-                                      position_ids=mb["position_ids"])[:, -mb["responses"].shape[1] - 1 : -1]
+                    values = forward_values(c.critic, mb["input_ids"], mb["attention_mask"], mb["position_ids"],
+                                            mb["responses"].shape[1])
                     out = algos.value_loss(values, mb["values"], mb["returns"], mb["response_mask"], cc.cliprange_value,
                                            cc.loss_agg_mode, batch_info=info)
                     out["loss"].backward()
@@ -205,7 +206,9 @@ class Trainer:
                 micros = list(batching.split(mini, p.actor_micro_batch_per_rank))
                 for i, mb in enumerate(micros):
                     batching.set_grad_sync(c.actor, i == len(micros) - 1)
-                    log_probs, entropy = batching.forward_log_probs(c.actor, mb, temperature)
+                    log_probs, entropy = forward_log_probs(c.actor, mb["input_ids"], mb["attention_mask"],
+                                                           mb["position_ids"], mb["responses"].shape[1],
+                                                           temperature=temperature, with_entropy=True)
                     out = algos.policy_loss(mb["old_log_probs"], log_probs, mb["advantages"], mb["response_mask"],
                                             ac.clip_ratio, p.clip_ratio_low, p.clip_ratio_high, ac.clip_ratio_c,
                                             ac.loss_agg_mode, batch_info=info)
