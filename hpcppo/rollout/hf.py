@@ -7,7 +7,8 @@ through :meth:`HFRolloutEngine.sync_weights` from ``hpcppo.dist.weights.iter_ful
 Why our own decoding loop instead of ``model.generate``: it samples from a ``torch.Generator`` we own (a seed
 reproduces a rollout whatever the global RNG state, and the trainer's RNG is left untouched), it computes the
 reported log-probs with exactly the formula ``hpcppo.train.models.compute_log_probs`` uses, and it asks the model
-for the last position's logits only. On the tiny model it is as fast as ``generate`` (see the tests' notes).
+for the last position's logits only. Measured on CPU (64 samples × 16 new tokens, 0.5M and 4M parameters, a
+loaded 2-core machine): 1.0-1.6× the tokens/s of ``generate(do_sample=True, output_logits=True)``.
 """
 
 from __future__ import annotations

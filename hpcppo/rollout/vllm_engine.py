@@ -136,6 +136,7 @@ class VLLMRolloutEngine:
         kwargs.update(llm_kwargs)
         self._vllm = vllm
         self._llm: Any = vllm.LLM(**kwargs)
+        self._sleep_mode = enable_sleep_mode
         self._sleeping = False
 
     @property
@@ -195,8 +196,9 @@ class VLLMRolloutEngine:
 
     def sleep(self, level: int = 1) -> None:
         """Level 1: offload weights to host memory and drop the KV cache. Level 2 drops the weights too (a
-        :meth:`sync_weights` must follow :meth:`wake_up`)."""
-        if not self._sleeping:
+        :meth:`sync_weights` must follow :meth:`wake_up`). A no-op when the engine was built without sleep mode
+        (vLLM refuses ``sleep`` then), so the trainer's loop is the same either way."""
+        if self._sleep_mode and not self._sleeping:
             self.llm.sleep(level=level)
             self._sleeping = True
 

@@ -109,10 +109,18 @@ def test_left_padding_does_not_change_a_sequences_log_probs():
 def test_forward_log_probs_has_gradients_and_checks_shapes():
     model = tiny_model().train()
     b = sample_batch(tiny_model())  # the engine freezes the module it is given: sample with a copy
-    lp, ent = forward_log_probs(model, b.input_ids[:2], b.attention_mask[:2], b.position_ids[:2], b.response_width)
+    args = (b.input_ids[:2], b.attention_mask[:2], b.position_ids[:2], b.response_width)
+    lp, ent = forward_log_probs(model, *args, temperature=0.7)
     assert ent is None
     (lp * b.response_mask[:2]).sum().backward()
     assert model.lm_head.weight.grad is not None and model.model.layers[0].mlp.up_proj.weight.grad.abs().sum() > 0
+    # the gradient is that of log_softmax(logits / T): compare with a plain autograd computation
+    grad = model.lm_head.weight.grad.clone()
+    model.zero_grad()
+    logits = model(input_ids=args[0], attention_mask=args[1], position_ids=args[2]).logits[:, -args[3] - 1:-1] / 0.7
+    plain = torch.log_softmax(logits, -1).gather(-1, b.response_ids[:2].unsqueeze(-1)).squeeze(-1)
+    (plain * b.response_mask[:2]).sum().backward()
+    assert torch.allclose(lp, plain, atol=1e-5) and torch.allclose(grad, model.lm_head.weight.grad, atol=1e-5)
     with pytest.raises(ValueError, match="response_len must be in"):
         forward_log_probs(model, b.input_ids, b.attention_mask, b.position_ids, b.input_ids.shape[1])
     with pytest.raises(ValueError, match="must all be"):
