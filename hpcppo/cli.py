@@ -123,18 +123,30 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         rows = jobs.all_statuses(root)
     if args.json:
-        print(json.dumps(rows if not args.run else rows[0], indent=2, default=str))
+        if args.run:
+            detail = rows[0] | {"attempt_records": RunDir.open(root, args.run).read_record().get("attempts", [])}
+            print(json.dumps(detail, indent=2, default=str))
+        else:
+            print(json.dumps(rows, indent=2, default=str))
         return 0
     if args.run:
         st = rows[0]
         record = RunDir.open(root, args.run).read_record()
-        print(f"run         {st['run_id']}\nsite        {st['site']} ({st['scheduler']})\n"
-              f"job         {st['job_id']}\nstate       {_state_text(st)}\nelapsed     {_fmt_elapsed(st['elapsed_s'])}\n"
-              f"restarts    {st['restarts'] if st['restarts'] is not None else '-'}\n"
-              f"checkpoint  {st['latest_checkpoint'] if st['latest_checkpoint'] is not None else '-'}\n"
+        source = f"   [from {st['source']}]" if st.get("source") else ""
+        restarts = st["restarts"] if st["restarts"] is not None else "-"
+        ckpt = st["latest_checkpoint"] if st["latest_checkpoint"] is not None else "-"
+        print(f"run         {st['run_id']}\n"
+              f"site        {st['site']} ({st['scheduler']})\n"
+              f"job         {st['job_id'] or '-'}\n"
+              f"state       {_state_text(st)}{source}\n"
+              f"elapsed     {_fmt_elapsed(st['elapsed_s'])}\n"
+              f"attempts    {st['attempts']}\n"
+              f"restarts    {restarts}\n"
+              f"checkpoint  {ckpt}\n"
               f"directory   {st['path']}")
         for i, a in enumerate(record.get("attempts", [])):
-            print(f"attempt {i}: job {a.get('job_id')} submitted {a.get('submitted_at')} ({a.get('kind', 'submit')})")
+            seen = f", last seen {a['state']}" if a.get("state") else ""
+            print(f"attempt {i}: job {a.get('job_id')} submitted {a.get('submitted_at')} ({a.get('kind', 'submit')}{seen})")
         return 0
     if not rows:
         print(f"no runs under {root}")
@@ -157,8 +169,11 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     from hpcppo.launch.rundir import RunDir
 
     run = RunDir.open(_runs_root(args), args.run)
-    job_id = jobs.cancel_run(run)
-    print(f"cancelled job {job_id} of {run.run_id}")
+    result = jobs.cancel_run(run)
+    if result["cancelled"]:
+        print(f"cancel requested for job {result['job_id']} of {run.run_id} (was {result['state']})")
+    else:
+        print(f"job {result['job_id']} of {run.run_id} already ended ({result['state']}); nothing to cancel")
     return 0
 
 

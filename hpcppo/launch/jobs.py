@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -16,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from hpcppo.errors import RunIdError
+from hpcppo.errors import HpcppoError, RunStateError
 from hpcppo.launch import render as _render
 from hpcppo.launch.rundir import (
     RESOLVED,
@@ -84,13 +85,36 @@ def compile_run(
 
 
 def submit_run(crun: CompiledRun) -> str:
-    """Submit a compiled run; returns the scheduler's job id (recorded in ``run.json``)."""
+    """Submit a compiled run; returns the scheduler's job id (recorded in ``run.json``).
+
+    When the submission fails (``sbatch`` missing or rejecting the job), the run directory that
+    :func:`compile_run` just made is removed: it holds only copies of the user's inputs, and a run
+    that never reached the scheduler must not show up in ``hpcppo status``.
+    """
     from hpcppo.launch import submit
 
     plan = crun.compiled.plan
-    if crun.compiled.site.scheduler == "slurm":
-        return submit.submit_slurm(crun.run, plan.nodes, plan.ranks_per_node)
-    return submit.submit_local(crun.run, plan.world_size, plan.time_limit_s / 60)
+    try:
+        if crun.compiled.site.scheduler == "slurm":
+            return submit.submit_slurm(crun.run, plan.nodes, plan.ranks_per_node)
+        return submit.submit_local(crun.run, plan.world_size, plan.time_limit_s / 60)
+    except HpcppoError:
+        discard_unsubmitted(crun.run)
+        raise
+
+
+def discard_unsubmitted(run: RunDir) -> bool:
+    """Remove a run directory that has no recorded attempt (never submitted); True when removed."""
+    if run.read_record().get("attempts"):
+        return False
+    # Hide it from list_runs first (a dot name), then delete: a crash midway leaves no visible run.
+    hidden = run.path.with_name(f".{run.run_id}.discarded-{os.getpid()}")
+    try:
+        os.rename(run.path, hidden)
+    except OSError:
+        return False
+    shutil.rmtree(hidden, ignore_errors=True)
+    return True
 
 
 def wait_for(run: RunDir, *, poll_s: float = 2.0, timeout_s: float | None = None, echo=None) -> dict[str, Any]:
@@ -150,7 +174,15 @@ def _latest_checkpoint(run: RunDir) -> int | None:
 
 
 def statuses(runs: Sequence[RunDir]) -> list[dict[str, Any]]:
-    """Status of several runs with one batched scheduler query for all Slurm jobs."""
+    """Status of several runs with one batched scheduler query for all Slurm jobs.
+
+    Each status has ``run_id``, ``path``, ``site``, ``scheduler``, ``attempts`` (how many submissions),
+    ``job_id``, ``submitted_at``, ``state`` and ``reason`` (``PENDING``/``Priority``, ``FAILED``/the
+    failing rank ...), ``elapsed_s``, ``restarts`` (Slurm requeues of the current job), ``source``
+    (``sacct``, ``squeue``, ``scontrol``, ``local``, or ``run.json`` when only our record knows the
+    outcome), ``latest_checkpoint`` and ``paused``. A final state seen here is written back into the
+    attempt in ``run.json``, so it outlives the scheduler's memory of the job.
+    """
     metas = {r.run_id: _run_meta(r) for r in runs}
     records = {r.run_id: r.read_record() for r in runs}
     slurm_jobs: dict[str, _dt.datetime | None] = {}
@@ -166,16 +198,20 @@ def statuses(runs: Sequence[RunDir]) -> list[dict[str, Any]]:
         from hpcppo.launch import slurm
 
         try:
+            # submitted_after: a record older than our submission is another job with a reused id.
             infos = slurm.query_jobs(list(slurm_jobs), submitted_after=slurm_jobs)
         except SchedulerError as exc:
             query_error = str(exc)
     out = []
     for r in runs:
-        out.append(_one_status(r, metas[r.run_id], records[r.run_id], infos, query_error))
+        st = _one_status(r, metas[r.run_id], records[r.run_id], infos, query_error)
+        _remember_final_state(r, records[r.run_id], st)
+        out.append(st)
     return out
 
 
-def _one_status(run: RunDir, meta: dict[str, Any], record: dict[str, Any], infos: dict[str, Any], query_error: str | None) -> dict[str, Any]:
+def _one_status(run: RunDir, meta: dict[str, Any], record: dict[str, Any], infos: dict[str, Any],
+                query_error: str | None) -> dict[str, Any]:  # fmt: skip
     attempts = record.get("attempts", [])
     status: dict[str, Any] = {
         "run_id": run.run_id,
@@ -184,10 +220,12 @@ def _one_status(run: RunDir, meta: dict[str, Any], record: dict[str, Any], infos
         "scheduler": meta["scheduler"],
         "attempts": len(attempts),
         "job_id": None,
+        "submitted_at": None,
         "state": "NOT_SUBMITTED",
         "reason": None,
         "elapsed_s": None,
         "restarts": None,
+        "source": None,
         "latest_checkpoint": _latest_checkpoint(run),
         "paused": (run.control / "PAUSED").exists(),
     }
@@ -195,27 +233,51 @@ def _one_status(run: RunDir, meta: dict[str, Any], record: dict[str, Any], infos
         return status
     last = attempts[-1]
     status["job_id"] = str(last["job_id"])
+    status["submitted_at"] = last.get("submitted_at")
     submitted = _parse_time(last.get("submitted_at"))
     if meta["scheduler"] == "slurm":
         info = infos.get(status["job_id"])
-        if info is None:
-            status["state"] = "UNKNOWN"
-            status["reason"] = query_error or "not known to the scheduler (purged from its memory and no accounting?)"
+        if info is not None and info.state != "UNKNOWN":
+            status.update(state=info.state, reason=info.reason, elapsed_s=info.elapsed_s,
+                          restarts=info.restart_count, source=info.source)  # fmt: skip
+        elif last.get("state") in FINAL_STATES:
+            # Purged by the controller (MinJobAge) with no accounting to ask: our record still knows.
+            status.update(state=last["state"], source="run.json",
+                          reason=f"as recorded at {last.get('state_seen_at', '?')}; the scheduler no longer knows the job")
         else:
-            status["state"] = info.state
-            status["reason"] = info.reason
-            status["elapsed_s"] = info.elapsed_s
-            status["restarts"] = info.restart_count
-            status["source"] = info.source
+            status.update(state="UNKNOWN", source="none",
+                          reason=query_error or "not known to the scheduler (purged from its memory and no accounting?)")
     else:
         from hpcppo.launch import submit
 
-        status["state"] = submit.local_job_state(run, status["job_id"], int(meta["world_size"]))
-        if submitted:
-            status["elapsed_s"] = (_dt.datetime.now(_dt.timezone.utc) - submitted).total_seconds() if status["state"] == "RUNNING" else None
+        local = submit.local_job_info(run, status["job_id"], int(meta["world_size"]))
+        status.update(state=local["state"], reason=local["reason"], source="local")
+        cancelled_at = _parse_time(last.get("cancel_requested_at"))
+        if local["state"] == "CANCELLED" and cancelled_at is not None:
+            status["reason"] = f"cancel requested at {last['cancel_requested_at']}"
+        if submitted is not None:
+            end = _dt.datetime.now(_dt.timezone.utc).timestamp() if local["state"] == "RUNNING" else local["ended_at"]
+            if end is None and cancelled_at is not None:
+                end = cancelled_at.timestamp()
+            if end is not None:
+                status["elapsed_s"] = max(0.0, end - submitted.timestamp())
     if status["paused"] and status["state"] in FINAL_STATES | {"UNKNOWN"}:
         status["state"] = "PAUSED"
     return status
+
+
+def _remember_final_state(run: RunDir, record: dict[str, Any], status: dict[str, Any]) -> None:
+    """Write a final state the scheduler reported into the run's last attempt (best effort: a run
+    directory we may not write, e.g. a colleague's, is only read)."""
+    attempts = record.get("attempts", [])
+    if (not attempts or status["source"] in (None, "none", "run.json") or status["state"] not in FINAL_STATES
+            or attempts[-1].get("state") == status["state"]):  # fmt: skip
+        return
+    seen = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    try:
+        run.update_attempt(status["job_id"], state=status["state"], state_seen_at=seen)
+    except OSError:
+        pass
 
 
 def run_status(run: RunDir) -> dict[str, Any]:
@@ -226,20 +288,27 @@ def all_statuses(runs_root: Path) -> list[dict[str, Any]]:
     return statuses(list_runs(runs_root))
 
 
-def cancel_run(run: RunDir) -> str:
-    """Cancel the run's current job; returns its job id."""
-    record = run.read_record()
-    if not record.get("attempts"):
-        raise RunIdError(f"run {run.run_id} was never submitted; nothing to cancel")
-    last = record["attempts"][-1]
-    job_id = str(last["job_id"])
-    if _run_meta(run)["scheduler"] == "slurm":
+def cancel_run(run: RunDir) -> dict[str, Any]:
+    """Cancel the run's current job unless it already ended.
+
+    Returns ``{"job_id", "state", "cancelled"}``: the state before the request, and whether a cancel
+    was sent. ``RunStateError`` when the run was never submitted.
+    """
+    st = run_status(run)
+    if st["state"] == "NOT_SUBMITTED":
+        raise RunStateError(f"run {run.run_id} was never submitted; nothing to cancel")
+    job_id = str(st["job_id"])
+    if st["state"] in FINAL_STATES:
+        return {"job_id": job_id, "state": st["state"], "cancelled": False}
+    if st["scheduler"] == "slurm":
         from hpcppo.launch import slurm
 
         slurm.cancel(job_id)
+        cancelled = True
     else:
         from hpcppo.launch import submit
 
-        submit.cancel_local(job_id)
-    run.update_last_attempt(cancel_requested_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
-    return job_id
+        cancelled = submit.cancel_local(run, job_id)
+    if cancelled:
+        run.update_attempt(job_id, cancel_requested_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    return {"job_id": job_id, "state": st["state"], "cancelled": cancelled}

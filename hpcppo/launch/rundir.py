@@ -133,20 +133,55 @@ class RunDir:
     def write_record(self, record: Mapping[str, Any]) -> None:
         atomic_write_json(self.run_json, dict(record))
 
+    @contextlib.contextmanager
+    def _record_lock(self) -> Iterator[None]:
+        """Serialise read-modify-write of ``run.json`` between processes (CLI, job, watchdog).
+
+        Best effort: file systems mounted without ``flock`` (some Lustre sites) get no lock, and the
+        atomic rename still guarantees readers never see a torn file.
+        """
+        import fcntl
+
+        try:
+            fd = os.open(self.path / ".run.json.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            yield
+            return
+        try:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
     def add_attempt(self, **attempt: Any) -> dict[str, Any]:
         """Append an attempt (job id, submit time, state ...) to ``run.json`` and return the record."""
-        record = self.read_record()
-        attempt.setdefault("submitted_at", _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
-        record.setdefault("attempts", []).append(dict(attempt))
-        self.write_record(record)
+        with self._record_lock():
+            record = self.read_record()
+            attempt.setdefault("submitted_at", _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+            record.setdefault("attempts", []).append(dict(attempt))
+            self.write_record(record)
         return record
 
     def update_last_attempt(self, **fields: Any) -> dict[str, Any]:
-        record = self.read_record()
-        if record.get("attempts"):
-            record["attempts"][-1].update(fields)
-            self.write_record(record)
+        with self._record_lock():
+            record = self.read_record()
+            if record.get("attempts"):
+                record["attempts"][-1].update(fields)
+                self.write_record(record)
         return record
+
+    def update_attempt(self, job_id: str, **fields: Any) -> bool:
+        """Update the latest attempt with this job id (not blindly the last one: another process may
+        have added an attempt since the caller read the record). False when there is none."""
+        with self._record_lock():
+            record = self.read_record()
+            for attempt in reversed(record.get("attempts", [])):
+                if str(attempt.get("job_id")) == str(job_id):
+                    attempt.update(fields)
+                    self.write_record(record)
+                    return True
+        return False
 
 
 def list_runs(runs_root: Path | str) -> list[RunDir]:

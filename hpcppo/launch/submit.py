@@ -14,10 +14,14 @@ only argument. No torch import here.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import io
 import os
+import pickle
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,12 +64,17 @@ def submit_slurm(run: RunDir, nodes: int, ranks_per_node: int) -> str:
     # Only used by submitit to count tasks for its job object; the directives live in the script.
     executor.update_parameters(nodes=nodes, ntasks_per_node=ranks_per_node)
     submitted_at = _dt.datetime.now(_dt.timezone.utc)
+    # submitit echoes a failing sbatch's stderr on ours; the error below carries it as one line instead.
+    echoed = io.StringIO()
     try:
-        job = executor.submit(_noop)
+        with contextlib.redirect_stderr(echoed):
+            job = executor.submit(_noop)
     except submitit.core.utils.FailedJobError as exc:
         raise SchedulerError(f"sbatch rejected the job: {_stderr_of(exc)}") from None
     except submitit.core.utils.FailedSubmissionError as exc:
-        raise SchedulerError(f"could not read sbatch's answer: {exc}") from None
+        raise SchedulerError(f"could not read sbatch's answer: {_stderr_of(exc)}") from None
+    except OSError as exc:  # sbatch vanished between the PATH check and the call, or is not executable
+        raise SchedulerError(f"could not run sbatch: {exc}") from None
     run.add_attempt(
         job_id=str(job.job_id),
         scheduler="slurm",
@@ -94,7 +103,10 @@ def submit_local(run: RunDir, ranks: int, timeout_min: float) -> str:
         tasks_per_node=ranks, nodes=1, timeout_min=timeout_min, gpus_per_node=0, signal_delay_s=30
     )
     submitted_at = _dt.datetime.now(_dt.timezone.utc)
-    job = executor.submit(run_local_rank, str(run.path))
+    # submitit starts the controller with our stdout/stderr: it outlives this command, and would write
+    # to the user's terminal later (a traceback on cancel). Give it the run's controller log instead.
+    with _fds_to(run.logs / "local-controller.log"):
+        job = executor.submit(run_local_rank, str(run.path))
     run.add_attempt(
         job_id=str(job.job_id),
         scheduler="local",
@@ -103,6 +115,25 @@ def submit_local(run: RunDir, ranks: int, timeout_min: float) -> str:
         kind="submit",
     )
     return str(job.job_id)
+
+
+@contextlib.contextmanager
+def _fds_to(path: Path) -> Iterator[None]:
+    """Point file descriptors 1 and 2 at ``path`` (appending) while child processes are started."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        with open(path, "ab") as log:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
 
 
 def run_local_rank(run_dir: str) -> int:
@@ -116,53 +147,128 @@ def run_local_rank(run_dir: str) -> int:
     log_dir = Path(run_dir) / "logs" / f"attempt-local-{job_env.job_id}"
     log_dir.mkdir(parents=True, exist_ok=True)
     with open(log_dir / f"rank-{env_info.rank}.log", "ab") as log:
-        proc = subprocess.run(["bash", str(Path(run_dir) / "job.sbatch")], env=env, stdout=log, stderr=subprocess.STDOUT)
-    if proc.returncode not in (exitcodes.DONE, exitcodes.PAUSED, exitcodes.REQUEUE):
-        raise RuntimeError(
-            f"rank {env_info.rank} exited with {proc.returncode}; see {log_dir / f'rank-{env_info.rank}.log'}"
-        )
-    return proc.returncode
+        # Its own process group, so a cancel stops the whole rank (setup commands included), not
+        # just the shell; the parent-death signal covers submitit killing this wrapper outright.
+        proc = subprocess.Popen(["bash", str(Path(run_dir) / "job.sbatch")], env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
+        try:
+            returncode = proc.wait()
+        except BaseException:  # KeyboardInterrupt: submitit's controller forwards a cancel as SIGINT
+            _stop_group(proc)
+            raise
+    if returncode not in (exitcodes.DONE, exitcodes.PAUSED, exitcodes.REQUEUE):
+        raise RuntimeError(f"rank {env_info.rank} exited with {returncode}; see {log_dir / f'rank-{env_info.rank}.log'}")
+    return returncode
 
 
-def _local_controller_alive(job_id: str) -> bool:
-    """The local executor's job id is its controller's pid: alive and still submitit's controller."""
+def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
+    """Linux: SIGTERM this process when its parent (the rank wrapper) dies, even by SIGKILL."""
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float = 0.5) -> None:
+    """SIGTERM the rank's process group, then SIGKILL what is left after ``grace_s`` (submitit's
+    controller SIGKILLs this wrapper about a second after its SIGINT)."""
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=grace_s)
+            if sig == signal.SIGTERM:
+                # the leader is gone; its children may linger in the group
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _local_controller_alive(job_id: str, folder: Path | None = None) -> bool:
+    """The local executor's job id is its controller's pid: alive, not a zombie, and still submitit's
+    controller (of ``folder`` when given, so a reused pid never counts)."""
     try:
         cmdline = Path(f"/proc/{int(job_id)}/cmdline").read_bytes()
         status = Path(f"/proc/{int(job_id)}/status").read_text()
     except (OSError, ValueError):
         return False
     zombie = any(line.startswith("State:") and "Z" in line.split()[1] for line in status.splitlines())
-    return not zombie and b"submitit" in cmdline
+    if zombie or b"submitit" not in cmdline:
+        return False
+    return folder is None or os.fsencode(str(folder)) in cmdline.split(b"\0")
+
+
+class _PlainDataUnpickler(pickle.Unpickler):
+    """submitit's result files hold ``("success", value)`` or ``("error", traceback text)``: plain data.
+
+    Refusing every global keeps ``status`` from importing (or running) anything while reading them:
+    a result object of some other class reads as an unknown outcome instead.
+    """
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refusing {module}.{name} in a submitit result file")
+
+
+def _local_outcome(path: Path) -> tuple[str, Any]:
+    """``(outcome, payload)`` of one local task's result file: ``success``/``error``/``missing``/``unknown``."""
+    try:
+        with path.open("rb") as f:
+            data = _PlainDataUnpickler(f).load()
+    except FileNotFoundError:
+        return "missing", None
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError):
+        return "unknown", None
+    if isinstance(data, tuple) and len(data) == 2 and data[0] in ("success", "error"):
+        return data[0], data[1]
+    return "unknown", None
+
+
+def local_job_info(run: RunDir, job_id: str, ntasks: int) -> dict[str, Any]:
+    """State of a local-executor job from its controller process and submitit's result files.
+
+    Returns ``state`` (``RUNNING``, ``COMPLETED``, ``FAILED`` or ``CANCELLED``), ``reason`` (the
+    failing rank's last error line, or why a run looks cancelled) and ``ended_at`` (POSIX time of the
+    last result file, for the elapsed time; ``None`` while running).
+    """
+    from submitit.core.utils import JobPaths
+
+    if _local_controller_alive(job_id, run.path / SUBMITIT_DIR):
+        return {"state": "RUNNING", "reason": None, "ended_at": None}
+    outcomes, reason, ended_at = [], None, None
+    for task in range(ntasks):
+        path = JobPaths(run.path / SUBMITIT_DIR, job_id=job_id, task_id=task).result_pickle
+        outcome, payload = _local_outcome(path)
+        outcomes.append(outcome)
+        if outcome != "missing":
+            with contextlib.suppress(OSError):
+                ended_at = max(ended_at or 0.0, path.stat().st_mtime)
+        if outcome == "error" and reason is None:
+            lines = [ln.strip() for ln in str(payload).strip().splitlines() if ln.strip()]
+            reason = f"rank {task}: {lines[-1] if lines else 'failed'}"
+    if outcomes and all(o == "success" for o in outcomes):
+        return {"state": "COMPLETED", "reason": None, "ended_at": ended_at}
+    if "error" in outcomes:
+        return {"state": "FAILED", "reason": reason, "ended_at": ended_at}
+    missing = [str(t) for t, o in enumerate(outcomes) if o != "success"]
+    return {"state": "CANCELLED", "reason": f"controller gone; no result from rank(s) {', '.join(missing)}",
+            "ended_at": ended_at}
 
 
 def local_job_state(run: RunDir, job_id: str, ntasks: int) -> str:
-    """State of a local-executor job from its controller process and submitit's result files."""
-    import pickle
-
-    from submitit.core.utils import JobPaths
-
-    if _local_controller_alive(job_id):
-        return "RUNNING"
-    outcomes = []
-    for task in range(ntasks):
-        path = JobPaths(run.path / SUBMITIT_DIR, job_id=job_id, task_id=task).result_pickle
-        if not path.exists():
-            outcomes.append("missing")
-            continue
-        with path.open("rb") as f:  # written by submitit in our own run directory
-            outcomes.append(pickle.load(f)[0])
-    if all(o == "success" for o in outcomes):
-        return "COMPLETED"
-    if any(o == "error" for o in outcomes):
-        return "FAILED"
-    return "CANCELLED"
+    """Just the state of :func:`local_job_info`."""
+    return str(local_job_info(run, job_id, ntasks)["state"])
 
 
-def cancel_local(job_id: str) -> bool:
-    """Interrupt a local job's controller (it forwards the signal to the ranks)."""
+def cancel_local(run: RunDir, job_id: str) -> bool:
+    """Interrupt a local job's controller (it stops the ranks); False when it was not running."""
     import signal
 
-    if not _local_controller_alive(job_id):
+    if not _local_controller_alive(job_id, run.path / SUBMITIT_DIR):
         return False
     os.kill(int(job_id), signal.SIGINT)
     return True
