@@ -213,7 +213,8 @@ def prompt_lists(prompts: PromptInput) -> list[list[int]]:
             raise ValueError(f"prompt mapping needs 'input_ids' and 'attention_mask' tensors; missing {e}") from None
         ids, mask = torch.as_tensor(ids).cpu(), torch.as_tensor(mask).cpu()
         if ids.shape != mask.shape or ids.dim() != 2:
-            raise ValueError(f"input_ids {tuple(ids.shape)} and attention_mask {tuple(mask.shape)} must be equal [B, P]")
+            raise ValueError(f"input_ids {tuple(ids.shape)} and attention_mask {tuple(mask.shape)} must both be "
+                             "the same [B, P]")
         lengths = mask.sum(dim=-1)
         expected = torch.arange(mask.shape[1]).unsqueeze(0) >= (mask.shape[1] - lengths).unsqueeze(1)
         if not torch.equal(mask.bool(), expected):

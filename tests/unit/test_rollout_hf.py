@@ -235,7 +235,8 @@ def test_build_engine_hf_from_a_directory(tmp_path):
     model.save_pretrained(tmp_path)
     engine = build_engine("hf", model_path=tmp_path, dtype="float32", device="cpu")
     sp = sampling(temperature=0.0, max_new_tokens=4)
-    assert torch.equal(engine.generate(PROMPTS, sp).response_ids, HFRolloutEngine(model).generate(PROMPTS, sp).response_ids)
+    expected = HFRolloutEngine(model).generate(PROMPTS, sp).response_ids
+    assert torch.equal(engine.generate(PROMPTS, sp).response_ids, expected)
     from hpcppo.errors import PathError
 
     with pytest.raises(PathError, match="not a Hugging Face model directory"):
