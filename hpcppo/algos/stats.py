@@ -15,6 +15,8 @@ sync; the NaN then reaches the logged losses, where the watchdog sees it.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = [
@@ -141,40 +143,60 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 
 
 def reverse_linear_scan(x: torch.Tensor, coef: torch.Tensor | float) -> torch.Tensor:
-    """Solve ``y[:, t] = x[:, t] + coef[:, t] * y[:, t + 1]`` with ``y[:, T] = 0`` along the last dimension.
+    """Solve ``y[..., t] = x[..., t] + coef[..., t] * y[..., t + 1]`` with ``y[..., T] = 0`` (last dimension).
 
-    This is the reverse recurrence behind GAE and discounted returns. Instead of ``T`` sequential steps (about
-    ``5 * T`` kernel launches in verl's loop) it uses a log-depth doubling scan: after the step with offset ``s``
-    every position holds the sum over the next ``2 * s`` terms and ``coef`` the product linking it to ``t + 2 * s``;
-    ``ceil(log2 T)`` steps of a handful of element-wise kernels each, no data-dependent shapes.
+    This is the reverse recurrence behind GAE and discounted returns. verl runs it as ``T`` sequential steps of
+    batch-vectorised ops (about ``6 * T`` kernel launches). Here it is a two-level blocked scan with ``O(B * T)``
+    work and about ``2 * sqrt(T)`` sequential steps: the time axis is cut into ``n`` chunks of ``C ~ sqrt(T)``;
+
+    1. every chunk is scanned locally (as if ``y`` after it were 0) — ``C`` steps, all chunks and rows at once —
+       while the product of coefficients from each position to the chunk's end is accumulated;
+    2. the chunk starts are chained right to left — ``n`` steps on ``[B]`` vectors;
+    3. each position adds its coefficient product times the next chunk's start value — one broadcast op.
+
+    No data-dependent shapes or host reads.
 
     Args:
         x: ``[..., T]`` floating tensor.
-        coef: ``[..., T]`` tensor broadcastable to ``x``, or a Python float (a constant discount).
+        coef: tensor broadcastable to ``x``, or a Python float (a constant discount).
 
     Returns:
         ``y``: ``[..., T]``, same dtype as ``x``.
     """
-    length = x.shape[-1]
-    y = x
+    shape = x.shape
+    length = shape[-1]
+    if length == 0:
+        return x.clone()
     if isinstance(coef, float | int):
-        # Constant discount: the combined coefficient after k doublings is coef ** (2 ** k), exact on the host.
-        g = float(coef)
-        step = 1
-        while step < length:
-            if g == 0.0:
-                break
-            head = torch.add(y[..., :-step], y[..., step:], alpha=g)
-            y = torch.cat([head, y[..., -step:]], dim=-1)
-            g = g * g
-            step *= 2
-        return y
-    c = coef.to(x.dtype).expand_as(x)
-    step = 1
-    while step < length:
-        head = torch.addcmul(y[..., :-step], c[..., :-step], y[..., step:])
-        y = torch.cat([head, y[..., -step:]], dim=-1)
-        # Beyond the end y is 0, so the tail coefficients no longer matter: keep them as they are.
-        c = torch.cat([c[..., :-step] * c[..., step:], c[..., -step:]], dim=-1)
-        step *= 2
-    return y
+        coef = torch.full((), float(coef), dtype=x.dtype, device=x.device)
+    x2 = x.reshape(-1, length)
+    c2 = coef.to(x.dtype).expand(shape).reshape(-1, length)
+    rows = x2.shape[0]
+    chunk = max(1, math.isqrt(length - 1) + 1) if length > 1 else 1
+    n_chunks = -(-length // chunk)
+    pad = n_chunks * chunk - length
+    if pad:
+        # Padding with x = 0, coef = 0 makes y = 0 past the end, as the recurrence requires.
+        x2 = torch.nn.functional.pad(x2, (0, pad))
+        c2 = torch.nn.functional.pad(c2, (0, pad))
+    # Time-major layout [n_chunks, chunk, rows]: step i reads n_chunks contiguous blocks of ``rows`` values. A 2-D
+    # transpose copy has a fast blocked kernel; a 3-D permute of [rows, n_chunks, chunk] does not (measured ~5x).
+    xs = x2.t().contiguous().view(n_chunks, chunk, rows)
+    cs = c2.t().contiguous().view(n_chunks, chunk, rows)
+
+    local = [xs[:, chunk - 1]]
+    prod = [cs[:, chunk - 1]]  # prod[i] = coef product linking position i to the next chunk's first position
+    for i in range(chunk - 2, -1, -1):
+        local.append(torch.addcmul(xs[:, i], cs[:, i], local[-1]))
+        prod.append(cs[:, i] * prod[-1])
+    local_t = torch.stack(local[::-1], dim=1)  # [n_chunks, chunk, rows]
+    prod_t = torch.stack(prod[::-1], dim=1)
+
+    # y at the first position of each chunk, chained from the last chunk backwards.
+    starts = [local_t[n_chunks - 1, 0]]
+    for j in range(n_chunks - 2, -1, -1):
+        starts.append(torch.addcmul(local_t[j, 0], prod_t[j, 0], starts[-1]))
+    starts_t = torch.stack(starts[::-1])  # [n_chunks, rows]
+    next_start = torch.cat([starts_t[1:], torch.zeros_like(starts_t[:1])])  # 0 after the last chunk
+    y = torch.addcmul(local_t, prod_t, next_start.unsqueeze(1))
+    return y.view(n_chunks * chunk, rows)[:length].t().contiguous().reshape(shape)

@@ -176,3 +176,14 @@ def test_reverse_linear_scan_matches_sequential_loop(length, data):
     const = data.draw(st.sampled_from([0.0, 1.0, 0.95, 0.3]))
     got_const = reverse_linear_scan(torch.tensor([xs], dtype=torch.float64), const)
     assert got_const[0].tolist() == pytest.approx(ref_scan(xs, [const] * length), rel=1e-9, abs=1e-9)
+
+
+def test_reverse_linear_scan_leading_dims_and_broadcast_coef():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 37, dtype=torch.float64)
+    coef = torch.rand(37, dtype=torch.float64)  # one coefficient row shared by every sequence
+    got = reverse_linear_scan(x, coef)
+    assert got.shape == x.shape
+    for i in range(2):
+        for j in range(3):
+            assert got[i, j].tolist() == pytest.approx(ref_scan(x[i, j].tolist(), coef.tolist()), rel=1e-12)
