@@ -297,7 +297,7 @@ start_munge() {
     chown munge:munge "$MUNGE_DIR" /run/munge
     chmod 0700 "$MUNGE_DIR"
     chmod 0755 /run/munge
-    runuser -u munge -- munged --pid-file="$MUNGE_PIDFILE" --log-file="$MUNGE_DIR/munged.log"
+    runuser -u munge -- munged --pid-file="$MUNGE_PIDFILE" --log-file="$MUNGE_DIR/munged.log" 9>&-
     wait_for munged 10 munge_works || die "munged did not come up; see $MUNGE_DIR/munged.log"
     log "started munged"
 }
@@ -317,7 +317,7 @@ start_mariadb() {
     setsid mariadbd --no-defaults --datadir="$DB_DATA" --socket="$DB_SOCK" --pid-file="$DB_PIDFILE" \
         --skip-networking --user=mysql --log-error="$LOG_DIR/mariadb.log" \
         --innodb-buffer-pool-size=128M --innodb-log-file-size=64M --innodb-lock-wait-timeout=900 \
-        </dev/null >>"$LOG_DIR/mariadb.log" 2>&1 &
+        </dev/null >>"$LOG_DIR/mariadb.log" 2>&1 9>&- &
     wait_for mariadb 30 mariadb-admin --no-defaults --socket="$DB_SOCK" -u root ping ||
         die "MariaDB did not come up; see $LOG_DIR/mariadb.log"
     local pw
@@ -336,7 +336,7 @@ sacctmgr_works() { sacctmgr -n -P show cluster format=cluster; }
 start_slurmdbd() {
     if ! is_running "$DBD_PIDFILE" slurmdbd; then
         # libmariadb honours MYSQL_UNIX_PORT: that points slurmdbd at our private socket.
-        MYSQL_UNIX_PORT=$DB_SOCK slurmdbd
+        MYSQL_UNIX_PORT=$DB_SOCK slurmdbd 9>&-
         log "started slurmdbd"
     fi
     wait_for slurmdbd 30 sacctmgr_works || die "slurmdbd does not answer; see $LOG_DIR/slurmdbd.log"
@@ -359,13 +359,13 @@ stop_accounting() {
 start_slurm() {
     local node
     if ! is_running "$CTLD_PIDFILE" slurmctld; then
-        slurmctld
+        slurmctld 9>&-
         log "started slurmctld"
     fi
     for node in "${NODES[@]}"; do
         mkdir -p "$STATE_DIR/slurmd-$node"
         if ! is_running "$RUN_DIR/slurmd-$node.pid" slurmd; then
-            slurmd -N "$node"
+            slurmd -N "$node" 9>&-
             log "started slurmd $node"
         fi
     done
@@ -487,15 +487,24 @@ cmd_status() {
     return "$ok"
 }
 
+# Several test sessions may call start/stop at once: one at a time, or daemons would start twice.
+# Every daemon is started with fd 9 closed (9>&-): a daemon inheriting it would hold the lock forever.
+take_lock() {
+    require_root
+    local lock=${STATE_DIR%/}.lock
+    exec 9>>"$lock"
+    flock -w 300 9 || die "another $0 holds $lock for more than 300 s"
+}
+
 main() {
     local cmd=${1:-}
     case $cmd in
-    start) require_root && cmd_start ;;
-    stop) require_root && cmd_stop ;;
+    start) take_lock && cmd_start ;;
+    stop) take_lock && cmd_stop ;;
     status) cmd_status ;;
-    accounting-off) require_root && stop_accounting ;;
+    accounting-off) take_lock && stop_accounting ;;
     accounting-on)
-        require_root
+        take_lock
         start_accounting
         wait_for sacct 30 sacct_works || die "sacct does not work; see $LOG_DIR/slurmdbd.log"
         ;;
