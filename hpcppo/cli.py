@@ -20,7 +20,9 @@ DEFAULT_SITE = "local"
 
 
 def _err(msg: str) -> None:
-    print(f"hpcppo: error: {msg}", file=sys.stderr)
+    # One line, whatever the message quotes (a value with a newline must not start a second line).
+    one_line = msg.replace("\r", "\\r").replace("\n", "\\n")
+    print(f"hpcppo: error: {one_line}", file=sys.stderr)
 
 
 def _fmt_elapsed(seconds: float | None) -> str:

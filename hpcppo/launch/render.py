@@ -114,11 +114,19 @@ def slurm_directives(site: Any, exp: Any, plan: Any, run_dir: Path) -> list[tupl
     if s.exclusive:
         d["exclusive"] = None
     d["requeue" if s.requeue else "no-requeue"] = None
+    origin = {"job-name": "name", "chdir": "paths.runs_root", "output": "paths.runs_root"}
+    origin |= {k: f"site.slurm.{k}" for k in ("partition", "account", "qos", "constraint", "reservation")}
     for key, value in s.extra_directives.items():
         key = key.lstrip("-")
         if not re.fullmatch(r"[a-z][a-z0-9-]*", key):
             raise ConfigError(f"extra directive {key!r} is not an sbatch long option", key="site.slurm.extra_directives")
         d[key] = value if value not in ("", None) else None
+        origin[key] = f"site.slurm.extra_directives.{key}"
+    for key, value in d.items():
+        # sbatch reads one directive per line: a line break would end it and start an unchecked one.
+        if value is not None and any(c in str(value) for c in "\n\r\0"):
+            raise ConfigError(f"value {str(value)!r} for --{key} contains a line break or NUL; sbatch directives are "
+                              "one line", key=origin.get(key, f"--{key}"))
     return sorted(d.items())
 
 
@@ -146,7 +154,7 @@ def job_command(site: Any, run_dir: Path, python: str | None = None) -> list[str
     return [python or site.env.python or "python3", "-u", "-m", ENTRY_MODULE, str(run_dir)]
 
 
-def _container_srun_args(site: Any) -> tuple[list[str], list[str]]:
+def _container_srun_args(site: Any, device: str = "cuda") -> tuple[list[str], list[str]]:
     """(extra srun options, command prefix) for the site's container runtime."""
     c = site.container
     if c.runtime == "pyxis":
@@ -158,7 +166,8 @@ def _container_srun_args(site: Any) -> tuple[list[str], list[str]]:
         args += [quote(a) for a in c.extra_args]
         return args, []
     if c.runtime == "apptainer":
-        prefix = ["apptainer", "exec", "--nv"]
+        # --nv binds the host's NVIDIA driver into the container; a CPU site has none to bind.
+        prefix = ["apptainer", "exec"] + (["--nv"] if device == "cuda" else [])
         for mount in c.mounts:
             prefix += ["--bind", mount]
         if c.workdir:
@@ -180,7 +189,7 @@ def watchdog_available() -> bool:
 
 def render_slurm(site: Any, exp: Any, plan: Any, run_dir: Path, *, python: str | None = None) -> str:
     run_dir = Path(run_dir)
-    container_args, prefix = _container_srun_args(site)
+    container_args, prefix = _container_srun_args(site, plan.device)
     srun_args = [
         f"--nodes={plan.nodes}",
         f"--ntasks-per-node={plan.ranks_per_node}",

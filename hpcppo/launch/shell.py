@@ -6,7 +6,8 @@ Two forms:
   write ``HF_HOME=/scratch/${USER}/hf``); every other ``$``, backtick, backslash and quote is escaped,
   so ``$(...)``, backticks, ``;`` and newlines stay inert text.
 Setup lines are one command each: :func:`quote_command` splits them into words (``shlex``) and quotes
-every word, so a line cannot chain, pipe, substitute or redirect.
+every word (``${NAME}`` references stay live, as in :func:`quote_env`), so a line cannot chain, pipe,
+substitute or redirect.
 """
 
 from __future__ import annotations
@@ -41,14 +42,25 @@ def quote_env(value: object) -> str:
     return '"' + "".join(out) + '"'
 
 
+def quote_word(value: object) -> str:
+    """One inert shell word in which ``${NAME}`` references expand (plain :func:`quote` when it has none)."""
+    text = str(value)
+    return quote_env(text) if _VAR_REF_RE.search(text) else quote(text)
+
+
 def quote_command(line: str) -> str:
-    """Render a setup line as one command whose words are all quoted (no chaining, no substitution)."""
+    """Render a setup line as one command whose words are all quoted (no chaining, no substitution).
+
+    ``${NAME}`` references inside a word still expand (``source ${HOME}/venvs/rl/bin/activate``), as in
+    environment variable values; ``$(...)``, backticks, ``;``, ``|``, ``&&``, redirections, globs and
+    ``~`` stay literal text.
+    """
     try:
         words = shlex.split(line, comments=False, posix=True)
     except ValueError:
         # Unbalanced quotes: keep the text as one inert word rather than guess.
         words = [line]
-    return " ".join(quote(w) for w in words)
+    return " ".join(quote_word(w) for w in words)
 
 
 def is_env_name(name: str) -> bool:

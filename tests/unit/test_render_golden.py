@@ -1,0 +1,167 @@
+"""Golden files pin the rendered sbatch scripts; structural checks say what every script must hold.
+
+Regenerate after an intended template change with ``HPCPPO_UPDATE_GOLDEN=1 pytest tests/unit/test_render_golden.py``
+and review the diff. Every golden script must pass ``bash -n`` and ``shellcheck -S error`` (shellcheck is
+installed by tools/setup.sh; its absence fails the test instead of skipping it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hpcppo.config import compile_config
+from hpcppo.launch import render
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).resolve().parent / "golden"
+RUN_DIR = Path("/runs/example-20260101-000000-abcd")
+PYTHON = "/opt/hpcppo/venv/bin/python"  # sites without env.python get this one (the submitting interpreter)
+GSM8K = REPO / "examples" / "gsm8k-qwen2.5-7b.toml"
+ARITH = REPO / "examples" / "arith-tiny.toml"
+APPTAINER = ["site.container.runtime=apptainer", "site.container.image=/images/hpcppo.sif",
+             "site.container.extra_args=[\"--cleanenv\"]"]  # fmt: skip
+
+CASES = {
+    # name: (spec, site, overrides)
+    "a100-cluster": (GSM8K, "a100-cluster", []),
+    "h100-cluster": (GSM8K, "h100-cluster", []),  # pyxis
+    "h100-cluster-apptainer": (GSM8K, "h100-cluster", APPTAINER),
+    "local-slurm": (ARITH, "local-slurm", []),
+}
+
+
+def _compile(name: str):
+    spec, site, overrides = CASES[name]
+    return compile_config(spec, site, overrides, check_paths=False)
+
+
+def _render(name: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    # Pin the watchdog slot as it renders once the runner ships, independent of this checkout.
+    monkeypatch.setattr(render, "watchdog_available", lambda: True)
+    c = _compile(name)
+    # The interpreter rule of jobs.compile_run: the site's python, else the submitting one.
+    return render.render(c.site, c.experiment, c.plan, RUN_DIR, python=c.site.env.python or PYTHON)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_golden_file(name, monkeypatch):
+    text = _render(name, monkeypatch)
+    path = GOLDEN / f"{name}.sbatch"
+    if os.environ.get("HPCPPO_UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"{path} missing: run with HPCPPO_UPDATE_GOLDEN=1 to create it"
+    assert text == path.read_text(), f"rendering of {name} changed; review and regenerate with HPCPPO_UPDATE_GOLDEN=1"
+
+
+def test_golden_set_is_complete():
+    assert sorted(p.stem for p in GOLDEN.glob("*.sbatch")) == sorted(CASES)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden_passes_bash_n_and_shellcheck(name):
+    path = GOLDEN / f"{name}.sbatch"
+    proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    shellcheck = shutil.which("shellcheck")
+    assert shellcheck, "shellcheck is not installed (tools/setup.sh installs it)"
+    proc = subprocess.run([shellcheck, "-S", "error", str(path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _directives(text: str) -> list[str]:
+    lines = text.splitlines()
+    assert lines[0] == "#!/bin/bash"
+    block = []
+    for line in lines[1:]:
+        if not line.startswith("#SBATCH "):
+            break
+        block.append(line.removeprefix("#SBATCH "))
+    # all directives sit in one block right after the shebang: sbatch stops reading at the first command
+    assert sum(1 for line in lines if line.startswith("#SBATCH")) == len(block)
+    return block
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_script_anatomy(name):
+    text = (GOLDEN / f"{name}.sbatch").read_text()
+    c = _compile(name)
+    site, plan = c.site, c.plan
+    block = _directives(text)
+    assert block == sorted(block)
+    opts = dict(d.split("=", 1) if "=" in d else (d, None) for d in block)
+    assert opts["--signal"] == f"USR2@{site.slurm.signal_lead_s}"
+    assert "--requeue" in opts and "--no-requeue" not in opts
+    assert opts["--nodes"] == str(plan.nodes)
+    assert opts["--ntasks-per-node"] == str(plan.ranks_per_node)
+    assert opts["--chdir"] == str(RUN_DIR)
+    assert opts["--output"] == f"{RUN_DIR}/logs/slurm-%j.out" and opts["--open-mode"] == "append"
+    if plan.device == "cuda":
+        gpus = opts.get("--gres") if site.slurm.gpu_request == "gres" else opts.get("--gpus-per-node")
+        assert gpus and gpus.endswith(str(plan.ranks_per_node))
+    else:
+        assert "--gres" not in opts and "--gpus-per-node" not in opts
+    for key in ("partition", "account", "qos", "constraint"):
+        value = getattr(site.slurm, key)
+        assert opts.get(f"--{key}") == (value or None)
+
+    # per-attempt log paths: the restart count is part of the attempt name
+    assert 'HPCPPO_ATTEMPT="${SLURM_JOB_ID}.${SLURM_RESTART_COUNT:-0}"' in text
+    assert 'HPCPPO_LOG_DIR="$HPCPPO_RUN_DIR/logs/attempt-$HPCPPO_ATTEMPT"' in text
+    assert '--output="$HPCPPO_LOG_DIR/rank-%t.log"' in text
+    # the site's environment block
+    for module in site.env.modules:
+        assert f"module load {module}" in text
+    for name_, value in {**site.env.vars, **site.env.nccl}.items():
+        assert f'export {name_}="{value}"' in text
+    # rendezvous
+    assert 'mapfile -t HPCPPO_HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")' in text
+    assert f"MASTER_PORT=$(( {render.PORT_BASE} + SLURM_JOB_ID % {render.PORT_SPAN} ))" in text
+    # one srun; one task per GPU (or CPU rank); the entry point's only argument is the run directory
+    srun = text[text.index("\nsrun \\\n") + 1 :].split("\nrc=$?", 1)[0]
+    assert text.count("\nsrun ") == 1
+    assert f"--ntasks-per-node={plan.ranks_per_node}" in srun and f"--nodes={plan.nodes}" in srun
+    assert srun.rstrip().endswith(f"-u -m hpcppo.train.main {RUN_DIR}")
+    # the watchdog slot starts it in the background before the trainers
+    assert f"-m hpcppo.watchdog {RUN_DIR} >>\"$HPCPPO_LOG_DIR/watchdog.log\" 2>&1 &" in text
+    assert text.index("hpcppo.watchdog") < text.index("\nsrun ")
+
+
+def test_container_variants():
+    pyxis = (GOLDEN / "h100-cluster.sbatch").read_text()
+    assert "--container-image=registry.kestrel.example/rl/hpcppo:0.1-cu124" in pyxis
+    assert "--container-mounts=/data:/data,/home:/home,/scratch:/scratch" in pyxis
+    assert "apptainer" not in pyxis
+    app = (GOLDEN / "h100-cluster-apptainer.sbatch").read_text()
+    assert "--container-image" not in app
+    launch = "apptainer exec --nv --bind /data:/data --bind /home:/home --bind /scratch:/scratch --cleanenv /images/hpcppo.sif"
+    assert f"  {launch} python -u -m hpcppo.train.main {RUN_DIR}" in app
+    # the watchdog runs in the same image
+    assert f"{launch} python -u -m hpcppo.watchdog {RUN_DIR}" in app
+
+
+def test_rendered_rendezvous_block_runs(tmp_path):
+    """Execute the rendezvous block with a stand-in ``scontrol``: first host, port from the job id."""
+    from hpcppo.dist.env import port_from_job_id
+
+    text = (GOLDEN / "a100-cluster.sbatch").read_text()
+    block = text[text.index("# ---- rendezvous") : text.index("# ---- watchdog")]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "scontrol"
+    fake.write_text('#!/bin/bash\n[ "$1 $2 $3" = "show hostnames gpu[07-08]" ] && printf "gpu07\\ngpu08\\n"\n')
+    fake.chmod(0o755)
+    script = "set -euo pipefail\n" + block + 'printf "%s %s\\n" "$MASTER_ADDR" "$MASTER_PORT"\n'
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "4242424", "SLURM_JOB_NODELIST": "gpu[07-08]"}
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    addr, port = proc.stdout.splitlines()[-1].split()
+    assert addr == "gpu07"
+    # the batch script and the trainer (hpcppo.dist.env) derive the same port from the job id
+    assert int(port) == port_from_job_id("4242424") == render.PORT_BASE + 4242424 % render.PORT_SPAN
