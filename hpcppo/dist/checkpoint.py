@@ -16,6 +16,7 @@ A crash anywhere leaves the previous committed checkpoint as the latest.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -23,11 +24,13 @@ import random
 import shutil
 import time
 import uuid
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
@@ -108,6 +111,15 @@ def _tuplify(obj: Any) -> Any:
     return tuple(_tuplify(x) for x in obj) if isinstance(obj, (list, tuple)) else obj
 
 
+@contextlib.contextmanager
+def _quiet_without_process_group() -> Iterator[None]:
+    # Without a process group DCP warns that it "assumes a single process" even when told so (no_dist=True).
+    with warnings.catch_warnings():
+        if not dist.is_initialized():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
+
+
 def _write_durable(path: Path, data: bytes) -> None:
     with open(path, "wb") as f:
         f.write(data)
@@ -165,7 +177,9 @@ class CheckpointManager:
             if self.rank == 0:
                 tmp.mkdir(parents=True)
             barrier()
-            dcp.save(self._state(models, optimizers), storage_writer=FileSystemWriter(tmp / DCP_DIR, sync_files=True))
+            with _quiet_without_process_group():
+                dcp.save(self._state(models, optimizers), no_dist=not dist.is_initialized(),
+                         storage_writer=FileSystemWriter(tmp / DCP_DIR, sync_files=True))
             if save_rng:
                 _write_durable(tmp / _rng_file(self.rank), check_weights_only(rng_state(), "rng state"))
             if self.rank == 0:
@@ -240,7 +254,8 @@ class CheckpointManager:
                 raise RunStateError(f"checkpoint {path} has no {kind} {missing}; it holds {marker.get(kind)}")
         t0 = time.perf_counter()
         state = self._state(models, optimizers)
-        dcp.load(state, storage_reader=FileSystemReader(path / DCP_DIR))
+        with _quiet_without_process_group():
+            dcp.load(state, storage_reader=FileSystemReader(path / DCP_DIR), no_dist=not dist.is_initialized())
         for name, model in models.items():
             if name in optimizers:
                 set_state_dict(model, optimizers[name], model_state_dict=state["model"][name],
@@ -255,17 +270,28 @@ class CheckpointManager:
         log.info("checkpoint step %d loaded in %.2f s", step, self.last_load_s)
         return extra
 
+    def abandon_after(self, step: int) -> list[int]:
+        """After a rollback to ``step``: hide newer committed checkpoints from ``latest_committed`` (collective).
+
+        Rank 0 renames them ``step-<N>.abandoned-<hex>`` (see ``layout.abandon_after``); every rank returns the
+        same list of steps once the renames are durable.
+        """
+        moved = layout.abandon_after(self.root, step) if self.rank == 0 else None
+        return broadcast_object(moved)
+
     # ---------------------------------------------------------------- retention (rank 0)
     def prune(self) -> list[Path]:
         """Delete committed checkpoints beyond ``keep_last`` and crash debris; return what was deleted.
 
-        Never deletes the newest committed checkpoint, never runs while this manager is saving, and does
-        nothing on ranks other than 0.
+        With ``keep_last > 0`` checkpoints set aside by ``abandon_after`` go too. Never deletes the newest
+        committed checkpoint, never runs while this manager is saving, and does nothing on ranks other than 0.
         """
         if self._saving or self.rank != 0:
             return []
         committed = self.list_committed()
         doomed = [self.step_dir(s) for s in committed[:-self.keep_last]] if self.keep_last else []
+        if self.keep_last:  # keep_last=0 keeps everything, abandoned branches included
+            doomed += layout.abandoned_dirs(self.root)
         doomed += layout.stale_dirs(self.root)
         newest = self.step_dir(committed[-1]) if committed else None
         removed = []

@@ -7,7 +7,8 @@ else under the checkpoints root is either in flight or debris of a crash:
 
 - ``step-<N>.tmp-<hex>/`` — being written (or a writer died);
 - ``step-<N>.old-<hex>/`` — a committed checkpoint of the same step set aside while it is being replaced;
-- ``step-<N>/`` without ``COMMITTED`` — renamed into place but the writer died before marking it.
+- ``step-<N>/`` without ``COMMITTED`` — renamed into place but the writer died before marking it;
+- ``step-<N>.abandoned-<hex>/`` — a committed checkpoint from a branch a rollback abandoned (see ``abandon_after``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 MARKER = "COMMITTED"
 _STEP_RE = re.compile(r"^step-(\d+)$")
 _AUX_RE = re.compile(r"^step-(\d+)\.(tmp|old)-[0-9a-f]+$")
+_ABANDONED_RE = re.compile(r"^step-(\d+)\.abandoned-[0-9a-f]+$")
 
 
 def checkpoints_root(run_dir: str | os.PathLike[str]) -> Path:
@@ -81,6 +83,30 @@ def stale_dirs(root: str | os.PathLike[str]) -> list[Path]:
         if _AUX_RE.match(entry.name) or (parse_step(entry.name) is not None and not is_committed(entry)):
             out.append(entry)
     return out
+
+
+def abandoned_dirs(root: str | os.PathLike[str]) -> list[Path]:
+    """Checkpoints set aside by ``abandon_after``."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(e for e in root.iterdir() if e.is_dir() and _ABANDONED_RE.match(e.name))
+
+
+def abandon_after(root: str | os.PathLike[str], step: int) -> list[int]:
+    """Set aside every committed checkpoint newer than ``step``; return their steps.
+
+    After a rollback to ``step`` the run re-reaches later steps on a new branch; the old branch's checkpoints must
+    not be mistaken for the latest (a requeue would resume from them). They are renamed, not deleted, so they stay
+    available for a post-mortem until retention removes them. Call with no save in flight (one process).
+    """
+    root = Path(root)
+    moved = [s for s in list_committed(root) if s > step]
+    for s in moved:
+        os.rename(step_dir(root, s), root / f"step-{s}.abandoned-{os.urandom(4).hex()}")
+    if moved:
+        fsync_dir(root)
+    return moved
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:

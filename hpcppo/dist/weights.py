@@ -38,9 +38,9 @@ def iter_full_params(
 
     COLLECTIVE: for an FSDP model every rank must create this iterator and consume it to the end, in step with
     the others — each ``next()`` runs one all-gather, so a rank that stops early (or iterates alone) deadlocks the
-    rest until the process-group timeout. Each yielded tensor is a fresh full copy with the parameter's full shape
-    (e.g. ``[vocab, hidden]``), on the device the gather ran on; it is not a view of the training weights, and the
-    consumer should copy it and let it go. ``dtype`` (e.g. ``torch.bfloat16``) casts the local shard *before* the
+    rest until the process-group timeout. Each yielded tensor has the parameter's full shape (e.g.
+    ``[vocab, hidden]``), on the device the gather ran on. It may share memory with the training weights (an
+    unsharded model, or a 1-rank mesh where the gather is a no-op): treat it as read-only, copy it, let it go. ``dtype`` (e.g. ``torch.bfloat16``) casts the local shard *before* the
     gather, halving traffic for a bf16 engine. Tied parameters are yielded once (as ``named_parameters`` does).
     ``include_buffers`` also yields persistent buffers (replicated in FSDP2, so no collective).
     """

@@ -34,7 +34,8 @@ class Critic(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         hidden = self.backbone(input_ids=input_ids).last_hidden_state
-        return self.value_head(hidden).squeeze(-1)
+        # sum over the size-1 dim, not squeeze: FSDP2 warns when a root module returns a view.
+        return self.value_head(hidden).sum(-1)
 
 
 class PlainStack(nn.Module):

@@ -1,4 +1,4 @@
-"""Run a function on N real gloo ranks (``torch.multiprocessing.spawn``, ``env://``-style variables, free port).
+"""Run a function on N real gloo ranks (``torch.multiprocessing`` from a forkserver, ``env://``-style variables, free port).
 
 The function must live at module level in an importable module (the spawn start method pickles it by name) and
 is called as ``fn(rank, world_size, *args)``. Its return value (picklable) comes back per rank. Every process group
@@ -7,6 +7,7 @@ gets a 60 s timeout, so a rank that misses a collective fails the test instead o
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
 import socket
@@ -19,6 +20,13 @@ import torch
 import torch.multiprocessing as mp
 
 TIMEOUT_S = 60
+
+# Ranks are forked from a forkserver that has imported these once per pytest session: a spawned process pays
+# ~5 s of imports (much more on a busy 2-core machine), a fork from the preloaded server almost nothing. The
+# server never runs torch ops itself, so forking it is safe (no OpenMP pool to inherit).
+_PRELOAD = ["torch", "torch.distributed.fsdp", "torch.distributed.checkpoint", "transformers",
+            "transformers.models.qwen2.modeling_qwen2", "hpcppo.dist.fsdp", "hpcppo.dist.checkpoint",
+            "hpcppo.dist.weights", "hpcppo.dist.mesh"]
 
 
 def free_port() -> int:
@@ -50,7 +58,9 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any) -> list
     An exception on any rank is re-raised here with that rank's traceback.
     """
     with tempfile.TemporaryDirectory(prefix="hpcppo-dist-") as out_dir:
-        mp.spawn(_entry, args=(fn, world_size, free_port(), out_dir, args), nprocs=world_size, join=True)
+        multiprocessing.set_forkserver_preload(_PRELOAD)
+        mp.start_processes(_entry, args=(fn, world_size, free_port(), out_dir, args), nprocs=world_size, join=True,
+                           start_method="forkserver")
         results = []
         for rank in range(world_size):
             with open(Path(out_dir) / f"result-{rank}.pkl", "rb") as f:

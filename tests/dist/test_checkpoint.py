@@ -1,0 +1,373 @@
+"""CheckpointManager: DCP round trips on real gloo ranks (2 -> 2, 2 -> 1), atomicity, crash debris, retention."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from _models import Critic, batch, lm_loss, tiny_lm
+from _spawn import run_distributed
+
+from hpcppo.dist import layout
+from hpcppo.dist.checkpoint import CheckpointManager
+from hpcppo.errors import RunStateError
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    # full_tensor() on a 1-rank mesh returns the local shard itself: clone so later updates don't show through.
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+
+
+def _snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict:
+    """Full params and Adam state by parameter name (collective for FSDP models)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    moments = {}
+    for p, st in opt.state.items():
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            moments[f"{names[id(p)]}:{key}"] = _full(st[key])
+    return {"params": {n: _full(p) for n, p in model.named_parameters()}, "moments": moments}
+
+
+def _build(world: int, seed: int, sharded: bool = True):
+    """Actor (+AdamW, +LR schedule), critic (+AdamW), frozen reference; FSDP-sharded when ``sharded``."""
+    from hpcppo.dist.fsdp import apply_fsdp
+    from hpcppo.dist.mesh import build_mesh
+
+    actor, critic, ref = tiny_lm(seed), Critic(seed + 1), tiny_lm(seed + 2)
+    if sharded:
+        mesh = build_mesh("cpu", world, 1, hsdp=False)
+        for m in (actor, critic, ref):
+            apply_fsdp(m, mesh, param_dtype=None, reduce_dtype=None, cpu_offload=False, reshard_after_forward=True)
+    actor_opt = torch.optim.AdamW(actor.parameters(), lr=1e-2)
+    critic_opt = torch.optim.AdamW(critic.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LinearLR(actor_opt, start_factor=0.5, total_iters=10)
+    return actor, critic, ref, actor_opt, critic_opt, sched
+
+
+def _train_step(actor, critic, actor_opt, critic_opt, sched, ids: torch.Tensor) -> float:
+    loss = lm_loss(actor, ids)
+    loss.backward()
+    actor_opt.step()
+    actor_opt.zero_grad()
+    sched.step()
+    (critic(ids) ** 2).mean().backward()
+    critic_opt.step()
+    critic_opt.zero_grad()
+    return loss.item()
+
+
+def _continuation(actor, actor_opt, ids3: torch.Tensor, ids4: torch.Tensor) -> tuple[float, float]:
+    """Loss of one more update (depends on the Adam moments) and the loss right after it."""
+    loss_a = lm_loss(actor, ids3)
+    loss_a.backward()
+    actor_opt.step()
+    actor_opt.zero_grad()
+    with torch.no_grad():
+        loss_b = lm_loss(actor, ids4)
+    return loss_a.item(), loss_b.item()
+
+
+def _models(actor, critic, ref, actor_opt, critic_opt):
+    return {"actor": actor, "critic": critic, "ref": ref}, {"actor": actor_opt, "critic": critic_opt}
+
+
+def _save_worker(rank: int, world: int, root: str) -> dict:
+    actor, critic, ref, actor_opt, critic_opt, sched = _build(world, seed=0)
+    models, opts = _models(actor, critic, ref, actor_opt, critic_opt)
+    mgr = CheckpointManager(root, keep_last=2)
+    out: dict = {"save_s": []}
+    for step in (1, 2):
+        _train_step(actor, critic, actor_opt, critic_opt, sched, batch(step).chunk(world)[rank])
+        if step == 2:
+            torch.manual_seed(100 + rank)  # distinct per-rank RNG streams, saved per rank
+        extra = {"step": step, "cursor": {"epoch": 0, "index": 4 * step}, "sched": sched.state_dict(),
+                 "kl": {"kl_coef": 0.1 * step}, "watchdog": {"counts": {"kl_raise": step}}}
+        mgr.save(step, models=models, optimizers=opts, extra=extra)
+        out["save_s"].append(mgr.last_save_s)
+    out["saved"] = _snapshot(actor, actor_opt)
+    out["saved_critic"] = _snapshot(critic, critic_opt)
+    out["saved_extra"] = extra
+    out["rng_after_save"] = torch.rand(3)
+    ids3, ids4 = batch(3).chunk(world)[rank], batch(4).chunk(world)[rank]
+    out["continuation"] = _continuation(actor, actor_opt, ids3, ids4)
+
+    # Resume on the same world size into differently initialised models.
+    actor2, critic2, ref2, actor_opt2, critic_opt2, sched2 = _build(world, seed=10)
+    models2, opts2 = _models(actor2, critic2, ref2, actor_opt2, critic_opt2)
+    extra2 = mgr.load(2, models=models2, optimizers=opts2)
+    out["load_s"] = mgr.last_load_s
+    out["rng_after_load"] = torch.rand(3)
+    sched2.load_state_dict(extra2["sched"])
+    out["loaded_extra"] = extra2
+    out["loaded"] = _snapshot(actor2, actor_opt2)
+    out["loaded_critic"] = _snapshot(critic2, critic_opt2)
+    out["ref_equal"] = all(torch.equal(_full(a), _full(b)) for a, b in zip(ref.parameters(), ref2.parameters()))
+    out["lr_after_load"] = (actor_opt.param_groups[0]["lr"], actor_opt2.param_groups[0]["lr"])
+    out["continuation_loaded"] = _continuation(actor2, actor_opt2, ids3, ids4)
+    out["committed_before_step3"] = mgr.list_committed()
+    mgr.save(3, models=models, optimizers=opts, extra={"step": 3})
+    out["committed_after_step3"] = mgr.list_committed()
+    return out
+
+
+def _load_one_rank_worker(rank: int, world: int, root: str) -> dict:
+    out = {}
+    for sharded in (True, False):  # FSDP on a 1-rank mesh, and a plain model (what an HF export would use)
+        actor, critic, ref, actor_opt, critic_opt, _ = _build(world, seed=20, sharded=sharded)
+        models, opts = _models(actor, critic, ref, actor_opt, critic_opt)
+        mgr = CheckpointManager(root, keep_last=2)
+        extra = mgr.load(2, models=models, optimizers=opts)
+        out[sharded] = {"snapshot": _snapshot(actor, actor_opt), "extra": extra, "load_s": mgr.last_load_s,
+                        "continuation": _continuation(actor, actor_opt, batch(3), batch(4))}
+    return out
+
+
+def _assert_identical(a: dict, b: dict) -> None:
+    for part in ("params", "moments"):
+        assert a[part].keys() == b[part].keys()
+        for key in a[part]:
+            assert torch.equal(a[part][key], b[part][key]), key
+
+
+@pytest.fixture(scope="module")
+def saved_two_ranks(tmp_path_factory) -> tuple[Path, list[dict]]:
+    root = tmp_path_factory.mktemp("ckpt") / "checkpoints"
+    return root, run_distributed(_save_worker, 2, str(root))
+
+
+def test_two_rank_save_then_two_rank_load_is_bit_identical(saved_two_ranks):
+    _, results = saved_two_ranks
+    for r in results:
+        _assert_identical(r["saved"], r["loaded"])
+        _assert_identical(r["saved_critic"], r["loaded_critic"])
+        assert r["saved"]["moments"]  # Adam state really exists and was compared
+        assert r["ref_equal"]
+        assert r["continuation_loaded"] == r["continuation"]
+        assert r["loaded_extra"] == r["saved_extra"]
+        assert r["lr_after_load"][0] == r["lr_after_load"][1]
+        # Each rank's own RNG stream resumes where it was saved.
+        assert torch.equal(r["rng_after_load"], r["rng_after_save"])
+    assert not torch.equal(results[0]["rng_after_save"], results[1]["rng_after_save"])
+
+
+def test_retention_keeps_last_two(saved_two_ranks):
+    root, results = saved_two_ranks
+    assert results[0]["committed_before_step3"] == [1, 2]
+    assert results[0]["committed_after_step3"] == [2, 3]
+    assert sorted(p.name for p in root.iterdir()) == ["step-2", "step-3"]
+    files = sorted(p.name for p in (root / "step-2").iterdir())
+    assert files == ["COMMITTED", "dcp", "extra.pt", "rng-rank0.pt", "rng-rank1.pt"]
+    assert layout.read_marker(root / "step-2")["world_size"] == 2
+
+
+def test_two_rank_checkpoint_loads_on_one_rank(saved_two_ranks):
+    root, two = saved_two_ranks
+    (one,) = run_distributed(_load_one_rank_worker, 1, str(root))
+    for sharded in (True, False):
+        got = one[sharded]
+        _assert_identical(two[0]["saved"], got["snapshot"])
+        assert got["extra"] == two[0]["saved_extra"]
+        # Same weights and moments: the full-batch loss is the mean of the two ranks' half-batch losses, and the
+        # update that follows (which reads the Adam moments) lands at the same loss.
+        loss_a = sum(r["continuation"][0] for r in two) / 2
+        loss_b = sum(r["continuation"][1] for r in two) / 2
+        assert got["continuation"][0] == pytest.approx(loss_a, abs=1e-6)
+        assert got["continuation"][1] == pytest.approx(loss_b, abs=1e-5)
+
+
+# ---------------------------------------------------------------- single process: no process group, tiny model
+def _tiny(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def _save(mgr: CheckpointManager, step: int, seed: int = 0, **extra) -> torch.nn.Module:
+    model, opt = _tiny(seed)
+    mgr.save(step, models={"m": model}, optimizers={"m": opt}, extra={"step": step, **extra})
+    return model
+
+
+def _load(mgr: CheckpointManager, step: int) -> tuple[torch.nn.Module, dict]:
+    model, opt = _tiny(99)
+    extra = mgr.load(step, models={"m": model}, optimizers={"m": opt})
+    return model, extra
+
+
+def test_uncommitted_directories_are_invisible(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=0)
+    assert mgr.latest_committed() is None and mgr.list_committed() == []
+    _save(mgr, 5)
+    # A crash mid-save leaves a tmp dir with partial files; one after the rename leaves step-N without a marker.
+    (tmp_path / "step-10.tmp-0123abcd" / "dcp").mkdir(parents=True)
+    (tmp_path / "step-10.tmp-0123abcd" / "dcp" / "__0_0.distcp").write_bytes(b"partial")
+    (tmp_path / "step-20").mkdir()
+    (tmp_path / "step-20" / "extra.pt").write_bytes(b"partial")
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    assert mgr.latest_committed() == 5
+    assert mgr.list_committed() == [5]
+    with pytest.raises(RunStateError, match=r"no committed checkpoint at step 20 .*committed steps: \[5\]"):
+        _load(mgr, 20)
+    model, extra = _load(mgr, mgr.latest_committed())
+    assert extra == {"step": 5}
+    # The next successful save clears the debris (keep_last=0 keeps every committed checkpoint).
+    _save(mgr, 6)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "step-5", "step-6"]
+
+
+def test_crash_while_replacing_a_step_keeps_previous_latest(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=0)
+    _save(mgr, 3)
+    # Crash between "set the old step-4 aside" and "rename the new one in": only aside/tmp copies exist.
+    _save(mgr, 4)
+    os.rename(tmp_path / "step-4", tmp_path / "step-4.old-deadbeef")
+    (tmp_path / "step-4.tmp-cafe0001").mkdir()
+    assert mgr.latest_committed() == 3
+    mgr.prune()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-3"]
+
+
+def test_saving_the_same_step_again_replaces_it(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=2)
+    _save(mgr, 7, seed=1, branch="first")
+    second = _save(mgr, 7, seed=2, branch="second")  # after a rollback the run reaches step 7 again
+    model, extra = _load(mgr, 7)
+    assert extra["branch"] == "second"
+    assert torch.equal(model.weight, second.weight)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-7"]  # no aside/tmp copies left
+
+
+@pytest.mark.parametrize(("keep_last", "expected"), [(0, [1, 2, 3, 4, 5]), (1, [5]), (2, [4, 5])])
+def test_retention(tmp_path, keep_last, expected):
+    mgr = CheckpointManager(tmp_path, keep_last=keep_last)
+    for step in range(1, 6):
+        _save(mgr, step)
+        assert mgr.latest_committed() == step  # the newest is never pruned
+    assert mgr.list_committed() == expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"step-{s}" for s in expected]
+
+
+def test_retention_never_deletes_the_newest_even_when_it_is_older(tmp_path):
+    # The newest committed checkpoint is the highest step, whatever the order of writing.
+    mgr = CheckpointManager(tmp_path, keep_last=1)
+    _save(mgr, 9)
+    _save(mgr, 4)
+    assert mgr.list_committed() == [9]
+
+
+def test_nothing_is_pruned_while_a_save_is_in_flight(tmp_path, monkeypatch):
+    import hpcppo.dist.checkpoint as ckpt
+
+    mgr = CheckpointManager(tmp_path, keep_last=1)
+    _save(mgr, 1)
+    (tmp_path / "step-0.tmp-0badc0de").mkdir()  # debris an in-flight prune could otherwise see
+    seen = {}
+    real_save = ckpt.dcp.save
+
+    def save_and_prune(*args, **kwargs):
+        seen["removed"] = mgr.prune()
+        seen["tmp_dirs"] = sorted(p.name for p in tmp_path.iterdir() if ".tmp-" in p.name)
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(ckpt.dcp, "save", save_and_prune)
+    _save(mgr, 2)
+    assert seen["removed"] == []
+    assert len(seen["tmp_dirs"]) == 2  # the stale one and the in-flight one both survived
+    assert mgr.list_committed() == [2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2"]
+
+
+def test_extra_must_load_with_weights_only(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=0)
+    with pytest.raises(TypeError, match=r"extra\['cursor'\]\['order'\].*weights_only=True"):
+        _save(mgr, 1, cursor={"index": 3, "order": np.arange(4)})
+    assert not tmp_path.exists() or list(tmp_path.iterdir()) == []  # refused before anything was written
+
+
+def test_load_errors_name_what_is_missing(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=0)
+    _save(mgr, 1)
+    model, opt = _tiny()
+    with pytest.raises(RunStateError, match=r"no models \['critic'\]; it holds \['m'\]"):
+        mgr.load(1, models={"critic": model}, optimizers={})
+    with pytest.raises(ValueError, match=r"optimizers \['x'\] have no model"):
+        mgr.load(1, models={"m": model}, optimizers={"x": opt})
+    with pytest.raises(ValueError, match="keep_last"):
+        CheckpointManager(tmp_path, keep_last=-1)
+
+
+def test_partial_load_and_model_without_optimizer(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=0)
+    actor, actor_opt = _tiny(1)
+    critic, critic_opt = _tiny(2)
+    ref, _ = _tiny(3)
+    mgr.save(1, models={"actor": actor, "critic": critic, "ref": ref},
+             optimizers={"actor": actor_opt, "critic": critic_opt}, extra={})
+    # Restart only the critic (the watchdog's "value loss is NaN" action), and reload a frozen reference.
+    critic2, critic_opt2 = _tiny(20)
+    ref2 = torch.nn.Linear(4, 3)
+    mgr.load(1, models={"critic": critic2, "ref": ref2}, optimizers={"critic": critic_opt2})
+    assert torch.equal(critic2.weight, critic.weight) and torch.equal(ref2.weight, ref.weight)
+    assert torch.equal(critic_opt2.state[critic2.weight]["exp_avg"], critic_opt.state[critic.weight]["exp_avg"])
+
+
+def test_rng_states_round_trip(tmp_path):
+    import random
+
+    mgr = CheckpointManager(tmp_path, keep_last=0)
+    torch.manual_seed(5)
+    random.seed(5)
+    np.random.seed(5)
+    _save(mgr, 1)
+    expected = (torch.rand(2), random.random(), np.random.rand())
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    model, opt = _tiny(7)  # the load below must restore what save() captured, not this
+    mgr.load(1, models={"m": model}, optimizers={"m": opt})
+    assert torch.equal(torch.rand(2), expected[0])
+    assert random.random() == expected[1]
+    assert np.random.rand() == expected[2]
+
+
+def test_marker_and_layout_helpers(tmp_path):
+    mgr = CheckpointManager(tmp_path / "run" / "checkpoints", keep_last=0)
+    _save(mgr, 12)
+    assert layout.checkpoint_dir_for(tmp_path / "run", 12) == mgr.step_dir(12)
+    marker = layout.read_marker(mgr.step_dir(12))
+    assert marker["step"] == 12 and marker["world_size"] == 1 and marker["models"] == ["m"]
+    assert layout.latest_committed(tmp_path / "run" / "checkpoints") == 12
+    assert layout.parse_step("step-12") == 12 and layout.parse_step("step-12.tmp-ab") is None
+    with pytest.raises(ValueError):
+        layout.step_dir(tmp_path, -1)
+
+
+def test_layout_does_not_import_torch():
+    code = "import sys, hpcppo.dist.layout; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_abandon_after_rollback_hides_the_old_branch(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=0)
+    for step in (10, 20, 30):
+        _save(mgr, step, branch="old")
+    assert mgr.abandon_after(10) == [20, 30]
+    assert mgr.latest_committed() == 10  # a requeue now resumes from the rollback target
+    assert len(layout.abandoned_dirs(tmp_path)) == 2  # kept for a post-mortem (keep_last=0 keeps all)
+    _save(mgr, 20, branch="new")
+    assert mgr.list_committed() == [10, 20]
+    assert _load(mgr, 20)[1]["branch"] == "new"
+    assert len(layout.abandoned_dirs(tmp_path)) == 2
+    mgr.keep_last = 2
+    mgr.prune()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-10", "step-20"]
