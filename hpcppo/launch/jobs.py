@@ -98,8 +98,9 @@ def submit_run(crun: CompiledRun) -> str:
         if crun.compiled.site.scheduler == "slurm":
             return submit.submit_slurm(crun.run, plan.nodes, plan.ranks_per_node)
         return submit.submit_local(crun.run, plan.world_size, plan.time_limit_s / 60)
-    except HpcppoError:
-        discard_unsubmitted(crun.run)
+    except HpcppoError as exc:
+        if not getattr(exc, "keep_run_dir", False):
+            discard_unsubmitted(crun.run)
         raise
 
 

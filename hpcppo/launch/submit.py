@@ -19,6 +19,7 @@ import datetime as _dt
 import io
 import os
 import pickle
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -72,7 +73,14 @@ def submit_slurm(run: RunDir, nodes: int, ranks_per_node: int) -> str:
     except submitit.core.utils.FailedJobError as exc:
         raise SchedulerError(f"sbatch rejected the job: {_stderr_of(exc)}") from None
     except submitit.core.utils.FailedSubmissionError as exc:
-        raise SchedulerError(f"could not read sbatch's answer: {_stderr_of(exc)}") from None
+        # sbatch succeeded but printed no job id we recognise: a job may be queued, and it needs its
+        # run directory, so this error keeps it (jobs.submit_run removes it for the other errors).
+        m = re.search(r'output "(.*?)"', str(exc), re.S)
+        answer = m.group(1) if m else str(exc)
+        err = SchedulerError(f"sbatch answered without a job id ({answer.strip()!r}); the job may be queued "
+                             f"anyway (check squeue); run directory kept: {run.path}")
+        err.keep_run_dir = True  # type: ignore[attr-defined]
+        raise err from None
     except OSError as exc:  # sbatch vanished between the PATH check and the call, or is not executable
         raise SchedulerError(f"could not run sbatch: {exc}") from None
     run.add_attempt(
