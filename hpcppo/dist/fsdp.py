@@ -117,8 +117,8 @@ def apply_activation_checkpointing(model: nn.Module, layer_classes: tuple[type, 
     ``checkpoint_wrapper`` around each layer (names gain ``_checkpoint_wrapped_module.``, which
     ``weights.iter_full_params`` strips). Only active in ``train()`` mode. Returns ``model``.
     """
-    hf = _outermost(m for m in model.modules()
-                    if getattr(m, "supports_gradient_checkpointing", False) and hasattr(m, "gradient_checkpointing_enable"))
+    hf = _outermost(m for m in model.modules() if getattr(m, "supports_gradient_checkpointing", False)
+                    and hasattr(m, "gradient_checkpointing_enable"))
     if hf and layer_classes is None:
         for m in hf:
             # transformers 5.x renamed the method; the old name warns (and goes away in v6).

@@ -40,8 +40,9 @@ def iter_full_params(
     the others — each ``next()`` runs one all-gather, so a rank that stops early (or iterates alone) deadlocks the
     rest until the process-group timeout. Each yielded tensor has the parameter's full shape (e.g.
     ``[vocab, hidden]``), on the device the gather ran on. It may share memory with the training weights (an
-    unsharded model, or a 1-rank mesh where the gather is a no-op): treat it as read-only, copy it, let it go. ``dtype`` (e.g. ``torch.bfloat16``) casts the local shard *before* the
-    gather, halving traffic for a bf16 engine. Tied parameters are yielded once (as ``named_parameters`` does).
+    unsharded model, or a 1-rank mesh where the gather is a no-op): treat it as read-only, copy it, let it go.
+    ``dtype`` (e.g. ``torch.bfloat16``) casts the local shard *before* the gather, halving traffic for a bf16 engine.
+    Tied parameters are yielded once (as ``named_parameters`` does).
     ``include_buffers`` also yields persistent buffers (replicated in FSDP2, so no collective).
     """
     # A module left unsharded (reshard_after_forward=False after a no-grad forward) registers plain unsharded

@@ -1,6 +1,6 @@
-"""Run a function on N real gloo ranks (``torch.multiprocessing`` from a forkserver, ``env://``-style variables, free port).
+"""Run a function on N real gloo ranks: processes from a forkserver, torchrun-style variables, a free port.
 
-The function must live at module level in an importable module (the spawn start method pickles it by name) and
+The function must live at module level in an importable module (it is pickled by name) and
 is called as ``fn(rank, world_size, *args)``. Its return value (picklable) comes back per rank. Every process group
 gets a 60 s timeout, so a rank that misses a collective fails the test instead of hanging it.
 """

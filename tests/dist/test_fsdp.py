@@ -127,6 +127,17 @@ def _fsdp_worker(rank: int, world: int) -> dict:
     load_into(plain16, iter_full_params(sharded, dtype=torch.bfloat16))
     out["stream_bf16_exact"] = all(torch.equal(a, b.to(torch.bfloat16))
                                    for a, b in zip(plain16.parameters(), original.parameters()))
+    # reshard_after_forward=False leaves gathered plain tensors registered after a no-grad forward (e.g. the
+    # reference model's log-probs); streaming must still see the sharded DTensors, in the same order everywhere.
+    kept = apply_fsdp(tiny_lm(), mesh, param_dtype=None, reduce_dtype=None, cpu_offload=False,
+                      reshard_after_forward=False)
+    with torch.no_grad():
+        kept(input_ids=local)
+    out["unsharded_after_forward"] = not all(isinstance(p, DTensor) for p in kept.parameters())
+    plain = tiny_lm(seed=2)
+    load_into(plain, iter_full_params(kept))
+    out["stream_after_unsharded_forward_exact"] = all(
+        torch.equal(a, b) for a, b in zip(plain.parameters(), original.parameters()))
 
     # Critic: HF backbone + value head; layers found through the backbone's _no_split_modules.
     critic_ref = Critic()
@@ -206,6 +217,7 @@ def test_streaming_is_exact(fsdp_results):
     for r in fsdp_results:
         assert r["stream_exact_params"] and r["stream_exact_logits"] and r["stream_bf16_exact"]
         assert r["stream_vs_fsdp_forward_equal"]
+        assert r["unsharded_after_forward"] and r["stream_after_unsharded_forward_exact"]
         assert r["stream_after_step_logit_diff"] < 1e-5
         assert "model.embed_tokens.weight" in r["streamed_names"]
         assert r["streamed_names"] == fsdp_results[0]["streamed_names"]  # same order on every rank
