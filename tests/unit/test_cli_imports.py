@@ -1,0 +1,113 @@
+"""Login-node commands never import torch (or transformers): they run through ``hpcppo.cli.main`` in a
+fresh interpreter that inspects ``sys.modules`` after each one. Slurm commands are stand-in scripts on
+PATH here (the real cluster is exercised in tests/slurm)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcppo.launch.rundir import RunDir
+
+REPO = Path(__file__).resolve().parents[2]
+ARITH = REPO / "examples" / "arith-tiny.toml"
+HEAVY = ("torch", "transformers", "vllm")
+
+# Runs each command in turn in one interpreter and reports the heavy modules loaded so far: the first
+# command that pulls torch in is the one named (later ones inherit it, which the test then also shows).
+PROBE = """
+import json, sys
+from hpcppo.cli import main
+for argv in json.loads(sys.argv[1]):
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # --version, --help
+        rc = exc.code
+    heavy = sorted(m for m in sys.modules if m.split(".")[0] in {heavy!r})
+    print("PROBE " + json.dumps({{"argv": argv, "rc": rc, "heavy": heavy}}), flush=True)
+"""
+
+
+def fake_slurm(bin_dir: Path) -> None:
+    """sacct/squeue/scancel stand-ins: one RUNNING job 4242, submitted now."""
+    bin_dir.mkdir(exist_ok=True)
+    scripts = {
+        "sacct": "#!/bin/sh\necho \"4242|RUNNING|None|$(date +%Y-%m-%dT%H:%M:%S)|$(date +%Y-%m-%dT%H:%M:%S)|Unknown|00:00:05|n1|0:0\"\n",
+        "squeue": "#!/bin/sh\nexit 0\n",
+        "scancel": "#!/bin/sh\nexit 0\n",
+    }  # fmt: skip
+    for name, text in scripts.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+
+
+def probe(commands: list[list[str]], env: dict[str, str], cwd: Path, prelude: str = "") -> list[dict]:
+    code = prelude + PROBE.format(heavy=HEAVY)
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(commands)], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=120)  # fmt: skip
+    results = [json.loads(line.removeprefix("PROBE ")) for line in proc.stdout.splitlines() if line.startswith("PROBE ")]
+    assert proc.returncode == 0 and len(results) == len(commands), proc.stdout + proc.stderr
+    return results
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cli-imports")
+    runs = tmp / "runs"
+    fake_slurm(tmp / "bin")
+    env = {**os.environ, "PATH": f"{tmp / 'bin'}:{os.environ['PATH']}"}
+    env.pop("HPCPPO_RUNS_ROOT", None)
+    return tmp, runs, env
+
+
+def _make_run(runs: Path, site: str, job_id: str, env: dict[str, str], cwd: Path) -> str:
+    before = set(runs.iterdir()) if runs.exists() else set()
+    [result] = probe([["compile", str(ARITH), "--site", site, "--no-check-paths", "-q", "--runs-root", str(runs)]], env, cwd)
+    assert (result["rc"], result["heavy"]) == (0, [])
+    [new] = set(runs.iterdir()) - before
+    run_id = new.name
+    # A recorded attempt, as submit writes it (job 4242 on Slurm; a pid that is no submitit controller locally).
+    RunDir.open(runs, run_id).add_attempt(job_id=job_id, scheduler=site, state="PENDING", kind="submit")
+    return run_id
+
+
+def test_login_node_commands_do_not_import_torch(setup):
+    tmp, runs, env = setup
+    slurm_run = _make_run(runs, "local-slurm", "4242", env, tmp)
+    local_run = _make_run(runs, "local", "1", env, tmp)
+    root = ["--runs-root", str(runs)]
+    commands = [
+        ["--version"],
+        ["--help"],
+        ["status", "--help"],
+        ["compile", str(ARITH), "--site", "local", "--no-check-paths", "-q", *root],
+        ["compile", str(REPO / "examples" / "gsm8k-qwen2.5-7b.toml"), "--site", "h100-cluster", "--no-check-paths", "-q", *root],
+        ["submit", str(ARITH), "--site", "local-slurm", "--no-check-paths", "--dry-run", "-q", *root],
+        ["submit", str(ARITH), "--site", "local", "--no-check-paths", "--dry-run", "-q", *root],
+        ["preflight", "--site", "local-slurm", "--dry-run", "-q", *root],
+        ["status", *root],
+        ["status", "--json", *root],
+        ["status", slurm_run, *root],
+        ["status", local_run, "--json", *root],
+        ["cancel", slurm_run, *root],
+        ["cancel", local_run, *root],
+        ["config", "show", str(ARITH), "--site", "local-slurm"],
+        ["config", "show", str(ARITH), "--toml"],
+        ["config", "explain", "actor.clip_ratio_c"],
+        ["config", "explain", "site.slurm.partition"],
+    ]
+    for result in probe(commands, env, tmp):
+        assert result["heavy"] == [], result
+        assert result["rc"] == 0, result
+
+
+def test_the_probe_would_see_torch(setup):
+    """The probe is not blind: torch imported along the way is reported."""
+    tmp, runs, env = setup
+    [result] = probe([["--version"]], env, tmp, prelude="import torch.nn\n")
+    assert "torch" in result["heavy"]
