@@ -353,7 +353,7 @@ def cancel(job_id: str, *, signal: str | None = None) -> None:
 
 
 def requeue(job_id: str, *, hold: bool = False) -> None:
-    """``scontrol requeue ID``: back to PENDING (Slurm adds a ~2 min BeginTime; see ``update_start_now``)."""
+    """``scontrol requeue ID`` (or ``requeuehold``): back to PENDING; Slurm adds a ~2 min BeginTime (see ``update_start_now``)."""
     _run(["scontrol", "requeuehold" if hold else "requeue", _check_id(job_id)])
 
 
@@ -362,9 +362,17 @@ def release(job_id: str) -> None:
     _run(["scontrol", "release", _check_id(job_id)])
 
 
-def update_start_now(job_id: str) -> None:
-    """``scontrol update JobId=ID StartTime=now``: skip the BeginTime a requeue adds."""
-    _run(["scontrol", "update", f"JobId={_check_id(job_id)}", "StartTime=now"])
+def update_start_now(job_id: str, *, delay_s: int = 2) -> None:
+    """``scontrol update JobId=ID StartTime=now+DELAY``: skip the ~2 min BeginTime a requeue adds.
+
+    Call it once the requeued job is PENDING (an update while it is still COMPLETING is overwritten
+    by the requeue's BeginTime). The small delay matters: slurmd refuses to launch a job in the same
+    second in which it revoked the previous run's credential, and the job then FAILS at once
+    ("Killing non-startable batch JobId=...: Job credential revoked", exit 1:0).
+    """
+    if not 0 <= delay_s <= 3600:
+        raise SchedulerError(f"delay_s must be between 0 and 3600 seconds, got {delay_s}")
+    _run(["scontrol", "update", f"JobId={_check_id(job_id)}", f"StartTime=now+{int(delay_s)}"])
 
 
 def batch_script(job_id: str) -> str:
