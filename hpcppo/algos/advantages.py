@@ -80,7 +80,8 @@ def gae(
     filled = reverse_linear_scan(v, (~m).to(dtype))
     next_values = torch.cat([filled[:, 1:], torch.zeros_like(filled[:, :1])], dim=1)
     delta = torch.where(m, r + gamma * next_values - v, zero)
-    coef = torch.where(m, torch.full((), gamma * lam, dtype=dtype, device=v.device), torch.ones((), dtype=dtype, device=v.device))
+    discount = torch.full((), gamma * lam, dtype=dtype, device=v.device)
+    coef = torch.where(m, discount, torch.ones((), dtype=dtype, device=v.device))
     raw = reverse_linear_scan(delta, coef)
 
     returns = raw + values.to(dtype)

@@ -66,7 +66,9 @@ def ref_whiten(x, mask):
     mean = sum(sel) / (n + 1e-8)
     var = sum((v - mean) ** 2 for v in sel) / (n + 1e-8) * n / (n - 1)
     inv = 1 / math.sqrt(var + 1e-8)
-    return [[(v - mean) * inv for v in row] for row in x], max(abs(v - mean) for row in x for v in row) * inv
+    # Condition number of whitening: float32 rounding of values/mean (~eps * max|x|) is amplified by 1/std.
+    scale = max(abs(v) for row in x for v in row) * inv
+    return [[(v - mean) * inv for v in row] for row in x], scale
 
 
 def ref_gae(rewards, values, mask, gamma, lam):

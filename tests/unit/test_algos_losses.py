@@ -102,7 +102,8 @@ def test_policy_loss_matches_loop(batch, clips, mode):
     low_eff = clip_ratio if low is None else low
     high_eff = clip_ratio if high is None else high
     expected = ref_policy(old, new, adv, mask, low_eff, high_eff, c, mode)
-    out = policy_loss(*(torch.tensor(x, dtype=torch.float64) for x in (old, new, adv, mask)), clip_ratio, low, high, c, mode)
+    args64 = (torch.tensor(x, dtype=torch.float64) for x in (old, new, adv, mask))
+    out = policy_loss(*args64, clip_ratio, low, high, c, mode)
     for key, value in expected.items():
         assert out[key].item() == pytest.approx(value, rel=1e-9, abs=1e-9), key
     out32 = policy_loss(*(torch.tensor(x) for x in (old, new, adv, mask)), clip_ratio, low, high, c, mode)
@@ -111,7 +112,12 @@ def test_policy_loss_matches_loop(batch, clips, mode):
 
 
 @SETTINGS
-@given(fl(-40.0, 40.0), fl(-5.0, -0.125), st.sampled_from([1.0 + 1e-6, 1.01, 3.0, 10.0, 1e6]), st.sampled_from([0.2, 0.0]))
+@given(
+    fl(-40.0, 40.0),
+    fl(-5.0, -0.125),
+    st.sampled_from([1.0 + 1e-6, 1.01, 3.0, 10.0, 1e6]),
+    st.sampled_from([0.2, 0.0]),
+)
 def test_dual_clip_bounds_negative_advantage_loss(log_ratio, adv, c, clip):
     # One token: the aggregated loss is the token's loss.
     old = torch.zeros(1, 1, dtype=torch.float64)
