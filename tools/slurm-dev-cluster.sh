@@ -6,7 +6,8 @@
 # Usage (as root):  tools/slurm-dev-cluster.sh start|stop|status|accounting-off|accounting-on
 #
 #   start           install missing packages, configure, start what is not running, wait until both
-#                   nodes respond and sacct works, print a summary. Idempotent and quick when up.
+#                   nodes respond (idle, or busy with someone's jobs) and sacct works, print a summary.
+#                   Idempotent and quick when up; restarts slurmctld/slurmd only when slurm.conf changed.
 #   stop            stop the daemons this script started (found by their pid files, never by name).
 #   status          print what runs; exit 0 only when the cluster is usable (nodes up, sacct works).
 #   accounting-off  stop slurmdbd and MariaDB only (tests check sacct's no-accounting fallback).
@@ -15,6 +16,9 @@
 # All state (config copies, logs, spool, pid files, the MariaDB datadir) lives in one directory,
 # ${HPCPPO_DEV_CLUSTER_DIR:-/var/tmp/hpcppo-dev-cluster}. slurm.conf and slurmdbd.conf are written to
 # /etc/slurm, where every Slurm client looks by default, so nothing needs SLURM_CONF.
+# start/stop/accounting-* serialise on ${HPCPPO_DEV_CLUSTER_DIR}.lock (several test sessions share one
+# cluster). Environment: HPCPPO_DEV_CLUSTER_TIMEOUT (seconds to wait for the nodes, default 90),
+# HPCPPO_DEV_CLUSTER_FORCE=1 (replace a slurm.conf this script did not write).
 set -euo pipefail
 
 STATE_DIR=${HPCPPO_DEV_CLUSTER_DIR:-/var/tmp/hpcppo-dev-cluster}
