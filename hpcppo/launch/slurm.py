@@ -99,7 +99,7 @@ def _parse_time(value: str, what: str) -> _dt.datetime | None:
         # A naive time is local time: astimezone() attaches the local zone.
         return _dt.datetime.fromisoformat(value).astimezone()
     except ValueError:
-        raise SchedulerError(f"unexpected time {value!r} in {what} output (is SLURM_TIME_FORMAT overriding 'standard'?)") from None
+        raise SchedulerError(f"unexpected time {value!r} in {what} output") from None
 
 
 def _parse_duration(value: str) -> float | None:
@@ -107,17 +107,18 @@ def _parse_duration(value: str) -> float | None:
     value = value.strip()
     if value in _NO_VALUE:
         return None
-    days = 0
-    if "-" in value:
-        d, value = value.split("-", 1)
-        days = int(d)
-    parts = [float(p) for p in value.split(":")]
-    if not 1 <= len(parts) <= 3:
-        raise SchedulerError(f"unexpected duration {value!r} in Slurm output")
+    try:
+        days, _, clock = value.rpartition("-")
+        parts = [float(p) for p in clock.split(":")]
+        if not 1 <= len(parts) <= 3:
+            raise ValueError(value)
+        day_s = int(days) * 86400 if days else 0
+    except ValueError:
+        raise SchedulerError(f"unexpected duration {value!r} in Slurm output") from None
     seconds = 0.0
     for p in parts:
         seconds = seconds * 60 + p
-    return days * 86400 + seconds
+    return day_s + seconds
 
 
 def _state(value: str) -> str:

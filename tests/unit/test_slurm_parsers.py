@@ -229,6 +229,8 @@ def test_durations():
     assert slurm._parse_duration("02:03:04") == 7384.0
     assert slurm._parse_duration("3:04") == 184.0
     assert slurm._parse_duration("UNLIMITED") is None
+    with pytest.raises(SchedulerError, match="unexpected duration"):
+        slurm._parse_duration("2 hours")
 
 
 def test_job_ids_are_validated_before_reaching_a_command():
