@@ -44,7 +44,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.optim import Optimizer
 
 from hpcppo.dist import layout
-from hpcppo.dist.env import barrier, broadcast_object, get_rank, get_world_size
+from hpcppo.dist.env import all_gather_object, barrier, broadcast_object, get_rank, get_world_size
 from hpcppo.errors import RunStateError
 
 log = logging.getLogger(__name__)
@@ -120,6 +120,24 @@ def _quiet_without_process_group() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _agreed(what: str) -> Iterator[None]:
+    """Run a block on every rank, then raise on every rank if it failed on any (instead of a barrier).
+
+    A rank that fails alone would otherwise leave the others waiting at the next collective until the timeout.
+    """
+    error = None
+    try:
+        yield
+    except Exception as exc:  # reported to every rank below, then re-raised here with its traceback
+        error = exc
+    failures = [(r, e) for r, e in enumerate(all_gather_object(None if error is None else repr(error))) if e]
+    if error is not None:
+        raise error
+    if failures:
+        raise RuntimeError(f"checkpoint {what} failed on rank(s) " + "; ".join(f"{r}: {e}" for r, e in failures))
+
+
 def _write_durable(path: Path, data: bytes) -> None:
     with open(path, "wb") as f:
         f.write(data)
@@ -168,6 +186,7 @@ class CheckpointManager:
         every rank, so a bad value raises ``TypeError`` everywhere before any collective starts).
         """
         self._check_names(models, optimizers)
+        final = self.step_dir(step)  # validates the step before anything is written
         extra_bytes = check_weights_only(dict(extra))
         t0 = time.perf_counter()
         self._saving = True
@@ -177,20 +196,20 @@ class CheckpointManager:
             if self.rank == 0:
                 tmp.mkdir(parents=True)
             barrier()
-            with _quiet_without_process_group():
+            with _quiet_without_process_group():  # DCP agrees on failures across ranks by itself
                 dcp.save(self._state(models, optimizers), no_dist=not dist.is_initialized(),
                          storage_writer=FileSystemWriter(tmp / DCP_DIR, sync_files=True))
-            if save_rng:
-                _write_durable(tmp / _rng_file(self.rank), check_weights_only(rng_state(), "rng state"))
-            if self.rank == 0:
-                _write_durable(tmp / EXTRA_FILE, extra_bytes)
-            barrier()  # every rank's files are on disk before rank 0 publishes them
-            if self.rank == 0:
-                self._publish(step, tmp, token, {
-                    "step": step, "world_size": self.world_size, "models": sorted(models),
-                    "optimizers": sorted(optimizers), "rng": save_rng, "time": time.time(),
-                })
-            barrier()  # nobody returns (and maybe exits) before the checkpoint is committed
+            with _agreed(f"writing {tmp}"):  # every rank's files are on disk before rank 0 publishes them
+                if save_rng:
+                    _write_durable(tmp / _rng_file(self.rank), check_weights_only(rng_state(), "rng state"))
+                if self.rank == 0:
+                    _write_durable(tmp / EXTRA_FILE, extra_bytes)
+            with _agreed(f"committing {final}"):  # nobody returns (and maybe exits) before the commit
+                if self.rank == 0:
+                    self._publish(step, tmp, token, {
+                        "step": step, "world_size": self.world_size, "models": sorted(models),
+                        "optimizers": sorted(optimizers), "rng": save_rng, "time": time.time(),
+                    })
         finally:
             self._saving = False
         self.last_save_s = time.perf_counter() - t0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -114,6 +115,27 @@ def _save_worker(rank: int, world: int, root: str) -> dict:
     out["committed_before_step3"] = mgr.list_committed()
     mgr.save(3, models=models, optimizers=opts, extra={"step": 3})
     out["committed_after_step3"] = mgr.list_committed()
+
+    # A write that fails on one rank only must fail the save on every rank, promptly, and commit nothing.
+    import hpcppo.dist.checkpoint as ckpt
+
+    real_write = ckpt._write_durable
+
+    def failing_write(path, data):
+        if rank == 1:
+            raise OSError(28, "No space left on device")
+        real_write(path, data)
+
+    ckpt._write_durable = failing_write
+    t0 = time.perf_counter()
+    try:
+        mgr.save(4, models=models, optimizers=opts, extra={"step": 4})
+        out["failed_save"] = None
+    except Exception as exc:
+        out["failed_save"] = (type(exc).__name__, str(exc), time.perf_counter() - t0)
+    finally:
+        ckpt._write_durable = real_write
+    out["latest_after_failed_save"] = mgr.latest_committed()
     return out
 
 
@@ -161,10 +183,21 @@ def test_retention_keeps_last_two(saved_two_ranks):
     root, results = saved_two_ranks
     assert results[0]["committed_before_step3"] == [1, 2]
     assert results[0]["committed_after_step3"] == [2, 3]
-    assert sorted(p.name for p in root.iterdir()) == ["step-2", "step-3"]
+    names = sorted(p.name for p in root.iterdir())
+    # step-2, step-3, and the tmp directory of the failed step-4 save (the next prune removes it)
+    assert names[:2] == ["step-2", "step-3"] and len(names) == 3 and names[2].startswith("step-4.tmp-")
     files = sorted(p.name for p in (root / "step-2").iterdir())
     assert files == ["COMMITTED", "dcp", "extra.pt", "rng-rank0.pt", "rng-rank1.pt"]
     assert layout.read_marker(root / "step-2")["world_size"] == 2
+
+
+def test_a_failure_on_one_rank_fails_the_save_everywhere(saved_two_ranks):
+    _, (r0, r1) = saved_two_ranks
+    assert r1["failed_save"][:2] == ("OSError", "[Errno 28] No space left on device")
+    assert r0["failed_save"][0] == "RuntimeError"
+    assert "failed on rank(s) 1: OSError(28, 'No space left on device')" in r0["failed_save"][1]
+    assert r0["failed_save"][2] < 30 and r1["failed_save"][2] < 30  # no waiting for the 60 s timeout
+    assert r0["latest_after_failed_save"] == r1["latest_after_failed_save"] == 3
 
 
 def test_two_rank_checkpoint_loads_on_one_rank(saved_two_ranks):
