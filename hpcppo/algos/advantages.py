@@ -107,7 +107,8 @@ def group_ids(index: GroupIndex, batch: int, device: torch.device) -> torch.Tens
         starts[1:] = sorted_ids[1:] != sorted_ids[:-1]
         rank = torch.cumsum(starts.to(torch.int64), dim=0) - 1
         dense = torch.empty_like(rank).scatter_(0, order, rank)
-        return dense.to(device, non_blocking=True)
+        # Host-to-device copies may be asynchronous; a device-to-host one must not be (the host reads it next).
+        return dense.to(device, non_blocking=device.type != "cpu")
     labels = index.tolist() if hasattr(index, "tolist") else list(index)
     if len(labels) != batch:
         raise ValueError(f"index: expected {batch} group ids (one per sample), got {len(labels)}")
