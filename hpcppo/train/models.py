@@ -153,7 +153,8 @@ class Critic(nn.Module):
         """``[B, T]`` long ids (+ mask, positions) -> ``[B, T]`` float32 values (one per position)."""
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                             use_cache=False)
-        return self.value_head(out.last_hidden_state).squeeze(-1).float()
+        # sum over the size-1 head dimension, not squeeze: FSDP2 warns about (and mishandles) a root returning a view
+        return self.value_head(out.last_hidden_state).sum(-1).float()
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
         """Save the backbone as an HF directory plus ``value_head.safetensors`` (``build_critic`` reloads both)."""
