@@ -1,0 +1,85 @@
+"""The embedded local default: ``hpcppo preflight --site local`` runs 2 gloo ranks through submitit's
+local executor and the same entry point as a Slurm job; ``status`` reads the local job's state, and
+``cancel`` stops a local run's whole process tree."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcppo.cli import main
+from hpcppo.launch import jobs
+from hpcppo.launch.rundir import list_runs
+
+pytestmark = pytest.mark.slow
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    """Command lines of live (non-zombie) processes that contain ``text``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = next(ln for ln in (proc / "status").read_text().splitlines() if ln.startswith("State:"))
+        except (OSError, StopIteration):
+            continue
+        if text in cmdline and "Z" not in state.split()[1]:
+            found.append(cmdline)
+    return found
+
+
+def test_local_preflight_and_status(tmp_path, capsys):
+    root = tmp_path / "runs"
+    rc = main(["preflight", "--site", "local", "-q", "--runs-root", str(root)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    [run] = list_runs(root)
+    assert "preflight OK: world size 2 on " in out and "(gloo)" in out
+    report = json.loads((run.path / "preflight.json").read_text())
+    assert report["world_size"] == 2 and report["checks"]["ranks"] == {"ok": True, "seen": [0, 1]}
+    assert report["checks"]["allreduce"]["ok"]
+    # the ranks ran the rendered local script, which runs the job entry point with the run directory
+    assert f"-m hpcppo.train.main {run.path}" in run.script.read_text()
+    [attempt] = run.read_record()["attempts"]
+    logs = run.logs / f"attempt-local-{attempt['job_id']}"
+    assert sorted(p.name for p in logs.iterdir()) == ["rank-0.log", "rank-1.log"]
+
+    capsys.readouterr()
+    assert main(["status", run.run_id, "--json", "--runs-root", str(root)]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert (st["site"], st["scheduler"], st["state"], st["source"], st["attempts"]) == ("local", "local", "COMPLETED", "local", 1)
+    assert st["job_id"] == attempt["job_id"] and st["elapsed_s"] > 0
+    assert run.read_record()["attempts"][0]["state"] == "COMPLETED"
+    assert main(["status", "--runs-root", str(root)]) == 0
+    assert run.run_id in capsys.readouterr().out
+
+
+def test_local_cancel_stops_every_process_of_the_run(tmp_path, capsys):
+    root = tmp_path / "runs"
+    tag = f"{317 + os.getpid() % 1000}"  # a sleep duration no other process uses
+    rc = main(["preflight", "--site", "local", "-q", "--no-wait", "--runs-root", str(root),
+               "-o", f'site.env.setup=["sleep {tag}"]'])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    [run] = list_runs(root)
+    deadline = time.monotonic() + 60
+    while len([c for c in _processes_mentioning(f"sleep {tag}") if c.startswith("sleep")]) < 2:
+        assert time.monotonic() < deadline, "the two ranks never reached their setup line"
+        time.sleep(0.2)
+    assert jobs.run_status(run)["state"] == "RUNNING"
+    capsys.readouterr()
+    assert main(["cancel", run.run_id, "--runs-root", str(root)]) == 0
+    assert "(was RUNNING)" in capsys.readouterr().out
+    deadline = time.monotonic() + 30
+    while _processes_mentioning(f"sleep {tag}") or _processes_mentioning(str(run.path)):
+        assert time.monotonic() < deadline, _processes_mentioning(f"sleep {tag}") + _processes_mentioning(str(run.path))
+        time.sleep(0.2)
+    st = jobs.run_status(run)
+    assert st["state"] == "CANCELLED" and "cancel requested at" in st["reason"]
+    # the controller's own output went to the run's log, not to the submitting terminal
+    assert (run.logs / "local-controller.log").exists()
