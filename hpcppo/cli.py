@@ -197,6 +197,16 @@ def cmd_config_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from hpcppo.launch.rundir import RunDir
+    from hpcppo.train.export import export_actor
+
+    run = RunDir.open(_runs_root(args), args.run)
+    info = export_actor(run.path, Path(args.out), step=args.step)
+    print(f"exported step {info['step']} of {info['run']} to {info['out']}")
+    return 0
+
+
 def cmd_make_model(args: argparse.Namespace) -> int:
     from hpcppo.train.tiny import build_tiny_model_and_data
 
@@ -253,6 +263,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--site", default=DEFAULT_SITE, help="site whose runs root holds the run")
     p.add_argument("--runs-root", help="directory of run directories")
     p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser("export", help="write a checkpoint's actor as a Hugging Face directory (safetensors)")
+    p.add_argument("run", help="run id")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest committed)")
+    p.add_argument("--out", required=True, help="output directory (must not exist)")
+    p.add_argument("--site", default=DEFAULT_SITE, help="site whose runs root holds the run")
+    p.add_argument("--runs-root", help="directory of run directories")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("config", help="inspect configuration")
     csub = p.add_subparsers(dest="config_command", required=True, metavar="SUBCOMMAND")

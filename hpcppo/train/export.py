@@ -1,0 +1,50 @@
+"""Export a committed checkpoint's actor as a Hugging Face directory (safetensors + tokenizer).
+
+Runs in one process without a process group: DCP reads the sharded checkpoint into a plain model
+whatever world size saved it. The output directory appears complete or not at all (built beside it,
+then renamed).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from hpcppo.errors import PathError, RunStateError
+
+
+def export_actor(run_dir: Path, out_dir: Path, step: int | None = None) -> dict[str, object]:
+    from transformers import AutoTokenizer
+
+    from hpcppo.config import load_resolved
+    from hpcppo.dist.checkpoint import CheckpointManager
+    from hpcppo.train.models import build_actor
+
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    compiled = load_resolved(run_dir / "resolved.toml")
+    model_cfg = compiled.experiment.model
+    manager = CheckpointManager(run_dir / "checkpoints", keep_last=0, rank=0, world_size=1)
+    committed = manager.list_committed()
+    if not committed:
+        raise RunStateError(f"run {run_dir.name} has no committed checkpoint to export")
+    step = committed[-1] if step is None else step
+    if step not in committed:
+        raise RunStateError(f"no committed checkpoint at step {step}; committed steps: {committed}")
+    if out_dir.exists():
+        raise PathError(f"{out_dir} already exists; choose a new --out directory")
+    actor = build_actor(model_cfg.path, dtype="float32", trust_remote_code=model_cfg.trust_remote_code)
+    manager.load(step, models={"actor": actor}, optimizers={}, restore_rng=False)
+    tokenizer = AutoTokenizer.from_pretrained(model_cfg.tokenizer_path or model_cfg.path,
+                                              trust_remote_code=model_cfg.trust_remote_code)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        actor.config.use_cache = True
+        actor.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        os.rename(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {"run": run_dir.name, "step": step, "out": str(out_dir)}
