@@ -5,7 +5,9 @@
 
 The "naive" references loop over the time dimension in torch with vectorised batch ops (verl's GAE is this loop);
 each is checked against the library's result before it is timed, so a ratio never compares different numbers.
-Prints one line per function: best-of-N seconds of the library, of the loop, and the speed-up ratio.
+Prints one line per function: best-of-N seconds of the library, of the loop, the speed-up ratio, the largest
+difference between the two results, and how many torch calls each makes (a load-independent proxy for kernel
+launches, which bound these functions on a GPU).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from hpcppo.algos import gae, masked_whiten, policy_loss, value_loss
 
@@ -56,6 +59,24 @@ def naive_value_loss(v, v_old, ret, m, eps: float):
         loss_t = torch.maximum((vt - rt) ** 2, (clipped - rt) ** 2)
         total = total + (loss_t * mt).sum()
     return 0.5 * total / m.sum()
+
+
+class _CountCalls(TorchFunctionMode):
+    """Counts torch calls made from Python: a load-independent proxy for kernel launches (forward only)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_calls(fn: Callable[[], object]) -> int:
+    with _CountCalls() as counter:
+        fn()
+    return counter.calls
 
 
 def timed(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
@@ -114,7 +135,10 @@ def main(argv: list[str] | None = None) -> None:
         ),
     }
     print(f"batch {b} x {t}, device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}")
-    print(f"{'function':22s} {'hpcppo s':>10s} {'loop s':>10s} {'speed-up':>9s} {'max |diff|':>11s}")
+    print(
+        f"{'function':22s} {'hpcppo s':>10s} {'loop s':>10s} {'speed-up':>9s} {'max |diff|':>11s}"
+        f" {'torch calls (fwd)':>18s}"
+    )
     for name, (fast, slow) in checks.items():
         a, ref = fast(), slow()
         pairs = zip(a, ref) if isinstance(a, tuple) else [(a, ref)]
@@ -128,7 +152,8 @@ def main(argv: list[str] | None = None) -> None:
 
         t_fast = timed(with_backward(fast), args.repeats, device)
         t_slow = timed(with_backward(slow), max(1, args.repeats // 2), device)
-        print(f"{name:22s} {t_fast:10.4f} {t_slow:10.4f} {t_slow / t_fast:8.1f}x {diff:11.2e}")
+        calls = f"{count_calls(fast)} vs {count_calls(slow)}"
+        print(f"{name:22s} {t_fast:10.4f} {t_slow:10.4f} {t_slow / t_fast:8.1f}x {diff:11.2e} {calls:>18s}")
 
 
 if __name__ == "__main__":
