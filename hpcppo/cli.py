@@ -161,7 +161,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         table.add_column(col)
     for st in rows:
         table.add_row(st["run_id"], st["site"], str(st["job_id"] or "-"), _state_text(st), str(st["attempts"]),
-                      _fmt_elapsed(st["elapsed_s"]), str(st["latest_checkpoint"] if st["latest_checkpoint"] is not None else "-"))
+                      _fmt_elapsed(st["elapsed_s"]),
+                      str(st["latest_checkpoint"] if st["latest_checkpoint"] is not None else "-"))
     Console(width=200).print(table)
     return 0
 
@@ -230,7 +231,8 @@ def _add_compile_args(p: argparse.ArgumentParser, *, spec: bool = True) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hpcppo", description="PPO RLHF for LLMs on Slurm clusters, driven by a config compiler.")
+    parser = argparse.ArgumentParser(prog="hpcppo",
+                                     description="PPO RLHF for LLMs on Slurm clusters, driven by a config compiler.")
     parser.add_argument("--version", action="version", version=f"hpcppo {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -199,7 +199,8 @@ def render_slurm(site: Any, exp: Any, plan: Any, run_dir: Path, *, python: str |
     ] + container_args
     watchdog = []
     if exp.watchdog.enable and watchdog_available():
-        watchdog = [quote(w) for w in prefix + [python or site.env.python or "python3", "-u", "-m", WATCHDOG_MODULE, str(run_dir)]]
+        runner = [python or site.env.python or "python3", "-u", "-m", WATCHDOG_MODULE, str(run_dir)]
+        watchdog = [quote(w) for w in prefix + runner]
     ctx = _common_context(site, exp, run_dir) | {
         "directives": slurm_directives(site, exp, plan, run_dir),
         "device": plan.device,
