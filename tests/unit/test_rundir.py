@@ -65,3 +65,38 @@ def test_atomic_write_leaves_no_temp_files(tmp_path):
     atomic_write_text(target, "two")
     assert target.read_text() == "two"
     assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]
+
+
+def test_update_attempt_targets_the_job_id_not_the_last_attempt(tmp_path):
+    with create_run_dir(tmp_path, "e-20260101-000000-0000") as d:
+        (d / "resolved.toml").write_text("")
+    run = RunDir.open(tmp_path, "e-20260101-000000-0000")
+    run.add_attempt(job_id="11", state="PENDING")
+    run.add_attempt(job_id="12", state="PENDING")  # added by another process after a reader saw job 11
+    assert run.update_attempt("11", state="COMPLETED")
+    assert [a["state"] for a in run.read_record()["attempts"]] == ["COMPLETED", "PENDING"]
+    assert not run.update_attempt("99", state="FAILED")
+
+
+def _add_attempts(path: str, worker: int, n: int) -> None:
+    run = RunDir(path)
+    for i in range(n):
+        run.add_attempt(job_id=f"{worker}-{i}", state="PENDING")
+
+
+def test_concurrent_writers_lose_no_attempt(tmp_path):
+    """run.json is read-modify-written by the CLI, the job and the watchdog: the lock keeps every update."""
+    import multiprocessing as mp
+
+    with create_run_dir(tmp_path, "e-20260101-000000-0000") as d:
+        (d / "resolved.toml").write_text("")
+    path = str(tmp_path / "e-20260101-000000-0000")
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_add_attempts, args=(path, w, 25)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    ids = sorted(a["job_id"] for a in RunDir(path).read_record()["attempts"])
+    assert ids == sorted(f"{w}-{i}" for w in range(4) for i in range(25))

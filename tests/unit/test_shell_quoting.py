@@ -76,3 +76,10 @@ def test_setup_line_keeps_its_arguments(tmp_path):
 def test_quote_round_trips_any_text(value):
     out = _bash(f"printf '%s' {quote(value)}")
     assert out.stdout == value
+
+
+def test_setup_line_words_expand_braced_references_only(tmp_path):
+    line = "printf '%s|' ${HOME}/venv $HOME ~ '*' $(id) `id`"
+    out = subprocess.run(["bash", "-c", quote_command(line)], capture_output=True, text=True, timeout=10,
+                         env={"HOME": "/home/alice", "PATH": "/usr/bin:/bin"}, cwd=tmp_path)  # fmt: skip
+    assert out.stdout == "/home/alice/venv|$HOME|~|*|$(id)|`id`|"
