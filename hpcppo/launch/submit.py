@@ -159,14 +159,32 @@ def run_local_rank(run_dir: str) -> int:
         # just the shell; the parent-death signal covers submitit killing this wrapper outright.
         proc = subprocess.Popen(["bash", str(Path(run_dir) / "job.sbatch")], env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
+        _forward_to_group(proc)
         try:
             returncode = proc.wait()
         except BaseException:  # KeyboardInterrupt: submitit's controller forwards a cancel as SIGINT
             _stop_group(proc)
             raise
     if returncode not in (exitcodes.DONE, exitcodes.PAUSED, exitcodes.REQUEUE):
-        raise RuntimeError(f"rank {env_info.rank} exited with {returncode}; see {log_dir / f'rank-{env_info.rank}.log'}")
+        import signal
+
+        how = f"was ended by {signal.Signals(-returncode).name}" if returncode < 0 else f"exited with {returncode}"
+        raise RuntimeError(f"rank {env_info.rank} {how}; see {log_dir / f'rank-{env_info.rank}.log'}")
     return returncode
+
+
+def _forward_to_group(proc: subprocess.Popen) -> None:
+    """Hand USR2 (submitit's "time limit is near", like Slurm's ``--signal``) and TERM to the rank's
+    process group, where the trainer checkpoints on them, instead of submitit's own handlers: those
+    end this wrapper without a checkpoint (rank 0) or ignore the signal (other ranks)."""
+    import signal
+
+    def forward(signum: int, frame: Any) -> None:  # noqa: ARG001
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signum)
+
+    for sig in (signal.SIGUSR2, signal.SIGTERM):
+        signal.signal(sig, forward)
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child

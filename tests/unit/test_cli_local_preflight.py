@@ -83,3 +83,40 @@ def test_local_cancel_stops_every_process_of_the_run(tmp_path, capsys):
     assert st["state"] == "CANCELLED" and "cancel requested at" in st["reason"]
     # the controller's own output went to the run's log, not to the submitting terminal
     assert (run.logs / "local-controller.log").exists()
+
+
+def _rank_wrappers(run_dir: Path) -> list[int]:
+    """Pids of submitit's task processes (our rank wrappers) of this run."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"submitit.core._submit" in cmdline and os.fsencode(str(run_dir / "submitit")) in cmdline:
+                pids.append(int(proc.name))
+    return pids
+
+
+def test_time_limit_signal_reaches_every_ranks_process_group(tmp_path, capsys):
+    """submitit's USR2 (its time limit is near) goes to what each rank runs, as Slurm's --signal does:
+    here a setup line that does not trap it, so both ranks end by the signal."""
+    import signal
+
+    root = tmp_path / "runs"
+    tag = f"{318 + os.getpid() % 1000}"
+    assert main(["preflight", "--site", "local", "-q", "--no-wait", "--runs-root", str(root),
+                 "-o", f'site.env.setup=["sleep {tag}"]']) == 0  # fmt: skip
+    [run] = list_runs(root)
+    deadline = time.monotonic() + 60
+    while len([c for c in _processes_mentioning(f"sleep {tag}") if c.startswith("sleep")]) < 2:
+        assert time.monotonic() < deadline, "the two ranks never reached their setup line"
+        time.sleep(0.2)
+    wrappers = _rank_wrappers(run.path)
+    assert len(wrappers) == 2
+    for pid in wrappers:
+        os.kill(pid, signal.SIGUSR2)
+    st = jobs.wait_for(run, poll_s=0.3, timeout_s=30)
+    assert st["state"] == "FAILED" and "was ended by SIGUSR2" in st["reason"], st
+    assert not _processes_mentioning(f"sleep {tag}")
