@@ -13,21 +13,3 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "tests/e2e" in str(item.fspath):
             item.add_marker(pytest.mark.e2e)
-
-
-@pytest.fixture(scope="session")
-def random_tiny(tmp_path_factory) -> dict[str, Path]:
-    """An untrained ~0.5M-param tiny Llama + tokenizer and arithmetic data (seconds to build)."""
-    from hpcppo.data import synthetic
-    from hpcppo.train.tiny import TinySettings, build_model, build_tokenizer
-
-    root = tmp_path_factory.mktemp("random-tiny")
-    tok = build_tokenizer()
-    model = build_model(tok, TinySettings(seed=3))
-    model.save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
-    synthetic.write_split(root / "train.parquet", synthetic.generate_rows(256, seed=1, split="train", max_operand=19))
-    synthetic.write_split(root / "val.parquet", synthetic.generate_rows(32, seed=2, split="val", max_operand=19))
-    return {"model": root / "model", "train": root / "train.parquet", "val": root / "val.parquet"}
-
-

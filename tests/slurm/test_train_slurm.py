@@ -1,0 +1,62 @@
+"""The trainer on the 2-node dev cluster: a preemption signal checkpoints, the batch script requeues the
+job, and the next attempt resumes from the checkpoint and finishes."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+
+from _harness import logs_of, write_spec  # noqa: E402
+
+from hpcppo import metrics as hmetrics  # noqa: E402
+from hpcppo.launch import jobs, slurm  # noqa: E402
+from hpcppo.launch.rundir import RunDir  # noqa: E402
+
+
+def _wait(predicate, timeout, what, run_dir):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}:\n{logs_of(run_dir)}")
+        time.sleep(0.5)
+
+
+def _rows(run_dir: Path) -> int:
+    try:
+        return len(hmetrics.load(run_dir)) if list((run_dir / "metrics").glob("*.h5")) else 0
+    except Exception:  # a file being created: try again
+        return 0
+
+
+def test_usr2_checkpoints_requeues_and_resumes(slurm_cluster, random_tiny, tmp_path):
+    spec = write_spec(tmp_path / "exp.toml", random_tiny, name="slurm-preempt")
+    crun = jobs.compile_run(spec, "local-slurm", ["trainer.total_steps=14", "checkpoint.save_every=0"],
+                            runs_root=str(tmp_path / "runs"))
+    assert crun.compiled.plan.nodes == 2 and crun.compiled.plan.world_size == 2
+    run = crun.run
+    job_id = jobs.submit_run(crun)
+    _wait(lambda: _rows(run.path) >= 2, 180, "two training steps", run.path)
+    slurm.cancel(job_id, signal="USR2")  # what Slurm's --signal=USR2@lead sends to the job steps
+    # The trainers checkpoint and exit with the requeue code; the batch script requeues the job.
+    _wait(lambda: slurm.query_jobs([job_id])[job_id].state in ("PENDING", "REQUEUED"), 120, "the requeue", run.path)
+    _wait(lambda: slurm.query_jobs([job_id])[job_id].state == "PENDING", 60, "PENDING after requeue", run.path)
+    first_ckpt = sorted(p.name for p in (run.path / "checkpoints").iterdir() if (p / "COMMITTED").exists())
+    assert len(first_ckpt) == 1, first_ckpt
+    slurm.update_start_now(job_id)
+    _wait(lambda: slurm.query_jobs([job_id])[job_id].state == "COMPLETED", 240, "the resumed attempt", run.path)
+
+    df = hmetrics.load(run.path)
+    assert list(df["step"]) == list(range(1, 15)), df[["step", "attempt"]]
+    assert sorted(set(df["attempt"])) == [0, 1]
+    assert (run.path / "checkpoints" / "step-14" / "COMMITTED").exists()
+    assert (run.path / "logs" / f"attempt-{job_id}.0").is_dir() and (run.path / "logs" / f"attempt-{job_id}.1").is_dir()
+    kinds = list(hmetrics.load_events(run.path)["kind"])
+    assert "preempted" in kinds and "resume" in kinds
+    status = jobs.run_status(RunDir(run.path))
+    assert status["state"] == "COMPLETED" and status["restarts"] == 1
+    # Both emulated nodes took part.
+    ranks = "\n".join(p.read_text() for p in (run.path / "logs" / f"attempt-{job_id}.1").glob("rank-*.log"))
+    assert "resumed from checkpoint" in ranks
