@@ -23,8 +23,10 @@ class BuildPyWithResources(build_py):
         target = Path(self.build_lib) / "hpcppo" / "_resources"
         for name in RESOURCE_DIRS:
             src = ROOT / name
-            if src.is_dir():
-                shutil.copytree(src, target / name, dirs_exist_ok=True)
+            if not src.is_dir():
+                # A wheel without its templates or sites would fail at the first compile: refuse to build it.
+                raise SystemExit(f"hpcppo build: resource directory {src} is missing (is MANIFEST.in complete?)")
+            shutil.copytree(src, target / name, dirs_exist_ok=True)
 
 
 setup(cmdclass={"build_py": BuildPyWithResources})

@@ -13,7 +13,12 @@ _PKG = Path(__file__).resolve().parent
 
 def resource_dir(name: str) -> Path:
     """Return the directory ``name`` (``templates``, ``sites`` or ``examples``)."""
-    for candidate in (_PKG.parent / name, _PKG / "_resources" / name):
+    # From a checkout (pyproject.toml beside the package) the top-level directories are the truth; an
+    # installed wheel uses only its own package data, never whatever sits next to it in site-packages.
+    root = repo_root()
+    candidates = [root / name] if root is not None else []
+    candidates.append(_PKG / "_resources" / name)
+    for candidate in candidates:
         if candidate.is_dir():
             return candidate
     raise FileNotFoundError(f"hpcppo resource directory {name!r} not found next to {_PKG}")

@@ -112,8 +112,9 @@ class EnvSection:
     module_purge: bool = opt(False, help="Run 'module purge' before loading modules.")
     setup: list[str] = opt(
         factory=list,
-        help="Shell lines run verbatim before the job (e.g. 'source /opt/venvs/rl/bin/activate'): "
-             "this is the site administrator's code, trusted and not quoted.")
+        help="Setup commands run before the job, one command per line (e.g. 'source /opt/venvs/rl/bin/activate'): "
+             "each word is shell-quoted and only ${NAME} expands, so no ';', pipes or $(...); put shell logic in "
+             "a script and source it.")
     vars: dict[str, str] = opt(factory=dict, check=_check_env_names,
                                help="Environment variables exported in the job (values are shell-quoted).")
     nccl: dict[str, str] = opt(factory=dict, check=_check_env_names,

@@ -118,16 +118,26 @@ def discard_unsubmitted(run: RunDir) -> bool:
     return True
 
 
-def wait_for(run: RunDir, *, poll_s: float = 2.0, timeout_s: float | None = None, echo=None) -> dict[str, Any]:
-    """Poll :func:`run_status` until the last attempt reaches a final state."""
+def wait_for(run: RunDir, *, poll_s: float = 2.0, timeout_s: float | None = None, echo=None,
+             unknown_grace_s: float = 300.0) -> dict[str, Any]:
+    """Poll :func:`run_status` until the last attempt reaches a final state.
+
+    Returns early after ``timeout_s``, or when the scheduler has not known the job for ``unknown_grace_s``
+    in a row (it was purged and there is no accounting: waiting longer would never end).
+    """
     start = time.monotonic()
+    unknown_since: float | None = None
     while True:
         st = run_status(run)
         if echo:
             echo(st)
         if st["state"] in FINAL_STATES:
             return st
-        if timeout_s is not None and time.monotonic() - start > timeout_s:
+        now = time.monotonic()
+        unknown_since = (unknown_since or now) if st["state"] == "UNKNOWN" else None
+        if unknown_since is not None and now - unknown_since > unknown_grace_s:
+            return st
+        if timeout_s is not None and now - start > timeout_s:
             return st
         time.sleep(poll_s)
 

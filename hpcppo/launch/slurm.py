@@ -297,7 +297,7 @@ def _which(name: str) -> str:
     path = shutil.which(name)
     if path is None:
         raise SchedulerError(
-            f"{name} not found on PATH; is this a Slurm login node? (the site's scheduler is slurm)",
+            f"{name} not found on PATH; is this a Slurm login node? The site's scheduler is slurm",
             hint="load the Slurm module, or use a site with scheduler = \"local\"",
         )
     return path
