@@ -41,4 +41,6 @@ def test_bench_train_runs_and_reports(tmp_path: Path) -> None:
     # the checkpoint holds at least both models' float32 weights and their two AdamW moments
     assert r["checkpoint"]["bytes"] >= 3 * 4 * (r["params"]["actor"] + r["params"]["critic"])
     assert r["weight_sync"]["bytes"] == 4 * r["params"]["actor"]
-    assert 0 < r["update"]["hpcppo_flops_per_s"] < r["update"]["matmul_peak_flops_per_s"] * 1.5
+    u = r["update"]
+    assert u["flops"] == 6 * (r["params"]["actor"] + r["params"]["critic"]) * r["shape"]["samples"] * r["shape"]["width"]
+    assert 0 < u["flops"] / u["hpcppo_s"] < u["matmul_peak_flops_per_s"] * 1.5
