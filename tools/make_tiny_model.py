@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from hpcppo.errors import HpcppoError  # noqa: E402
 from hpcppo.train.tiny import build_tiny_model_and_data  # noqa: E402
 
 
@@ -42,9 +43,9 @@ def main(argv: list[str] | None = None) -> int:
             force=args.force,
             **overrides,
         )
-    except ValueError as exc:  # a bad task setting (e.g. max_operand too small for a validation pool)
+    except HpcppoError as exc:  # a bad setting, or --out naming a directory that is not a build
         print(f"make_tiny_model: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     summary = {k: v for k, v in info.items() if k != "warm_start"}
     summary["warm_start"] = {k: v for k, v in info["warm_start"].items() if k != "history"}
     print(json.dumps(summary, indent=2, sort_keys=True))

@@ -470,13 +470,15 @@ def _build_model_dir(out_dir: Path, settings: TinySettings) -> dict[str, Any]:
         "warm_start": {**measured, "eval_prompts": len(held_out), "task_stage": stage1, "flaw_stage": stage2},
         "build_seconds": round(time.perf_counter() - t0, 2),
     }
+    text = json.dumps(info, indent=2, sort_keys=True) + "\n"
+    info = json.loads(text)  # what a later up-to-date call reads back (tuples become lists)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f"{out_dir.name}.tmp-"))
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         _pin_tokenizer_class(tmp)
-        (tmp / INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        (tmp / INFO_FILE).write_text(text)
         _fsync_tree(tmp)
         _install_dir(tmp, out_dir)
     except BaseException:
