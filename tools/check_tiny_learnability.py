@@ -8,7 +8,10 @@ the group-mean baseline (GRPO without std normalisation) as advantage and takes 
 the token-mean policy-gradient loss. Prints the mean reward per step and held-out accuracy
 (greedy and sampled) before and after.
 
-    .venv/bin/python tools/check_tiny_learnability.py --model runs/_models/arith-tiny
+    .venv/bin/python tools/check_tiny_learnability.py --model artifacts/tiny-arith/model --build
+
+Measured on the default build (seed 0), 1 thread: 32 prompts x 4 samples, Adam lr 1e-4..3e-4,
+temperature 1: reward 0.21 at step 0 -> ~0.7 by step 15-20 (about 3 s). lr 3e-3 collapses.
 """
 
 from __future__ import annotations
@@ -30,13 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", required=True, help="directory built by tools/make_tiny_model.py")
     ap.add_argument("--build", action="store_true", help="build the model into --model first (idempotent)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--samples", type=int, default=4)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--max-new-tokens", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -99,10 +102,10 @@ def main(argv: list[str] | None = None) -> int:
               f"t {time.perf_counter() - t_start:5.1f}s", flush=True)
     g1, s1 = held_out()
     k = max(1, min(5, args.steps // 4))
-    first, last = sum(rewards_per_step[:k]) / k, sum(rewards_per_step[-k:]) / k
+    last = sum(rewards_per_step[-k:]) / k
     print(f"after:  held-out greedy {g1:.3f} sampled {s1:.3f}")
-    print(f"train reward: first {k} steps {first:.3f} -> last {k} steps {last:.3f} "
-          f"in {time.perf_counter() - t_start:.1f}s")
+    print(f"train reward: step 0 {rewards_per_step[0]:.3f} -> mean of the last {k} steps {last:.3f} "
+          f"({args.steps} steps in {time.perf_counter() - t_start:.1f}s)")
     return 0
 
 
