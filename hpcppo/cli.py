@@ -73,6 +73,12 @@ def _submit_and_report(crun: Any, args: argparse.Namespace) -> int:
             last["key"] = key
 
     st = jobs.wait_for(crun.run, echo=echo)
+    if crun.compiled.job.kind == "train":
+        from hpcppo.metrics.summary import format_summary, summarize
+
+        print(format_summary(summarize(crun.run.path)))
+    if st["state"] not in ("COMPLETED", "PAUSED"):
+        print(f"  logs: {crun.run.logs}", file=sys.stderr)
     return 0 if st["state"] in ("COMPLETED", "PAUSED") else 1
 
 
