@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from hpcppo.config import compile_config
+from hpcppo.errors import ConfigError
+
+
+def _spec(tmp_path, fsdp: str):
+    path = tmp_path / "exp.toml"
+    path.write_text(textwrap.dedent("""\
+        name = "x"
+        [model]
+        path = "/nonexistent/model"
+        [data]
+        train_files = ["/nonexistent/train.parquet"]
+        [actor.fsdp]
+        """) + fsdp)
+    return path
+
+
+def test_optimizer_offload_alone_is_refused_with_the_alternative(tmp_path):
+    with pytest.raises(ConfigError, match=r"actor\.fsdp\.optimizer_offload: .*set param_offload = true"):
+        compile_config(_spec(tmp_path, "optimizer_offload = true\n"), "local", check_paths=False)
+
+
+def test_optimizer_offload_with_param_offload_is_accepted(tmp_path):
+    compiled = compile_config(_spec(tmp_path, "optimizer_offload = true\nparam_offload = true\n"), "local",
+                              check_paths=False)
+    assert compiled.experiment.actor.fsdp.param_offload
