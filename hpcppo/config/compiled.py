@@ -172,14 +172,9 @@ def to_toml(compiled: Compiled) -> str:
 
 def write_resolved(compiled: Compiled, path: str | os.PathLike[str]) -> Path:
     """Write ``resolved.toml`` atomically (temporary file, fsync, rename)."""
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(to_toml(compiled))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, target)
-    return target
+    from hpcppo.fsutil import atomic_write_text
+
+    return atomic_write_text(path, to_toml(compiled))
 
 
 def load_resolved(path: str | os.PathLike[str]) -> Compiled:

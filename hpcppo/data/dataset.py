@@ -18,7 +18,6 @@ login-node tools (``tools/prepare_gsm8k.py``, config checks), which must not pay
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from hpcppo.fsutil import atomic_write
 from hpcppo.errors import ConfigError, PathError
 
 MESSAGE_TYPE = pa.struct([("role", pa.string()), ("content", pa.string())])
@@ -111,28 +111,7 @@ def write_prompts_parquet(
     columns = {name: [row.get(name) for row in rows] for name in schema.names}
     table = pa.Table.from_pydict(columns, schema=schema)
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            pq.write_table(table, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-    return path
-
-
-def _fsync_dir(directory: Path) -> None:
-    # The rename is durable only once the directory entry is on disk.
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    return atomic_write(path, lambda fh: pq.write_table(table, fh))
 
 
 def _check_row_for_write(row: Mapping[str, Any], i: int, prompt_key: str, path: Path) -> None:

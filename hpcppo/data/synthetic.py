@@ -23,12 +23,13 @@ import hashlib
 import os
 import random
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from hpcppo.fsutil import atomic_write
 
 DATA_SOURCE = "hpcppo/arith"
 ABILITY = "arithmetic"
@@ -172,22 +173,7 @@ def write_split(path: str | os.PathLike[str], rows: list[dict[str, Any]], *, met
     if metadata:
         schema = schema.with_metadata({k.encode(): v.encode() for k, v in metadata.items()})
     table = pa.Table.from_pylist(rows, schema=schema)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            pq.write_table(table, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return path
+    return atomic_write(path, lambda fh: pq.write_table(table, fh))
 
 
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, str]:

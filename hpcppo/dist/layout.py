@@ -19,6 +19,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from hpcppo.fsutil import atomic_write_bytes, fsync_dir  # noqa: F401  (fsync_dir: part of this API)
+
 MARKER = "COMMITTED"
 _STEP_RE = re.compile(r"^step-(\d+)$")
 _AUX_RE = re.compile(r"^step-(\d+)\.(tmp|old)-[0-9a-f]+$")
@@ -109,25 +111,9 @@ def abandon_after(root: str | os.PathLike[str], step: int) -> list[int]:
     return moved
 
 
-def fsync_dir(path: str | os.PathLike[str]) -> None:
-    """Make a directory's entries (creations, renames) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_file_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     """Write ``data`` to ``path`` so that a reader or a crash sees the old file or the whole new one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    atomic_write_bytes(path, data)
 
 
 def write_marker(checkpoint_dir: str | os.PathLike[str], payload: dict[str, Any]) -> None:

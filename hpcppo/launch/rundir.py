@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcppo.errors import RunIdError
+from hpcppo.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text, fsync_dir  # noqa: F401
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}-\d{8}-\d{6}-[0-9a-f]{4}$")
 # Looser pattern for ids a user types: same alphabet, no separators, no dot-only names.
@@ -53,41 +54,8 @@ def validate_run_id(run_id: str) -> str:
     return run_id
 
 
-# --------------------------------------------------------------------------- atomic writes
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write ``data`` to ``path`` so that a reader sees the old file or the new one, never a torn one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
-def atomic_write_text(path: Path, text: str, mode: int = 0o644) -> None:
-    atomic_write_bytes(path, text.encode(), mode)
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+# Atomic writes live in hpcppo.fsutil; re-exported here for the launch layer's callers.
+_fsync_dir = fsync_dir
 
 
 # --------------------------------------------------------------------------- layout

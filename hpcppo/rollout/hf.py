@@ -122,7 +122,7 @@ class HFRolloutEngine:
         Decoding stops for a row at its first EOS and for the batch when every row has stopped or after
         ``max_new_tokens`` steps; the response width is the longest response. Returned tensors are on CPU.
         """
-        model = self.model
+        self.model  # noqa: B018  (raises if the engine was closed, before any work)
         rows = prompt_lists(prompts)
         prompt_ids, prompt_mask = left_pad(rows, sampling.pad_token_id)
         index = torch.arange(len(rows)).repeat_interleave(sampling.n)

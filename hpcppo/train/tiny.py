@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING, Any
 from hpcppo.data import synthetic
 from hpcppo.errors import ConfigError, PathError
 
+from hpcppo.fsutil import fsync_dir as _fsync_dir
+
 if TYPE_CHECKING:  # torch and transformers are imported lazily: the up-to-date check must stay instant
     import torch
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
@@ -517,14 +519,6 @@ def _fsync_tree(root: Path) -> None:
             with open(path, "rb") as fh:
                 os.fsync(fh.fileno())
     _fsync_dir(root)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _read_info(out_dir: Path) -> dict[str, Any] | None:

@@ -4,7 +4,6 @@ submitit's local executor would."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 

@@ -8,7 +8,6 @@ installed by tools/setup.sh; its absence fails the test instead of skipping it).
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
