@@ -106,7 +106,7 @@ STANDARD_COLUMNS: tuple[str, ...] = (
     "time/actor_update_s",
     "time/critic_update_s",
     "time/weight_sync_s",
-    "time/checkpoint_s",
+    "time/checkpoint_s",  # the checkpoint written after the previous row (rows go out before checkpoints)
     # |engine logprob - trainer logprob|, mean over response tokens: a rollout/trainer mismatch detector
     "rollout/logprob_gap",
     # validation (mean over all validation data sources)

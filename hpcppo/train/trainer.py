@@ -59,6 +59,8 @@ class Trainer:
         self.plan = c.plan
         self.env = c.env
         self.step = 0
+        # Duration of the checkpoint written after the previous row; recorded as time/checkpoint_s in the next.
+        self.last_checkpoint_s: float | None = None
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> int:
@@ -87,14 +89,17 @@ class Trainer:
                     metrics |= self.update_actor(batch)
             if self.cfg.trainer.test_freq and self.step % self.cfg.trainer.test_freq == 0:
                 metrics |= self.validate()
-            if self.should_save():
-                with timer("checkpoint"):
-                    self.save_checkpoint()
             metrics |= {f"time/{k}_s": v for k, v in timer.times.items()}
             step_time = time.perf_counter() - step_start
             tokens = float(full["seq_tokens"].sum())
             metrics |= {"perf/step_time_s": step_time, "perf/tokens_per_s": tokens / step_time}
+            if self.last_checkpoint_s is not None:
+                metrics["time/checkpoint_s"], self.last_checkpoint_s = self.last_checkpoint_s, None
+            # The row goes out before the checkpoint: a committed checkpoint of step N implies its row is
+            # flushed, so a crash right after the commit never leaves a hole in the history.
             self.log_metrics(self.step, metrics)
+            if self.should_save():
+                self.save_checkpoint()
             exit_code = self.check_interrupts()
             if exit_code is not None:
                 return exit_code
@@ -298,7 +303,9 @@ class Trainer:
         c = self.c
         models = {"actor": c.actor} | ({"critic": c.critic} if c.critic is not None else {})
         optims = {"actor": c.actor_optim} | ({"critic": c.critic_optim} if c.critic is not None else {})
+        start = time.perf_counter()
         c.ckpt.save(self.step, models=models, optimizers=optims, extra=self.checkpoint_extra())
+        self.last_checkpoint_s = time.perf_counter() - start
         if c.metrics is not None:
             c.metrics.fsync()
         if self.env.rank == 0:
