@@ -186,6 +186,23 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_resume(args: argparse.Namespace) -> int:
+    from hpcppo.launch import jobs
+    from hpcppo.launch.rundir import RunDir
+
+    run = RunDir.open(_runs_root(args), args.run)
+    job_id = jobs.resume_run(run)
+    print(f"resubmitted {run.run_id} as job {job_id}; it continues from its newest committed checkpoint")
+    if not args.wait:
+        return 0
+    st = jobs.wait_for(run, echo=lambda s: None)
+    from hpcppo.metrics.summary import format_summary, summarize
+
+    print(f"  {_state_text(st)}")
+    print(format_summary(summarize(run.path)))
+    return 0 if st["state"] in ("COMPLETED", "PAUSED") else 1
+
+
 def cmd_config_show(args: argparse.Namespace) -> int:
     from hpcppo import config
 
@@ -271,6 +288,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--site", default=DEFAULT_SITE, help="site whose runs root holds the run")
     p.add_argument("--runs-root", help="directory of run directories")
     p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser("resume", help="submit a stopped run again (paused, preempted, failed): it continues from "
+                                      "its newest committed checkpoint")
+    p.add_argument("run", help="run id")
+    p.add_argument("--wait", action="store_true", help="wait until the job ends and report its state")
+    p.add_argument("--site", default=DEFAULT_SITE, help="site whose runs root holds the run")
+    p.add_argument("--runs-root", help="directory of run directories")
+    p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("export", help="write a checkpoint's actor as a Hugging Face directory (safetensors)")
     p.add_argument("run", help="run id")

@@ -6,6 +6,7 @@ commands go through :mod:`hpcppo.launch.slurm`; submission through :mod:`hpcppo.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import shutil
@@ -102,6 +103,26 @@ def submit_run(crun: CompiledRun) -> str:
         if not getattr(exc, "keep_run_dir", False):
             discard_unsubmitted(crun.run)
         raise
+
+
+def resume_run(run: RunDir) -> str:
+    """Submit an existing run again — the same ``job.sbatch`` — as a new attempt; the job continues from
+    its newest committed checkpoint. A pause marker is cleared first. Returns the new job id."""
+    from hpcppo import config
+    from hpcppo.errors import RunStateError
+    from hpcppo.launch import submit
+
+    st = run_status(run)
+    if st["state"] not in FINAL_STATES | {"NOT_SUBMITTED", "UNKNOWN"}:
+        raise RunStateError(f"run {run.run_id} is {st['state']} (job {st['job_id']}); it can be resumed once it has "
+                            f"stopped", hint=f"hpcppo cancel {run.run_id}")
+    for marker in ("PAUSE", "PAUSED"):
+        (run.control / marker).unlink(missing_ok=True)
+    compiled = config.load_resolved(run.resolved)
+    plan = compiled.plan
+    if compiled.site.scheduler == "slurm":
+        return submit.submit_slurm(run, plan.nodes, plan.ranks_per_node)
+    return submit.submit_local(run, plan.world_size, plan.time_limit_s / 60)
 
 
 def discard_unsubmitted(run: RunDir) -> bool:
@@ -274,6 +295,8 @@ def _one_status(run: RunDir, meta: dict[str, Any], record: dict[str, Any], infos
                 status["elapsed_s"] = max(0.0, end - submitted.timestamp())
     if status["paused"] and status["state"] in FINAL_STATES | {"UNKNOWN"}:
         status["state"] = "PAUSED"
+        with contextlib.suppress(OSError):
+            status["reason"] = (run.control / "PAUSED").read_text().strip() or status["reason"]
     return status
 
 

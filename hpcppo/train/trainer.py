@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from hpcppo import algos, exitcodes
 from hpcppo.dist.weights import iter_full_params
+from hpcppo.fsutil import atomic_write_text
 from hpcppo.rollout.base import derive_seed
 from hpcppo.train import batching
 from hpcppo.train.build import Components, build_components
@@ -347,6 +348,12 @@ class Trainer:
         kind = "preempted" if preempted else "paused"
         if c.metrics is not None:
             c.metrics.log_event(self.step, kind, f"stopping after step {self.step} with a committed checkpoint")
+        if paused and self.env.rank == 0:
+            # The request is served; the marker tells `hpcppo status` why the run stopped (`hpcppo resume` clears it).
+            request = c.run_dir / "control" / "PAUSE"
+            reason = request.read_text().strip() if request.exists() else ""
+            atomic_write_text(c.run_dir / "control" / "PAUSED", f"step {self.step}: {reason or 'pause requested'}\n")
+            request.unlink(missing_ok=True)
         log.info("%s: checkpointed step %d, exiting", kind, self.step)
         return exitcodes.REQUEUE if preempted else exitcodes.PAUSED
 

@@ -133,3 +133,29 @@ def test_export_loads_with_from_pretrained(tmp_path, random_tiny):
         assert torch.equal(value, weights[f"actor.{name}"]), name
     ids = tok("1+2=", return_tensors="pt").input_ids
     assert model(ids).logits.shape[-1] == len(tok)
+
+
+@pytest.mark.slow
+def test_pause_request_then_resume_through_the_cli(tmp_path, random_tiny, capsys):
+    from hpcppo.cli import main
+    from hpcppo.launch import jobs
+    from hpcppo.launch.rundir import RunDir
+
+    spec = write_spec(tmp_path / "exp.toml", random_tiny)
+    paused = compile_run(spec, tmp_path / "runs", ["trainer.total_steps=3", "checkpoint.save_every=0"])
+    procs = launch_ranks(paused, 2, "a0")
+    (paused / "control" / "PAUSE").write_text("operator: inspecting the KL")
+    assert wait_all(procs) == [exitcodes.PAUSED] * 2, logs_of(paused)
+    stopped_at = int((paused / "control" / "PAUSED").read_text().split(":")[0].split()[1])
+    assert stopped_at < 3 and (paused / "checkpoints" / f"step-{stopped_at}" / "COMMITTED").exists()
+    assert not (paused / "control" / "PAUSE").exists()
+    st = jobs.run_status(RunDir(paused))
+    assert st["state"] in ("PAUSED", "NOT_SUBMITTED") or st["paused"]
+    capsys.readouterr()
+    assert main(["resume", paused.name, "--runs-root", str(paused.parent), "--wait"]) == 0, logs_of(paused)
+    out = capsys.readouterr().out
+    assert "COMPLETED" in out
+    df = hmetrics.load(paused)
+    assert list(df["step"]) == [1, 2, 3] and sorted(set(df["attempt"])) == [0, 1]
+    assert not (paused / "control" / "PAUSED").exists()
+    assert "paused" in set(hmetrics.load_events(paused)["kind"])
