@@ -98,6 +98,11 @@ def _inference_model(llm: Any) -> torch.nn.Module:
     return executor.driver_worker.worker.model_runner.model
 
 
+def prompt_seed(seed: int | None, prompt: int, n: int) -> int | None:
+    """The seed of prompt ``prompt``'s request: disjoint blocks of ``n`` seeds per prompt (None stays None)."""
+    return None if seed is None else (seed + prompt * n) % (2**63 - 1)
+
+
 class VLLMRolloutEngine:
     """A colocated vLLM engine in this process (see the module docstring)."""
 
@@ -145,7 +150,7 @@ class VLLMRolloutEngine:
             raise RuntimeError("this rollout engine was closed")
         return self._llm
 
-    def _sampling_params(self, sampling: SamplingParams) -> Any:
+    def _sampling_params(self, sampling: SamplingParams, seed: int | None) -> Any:
         return self._vllm.SamplingParams(
             n=sampling.n,
             temperature=sampling.temperature,
@@ -153,7 +158,7 @@ class VLLMRolloutEngine:
             top_k=sampling.top_k if sampling.top_k > 0 else -1,
             max_tokens=sampling.max_new_tokens,
             logprobs=0,  # the sampled token's log-prob only
-            seed=sampling.seed,
+            seed=seed,
             stop_token_ids=list(sampling.eos_ids),
             detokenize=False,  # the trainer decodes what it needs; skipping it saves CPU time per step
         )
@@ -163,8 +168,10 @@ class VLLMRolloutEngine:
         if self._sleeping:
             raise RuntimeError("the vLLM engine is asleep: call wake_up() before generate()")
         rows = prompt_lists(prompts)
-        outputs = self.llm.generate([{"prompt_token_ids": r} for r in rows], self._sampling_params(sampling),
-                                    use_tqdm=False)
+        # vLLM seeds the n samples of a request seed, seed+1, ...: give each prompt its own block of seeds, or
+        # two copies of one prompt in a batch (sampling with replacement) would get identical samples.
+        params = [self._sampling_params(sampling, prompt_seed(sampling.seed, i, sampling.n)) for i in range(len(rows))]
+        outputs = self.llm.generate([{"prompt_token_ids": r} for r in rows], params, use_tqdm=False)
         return _to_rollout_batch(outputs, n=sampling.n, eos_token_ids=sampling.eos_ids,
                                  pad_token_id=sampling.pad_token_id)
 

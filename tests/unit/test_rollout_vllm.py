@@ -78,3 +78,12 @@ def test_to_rollout_batch_rejects_incomplete_outputs():
     short = [Request([1], [Completion(0, [3, 4], [{3: Logprob(-0.1)}])])]
     with pytest.raises(ValueError, match="2 tokens but 1 log-prob entries"):
         _to_rollout_batch(short, n=1, eos_token_ids=[2], pad_token_id=0)
+
+
+def test_each_prompt_gets_its_own_block_of_seeds():
+    from hpcppo.rollout.vllm_engine import prompt_seed
+
+    seeds = [prompt_seed(1000, i, 4) for i in range(3)]
+    assert seeds == [1000, 1004, 1008]  # vLLM seeds a request's n samples seed, seed+1, ...: no overlap
+    assert prompt_seed(None, 5, 4) is None
+    assert 0 <= prompt_seed(2**63 - 2, 3, 4) < 2**63 - 1
