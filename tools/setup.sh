@@ -22,6 +22,16 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 PY=${PYTHON:-python3}
+if ! command -v "$PY" >/dev/null 2>&1 || ! "$PY" -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    # Debian's own python3 ships venv/ensurepip separately.
+    echo "setup: installing python3 and python3-venv"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3 python3-venv >/dev/null
+fi
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "setup: hpcppo needs Python >= 3.11 ($PY is $("$PY" -V 2>&1)); set PYTHON=/path/to/python3.11" >&2
+    exit 1
+fi
 if [ ! -x .venv/bin/python ]; then
     echo "setup: creating .venv"
     "$PY" -m venv .venv
