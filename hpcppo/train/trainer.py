@@ -62,6 +62,9 @@ class Trainer:
         self.step = 0
         # Duration of the checkpoint written after the previous row; recorded as time/checkpoint_s in the next.
         self.last_checkpoint_s: float | None = None
+        # The engine holds the actor's weights of version `engine_version`; -1 = not known to match.
+        self.actor_version = 0
+        self.engine_version = -1
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> int:
@@ -114,7 +117,7 @@ class Trainer:
         c = self.c
         with timer("weight_sync"):
             c.engine.wake_up()
-            c.engine.sync_weights(iter_full_params(c.actor))
+            self.sync_engine()
         indices = c.sampler.next_batch()
         prompts = [c.train_data[i] for i in indices]
         # A per-(seed, step, rank) seed: a resumed run samples exactly what an uninterrupted run would.
@@ -123,6 +126,13 @@ class Trainer:
             out = c.engine.generate([p.input_ids for p in prompts], sampling)
             c.engine.sleep()
         return batching.to_training_batch(out, prompts, self.c.device)
+
+    def sync_engine(self) -> None:
+        """Stream the actor's weights into the rollout engine unless it already has this version
+        (e.g. during critic warm-up the actor does not change). Collective: every rank decides alike."""
+        if self.engine_version != self.actor_version:
+            self.c.engine.sync_weights(iter_full_params(self.c.actor))
+            self.engine_version = self.actor_version
 
     def score(self, batch: dict[str, Any], timer: PhaseTimer) -> None:
         """Rule-based rewards on the decoded responses; the score sits on each response's last token."""
@@ -236,6 +246,7 @@ class Trainer:
                     for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
                         sums[f"actor/{key}"].append(float(out[key]))
                 grad_norm = batching.clip_and_step(c.actor, c.actor_optim, c.grad_clip)
+                self.actor_version += 1
                 c.actor_lr.step()
                 sums["actor/grad_norm"].append(grad_norm)
         return batching.mean_across_ranks(sums) | {"actor/lr": c.actor_lr.lr}
@@ -251,7 +262,7 @@ class Trainer:
         if c.val_data is None:
             return {}
         c.engine.wake_up()
-        c.engine.sync_weights(iter_full_params(c.actor))
+        self.sync_engine()
         sums = torch.zeros(len(c.val_sources), 2, dtype=torch.float64)
         mine = list(range(self.env.rank, len(c.val_data), self.env.world_size))
         for start in range(0, len(mine), 64):
