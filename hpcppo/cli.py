@@ -235,7 +235,15 @@ def cmd_make_model(args: argparse.Namespace) -> int:
     from hpcppo.train.tiny import build_tiny_model_and_data
 
     info = build_tiny_model_and_data(Path(args.out), Path(args.data_out) if args.data_out else None, seed=args.seed)
-    print(json.dumps(info, indent=2, default=str))
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+        return 0
+    ws = info["warm_start"]
+    print(f"tiny model {args.out}: {info['architecture']}, {info['num_parameters']:,} parameters, "
+          f"{'built in ' + format(info['build_seconds'], '.0f') + ' s' if info.get('built') else 'up to date'}")
+    print(f"  warm start on held-out prompts: greedy {ws['greedy_accuracy']:.3f}, sampled {ws['sampled_accuracy']:.3f}")
+    for split, path in sorted(info.get("data", {}).items()):
+        print(f"  {split}: {path}")
     return 0
 
 
@@ -323,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--out", default="artifacts/tiny-arith/model")
     q.add_argument("--data-out", default="artifacts/tiny-arith/data")
     q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--json", action="store_true", help="print the whole build record (hpcppo_tiny.json) as JSON")
     q.set_defaults(func=cmd_make_model)
     return parser
 
