@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
-.venv/bin/hpcppo tools make-model --out artifacts/tiny-arith/model --data-out artifacts/tiny-arith/data >/dev/null
+.venv/bin/hpcppo tools make-model --out artifacts/tiny-arith/model --data-out artifacts/tiny-arith/data
 exec .venv/bin/hpcppo submit examples/arith-tiny.toml --site local --wait -q "$@"
