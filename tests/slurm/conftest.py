@@ -111,3 +111,17 @@ def submit_job(slurm_cluster: DevCluster, tmp_path: Path) -> Iterator[Callable[.
             slurm.cancel(job_id)
         except SchedulerError:
             pass  # the cluster went away: nothing left to clean
+
+
+@pytest.fixture()
+def launched(slurm_cluster) -> Iterator[list]:
+    """Runs (``RunDir``) a test started; their jobs are cancelled at teardown if still alive."""
+    from hpcppo.launch import jobs
+
+    runs: list = []
+    yield runs
+    for run in runs:
+        try:
+            jobs.cancel_run(run)
+        except Exception:  # noqa: BLE001 - best-effort cleanup; the test already reported
+            pass

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,15 +20,6 @@ REPO = Path(__file__).resolve().parents[2]
 HOLD = 'site.slurm.extra_directives={hold = ""}'
 
 
-@pytest.fixture()
-def launched(slurm_cluster) -> Iterator[list[RunDir]]:
-    runs: list[RunDir] = []
-    yield runs
-    for run in runs:
-        try:
-            jobs.cancel_run(run)
-        except Exception:  # noqa: BLE001 - best-effort cleanup
-            pass
 
 
 def preflight(root: Path, capsys, *extra: str) -> RunDir:

@@ -8,7 +8,6 @@ requeue runs the same job again as attempt 1 with its own log directory.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,16 +19,6 @@ from hpcppo.launch.rundir import RunDir, list_runs
 pytestmark = pytest.mark.slurm
 
 
-@pytest.fixture()
-def launched(slurm_cluster) -> Iterator[list[RunDir]]:
-    """Runs a test started; their jobs are cancelled at teardown if still alive."""
-    runs: list[RunDir] = []
-    yield runs
-    for run in runs:
-        try:
-            jobs.cancel_run(run)
-        except Exception:  # noqa: BLE001 - best-effort cleanup; the test already reported
-            pass
 
 
 def only_run(root: Path) -> RunDir:
