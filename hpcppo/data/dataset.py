@@ -352,7 +352,9 @@ def collate_left_pad(items: Sequence[PromptItem], pad_token_id: int) -> dict[str
         n = len(it.input_ids)
         input_ids[i, width - n:] = torch.tensor(it.input_ids, dtype=torch.long)
         attention_mask[i, width - n:] = 1
-    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    from hpcppo.rollout.base import position_ids_from_mask
+
+    position_ids = position_ids_from_mask(attention_mask)
     return {
         "input_ids": input_ids,
         "attention_mask": attention_mask,

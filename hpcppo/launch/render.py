@@ -50,14 +50,6 @@ def _mem_mb(spec: str) -> int:
     return max(1, int(int(m.group(1)) * _MEM_UNIT_MB[m.group(2).upper()]))
 
 
-def slurm_time(seconds: int) -> str:
-    """Seconds -> Slurm's ``D-HH:MM:SS`` (minutes rounded up: Slurm's resolution is one minute)."""
-    minutes = max(1, -(-int(seconds) // 60))
-    days, rem = divmod(minutes, 24 * 60)
-    hours, mins = divmod(rem, 60)
-    return f"{days}-{hours:02d}:{mins:02d}:00" if days else f"{hours:02d}:{mins:02d}:00"
-
-
 def build_environment(templates: Sequence[Path]) -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader([str(p) for p in templates]),
@@ -92,7 +84,7 @@ def slurm_directives(site: Any, exp: Any, plan: Any, run_dir: Path) -> list[tupl
         "job-name": exp.name,
         "nodes": str(plan.nodes),
         "ntasks-per-node": str(plan.ranks_per_node),
-        "time": slurm_time(plan.time_limit_s),
+        "time": plan.time_limit,  # formatted once, by config.resolve
         "output": str(run_dir / "logs" / "slurm-%j.out"),
         "open-mode": "append",  # a requeued attempt appends to the same batch log
         "chdir": str(run_dir),

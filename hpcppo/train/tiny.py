@@ -197,7 +197,9 @@ def encode_prompts(tokenizer: PreTrainedTokenizerFast, rows: list[dict[str, Any]
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions counting from 0 at each row's first real token ``[n, T]`` (left padding gets 0)."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    from hpcppo.rollout.base import position_ids_from_mask as shared  # torch: imported only when building
+
+    return shared(attention_mask)
 
 
 def supervised_batch(
