@@ -243,10 +243,23 @@ def init_distributed(env: DistEnv, *, timeout_s: float = 1800) -> None:
     )
 
 
-def destroy_distributed() -> None:
-    """Leave the default process group if there is one (safe to call twice)."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def destroy_distributed(*, sync_timeout_s: float | None = None) -> None:
+    """Leave the default process group if there is one (safe to call twice).
+
+    With ``sync_timeout_s`` the ranks first meet in a barrier bounded by that many seconds, so no rank tears its
+    connections down while a peer still uses them (gloo can abort a peer that is mid-teardown; rank 0 also hosts
+    the rendezvous store). A rank that never arrives only costs the timeout: the barrier's failure is swallowed,
+    since leaving is all that is left to do.
+    """
+    if not dist.is_initialized():
+        return
+    if sync_timeout_s is not None and dist.get_world_size() > 1:
+        try:
+            work = dist.barrier(async_op=True)
+            work.wait(timeout=datetime.timedelta(seconds=sync_timeout_s))
+        except Exception:  # noqa: BLE001 - a peer died or timed out; leave anyway
+            pass
+    dist.destroy_process_group()
 
 
 def get_rank() -> int:

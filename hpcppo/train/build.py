@@ -121,7 +121,10 @@ def _sharded(model: nn.Module, mesh: Any, fsdp: Any, model_dtype: str, *, frozen
     )
 
 
-def build_components(compiled: Any, env: DistEnv, run_dir: Path) -> Components:
+def build_components(compiled: Any, env: DistEnv, run_dir: Path, *,
+                     preempt: PreemptionFlag | None = None) -> Components:
+    """Everything the loop needs. ``preempt`` should be installed by the caller before anything slow runs, so a
+    signal that arrives while the models load is kept (a default USR2 action would kill the rank)."""
     cfg, plan, site = compiled.experiment, compiled.plan, compiled.site
     _set_threads(env)
     if cfg.trainer.deterministic:
@@ -205,7 +208,7 @@ def build_components(compiled: Any, env: DistEnv, run_dir: Path) -> Components:
         actor=actor, actor_optim=actor_optim, actor_lr=actor_lr, grad_clip=cfg.actor.grad_clip, reference=reference,
         critic=critic, critic_optim=critic_optim, critic_lr=critic_lr, engine=engine, sampling=sampling,
         val_sampling=val_sampling, kl_ctrl=kl_ctrl, score_fn=build_score_fn(cfg.data), ckpt=ckpt, metrics=metrics,
-        metric_columns=set(columns),
+        metric_columns=set(columns), preempt=preempt if preempt is not None else PreemptionFlag(),
     )
 
 

@@ -8,6 +8,7 @@ the batch script what to do next (see :mod:`hpcppo.exitcodes`).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -25,15 +26,20 @@ def _setup_logging(rank: int) -> None:
 
 
 def run(run_dir: Path) -> int:
+    from hpcppo.train.signals import PreemptionFlag
+
+    # First, before anything slow: a USR2/TERM that arrives while the models load must be kept, not kill the rank.
+    preempt = PreemptionFlag()
     from hpcppo.config import load_resolved
-    from hpcppo.dist.env import detect_env
     from hpcppo.dist import env as dist_env
+    from hpcppo.dist.env import detect_env
 
     compiled = load_resolved(run_dir / "resolved.toml")
     plan = compiled.plan
     env = detect_env(device_type=plan.device)
     _setup_logging(env.rank)
     dist_env.init_distributed(env, timeout_s=compiled.job.collective_timeout_s)
+    finished = False
     try:
         if compiled.job.kind == "preflight":
             from hpcppo.train.preflight import run_preflight
@@ -42,12 +48,15 @@ def run(run_dir: Path) -> int:
         else:
             from hpcppo.train.trainer import run_training
 
-            code = run_training(compiled, env, run_dir)
+            code = run_training(compiled, env, run_dir, preempt=preempt)
         if env.rank == 0:
             record_exit_code(run_dir, code)
+        finished = True
         return code
     finally:
-        dist_env.destroy_distributed()
+        preempt.restore()
+        # Ranks that finished together leave together; after an error nobody waits for peers that may be gone.
+        dist_env.destroy_distributed(sync_timeout_s=min(120.0, compiled.job.collective_timeout_s) if finished else None)
 
 
 def record_exit_code(run_dir: Path, code: int) -> None:
@@ -76,5 +85,18 @@ def main(argv: list[str] | None = None) -> int:
         return exitcodes.FAILED
 
 
+def _exit(code: int) -> None:
+    """Leave without the interpreter's teardown. Everything the job owns is closed and flushed by now; what is
+    left are the native thread pools of gloo, Arrow and tokenizers, whose static destructors can abort the process
+    (``terminate called without an active exception``) and turn a clean exit code into SIGABRT."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

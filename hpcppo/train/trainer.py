@@ -71,6 +71,9 @@ class Trainer:
         """Train until ``total_steps``; returns the job exit code (done, requeue, paused)."""
         c = self.c
         self.step = self.maybe_resume()
+        exit_code = self.check_interrupts()  # a signal or a pause request that came while the models loaded
+        if exit_code is not None:
+            return exit_code
         if self.cfg.trainer.val_before_train and self.step == 0:
             self.log_metrics(0, self.validate(), "validation before training")
         log.info("training steps %d..%d of %d (%d prompts x %d samples per step, world size %d)",
@@ -353,27 +356,28 @@ class Trainer:
         preempted, paused = bool(flags[0] > 0), bool(flags[1] > 0)
         if not (preempted or paused):
             return None
-        if self.cfg.checkpoint.save_on_preempt or paused:
+        if (self.cfg.checkpoint.save_on_preempt or paused) and self.step > 0:  # step 0 is the initial state
             if c.ckpt.latest_committed() != self.step:
                 self.save_checkpoint()
         kind = "preempted" if preempted else "paused"
         if c.metrics is not None:
-            c.metrics.log_event(self.step, kind, f"stopping after step {self.step} with a committed checkpoint")
+            where = f"after step {self.step} with a committed checkpoint" if self.step else "before the first step"
+            c.metrics.log_event(self.step, kind, f"stopping {where}")
         if paused and self.env.rank == 0:
             # The request is served; the marker tells `hpcppo status` why the run stopped (`hpcppo resume` clears it).
             request = c.run_dir / "control" / "PAUSE"
             reason = request.read_text().strip() if request.exists() else ""
             atomic_write_text(c.run_dir / "control" / "PAUSED", f"step {self.step}: {reason or 'pause requested'}\n")
             request.unlink(missing_ok=True)
-        log.info("%s: checkpointed step %d, exiting", kind, self.step)
+        log.info("%s: %s, exiting", kind, f"checkpointed step {self.step}" if self.step else "before the first step")
         return exitcodes.REQUEUE if preempted else exitcodes.PAUSED
 
     def close(self) -> None:
         self.c.close()
 
 
-def run_training(compiled: Any, env: Any, run_dir: Path) -> int:
-    components = build_components(compiled, env, Path(run_dir))
+def run_training(compiled: Any, env: Any, run_dir: Path, *, preempt: Any = None) -> int:
+    components = build_components(compiled, env, Path(run_dir), preempt=preempt)
     trainer = Trainer(components)
     try:
         return trainer.train()

@@ -116,6 +116,28 @@ def test_preemption_signal_checkpoints_and_asks_for_requeue(tmp_path, random_tin
 
 
 @pytest.mark.slow
+def test_preemption_signal_while_the_models_load_is_kept(tmp_path, random_tiny):
+    """Slurm's USR2 can come before the first step (a 7B model loads for minutes): the rank must not die of
+    it; the job leaves with the requeue code, and with nothing trained there is nothing to checkpoint."""
+    spec = write_spec(tmp_path / "exp.toml", random_tiny)
+    run = compile_run(spec, tmp_path / "runs", ["trainer.total_steps=200", "checkpoint.save_every=0"])
+    procs = launch_ranks(run, 2, "a0")
+    log = run / "logs" / "rank-a0-1.log"
+    deadline = time.monotonic() + 120
+    while "Loading weights" not in log.read_text(errors="replace"):  # the first thing build_components prints
+        assert time.monotonic() < deadline and procs[1].poll() is None, logs_of(run)
+        time.sleep(0.02)
+    procs[1].send_signal(signal.SIGUSR2)
+    assert wait_all(procs) == [exitcodes.REQUEUE] * 2, logs_of(run)
+    events = hmetrics.load_events(run)
+    assert list(events["kind"]) == ["preempted"], events
+    rows = hmetrics.load(run)
+    committed = [p for p in (run / "checkpoints").iterdir() if (p / "COMMITTED").exists()] \
+        if (run / "checkpoints").exists() else []
+    assert len(committed) == (1 if len(rows) else 0), (len(rows), committed)
+
+
+@pytest.mark.slow
 def test_export_loads_with_from_pretrained(tmp_path, random_tiny):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -142,12 +164,16 @@ def test_pause_request_then_resume_through_the_cli(tmp_path, random_tiny, capsys
     from hpcppo.launch.rundir import RunDir
 
     spec = write_spec(tmp_path / "exp.toml", random_tiny)
-    paused = compile_run(spec, tmp_path / "runs", ["trainer.total_steps=3", "checkpoint.save_every=0"])
+    paused = compile_run(spec, tmp_path / "runs", ["trainer.total_steps=6", "checkpoint.save_every=0"])
     procs = launch_ranks(paused, 2, "a0")
+    deadline = time.monotonic() + 240
+    while not list((paused / "metrics").glob("*.h5")) or len(hmetrics.load(paused)) < 1:
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), logs_of(paused)
+        time.sleep(0.1)
     (paused / "control" / "PAUSE").write_text("operator: inspecting the KL")
     assert wait_all(procs) == [exitcodes.PAUSED] * 2, logs_of(paused)
     stopped_at = int((paused / "control" / "PAUSED").read_text().split(":")[0].split()[1])
-    assert stopped_at < 3 and (paused / "checkpoints" / f"step-{stopped_at}" / "COMMITTED").exists()
+    assert 1 <= stopped_at < 6 and (paused / "checkpoints" / f"step-{stopped_at}" / "COMMITTED").exists()
     assert not (paused / "control" / "PAUSE").exists()
     st = jobs.run_status(RunDir(paused))
     assert st["state"] in ("PAUSED", "NOT_SUBMITTED") or st["paused"]
@@ -156,6 +182,6 @@ def test_pause_request_then_resume_through_the_cli(tmp_path, random_tiny, capsys
     out = capsys.readouterr().out
     assert "COMPLETED" in out
     df = hmetrics.load(paused)
-    assert list(df["step"]) == [1, 2, 3] and sorted(set(df["attempt"])) == [0, 1]
+    assert list(df["step"]) == [1, 2, 3, 4, 5, 6] and sorted(set(df["attempt"])) == [0, 1]
     assert not (paused / "control" / "PAUSED").exists()
     assert "paused" in set(hmetrics.load_events(paused)["kind"])
