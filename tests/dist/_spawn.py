@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import pickle
 import socket
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -44,12 +45,22 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, out_di
     from hpcppo.dist.env import destroy_distributed, detect_env, init_distributed
 
     init_distributed(detect_env(os.environ, device_type="cpu"), timeout_s=TIMEOUT_S)
+    finished = False
     try:
         result = fn(rank, world_size, *args)
+        finished = True
     finally:
-        destroy_distributed()
+        # As the job entry point does: ranks that finished leave together (a failed rank's error propagates).
+        destroy_distributed(sync_timeout_s=TIMEOUT_S if finished else None)
     with open(Path(out_dir) / f"result-{rank}.pkl", "wb") as f:
         pickle.dump(result, f)
+        f.flush()
+        os.fsync(f.fileno())
+    # The result is on disk: skip the interpreter's teardown, where native thread pools (gloo, Arrow) can abort
+    # a process that did everything right (hpcppo.train.main leaves the same way).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any) -> list[Any]:

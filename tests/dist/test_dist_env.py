@@ -120,3 +120,24 @@ def test_submitit_local_executor_two_tasks(tmp_path, monkeypatch):
     assert [r["sum"] for r in results] == [3.0, 3.0]
     assert [r["mean"] for r in results] == [0.5, 0.5]
     assert [r["token"] for r in results] == ["from-0", "from-0"]
+
+
+def _leave_together(rank: int, world_size: int) -> float:
+    import time
+
+    from hpcppo.dist.env import destroy_distributed
+
+    if rank == 1:
+        time.sleep(1.0)  # still busy when rank 0 wants to leave
+    start = time.monotonic()
+    destroy_distributed(sync_timeout_s=30)
+    return time.monotonic() - start
+
+
+def test_destroy_with_sync_waits_for_the_slow_peer():
+    """Rank 0 (the store's host) must not tear down while a peer is still working: it waits in the barrier."""
+    from _spawn import run_distributed
+
+    waited = run_distributed(_leave_together, 2)
+    assert waited[0] >= 0.8, waited
+    assert waited[1] < waited[0], waited
