@@ -109,19 +109,13 @@ class FsdpSection:
 
     param_offload: bool = opt(False, help="FSDP2 CPU offload: sharded parameters, gradients and optimizer state live on "
                                           "CPU (the optimizer step runs there).")
-    optimizer_offload: bool = opt(False, help="Keep optimizer state on CPU. Provided by param_offload (FSDP2 keeps the "
-                                              "optimizer state with the offloaded shards); on its own not supported yet.")
+    optimizer_offload: bool = opt(False, help="Keep the optimizer state (AdamW moments) in pinned host memory between "
+                                              "updates; it moves to the GPU for the optimizer steps (verl's "
+                                              "semantics); with param_offload it is already on the host.")
     reshard_after_forward: bool = opt(True, help="Free gathered parameters after forward (less memory, one more all-gather).")
     param_dtype: str = opt("", choices=("", "bfloat16", "float16", "float32"),
                            help="Compute dtype of gathered parameters; \"\" = model.dtype.")
     reduce_dtype: str = opt("float32", choices=("bfloat16", "float16", "float32"), help="Dtype of gradient reduction.")
-
-    def __attrs_post_init__(self) -> None:
-        if self.optimizer_offload and not self.param_offload:
-            raise FieldValueError(
-                "optimizer_offload",
-                "optimizer-state offload without param_offload is not supported yet; set param_offload = true "
-                "(FSDP2's CPU offload keeps parameters, gradients and optimizer state on CPU)")
 
 
 def _optimizer_fields(lr: float, grad_clip_help: str) -> dict[str, object]:

@@ -21,9 +21,17 @@ def _spec(tmp_path, fsdp: str):
     return path
 
 
-def test_optimizer_offload_alone_is_refused_with_the_alternative(tmp_path):
-    with pytest.raises(ConfigError, match=r"actor\.fsdp\.optimizer_offload: .*set param_offload = true"):
-        compile_config(_spec(tmp_path, "optimizer_offload = true\n"), "local", check_paths=False)
+def test_optimizer_offload_alone_compiles(tmp_path):
+    """verl's optimizer_offload without param_offload: the state moves to the host between updates."""
+    compiled = compile_config(_spec(tmp_path, "optimizer_offload = true\n"), "local", check_paths=False)
+    fsdp = compiled.experiment.actor.fsdp
+    assert fsdp.optimizer_offload and not fsdp.param_offload
+    assert not compiled.experiment.critic.fsdp.optimizer_offload  # per model: the critic keeps its default
+
+
+def test_optimizer_offload_must_be_a_boolean(tmp_path):
+    with pytest.raises(ConfigError, match=r"actor\.fsdp\.optimizer_offload"):
+        compile_config(_spec(tmp_path, 'optimizer_offload = "yes"\n'), "local", check_paths=False)
 
 
 def test_optimizer_offload_with_param_offload_is_accepted(tmp_path):
