@@ -1,0 +1,213 @@
+"""Build the tiny model directory (and the task's Parquet data) once, atomically, and read it back.
+
+``build_tiny_model_and_data`` is idempotent: when ``out_dir`` (and ``data_dir``) already hold a
+build with the same settings hash, it returns the recorded summary without importing torch. A build
+runs on one torch thread, so its result depends only on the seed and the settings; it is written
+with ``save_pretrained`` (model, tokenizer, generation config) plus ``hpcppo_tiny.json`` with the
+measured accuracies into a temporary directory that is fsynced and then renamed into place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from hpcppo.data import synthetic
+from hpcppo.errors import ConfigError, PathError
+from hpcppo.fsutil import fsync_dir as _fsync_dir
+from hpcppo.train.tiny.model import accuracy, build_model
+from hpcppo.train.tiny.settings import FORMAT_VERSION, TinySettings
+from hpcppo.train.tiny.tokenizer import build_tokenizer
+from hpcppo.train.tiny.warmstart import add_flaw, warm_start
+
+INFO_FILE = "hpcppo_tiny.json"
+
+
+def build_tiny_model_and_data(
+    out_dir: str | os.PathLike[str],
+    data_dir: str | os.PathLike[str] | None = None,
+    *,
+    seed: int = 0,
+    train_size: int = 4096,
+    val_size: int = 512,
+    force: bool = False,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """Build (or find up to date) the tiny model in ``out_dir`` and the task data in ``data_dir``.
+
+    ``overrides`` are ``TinySettings`` fields (e.g. ``max_operand=49``). Returns the summary recorded
+    in ``out_dir/hpcppo_tiny.json`` plus ``"built"`` (False when the model was up to date) and
+    ``"data"`` (the Parquet paths, when ``data_dir`` is given). Raises ``ConfigError`` for an
+    unknown or bad setting and ``PathError`` when ``out_dir`` exists but is not a tiny-model build
+    (it is never deleted then).
+    """
+    fields = [f.name for f in dataclasses.fields(TinySettings) if f.name != "seed"]
+    for key in overrides:
+        if key not in fields:
+            raise ConfigError(f"unknown tiny-model setting; allowed: {', '.join(fields)}", key=key)
+    if "operators" in overrides:
+        overrides["operators"] = tuple(overrides["operators"])
+    if train_size < 1 or val_size < 1:
+        raise ConfigError(f"train_size and val_size must be >= 1, got {train_size} and {val_size}", key="data")
+    settings = TinySettings(seed=seed, **overrides)
+    out_dir = Path(out_dir)
+
+    data_paths: dict[str, str] = {}
+    if data_dir is not None:
+        data_dir = Path(data_dir)
+        digest = _data_digest(settings, train_size, val_size)
+        if force or not all(_parquet_digest(data_dir / f"{s}.parquet") == digest for s in ("train", "val")):
+            data_paths = write_task_data(data_dir, settings=settings, train_size=train_size, val_size=val_size)
+        else:
+            data_paths = {s: str(data_dir / f"{s}.parquet") for s in ("train", "val")}
+
+    info = _read_info(out_dir)
+    if out_dir.exists() and info is None and any(out_dir.iterdir()):
+        raise PathError(f"{out_dir} exists and is not a tiny-model build (no readable {INFO_FILE}); "
+                        "choose another --out or remove it")
+    if not force and info is not None and info.get("settings_hash") == settings.digest():
+        return {**info, "built": False, "data": data_paths}
+    info = _build_model_dir(out_dir, settings)
+    return {**info, "built": True, "data": data_paths}
+
+
+def write_task_data(
+    data_dir: str | os.PathLike[str], *, settings: TinySettings, train_size: int, val_size: int
+) -> dict[str, str]:
+    """``train.parquet`` and ``val.parquet`` of the task under ``data_dir`` (atomic); returns their paths."""
+    data_dir = Path(data_dir)
+    meta = {"hpcppo_settings": _data_digest(settings, train_size, val_size)}
+    paths = {}
+    for split, n in (("train", train_size), ("val", val_size)):
+        rows = synthetic.generate_rows(n, seed=settings.seed, split=split, **settings.task_kwargs())
+        paths[split] = str(synthetic.write_split(data_dir / f"{split}.parquet", rows, metadata=meta))
+    return paths
+
+
+def _build_model_dir(out_dir: Path, settings: TinySettings) -> dict[str, Any]:
+    import torch
+
+    t0 = time.perf_counter()
+    # One thread: float reductions (hence the accuracies that decide when each stage stops) are the
+    # same on every machine, and a 0.5M model gains nothing from more (on a busy 2-core machine two
+    # threads were 10x slower than one).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        tokenizer = build_tokenizer()
+        model = build_model(tokenizer, settings)
+        stage1 = warm_start(model, tokenizer, settings)
+        stage2 = add_flaw(model, tokenizer, settings)
+        kw = {"seed": settings.seed, "max_new_tokens": settings.max_new_tokens}
+        held_out = synthetic.generate_rows(512, seed=settings.seed + 2_000_003, split="val", **settings.task_kwargs())
+        seen = synthetic.generate_rows(512, seed=settings.seed + 4_000_037, split="train", **settings.task_kwargs())
+        measured = {
+            "greedy_accuracy": accuracy(model, tokenizer, held_out, greedy=True, **kw),
+            "sampled_accuracy": accuracy(model, tokenizer, held_out, greedy=False, **kw),
+            # training-pool prompts, as in train.parquet: where PPO's reward starts
+            "train_greedy_accuracy": accuracy(model, tokenizer, seen, greedy=True, **kw),
+            "train_sampled_accuracy": accuracy(model, tokenizer, seen, greedy=False, **kw),
+        }
+    finally:
+        torch.set_num_threads(threads)
+    info = {
+        "format": FORMAT_VERSION,
+        "settings_hash": settings.digest(),
+        "settings": dataclasses.asdict(settings),
+        "seed": settings.seed,
+        "task": {"data_source": synthetic.DATA_SOURCE, **settings.task_kwargs()},
+        "architecture": "LlamaForCausalLM",
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+        "vocab_size": len(tokenizer),
+        "warm_start": {**measured, "eval_prompts": len(held_out), "task_stage": stage1, "flaw_stage": stage2},
+        "build_seconds": round(time.perf_counter() - t0, 2),
+    }
+    text = json.dumps(info, indent=2, sort_keys=True) + "\n"
+    info = json.loads(text)  # what a later up-to-date call reads back (tuples become lists)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f"{out_dir.name}.tmp-"))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        _pin_tokenizer_class(tmp)
+        (tmp / INFO_FILE).write_text(text)
+        _fsync_tree(tmp)
+        _install_dir(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return info
+
+
+def _pin_tokenizer_class(model_dir: Path) -> None:
+    """Name ``PreTrainedTokenizerFast`` in tokenizer_config.json so AutoTokenizer loads tokenizer.json as is."""
+    path = model_dir / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def _install_dir(tmp: Path, out_dir: Path) -> None:
+    """Move the finished ``tmp`` build to ``out_dir``, replacing an outdated build (or empty dir) there."""
+    old = None
+    if out_dir.exists():
+        old = out_dir.with_name(f"{out_dir.name}.old-{os.getpid()}-{time.time_ns()}")
+        os.replace(out_dir, old)
+    try:
+        os.replace(tmp, out_dir)
+    except OSError:
+        # A concurrent builder installed first: keep theirs (it raced us with the same request).
+        shutil.rmtree(tmp, ignore_errors=True)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    _fsync_dir(out_dir.parent)
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as fh:
+                os.fsync(fh.fileno())
+    _fsync_dir(root)
+
+
+def _read_info(out_dir: Path) -> dict[str, Any] | None:
+    try:
+        info = json.loads((out_dir / INFO_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def read_info(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``hpcppo_tiny.json`` summary of a built model directory; ``PathError`` if it is missing."""
+    info = _read_info(Path(model_dir))
+    if info is None:
+        raise PathError(f"{model_dir} has no readable {INFO_FILE}: build it with tools/make_tiny_model.py")
+    return info
+
+
+def settings_of(info: dict[str, Any]) -> TinySettings:
+    """The ``TinySettings`` recorded in a build summary."""
+    raw = dict(info["settings"])
+    raw["operators"] = tuple(raw["operators"])
+    return TinySettings(**raw)
+
+
+def _data_digest(settings: TinySettings, train_size: int, val_size: int) -> str:
+    payload = {"format": FORMAT_VERSION, "seed": settings.seed, "train": train_size, "val": val_size, **settings.task_kwargs()}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _parquet_digest(path: Path) -> str | None:
+    try:
+        return synthetic.read_metadata(path).get("hpcppo_settings")
+    except (OSError, ValueError):
+        return None

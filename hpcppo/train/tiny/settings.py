@@ -1,0 +1,73 @@
+"""``TinySettings``: everything that determines a tiny-model build, validated, with a stable hash."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+from hpcppo.data import synthetic
+from hpcppo.errors import ConfigError
+
+from hpcppo.train.tiny.tokenizer import CHARS, SPECIAL_TOKENS, VOCAB_SIZE
+
+FORMAT_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class TinySettings:
+    """Everything that determines a build; its hash decides whether a rebuild is needed."""
+
+    seed: int = 0
+    # task (hpcppo.data.synthetic): a+b with a, b in 0..19 -- small enough to learn in ~250 steps
+    max_operand: int = 19
+    num_operands: int = 2
+    operators: tuple[str, ...] = ("+",)
+    val_fraction: float = 0.1
+    # model (Llama architecture, ~0.5M parameters)
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 512
+    max_position_embeddings: int = 64
+    # stage 1: learn the task until greedy held-out accuracy >= target_greedy_accuracy
+    lr: float = 3e-3
+    batch_size: int = 128
+    max_steps: int = 500
+    eval_every: int = 20
+    eval_size: int = 256
+    target_greedy_accuracy: float = 0.6
+    # stage 2 (add_flaw): until the accuracy of sampling at temperature 1 is <= target_sampled_accuracy
+    target_sampled_accuracy: float = 0.3
+    flaw_rate: float = 0.7
+    flaw_lr: float = 1e-3  # gentle: the habit is learnt in a few steps, and the arithmetic must survive
+    flaw_max_steps: int = 60
+    max_new_tokens: int = 8
+
+    def __post_init__(self) -> None:
+        if len(SPECIAL_TOKENS) + len(CHARS) > VOCAB_SIZE:
+            raise AssertionError("the tokenizer's alphabet outgrew VOCAB_SIZE")
+        try:
+            synthetic.generate_rows(0, seed=self.seed, **self.task_kwargs())
+        except ValueError as exc:
+            raise ConfigError(str(exc), key="tiny-model task") from None
+        for name in ("target_greedy_accuracy", "target_sampled_accuracy", "flaw_rate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"must be in [0, 1], got {getattr(self, name)!r}", key=name)
+        for name in ("batch_size", "max_steps", "eval_every", "eval_size", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"must be >= 1, got {getattr(self, name)!r}", key=name)
+
+    def task_kwargs(self) -> dict[str, Any]:
+        return {
+            "max_operand": self.max_operand,
+            "num_operands": self.num_operands,
+            "operators": self.operators,
+            "val_fraction": self.val_fraction,
+        }
+
+    def digest(self) -> str:
+        payload = json.dumps({"format": FORMAT_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
