@@ -67,6 +67,10 @@ class Components:
     metrics: MetricsWriter | None
     metric_columns: set[str] = field(default_factory=set)
     preempt: PreemptionFlag = field(default_factory=PreemptionFlag)
+    # Optimizer state in host memory between updates (optimizer_offload). Not with param_offload: FSDP2's CPU
+    # offload already keeps it there, and the step runs on the CPU.
+    actor_optim_offload: bool = False
+    critic_optim_offload: bool = False
 
     def close(self) -> None:
         self.preempt.restore()
@@ -209,7 +213,13 @@ def build_components(compiled: Any, env: DistEnv, run_dir: Path, *,
         critic=critic, critic_optim=critic_optim, critic_lr=critic_lr, engine=engine, sampling=sampling,
         val_sampling=val_sampling, kl_ctrl=kl_ctrl, score_fn=build_score_fn(cfg.data), ckpt=ckpt, metrics=metrics,
         metric_columns=set(columns), preempt=preempt if preempt is not None else PreemptionFlag(),
+        actor_optim_offload=_offloads_optimizer(cfg.actor.fsdp),
+        critic_optim_offload=critic is not None and _offloads_optimizer(cfg.critic.fsdp),
     )
+
+
+def _offloads_optimizer(fsdp: Any) -> bool:
+    return fsdp.optimizer_offload and not fsdp.param_offload
 
 
 def _engine_kwargs(cfg: Any, plan: Any, device: torch.device) -> dict[str, Any]:

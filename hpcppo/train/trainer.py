@@ -32,6 +32,7 @@ from hpcppo.rollout.base import derive_seed
 from hpcppo.train import batching
 from hpcppo.train.build import Components, build_components
 from hpcppo.train.models import compute_log_probs, compute_values, forward_log_probs, forward_values
+from hpcppo.train.optim import OptimizerStateOffload, offload_optimizer_state
 
 log = logging.getLogger("hpcppo.train")
 
@@ -197,6 +198,7 @@ class Trainer:
     def update_critic(self, batch: dict[str, Any]) -> dict[str, float]:
         c, p, cc = self.c, self.plan, self.cfg.critic
         sums: dict[str, list[float]] = defaultdict(list)
+        offload = OptimizerStateOffload(c.critic_optim, enabled=c.critic_optim_offload)
         for _ in range(p.critic_ppo_epochs):
             for mini in batching.split(batch, p.critic_mini_batch_per_rank):
                 info = batching.global_batch_info(mini["response_mask"], self.plan.world_size, self.cfg.data.max_response_length)
@@ -210,15 +212,18 @@ class Trainer:
                     out["loss"].backward()
                     sums["critic/vf_loss"].append(float(out["loss"].detach()) * len(micros))
                     sums["critic/vf_clipfrac"].append(float(out["vf_clipfrac"]))
+                offload.before_step()
                 grad_norm = batching.clip_and_step(c.critic, c.critic_optim, cc.grad_clip)
                 c.critic_lr.step()
                 sums["critic/grad_norm"].append(grad_norm)
+        offload.after_update()
         return batching.mean_across_ranks(sums) | {"critic/lr": c.critic_lr.lr}
 
     def update_actor(self, batch: dict[str, Any]) -> dict[str, float]:
         c, p, ac = self.c, self.plan, self.cfg.actor
         temperature = c.sampling.temperature or 1.0
         sums: dict[str, list[float]] = defaultdict(list)
+        offload = OptimizerStateOffload(c.actor_optim, enabled=c.actor_optim_offload)
         for _ in range(p.actor_ppo_epochs):
             for mini in batching.split(batch, p.actor_mini_batch_per_rank):
                 info = batching.global_batch_info(mini["response_mask"], self.plan.world_size, self.cfg.data.max_response_length)
@@ -248,10 +253,12 @@ class Trainer:
                     sums["actor/entropy"].append(float(ent.detach()) * scale)
                     for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
                         sums[f"actor/{key}"].append(float(out[key]))
+                offload.before_step()
                 grad_norm = batching.clip_and_step(c.actor, c.actor_optim, c.grad_clip)
                 self.actor_version += 1
                 c.actor_lr.step()
                 sums["actor/grad_norm"].append(grad_norm)
+        offload.after_update()
         return batching.mean_across_ranks(sums) | {"actor/lr": c.actor_lr.lr}
 
     def batch_metrics(self, batch: dict[str, Any], full: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -341,6 +348,11 @@ class Trainer:
         c.grad_clip = float(extra.get("grad_clip", c.grad_clip))
         if c.critic is not None:
             c.critic_lr.load_state_dict(extra["critic_lr"])
+        # The loaded optimizer state sits on the parameters' devices; with optimizer_offload it waits on the host.
+        if c.actor_optim_offload:
+            offload_optimizer_state(c.actor_optim)
+        if c.critic_optim_offload:
+            offload_optimizer_state(c.critic_optim)
         if c.metrics is not None:
             c.metrics.log_event(int(extra["step"]), "resume", f"resumed from checkpoint step {latest}")
         log.info("resumed from checkpoint step %d", latest)
