@@ -349,10 +349,11 @@ class Trainer:
         if c.critic is not None:
             c.critic_lr.load_state_dict(extra["critic_lr"])
         # The loaded optimizer state sits on the parameters' devices; with optimizer_offload it waits on the host.
-        if c.actor_optim_offload:
-            offload_optimizer_state(c.actor_optim)
-        if c.critic_optim_offload:
-            offload_optimizer_state(c.critic_optim)
+        for name, optim, offload in (("actor", c.actor_optim, c.actor_optim_offload),
+                                     ("critic", c.critic_optim, c.critic_optim_offload)):
+            if offload:
+                moved = offload_optimizer_state(optim)
+                log.info("%s optimizer state offloaded to host memory (%.2f MiB on this rank)", name, moved / 2**20)
         if c.metrics is not None:
             c.metrics.log_event(int(extra["step"]), "resume", f"resumed from checkpoint step {latest}")
         log.info("resumed from checkpoint step %d", latest)
