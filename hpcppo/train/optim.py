@@ -10,7 +10,7 @@ update's last step it goes back to the host. Parameters and gradients never move
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -113,7 +113,8 @@ def _synchronize(devices: Iterable[torch.device]) -> None:
             torch.get_device_module(device).synchronize(device)
 
 
-def _move_state(optimizer: torch.optim.Optimizer, target_of: Any, pin: bool | None) -> tuple[int, set[torch.device]]:
+def _move_state(optimizer: torch.optim.Optimizer, target_of: Callable[[torch.Tensor], torch.device],
+                pin: bool | None) -> tuple[int, set[torch.device]]:
     """Replace every device-following state tensor by a copy on ``target_of(param)``; returns the bytes moved
     and the devices touched. Tensors are replaced one at a time, so the transient extra memory is one tensor."""
     moved, touched = 0, set()
@@ -146,6 +147,10 @@ def offload_optimizer_state(optimizer: torch.optim.Optimizer, device: str | torc
     placements. Returns after the copies are complete. ``release_cache`` hands the freed device blocks back to
     the driver (``empty_cache``): a colocated vLLM allocates outside PyTorch's caching allocator and would not
     see them otherwise. An optimizer with empty state (before its first step) is left as it is.
+
+    Every call copies, also a tensor that is already on ``device``: call it once per trip (the trainer does so
+    through :class:`OptimizerStateOffload`). Pinned blocks freed by :func:`load_optimizer_state` stay in PyTorch's
+    host-memory cache, so later trips do not pay for page-locking again.
     """
     target = torch.device(device)
     if pin and target.type != "cpu":
