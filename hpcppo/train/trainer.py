@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from hpcppo import algos, exitcodes
+from hpcppo.dist.layout import read_marker
 from hpcppo.dist.weights import iter_full_params
 from hpcppo.fsutil import atomic_write_text
 from hpcppo.rollout.base import derive_seed
@@ -321,10 +322,20 @@ class Trainer:
             extra["critic_lr"] = c.critic_lr.state_dict()
         return extra
 
-    def save_checkpoint(self) -> None:
+    def checkpointed(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The trained models and their optimizers, by checkpoint name."""
         c = self.c
         models = {"actor": c.actor} | ({"critic": c.critic} if c.critic is not None else {})
         optims = {"actor": c.actor_optim} | ({"critic": c.critic_optim} if c.critic is not None else {})
+        return models, optims
+
+    def save_checkpoint(self) -> None:
+        c = self.c
+        models, optims = self.checkpointed()
+        # An optimizer that has never stepped (the actor during critic warm-up) has no state to save, and asking
+        # DCP for its state dict would create one with a zero-lr step: Adam's step count would then differ
+        # between a run that checkpointed during warm-up and one that did not. (Every rank has the same state keys.)
+        optims = {name: opt for name, opt in optims.items() if opt.state}
         start = time.perf_counter()
         c.ckpt.save(self.step, models=models, optimizers=optims, extra=self.checkpoint_extra())
         self.last_checkpoint_s = time.perf_counter() - start
@@ -339,9 +350,9 @@ class Trainer:
         latest = c.ckpt.latest_committed()
         if latest is None or self.cfg.checkpoint.resume == "never":
             return 0
-        models = {"actor": c.actor} | ({"critic": c.critic} if c.critic is not None else {})
-        optims = {"actor": c.actor_optim} | ({"critic": c.critic_optim} if c.critic is not None else {})
-        extra = c.ckpt.load(latest, models=models, optimizers=optims)
+        models, optims = self.checkpointed()
+        saved = set(read_marker(c.ckpt.step_dir(latest)).get("optimizers", []))
+        extra = c.ckpt.load(latest, models=models, optimizers={k: v for k, v in optims.items() if k in saved})
         c.sampler.load_state_dict(extra["sampler"])
         c.kl_ctrl.load_state_dict(extra["kl_ctrl"])
         c.actor_lr.load_state_dict(extra["actor_lr"])

@@ -185,3 +185,29 @@ def test_pause_request_then_resume_through_the_cli(tmp_path, random_tiny, capsys
     assert list(df["step"]) == [1, 2, 3, 4, 5, 6] and sorted(set(df["attempt"])) == [0, 1]
     assert not (paused / "control" / "PAUSED").exists()
     assert "paused" in set(hmetrics.load_events(paused)["kind"])
+
+
+@pytest.mark.slow
+def test_checkpoints_during_critic_warmup_change_nothing(tmp_path, random_tiny):
+    """While the critic warms up the actor's optimizer has no state: a checkpoint leaves it out (asking DCP for it
+    would create state with a zero-lr step, i.e. one more Adam step) and a resume from such a checkpoint continues
+    exactly like a run that never stopped."""
+    from hpcppo.dist.layout import read_marker
+
+    spec = write_spec(tmp_path / "exp.toml", random_tiny)
+    common = ["critic.warmup_updates=2", "trainer.total_steps=4"]
+    plain = compile_run(spec, tmp_path / "runs", common + ["checkpoint.save_every=0"])
+    often = compile_run(spec, tmp_path / "runs", common + ["checkpoint.save_every=1"])
+    plain_procs = launch_ranks(plain, 2, "a0")
+    procs = launch_ranks(often, 2, "a0")
+    _wait_for_commit(often, 2, procs)
+    for p in procs:
+        p.send_signal(signal.SIGKILL)
+    wait_all(procs)
+    assert read_marker(often / "checkpoints" / "step-1")["optimizers"] == ["critic"]
+    assert wait_all(launch_ranks(often, 2, "a1")) == [0, 0], logs_of(often)
+    assert wait_all(plain_procs) == [0, 0], logs_of(plain)
+    assert read_marker(often / "checkpoints" / "step-4")["optimizers"] == ["actor", "critic"]
+    ca, cb = _comparable(hmetrics.load(plain)), _comparable(hmetrics.load(often))
+    assert list(cb.index) == [1, 2, 3, 4]
+    assert ca.equals(cb), (ca - cb).abs().max().sort_values().tail(10)
