@@ -103,7 +103,7 @@ def _submitit_task() -> dict:
         return {"env": env, "sum": all_reduce_scalar(env.rank + 1, "sum"), "mean": all_reduce_scalar(env.rank, "mean"),
                 "token": broadcast_object(f"from-{env.rank}")}
     finally:
-        destroy_distributed()
+        destroy_distributed(sync_timeout_s=60)
 
 
 def test_submitit_local_executor_two_tasks(tmp_path, monkeypatch):
