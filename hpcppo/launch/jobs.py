@@ -19,13 +19,13 @@ from typing import Any
 import attrs
 
 from hpcppo.errors import HpcppoError, RunStateError
+from hpcppo.fsutil import atomic_write_text
 from hpcppo.launch import render as _render
 from hpcppo.launch.rundir import (
     RESOLVED,
     SCRIPT,
     SPEC,
     RunDir,
-    atomic_write_text,
     create_run_dir,
     list_runs,
     new_run_id,

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcppo.errors import RunIdError
-from hpcppo.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text, fsync_dir  # noqa: F401
+from hpcppo.fsutil import atomic_write_json, fsync_dir
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}-\d{8}-\d{6}-[0-9a-f]{4}$")
 # Looser pattern for ids a user types: same alphabet, no separators, no dot-only names.
@@ -52,10 +52,6 @@ def validate_run_id(run_id: str) -> str:
             "no '/' or '..'",
         )
     return run_id
-
-
-# Atomic writes live in hpcppo.fsutil; re-exported here for the launch layer's callers.
-_fsync_dir = fsync_dir
 
 
 # --------------------------------------------------------------------------- layout
@@ -178,7 +174,7 @@ def create_run_dir(runs_root: Path | str, run_id: str) -> Iterator[Path]:
             (tmp / sub).mkdir()
         yield tmp
         os.rename(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

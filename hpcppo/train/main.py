@@ -64,7 +64,7 @@ def record_exit_code(run_dir: Path, code: int) -> None:
     by ``--kill-on-bad-exit`` (137) would mask the requeue/pause code, so the script reads this file."""
     import os
 
-    from hpcppo.launch.rundir import atomic_write_text
+    from hpcppo.fsutil import atomic_write_text
 
     attempt = os.environ.get("HPCPPO_ATTEMPT", "unknown")
     atomic_write_text(run_dir / "control" / f"exit-code.{attempt}", f"{code}\n")

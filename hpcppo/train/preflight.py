@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from hpcppo.dist.env import DistEnv
-from hpcppo.launch.rundir import atomic_write_json
+from hpcppo.fsutil import atomic_write_json
 
 # Message sizes of the bandwidth sweep (bytes of float32 payload).
 SWEEP_BYTES = (4 << 10, 64 << 10, 1 << 20, 8 << 20)

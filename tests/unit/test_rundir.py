@@ -6,7 +6,8 @@ import re
 import pytest
 
 from hpcppo.errors import RunIdError
-from hpcppo.launch.rundir import RunDir, atomic_write_text, create_run_dir, new_run_id, validate_run_id
+from hpcppo.fsutil import atomic_write_text
+from hpcppo.launch.rundir import RunDir, create_run_dir, new_run_id, validate_run_id
 
 
 def test_new_run_id_format():

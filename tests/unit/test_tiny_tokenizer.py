@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from hpcppo.data import synthetic
 from hpcppo.train import tiny
+from hpcppo.train.tiny import make as tiny_make
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +26,7 @@ def saved_dir(tmp_path_factory):
     model = tiny.build_model(t, tiny.TinySettings(hidden_size=16, intermediate_size=32, num_heads=2, num_kv_heads=1, num_layers=1))
     model.save_pretrained(d)
     t.save_pretrained(d)
-    tiny._pin_tokenizer_class(d)
+    tiny_make._pin_tokenizer_class(d)
     return d
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from hpcppo.train.tiny.make import (
     INFO_FILE,
-    _pin_tokenizer_class,  # noqa: F401 -- private, but tests/unit/test_tiny_tokenizer.py calls it through here
     build_tiny_model_and_data,
     read_info,
     settings_of,
