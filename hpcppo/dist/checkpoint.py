@@ -182,10 +182,13 @@ class CheckpointManager:
         """Write checkpoint ``step`` atomically and return its directory (see the module docstring).
 
         ``optimizers[name]`` belongs to ``models[name]``; a model without an optimizer (e.g. the reference) is
-        saved alone. ``extra`` is rank 0's and must survive ``torch.load(weights_only=True)`` (checked up front, on
+        saved alone. An optimizer that has never stepped (the actor during critic warm-up) is recorded as empty
+        instead of saved: DCP would create its state with a zero-lr step, one Adam step too many for the run
+        that later resumes from it (every rank has the same state keys). ``extra`` is rank 0's and must survive ``torch.load(weights_only=True)`` (checked up front, on
         every rank, so a bad value raises ``TypeError`` everywhere before any collective starts).
         """
         self._check_names(models, optimizers)
+        stepped = {name: opt for name, opt in optimizers.items() if opt.state}
         final = self.step_dir(step)  # validates the step before anything is written
         extra_bytes = check_weights_only(dict(extra))
         t0 = time.perf_counter()
@@ -197,7 +200,7 @@ class CheckpointManager:
                 tmp.mkdir(parents=True)
             barrier()
             with _quiet_without_process_group():  # DCP agrees on failures across ranks by itself
-                dcp.save(self._state(models, optimizers), no_dist=not dist.is_initialized(),
+                dcp.save(self._state(models, stepped), no_dist=not dist.is_initialized(),
                          storage_writer=FileSystemWriter(tmp / DCP_DIR, sync_files=True))
             with _agreed(f"writing {tmp}"):  # every rank's files are on disk before rank 0 publishes them
                 if save_rng:
@@ -208,7 +211,8 @@ class CheckpointManager:
                 if self.rank == 0:
                     self._publish(step, tmp, token, {
                         "step": step, "world_size": self.world_size, "models": sorted(models),
-                        "optimizers": sorted(optimizers), "rng": save_rng, "time": time.time(),
+                        "optimizers": sorted(stepped), "empty_optimizers": sorted(set(optimizers) - set(stepped)),
+                        "rng": save_rng, "time": time.time(),
                     })
         finally:
             self._saving = False
@@ -267,10 +271,14 @@ class CheckpointManager:
             raise RunStateError(f"no committed checkpoint at step {step} in {self.root}; "
                                 f"committed steps: {self.list_committed() or 'none'}")
         marker = layout.read_marker(path)
-        for kind, wanted in (("models", models), ("optimizers", optimizers)):
-            missing = sorted(set(wanted) - set(marker.get(kind, [])))
+        empty = set(marker.get("empty_optimizers", [])) & set(optimizers)
+        for kind, wanted in (("models", set(models)), ("optimizers", set(optimizers) - empty)):
+            missing = sorted(wanted - set(marker.get(kind, [])))
             if missing:
-                raise RunStateError(f"checkpoint {path} has no {kind} {missing}; it holds {marker.get(kind)}")
+                raise RunStateError(f"checkpoint {path} has no {kind} {sorted(missing)}; it holds {marker.get(kind)}")
+        for name in empty:  # saved before its first step: restored as it was, without state
+            optimizers[name].state.clear()
+        optimizers = {name: opt for name, opt in optimizers.items() if name not in empty}
         t0 = time.perf_counter()
         state = self._state(models, optimizers)
         with _quiet_without_process_group():

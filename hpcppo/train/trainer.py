@@ -26,7 +26,6 @@ import torch
 import torch.distributed as dist
 
 from hpcppo import algos, exitcodes
-from hpcppo.dist.layout import read_marker
 from hpcppo.dist.weights import iter_full_params
 from hpcppo.fsutil import atomic_write_text
 from hpcppo.rollout.base import derive_seed
@@ -332,17 +331,11 @@ class Trainer:
     def save_checkpoint(self) -> None:
         c = self.c
         models, optims = self.checkpointed()
-        # An optimizer that has never stepped (the actor during critic warm-up) has no state to save, and asking
-        # DCP for its state dict would create one with a zero-lr step: Adam's step count would then differ
-        # between a run that checkpointed during warm-up and one that did not. (Every rank has the same state keys.)
-        optims = {name: opt for name, opt in optims.items() if opt.state}
         start = time.perf_counter()
         c.ckpt.save(self.step, models=models, optimizers=optims, extra=self.checkpoint_extra())
         self.last_checkpoint_s = time.perf_counter() - start
         if c.metrics is not None:
             c.metrics.fsync()
-        if self.env.rank == 0:
-            c.ckpt.prune()
 
     def maybe_resume(self) -> int:
         """Continue from the newest committed checkpoint (``checkpoint.resume = "auto"``); returns its step."""
@@ -351,8 +344,7 @@ class Trainer:
         if latest is None or self.cfg.checkpoint.resume == "never":
             return 0
         models, optims = self.checkpointed()
-        saved = set(read_marker(c.ckpt.step_dir(latest)).get("optimizers", []))
-        extra = c.ckpt.load(latest, models=models, optimizers={k: v for k, v in optims.items() if k in saved})
+        extra = c.ckpt.load(latest, models=models, optimizers=optims)
         c.sampler.load_state_dict(extra["sampler"])
         c.kl_ctrl.load_state_dict(extra["kl_ctrl"])
         c.actor_lr.load_state_dict(extra["actor_lr"])

@@ -404,3 +404,23 @@ def test_abandon_after_rollback_hides_the_old_branch(tmp_path):
     mgr.keep_last = 2
     mgr.prune()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-10", "step-20"]
+
+
+def test_an_optimizer_that_never_stepped_is_recorded_empty(tmp_path):
+    """Saving must not create state for it (DCP would, with a zero-lr step), and loading restores it empty."""
+    from hpcppo.dist.layout import read_marker
+
+    mgr = CheckpointManager(tmp_path, keep_last=0)
+    stepped_model, stepped = _tiny(1)
+    fresh_model = torch.nn.Linear(4, 3)
+    fresh = torch.optim.Adam(fresh_model.parameters(), lr=0.1)
+    mgr.save(1, models={"a": fresh_model, "c": stepped_model}, optimizers={"a": fresh, "c": stepped}, extra={})
+    assert not fresh.state
+    marker = read_marker(mgr.step_dir(1))
+    assert marker["optimizers"] == ["c"] and marker["empty_optimizers"] == ["a"]
+    model2, opt2 = _tiny(5)  # has state: the load must take it back to "never stepped"
+    critic2, critic_opt2 = _tiny(6)
+    mgr.load(1, models={"a": model2, "c": critic2}, optimizers={"a": opt2, "c": critic_opt2})
+    assert not opt2.state
+    assert torch.equal(model2.weight, fresh_model.weight)
+    assert torch.equal(critic_opt2.state[critic2.weight]["exp_avg"], stepped.state[stepped_model.weight]["exp_avg"])
