@@ -123,6 +123,31 @@ def clip_and_step(model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: 
     return norm
 
 
+class UpdateMetrics:
+    """The metric samples of one actor or critic update, kept as device scalars until :meth:`reduce`.
+
+    A ``float()`` per micro-batch would make the host wait for the device every time, so it could not queue the
+    next micro-batch's work meanwhile; here there is one device-to-host copy per update. ``add(key, value,
+    scale)`` records ``value * scale``, multiplied in Python after the copy, so the numbers are exactly those of
+    ``float(value) * scale``.
+    """
+
+    def __init__(self) -> None:
+        self._samples: dict[str, list[tuple[torch.Tensor | float, int]]] = {}
+
+    def add(self, key: str, value: torch.Tensor | float, scale: int = 1) -> None:
+        sample = value.detach() if isinstance(value, torch.Tensor) else float(value)
+        self._samples.setdefault(key, []).append((sample, scale))
+
+    def reduce(self) -> dict[str, float]:
+        """Per-key local mean, then the mean over ranks (collective: every rank must have the same keys)."""
+        tensors = [v for pairs in self._samples.values() for v, _ in pairs if isinstance(v, torch.Tensor)]
+        # float64 holds every float32/bf16 value exactly, as float() does.
+        host = iter(torch.stack([t.to(torch.float64) for t in tensors]).tolist() if tensors else [])
+        return mean_across_ranks({key: [(next(host) if isinstance(v, torch.Tensor) else v) * scale
+                                        for v, scale in pairs] for key, pairs in self._samples.items()})
+
+
 def mean_across_ranks(values: Mapping[str, Sequence[float]]) -> dict[str, float]:
     """Local mean of each list, then the mean over ranks (one all-reduce; every rank has the same keys)."""
     keys = sorted(values)

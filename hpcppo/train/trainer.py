@@ -197,7 +197,7 @@ class Trainer:
 
     def update_critic(self, batch: dict[str, Any]) -> dict[str, float]:
         c, p, cc = self.c, self.plan, self.cfg.critic
-        sums: dict[str, list[float]] = defaultdict(list)
+        sums = batching.UpdateMetrics()
         offload = OptimizerStateOffload(c.critic_optim, enabled=c.critic_optim_offload)
         for _ in range(p.critic_ppo_epochs):
             for mini in batching.split(batch, p.critic_mini_batch_per_rank):
@@ -210,19 +210,19 @@ class Trainer:
                     out = algos.value_loss(values, mb["values"], mb["returns"], mb["response_mask"], cc.cliprange_value,
                                            cc.loss_agg_mode, batch_info=info)
                     out["loss"].backward()
-                    sums["critic/vf_loss"].append(float(out["loss"].detach()) * len(micros))
-                    sums["critic/vf_clipfrac"].append(float(out["vf_clipfrac"]))
+                    sums.add("critic/vf_loss", out["loss"], len(micros))
+                    sums.add("critic/vf_clipfrac", out["vf_clipfrac"])
                 offload.before_step()
                 grad_norm = batching.clip_and_step(c.critic, c.critic_optim, cc.grad_clip)
                 c.critic_lr.step()
-                sums["critic/grad_norm"].append(grad_norm)
+                sums.add("critic/grad_norm", grad_norm)
         offload.after_update()
-        return batching.mean_across_ranks(sums) | {"critic/lr": c.critic_lr.lr}
+        return sums.reduce() | {"critic/lr": c.critic_lr.lr}
 
     def update_actor(self, batch: dict[str, Any]) -> dict[str, float]:
         c, p, ac = self.c, self.plan, self.cfg.actor
         temperature = c.sampling.temperature or 1.0
-        sums: dict[str, list[float]] = defaultdict(list)
+        sums = batching.UpdateMetrics()
         offload = OptimizerStateOffload(c.actor_optim, enabled=c.actor_optim_offload)
         for _ in range(p.actor_ppo_epochs):
             for mini in batching.split(batch, p.actor_mini_batch_per_rank):
@@ -244,22 +244,22 @@ class Trainer:
                         kl = algos.kl_penalty(log_probs, mb["ref_log_probs"], ac.kl_loss_type)
                         kl_loss = algos.agg_loss(kl, mb["response_mask"], ac.loss_agg_mode, batch_info=info)
                         loss = loss + ac.kl_loss_coef * kl_loss
-                        sums["actor/kl_loss"].append(float(kl_loss.detach()) * len(micros))
+                        sums.add("actor/kl_loss", kl_loss, len(micros))
                     loss.backward()
                     # A batch_info loss is this micro-batch's share of the global mini-batch loss x dp: the mean over
                     # ranks of the sum over micro-batches is the mini-batch loss.
                     scale = len(micros)
-                    sums["actor/pg_loss"].append(float(out["loss"].detach()) * scale)
-                    sums["actor/entropy"].append(float(ent.detach()) * scale)
+                    sums.add("actor/pg_loss", out["loss"], scale)
+                    sums.add("actor/entropy", ent, scale)
                     for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
-                        sums[f"actor/{key}"].append(float(out[key]))
+                        sums.add(f"actor/{key}", out[key])
                 offload.before_step()
                 grad_norm = batching.clip_and_step(c.actor, c.actor_optim, c.grad_clip)
                 self.actor_version += 1
                 c.actor_lr.step()
-                sums["actor/grad_norm"].append(grad_norm)
+                sums.add("actor/grad_norm", grad_norm)
         offload.after_update()
-        return batching.mean_across_ranks(sums) | {"actor/lr": c.actor_lr.lr}
+        return sums.reduce() | {"actor/lr": c.actor_lr.lr}
 
     def batch_metrics(self, batch: dict[str, Any], full: dict[str, torch.Tensor]) -> dict[str, float]:
         return batching.batch_metrics(full, kl_coef=self.kl_coef_used,
