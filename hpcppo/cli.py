@@ -261,6 +261,13 @@ def _add_compile_args(p: argparse.ArgumentParser, *, spec: bool = True) -> None:
                        help="do not check that model and data paths exist (they may exist only on the cluster)")
 
 
+def _add_runs_root_args(p: argparse.ArgumentParser, *,
+                        site_help: str = "site whose runs root holds the run") -> None:
+    """Where a command finds run directories: the site's ``paths.runs_root`` unless ``--runs-root`` says."""
+    p.add_argument("--site", default=DEFAULT_SITE, help=site_help)
+    p.add_argument("--runs-root", help="directory of run directories")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpcppo",
                                      description="PPO RLHF for LLMs on Slurm clusters, driven by a config compiler.")
@@ -287,30 +294,26 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="list runs, or one run in detail")
     p.add_argument("run", nargs="?", help="run id")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--site", default=DEFAULT_SITE, help="site whose runs root to list (default: local)")
-    p.add_argument("--runs-root", help="directory of run directories")
+    _add_runs_root_args(p, site_help="site whose runs root to list (default: local)")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("cancel", help="cancel a run's job")
     p.add_argument("run", help="run id")
-    p.add_argument("--site", default=DEFAULT_SITE, help="site whose runs root holds the run")
-    p.add_argument("--runs-root", help="directory of run directories")
+    _add_runs_root_args(p)
     p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser("resume", help="submit a stopped run again (paused, preempted, failed): it continues from "
                                       "its newest committed checkpoint")
     p.add_argument("run", help="run id")
     p.add_argument("--wait", action="store_true", help="wait until the job ends and report its state")
-    p.add_argument("--site", default=DEFAULT_SITE, help="site whose runs root holds the run")
-    p.add_argument("--runs-root", help="directory of run directories")
+    _add_runs_root_args(p)
     p.set_defaults(func=cmd_resume)
 
     p = sub.add_parser("export", help="write a checkpoint's actor as a Hugging Face directory (safetensors)")
     p.add_argument("run", help="run id")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest committed)")
     p.add_argument("--out", required=True, help="output directory (must not exist)")
-    p.add_argument("--site", default=DEFAULT_SITE, help="site whose runs root holds the run")
-    p.add_argument("--runs-root", help="directory of run directories")
+    _add_runs_root_args(p)
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("config", help="inspect configuration")

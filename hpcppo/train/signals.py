@@ -42,5 +42,7 @@ class PreemptionFlag:
         return bool(flag.item() > 0)
 
     def restore(self) -> None:
+        """Put the previous handlers back (once: the components and the entry point both call it)."""
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        self._previous.clear()
