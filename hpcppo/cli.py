@@ -232,7 +232,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_make_model(args: argparse.Namespace) -> int:
-    from hpcppo.train.tiny import build_tiny_model_and_data
+    from hpcppo.tiny import build_tiny_model_and_data
 
     info = build_tiny_model_and_data(Path(args.out), Path(args.data_out) if args.data_out else None, seed=args.seed)
     if args.json:

@@ -11,7 +11,7 @@ import pytest
 def random_tiny(tmp_path_factory) -> dict[str, Path]:
     """An untrained ~0.5M-param tiny Llama + tokenizer and arithmetic data (seconds to build)."""
     from hpcppo.data import synthetic
-    from hpcppo.train.tiny import TinySettings, build_model, build_tokenizer
+    from hpcppo.tiny import TinySettings, build_model, build_tokenizer
 
     root = tmp_path_factory.mktemp("random-tiny")
     tok = build_tokenizer()

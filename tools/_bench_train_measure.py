@@ -64,7 +64,7 @@ def update_breakdown(models: dict[str, tuple[torch.nn.Module, torch.optim.Optimi
     """Median ms of the pieces of one actor mini-batch update (forward to log-probs, backward, grad clip, AdamW
     step) for each (model, optimizer), alternating between them; random token ids, the same for all. Run after
     training (it moves the weights)."""
-    from hpcppo.train.models import forward_log_probs
+    from hpcppo.models import forward_log_probs
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (rows, width), generator=g)

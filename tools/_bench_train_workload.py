@@ -26,7 +26,7 @@ def build_model_and_data(root: Path, *, train_rows: int) -> dict[str, Path]:
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     from hpcppo.data import synthetic
-    from hpcppo.train.tiny import build_tokenizer
+    from hpcppo.tiny import build_tokenizer
 
     tok = build_tokenizer()
     config = Qwen2Config(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -103,7 +103,7 @@ def make_bench_trainer(minimal: MinimalPPO, *, profile: bool, warmup: int):
 def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     """Build, train with the minimal loop interleaved, measure the reference rates; returns the figures."""
     from hpcppo.config import compile_config
-    from hpcppo.dist import env as dist_env
+    from hpcppo.distributed import env as dist_env
     from hpcppo.metrics import load as load_metrics
     from hpcppo.train.build import build_components
 

@@ -25,7 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hpcppo.data import synthetic  # noqa: E402
-from hpcppo.train import tiny  # noqa: E402
+from hpcppo import tiny  # noqa: E402
+from hpcppo.models import position_ids_from_mask  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         adv = (group - group.mean(dim=1, keepdim=True)).view(-1)
         model.train()
         attn = torch.cat([enc["attention_mask"], resp_mask], dim=1)
-        logits = model(input_ids=seq, attention_mask=attn, position_ids=tiny.position_ids_from_mask(attn)).logits
+        logits = model(input_ids=seq, attention_mask=attn, position_ids=position_ids_from_mask(attn)).logits
         logits = logits[:, plen - 1 : -1].float() / args.temperature
         logp = torch.log_softmax(logits, -1).gather(-1, resp.unsqueeze(-1)).squeeze(-1)
         loss = -(adv[:, None] * logp * resp_mask).sum() / resp_mask.sum()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hpcppo.errors import HpcppoError  # noqa: E402
-from hpcppo.train.tiny import build_tiny_model_and_data  # noqa: E402
+from hpcppo.tiny import build_tiny_model_and_data  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

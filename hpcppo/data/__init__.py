@@ -1,13 +1,12 @@
 """Prompt data and rewards.
 
 - :mod:`hpcppo.data.dataset` — verl's Parquet schema (read/validate/write), :class:`PromptDataset` (chat template,
-  truncation), :func:`collate_left_pad`.
+  truncation).
 - :mod:`hpcppo.data.sampler` — :class:`ShardedEpochSampler`, deterministic and resumable across dp sizes.
 - :mod:`hpcppo.data.rewards` — verl-signature reward functions: ``gsm8k``, the synthetic ``arith`` task, user code.
 - :mod:`hpcppo.data.gsm8k` — the GSM8K JSONL -> Parquet converter (``tools/prepare_gsm8k.py``).
 
-Names are re-exported lazily so ``import hpcppo.data.rewards`` does not load pyarrow, and nothing here loads torch
-(only :func:`collate_left_pad` imports it, when called).
+Names are re-exported lazily so ``import hpcppo.data.rewards`` does not load pyarrow, and nothing here loads torch.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ _EXPORTS = {
     "PromptDataset": "dataset",
     "read_prompts": "dataset",
     "write_prompts_parquet": "dataset",
-    "collate_left_pad": "dataset",
     "ShardedEpochSampler": "sampler",
     "build_reward_fn": "rewards",
     "score_batch": "rewards",

@@ -1,4 +1,4 @@
-"""Prompt datasets in verl's Parquet schema: read, validate, write, tokenise, collate.
+"""Prompt datasets in verl's Parquet schema: read, validate, write, tokenise.
 
 verl's preprocessing scripts write one Parquet row per prompt with these columns (nested types)::
 
@@ -11,8 +11,8 @@ verl's preprocessing scripts write one Parquet row per prompt with these columns
 Files written by verl users load unchanged. Columns other than these are ignored on read (verl files may carry
 more), so the error for a missing column lists the required and optional ones and the columns present.
 
-torch is imported only inside :func:`collate_left_pad`: reading, validating and writing Parquet are used by
-login-node tools (``tools/prepare_gsm8k.py``, config checks), which must not pay for — or need — torch.
+Nothing here imports torch: reading, validating and writing Parquet are used by login-node tools
+(``tools/prepare_gsm8k.py``, config checks), which must not pay for — or need — torch.
 """
 
 from __future__ import annotations
@@ -332,33 +332,3 @@ class PromptDataset:
     def prompt_lengths(self) -> list[int]:
         """Token count of every prompt (after truncation)."""
         return [len(ids) for ids in self._ids]
-
-
-def collate_left_pad(items: Sequence[PromptItem], pad_token_id: int) -> dict[str, Any]:
-    """Left-pad a batch of prompts for decoder-only generation.
-
-    Returns ``input_ids`` [B, T] long, ``attention_mask`` [B, T] long (0 on padding), ``position_ids`` [B, T] long
-    (``clamp(cumsum(mask) - 1, min=0)`` — 0 on the padding, 0.. on the tokens, as verl computes them),
-    ``index`` [B] long, and ``records`` (list of :class:`PromptRecord`, not a tensor). T is the longest prompt.
-    """
-    import torch  # here, not at module level: the Parquet I/O above is used on the login node
-
-    if not items:
-        raise ValueError("collate_left_pad needs at least one item")
-    width = max(len(it.input_ids) for it in items)
-    input_ids = torch.full((len(items), width), int(pad_token_id), dtype=torch.long)
-    attention_mask = torch.zeros((len(items), width), dtype=torch.long)
-    for i, it in enumerate(items):
-        n = len(it.input_ids)
-        input_ids[i, width - n:] = torch.tensor(it.input_ids, dtype=torch.long)
-        attention_mask[i, width - n:] = 1
-    from hpcppo.rollout.base import position_ids_from_mask
-
-    position_ids = position_ids_from_mask(attention_mask)
-    return {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "position_ids": position_ids,
-        "index": torch.tensor([it.index for it in items], dtype=torch.long),
-        "records": [it.record for it in items],
-    }

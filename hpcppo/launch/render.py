@@ -23,7 +23,7 @@ from hpcppo.resources import templates_dir
 SLURM_TEMPLATE = "slurm.sbatch.j2"
 LOCAL_TEMPLATE = "local.sh.j2"
 # Rendezvous ports: MASTER_PORT = PORT_BASE + job_id % PORT_SPAN, the same rule as
-# hpcppo.dist.env.port_from_job_id (below the ephemeral range, above well-known ports).
+# hpcppo.distributed.env.port_from_job_id (below the ephemeral range, above well-known ports).
 PORT_BASE = 15000
 PORT_SPAN = 15000
 ENTRY_MODULE = "hpcppo.train.main"

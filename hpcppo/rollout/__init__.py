@@ -1,16 +1,10 @@
 """Rollout engines: sample responses from the current policy.
 
-``base`` holds the protocol and the batch conventions (read its docstring first), ``hf`` the CPU-testable
+``factory`` builds one by name, ``base`` holds the protocol and the batch conventions (read its docstring first), ``hf`` the CPU-testable
 Hugging Face engine, ``vllm_engine`` the colocated vLLM engine (lazy import; GPU nodes only).
 """
 
-from hpcppo.rollout.base import (
-    ENGINE_KINDS,
-    RolloutBatch,
-    RolloutEngine,
-    SamplingParams,
-    build_engine,
-    derive_seed,
-)
+from hpcppo.rollout.base import RolloutBatch, RolloutEngine, SamplingParams, derive_seed
+from hpcppo.rollout.factory import ENGINE_KINDS, build_engine
 
 __all__ = ["ENGINE_KINDS", "RolloutBatch", "RolloutEngine", "SamplingParams", "build_engine", "derive_seed"]

@@ -1,11 +1,11 @@
 """The rollout engine protocol: sampling parameters in, a padded batch of prompt + response tensors out.
 
-Conventions every engine follows (the trainer and ``hpcppo.train.models`` rely on them):
+Conventions every engine follows (the trainer and ``hpcppo.models`` rely on them):
 
 * **Rows are samples, prompt-major.** With ``n`` samples per prompt, rows ``0..n-1`` belong to prompt 0, rows
   ``n..2n-1`` to prompt 1, and so on; ``prompt_index[row]`` says which prompt (GRPO/RLOO groups).
 * **Prompts are left padded, responses right padded.** ``input_ids = cat(prompt_ids, response_ids)``, so the
-  response always starts at column ``P`` and ``hpcppo.train.models.compute_log_probs`` can slice the last ``R``
+  response always starts at column ``P`` and ``hpcppo.models.compute_log_probs`` can slice the last ``R``
   positions. The response width ``R`` is the longest response *in this batch* (at most ``max_new_tokens``);
   use :meth:`RolloutBatch.pad_responses_to` when a fixed width is needed.
 * **``response_mask`` is 1 up to and including the EOS token**, 0 on the padding after it. A response cut by
@@ -29,9 +29,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from hpcppo.models import position_ids_from_mask
+
 PromptInput = Sequence[Sequence[int]] | Mapping[str, Any]
 """Prompts as token-id lists, or a mapping with left-padded ``input_ids`` and ``attention_mask`` tensors
-(``hpcppo.data.collate_left_pad``'s output)."""
+(as the trainer's prompt batches carry them)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,11 +160,6 @@ class RolloutBatch:
         )
 
 
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """``clamp(cumsum(mask) - 1, min=0)``: 0.. along the tokens of each row, 0 on left padding. ``[B, T]``."""
-    return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
-
-
 def assemble_batch(
     *,
     prompt_ids: torch.Tensor,
@@ -277,7 +274,7 @@ class RolloutEngine(Protocol):
 
     Lifecycle per step (colocated with training): ``wake_up()`` -> ``sync_weights(iter_full_params(actor))`` ->
     ``generate(...)`` -> ``sleep()``. ``sync_weights`` is driven by a collective iterator: every rank must call it
-    at the same time (see ``hpcppo.dist.weights.iter_full_params``).
+    at the same time (see ``hpcppo.distributed.weights.iter_full_params``).
     """
 
     def generate(self, prompts: PromptInput, sampling: SamplingParams) -> RolloutBatch:
@@ -302,23 +299,3 @@ class RolloutEngine(Protocol):
     def close(self) -> None:
         """Free the engine; it cannot be used afterwards."""
         ...
-
-
-ENGINE_KINDS = ("hf", "vllm")
-
-
-def build_engine(kind: str, **kwargs: Any) -> RolloutEngine:
-    """Construct an engine by name: ``"hf"`` -> :class:`~hpcppo.rollout.hf.HFRolloutEngine.from_pretrained`,
-    ``"vllm"`` -> :class:`~hpcppo.rollout.vllm_engine.VLLMRolloutEngine`. Keyword arguments go to that constructor.
-
-    Raises ``ValueError`` naming the known kinds for anything else.
-    """
-    if kind == "hf":
-        from hpcppo.rollout.hf import HFRolloutEngine
-
-        return HFRolloutEngine.from_pretrained(**kwargs)
-    if kind == "vllm":
-        from hpcppo.rollout.vllm_engine import VLLMRolloutEngine
-
-        return VLLMRolloutEngine(**kwargs)
-    raise ValueError(f"unknown rollout engine {kind!r}; known engines: {', '.join(ENGINE_KINDS)}")

@@ -2,11 +2,11 @@
 
 The CPU-testable fallback (and a reasonable choice for small models on GPU). Each rank holds its own unsharded
 copy of the actor and generates for its own share of the prompts; the engine never communicates. Weights arrive
-through :meth:`HFRolloutEngine.sync_weights` from ``hpcppo.dist.weights.iter_full_params``.
+through :meth:`HFRolloutEngine.sync_weights` from ``hpcppo.distributed.weights.iter_full_params``.
 
 Why our own decoding loop instead of ``model.generate``: it samples from a ``torch.Generator`` we own (a seed
 reproduces a rollout whatever the global RNG state, and the trainer's RNG is left untouched), it computes the
-reported log-probs with exactly the formula ``hpcppo.train.models.compute_log_probs`` uses, and it asks the model
+reported log-probs with exactly the formula ``hpcppo.models.compute_log_probs`` uses, and it asks the model
 for the last position's logits only. Measured on CPU (64 samples × 16 new tokens, 0.5M and 4M parameters, a
 loaded 2-core machine): 1.0-1.6× the tokens/s of ``generate(do_sample=True, output_logits=True)``.
 """
@@ -21,13 +21,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from hpcppo.models import position_ids_from_mask
 from hpcppo.rollout.base import (
     PromptInput,
     RolloutBatch,
     SamplingParams,
     assemble_batch,
     left_pad,
-    position_ids_from_mask,
     prompt_lists,
 )
 
@@ -99,7 +99,7 @@ class HFRolloutEngine:
         ``dtype`` is a torch dtype or its name (``"bfloat16"``, ``"float32"``, ``"auto"`` = as saved); ``device``
         defaults to the current CUDA device when there is one, else CPU.
         """
-        from hpcppo.train.models import load_causal_lm
+        from hpcppo.models import load_causal_lm
 
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
@@ -187,7 +187,7 @@ class HFRolloutEngine:
         arrive, they must be equal. Raises ``KeyError`` for an unknown name or missing parameters and ``ValueError``
         for a shape mismatch, a name sent twice, or tied copies that disagree.
         """
-        from hpcppo.dist.weights import clean_name
+        from hpcppo.distributed.weights import clean_name
 
         written: dict[int, str] = {}
         seen: set[str] = set()

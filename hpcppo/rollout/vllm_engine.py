@@ -9,7 +9,7 @@ Design (verl's "hybrid engine" without Ray):
   every rank generates for its own share, like the HF engine.
 * ``enable_sleep_mode=True``: between rollouts :meth:`sleep` offloads the weights to host memory and discards
   the KV cache (level 1), so the FSDP update gets the GPU memory back; :meth:`wake_up` restores them.
-* Weights stream parameter by parameter from ``hpcppo.dist.weights.iter_full_params`` into the model's own
+* Weights stream parameter by parameter from ``hpcppo.distributed.weights.iter_full_params`` into the model's own
   ``load_weights`` (which handles vLLM's fused QKV / gate-up layouts and tied embeddings), see
   :func:`_inference_model` — the single place that reaches into vLLM internals.
 * Log-probs: ``logprobs_mode="processed_logprobs"`` reports ``log_softmax`` of the logits *after* temperature (and
@@ -187,7 +187,7 @@ class VLLMRolloutEngine:
 
         def counted() -> Iterator[tuple[str, torch.Tensor]]:
             nonlocal received
-            from hpcppo.dist.weights import clean_name
+            from hpcppo.distributed.weights import clean_name
 
             for name, tensor in named_tensors:
                 received += tensor.numel() * tensor.element_size()

@@ -18,13 +18,13 @@ from hpcppo import algos
 from hpcppo.data.dataset import PromptDataset, read_prompts
 from hpcppo.data.rewards import build_reward_fn, score_batch
 from hpcppo.data.sampler import ShardedEpochSampler
-from hpcppo.dist.checkpoint import CheckpointManager
-from hpcppo.dist.env import DistEnv
-from hpcppo.dist.fsdp import apply_activation_checkpointing, apply_fsdp
-from hpcppo.dist.mesh import build_mesh
+from hpcppo.distributed.checkpoint import CheckpointManager
+from hpcppo.distributed.env import DistEnv
+from hpcppo.distributed.fsdp import apply_activation_checkpointing, apply_fsdp
+from hpcppo.distributed.mesh import build_mesh
 from hpcppo.metrics import STANDARD_COLUMNS, MetricsWriter
-from hpcppo.rollout.base import RolloutEngine, SamplingParams, build_engine
-from hpcppo.train import models
+from hpcppo.rollout import RolloutEngine, SamplingParams, build_engine
+from hpcppo import models
 from hpcppo.train.optim import LRSchedule, build_optimizer
 from hpcppo.train.signals import PreemptionFlag
 

@@ -18,8 +18,8 @@ def export_actor(run_dir: Path, out_dir: Path, step: int | None = None) -> dict[
     from transformers import AutoTokenizer
 
     from hpcppo.config import load_resolved
-    from hpcppo.dist.checkpoint import CheckpointManager
-    from hpcppo.train.models import build_actor
+    from hpcppo.distributed.checkpoint import CheckpointManager
+    from hpcppo.models import build_actor
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     compiled = load_resolved(run_dir / "resolved.toml")

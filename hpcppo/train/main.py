@@ -31,8 +31,8 @@ def run(run_dir: Path) -> int:
     # First, before anything slow: a USR2/TERM that arrives while the models load must be kept, not kill the rank.
     preempt = PreemptionFlag()
     from hpcppo.config import load_resolved
-    from hpcppo.dist import env as dist_env
-    from hpcppo.dist.env import detect_env
+    from hpcppo.distributed import env as dist_env
+    from hpcppo.distributed.env import detect_env
 
     compiled = load_resolved(run_dir / "resolved.toml")
     plan = compiled.plan

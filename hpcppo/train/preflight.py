@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpcppo.dist.env import DistEnv
+from hpcppo.distributed.env import DistEnv
 from hpcppo.fsutil import atomic_write_json
 
 # Message sizes of the bandwidth sweep (bytes of float32 payload).

@@ -26,12 +26,12 @@ import torch
 import torch.distributed as dist
 
 from hpcppo import algos, exitcodes
-from hpcppo.dist.weights import iter_full_params
+from hpcppo.distributed.weights import iter_full_params
 from hpcppo.fsutil import atomic_write_text
 from hpcppo.rollout.base import derive_seed
 from hpcppo.train import batching
 from hpcppo.train.build import Components, build_components
-from hpcppo.train.models import compute_log_probs, compute_values, forward_log_probs, forward_values
+from hpcppo.models import compute_log_probs, compute_values, forward_log_probs, forward_values
 from hpcppo.train.optim import OptimizerStateOffload, offload_optimizer_state
 
 log = logging.getLogger("hpcppo.train")

@@ -26,8 +26,8 @@ TIMEOUT_S = 60
 # ~5 s of imports (much more on a busy 2-core machine), a fork from the preloaded server almost nothing. The
 # server never runs torch ops itself, so forking it is safe (no OpenMP pool to inherit).
 _PRELOAD = ["torch", "torch.distributed.fsdp", "torch.distributed.checkpoint", "transformers",
-            "transformers.models.qwen2.modeling_qwen2", "hpcppo.dist.fsdp", "hpcppo.dist.checkpoint",
-            "hpcppo.dist.weights", "hpcppo.dist.mesh"]
+            "transformers.models.qwen2.modeling_qwen2", "hpcppo.distributed.fsdp", "hpcppo.distributed.checkpoint",
+            "hpcppo.distributed.weights", "hpcppo.distributed.mesh"]
 
 
 def free_port() -> int:
@@ -42,7 +42,7 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, out_di
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)  # N ranks share 2 cores; oversubscription makes gloo tests crawl
 
-    from hpcppo.dist.env import destroy_distributed, detect_env, init_distributed
+    from hpcppo.distributed.env import destroy_distributed, detect_env, init_distributed
 
     init_distributed(detect_env(os.environ, device_type="cpu"), timeout_s=TIMEOUT_S)
     finished = False

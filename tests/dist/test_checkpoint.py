@@ -14,8 +14,8 @@ import torch
 from _models import Critic, batch, lm_loss, tiny_lm
 from _spawn import run_distributed
 
-from hpcppo.dist import layout
-from hpcppo.dist.checkpoint import CheckpointManager
+from hpcppo.distributed import layout
+from hpcppo.distributed.checkpoint import CheckpointManager
 from hpcppo.errors import RunStateError
 
 
@@ -38,8 +38,8 @@ def _snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict:
 
 def _build(world: int, seed: int, sharded: bool = True):
     """Actor (+AdamW, +LR schedule), critic (+AdamW), frozen reference; FSDP-sharded when ``sharded``."""
-    from hpcppo.dist.fsdp import apply_fsdp
-    from hpcppo.dist.mesh import build_mesh
+    from hpcppo.distributed.fsdp import apply_fsdp
+    from hpcppo.distributed.mesh import build_mesh
 
     actor, critic, ref = tiny_lm(seed), Critic(seed + 1), tiny_lm(seed + 2)
     if sharded:
@@ -117,7 +117,7 @@ def _save_worker(rank: int, world: int, root: str) -> dict:
     out["committed_after_step3"] = mgr.list_committed()
 
     # A write that fails on one rank only must fail the save on every rank, promptly, and commit nothing.
-    import hpcppo.dist.checkpoint as ckpt
+    import hpcppo.distributed.checkpoint as ckpt
 
     real_write = ckpt._write_durable
 
@@ -299,7 +299,7 @@ def test_retention_never_deletes_the_newest_even_when_it_is_older(tmp_path):
 
 
 def test_nothing_is_pruned_while_a_save_is_in_flight(tmp_path, monkeypatch):
-    import hpcppo.dist.checkpoint as ckpt
+    import hpcppo.distributed.checkpoint as ckpt
 
     mgr = CheckpointManager(tmp_path, keep_last=1)
     _save(mgr, 1)
@@ -386,7 +386,7 @@ def test_marker_and_layout_helpers(tmp_path):
 
 
 def test_layout_does_not_import_torch():
-    code = "import sys, hpcppo.dist.layout; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, hpcppo.distributed.layout; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
@@ -408,7 +408,7 @@ def test_abandon_after_rollback_hides_the_old_branch(tmp_path):
 
 def test_an_optimizer_that_never_stepped_is_recorded_empty(tmp_path):
     """Saving must not create state for it (DCP would, with a zero-lr step), and loading restores it empty."""
-    from hpcppo.dist.layout import read_marker
+    from hpcppo.distributed.layout import read_marker
 
     mgr = CheckpointManager(tmp_path, keep_last=0)
     stepped_model, stepped = _tiny(1)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcppo.dist.env import DistEnv, detect_env, expand_tasks_per_node, first_host, port_from_job_id
-from hpcppo.dist.mesh import mesh_shape
+from hpcppo.distributed.env import DistEnv, detect_env, expand_tasks_per_node, first_host, port_from_job_id
+from hpcppo.distributed.mesh import mesh_shape
 from hpcppo.errors import ConfigError, ResolveError
 
 
@@ -94,7 +94,7 @@ def test_mesh_shapes():
 def _submitit_task() -> dict:
     import os
 
-    from hpcppo.dist.env import all_reduce_scalar, broadcast_object, destroy_distributed, detect_env, init_distributed
+    from hpcppo.distributed.env import all_reduce_scalar, broadcast_object, destroy_distributed, detect_env, init_distributed
 
     env = detect_env(os.environ, device_type="cpu")
     init_distributed(env, timeout_s=60)
@@ -125,7 +125,7 @@ def test_submitit_local_executor_two_tasks(tmp_path, monkeypatch):
 def _leave_together(rank: int, world_size: int) -> float:
     import time
 
-    from hpcppo.dist.env import destroy_distributed
+    from hpcppo.distributed.env import destroy_distributed
 
     if rank == 1:
         time.sleep(1.0)  # still busy when rank 0 wants to leave

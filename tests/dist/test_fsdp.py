@@ -42,7 +42,7 @@ def _reference_step(ids: torch.Tensor) -> dict:
 
 
 def _sharded_step(mesh, ids_local, *, ac: bool = False, **fsdp_kw):
-    from hpcppo.dist.fsdp import apply_activation_checkpointing, apply_fsdp
+    from hpcppo.distributed.fsdp import apply_activation_checkpointing, apply_fsdp
 
     kw = {"param_dtype": None, "reduce_dtype": None, "cpu_offload": False, "reshard_after_forward": True} | fsdp_kw
     model = tiny_lm()
@@ -76,9 +76,9 @@ def _fsdp_worker(rank: int, world: int) -> dict:
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor, Shard
 
-    from hpcppo.dist.fsdp import apply_activation_checkpointing, apply_fsdp
-    from hpcppo.dist.mesh import build_mesh
-    from hpcppo.dist.weights import iter_full_params, load_into
+    from hpcppo.distributed.fsdp import apply_activation_checkpointing, apply_fsdp
+    from hpcppo.distributed.mesh import build_mesh
+    from hpcppo.distributed.weights import iter_full_params, load_into
 
     mesh = build_mesh("cpu", world, 1, hsdp=False)
     ids = batch(0, n=4)
@@ -245,9 +245,9 @@ def _hsdp_worker(rank: int, world: int) -> dict:
     # A non-HF model keeps the four processes free of the transformers import (seconds each on a busy machine).
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
-    from hpcppo.dist.fsdp import apply_fsdp
-    from hpcppo.dist.mesh import build_mesh
-    from hpcppo.dist.weights import iter_full_params, load_into
+    from hpcppo.distributed.fsdp import apply_fsdp
+    from hpcppo.distributed.mesh import build_mesh
+    from hpcppo.distributed.weights import iter_full_params, load_into
 
     mesh = build_mesh("cpu", world, 2, hsdp=True)  # two emulated nodes of two ranks
     ids = batch(0, n=8) % 32

@@ -29,7 +29,7 @@ def _lm(seed: int, *, tie: bool, hidden: int = 64, layers: int = 2, vocab: int =
 
 def _sharded(mesh, rank: int, **kw):
     """An FSDP2 actor whose shards each rank perturbs differently."""
-    from hpcppo.dist.fsdp import apply_fsdp
+    from hpcppo.distributed.fsdp import apply_fsdp
 
     model = _lm(0, **kw)
     apply_fsdp(model, mesh, param_dtype=None, reduce_dtype=None, cpu_offload=False, reshard_after_forward=True)
@@ -42,10 +42,10 @@ def _sharded(mesh, rank: int, **kw):
 
 
 def _scenario(mesh, rank: int, *, tie: bool) -> dict:
-    from hpcppo.dist.weights import iter_full_params
+    from hpcppo.distributed.weights import iter_full_params
     from hpcppo.rollout import SamplingParams
     from hpcppo.rollout.hf import HFRolloutEngine
-    from hpcppo.train.models import compute_log_probs
+    from hpcppo.models import compute_log_probs
 
     model = _sharded(mesh, rank, tie=tie)
     engine = HFRolloutEngine(_lm(1, tie=tie).eval())  # different weights: the sync must overwrite all of them
@@ -72,7 +72,7 @@ def _scenario(mesh, rank: int, *, tie: bool) -> dict:
 
 def _throughput(mesh, rank: int) -> dict:
     """Bytes/s of the sync for a ~17M-parameter model (gather + copy), best of 3."""
-    from hpcppo.dist.weights import iter_full_params
+    from hpcppo.distributed.weights import iter_full_params
     from hpcppo.rollout.hf import HFRolloutEngine
 
     kw = dict(tie=False, hidden=512, layers=4, vocab=8192)
@@ -94,7 +94,7 @@ def _throughput(mesh, rank: int) -> dict:
 
 
 def _run(rank: int, world_size: int) -> dict:
-    from hpcppo.dist.mesh import build_mesh
+    from hpcppo.distributed.mesh import build_mesh
 
     mesh = build_mesh("cpu", world_size, 1, hsdp=False)
     return {

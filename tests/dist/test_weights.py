@@ -9,8 +9,8 @@ import pytest
 import torch
 from _models import PlainStack
 
-from hpcppo.dist.fsdp import apply_activation_checkpointing, find_layers
-from hpcppo.dist.weights import clean_name, iter_full_params, load_into
+from hpcppo.distributed.fsdp import apply_activation_checkpointing, find_layers
+from hpcppo.distributed.weights import clean_name, iter_full_params, load_into
 
 
 class WithBuffers(torch.nn.Module):

@@ -8,7 +8,7 @@ import pytest
 from hpcppo import metrics as hmetrics
 from hpcppo.cli import main
 from hpcppo.launch.rundir import list_runs
-from hpcppo.train.tiny import build_tiny_model_and_data
+from hpcppo.tiny import build_tiny_model_and_data
 
 from _harness import REPO
 

@@ -25,8 +25,8 @@ def _comparable(df):
 
 
 def _final_weights(run_dir, step):
-    from hpcppo.dist.checkpoint import CheckpointManager
-    from hpcppo.train.models import build_actor, build_critic
+    from hpcppo.distributed.checkpoint import CheckpointManager
+    from hpcppo.models import build_actor, build_critic
 
     compiled_model = run_dir / "resolved.toml"
     from hpcppo.config import load_resolved
@@ -192,7 +192,7 @@ def test_checkpoints_during_critic_warmup_change_nothing(tmp_path, random_tiny):
     """While the critic warms up the actor's optimizer has no state: a checkpoint leaves it out (asking DCP for it
     would create state with a zero-lr step, i.e. one more Adam step) and a resume from such a checkpoint continues
     exactly like a run that never stopped."""
-    from hpcppo.dist.layout import read_marker
+    from hpcppo.distributed.layout import read_marker
 
     spec = write_spec(tmp_path / "exp.toml", random_tiny)
     common = ["critic.warmup_updates=2", "trainer.total_steps=4"]

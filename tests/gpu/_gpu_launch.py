@@ -3,7 +3,7 @@
 Each scenario (``_gpu_scenarios.py``) runs in fresh processes: NCCL communicators, CUDA contexts and vLLM's
 global parallel state never leak from one check into the next, and a crash or hang fails one test, not the
 session. Ranks get torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT), which both ``hpcppo.dist.env.detect_env`` and vLLM's ``external_launcher`` read. Only stdlib and
+MASTER_PORT), which both ``hpcppo.distributed.env.detect_env`` and vLLM's ``external_launcher`` read. Only stdlib and
 pytest are imported at module level, so collection works on a machine without CUDA or vLLM.
 """
 

@@ -30,7 +30,7 @@ def _save(out_dir: Path, rank: int, result: dict[str, Any]) -> None:
 
 
 def _init() -> Any:
-    from hpcppo.dist.env import detect_env, init_distributed
+    from hpcppo.distributed.env import detect_env, init_distributed
 
     env = detect_env(os.environ, device_type=DEVICE)
     init_distributed(env, timeout_s=TIMEOUT_S)
@@ -86,10 +86,10 @@ def _fsdp_variant(env: Any, mesh: Any, ids: torch.Tensor, *, offload: bool) -> d
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.tensor import DTensor
 
-    from hpcppo.dist.fsdp import apply_fsdp
-    from hpcppo.dist.weights import iter_full_params
+    from hpcppo.distributed.fsdp import apply_fsdp
+    from hpcppo.distributed.weights import iter_full_params
     from hpcppo.train.optim import build_optimizer
-    from hpcppo.train.tiny import TinySettings, build_model, build_tokenizer
+    from hpcppo.tiny import TinySettings, build_model, build_tokenizer
 
     device = _device(env)
     tokenizer = build_tokenizer()
@@ -152,7 +152,7 @@ def _fsdp_variant(env: Any, mesh: Any, ids: torch.Tensor, *, offload: bool) -> d
 
 def scenario_fsdp(out_dir: Path) -> dict[str, Any]:
     """FSDP2 with bf16 compute and fp32 reduction, without and with CPU offload, on the tiny Llama."""
-    from hpcppo.dist.mesh import build_mesh
+    from hpcppo.distributed.mesh import build_mesh
 
     env = _init()
     world = dist.get_world_size()
@@ -167,7 +167,7 @@ def scenario_fsdp(out_dir: Path) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------------- vllm
 def _log_probs(model: torch.nn.Module, batch: Any, temperature: float) -> torch.Tensor:
     """``compute_log_probs`` of ``model`` on the batch's sequences, ``[B, R]`` on CPU, 0 off the response mask."""
-    from hpcppo.train.models import compute_log_probs
+    from hpcppo.models import compute_log_probs
 
     device = next(model.parameters()).device
     lp = compute_log_probs(model, batch.input_ids.to(device), batch.attention_mask.to(device),
@@ -191,11 +191,11 @@ def scenario_vllm(out_dir: Path, model_dir: str) -> dict[str, Any]:
     import dataclasses
 
     from hpcppo.data import synthetic
-    from hpcppo.dist.weights import iter_full_params
+    from hpcppo.distributed.weights import iter_full_params
     from hpcppo.rollout.base import SamplingParams
     from hpcppo.rollout.vllm_engine import VLLMRolloutEngine
-    from hpcppo.train.models import load_causal_lm
-    from hpcppo.train.tiny import build_tokenizer, encode_prompts
+    from hpcppo.models import load_causal_lm
+    from hpcppo.tiny import build_tokenizer, encode_prompts
 
     env = _init()  # external_launcher joins the process group the trainer made (env:// from our variables)
     device = _device(env)
@@ -274,7 +274,7 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[0] not in SCENARIOS:
         print(f"usage: _gpu_scenarios.py {{{','.join(SCENARIOS)}}} OUT_DIR [ARGS]", file=sys.stderr)
         return 2
-    from hpcppo.dist.env import destroy_distributed
+    from hpcppo.distributed.env import destroy_distributed
 
     out_dir = Path(argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)

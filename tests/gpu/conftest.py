@@ -35,7 +35,7 @@ def warm_tiny(tmp_path_factory) -> dict[str, Path]:
     tiny model mostly repeats its last token with near-uniform probabilities elsewhere). An up-to-date build under
     artifacts/tiny-arith/model is copied instead of rebuilt (the build checks its settings hash either way).
     """
-    from hpcppo.train.tiny import build_tiny_model_and_data
+    from hpcppo.tiny import build_tiny_model_and_data
 
     cuda_device_count()  # no GPU: fail at once rather than after a 40 s build
     root = tmp_path_factory.mktemp("warm-tiny")

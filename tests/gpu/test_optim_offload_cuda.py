@@ -84,7 +84,7 @@ def _build(mesh: Any, device: Any) -> tuple[Any, Any]:
     import torch
     from torch import nn
 
-    from hpcppo.dist.fsdp import apply_fsdp
+    from hpcppo.distributed.fsdp import apply_fsdp
     from hpcppo.train.optim import build_optimizer
 
     class Stack(nn.Module):  # [B, WIDTH] -> [B, WIDTH]; apply_fsdp shards each block of the ModuleList, then the root
@@ -162,9 +162,9 @@ def scenario(out_dir: Path) -> dict[str, Any]:
     import torch
     from torch.distributed.tensor import DTensor
 
-    from hpcppo.dist.checkpoint import CheckpointManager
-    from hpcppo.dist.env import detect_env, init_distributed
-    from hpcppo.dist.mesh import build_mesh
+    from hpcppo.distributed.checkpoint import CheckpointManager
+    from hpcppo.distributed.env import detect_env, init_distributed
+    from hpcppo.distributed.mesh import build_mesh
     from hpcppo.train.optim import load_optimizer_state, offload_optimizer_state
 
     torch.use_deterministic_algorithms(True, warn_only=True)  # the equality checks are the judge
@@ -255,7 +255,7 @@ def scenario(out_dir: Path) -> dict[str, Any]:
 def _main(argv: list[str]) -> int:
     import torch
 
-    from hpcppo.dist.env import destroy_distributed
+    from hpcppo.distributed.env import destroy_distributed
 
     out_dir = Path(argv[0])
     out_dir.mkdir(parents=True, exist_ok=True)

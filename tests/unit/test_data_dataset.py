@@ -1,4 +1,4 @@
-"""verl-schema Parquet I/O, PromptDataset tokenisation/truncation, left-pad collation, the no-torch rule."""
+"""verl-schema Parquet I/O, PromptDataset tokenisation/truncation, the no-torch rule."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
@@ -17,7 +16,6 @@ from hpcppo.data import dataset as ds
 from hpcppo.data.dataset import (
     PromptDataset,
     PromptRecord,
-    collate_left_pad,
     prompt_schema,
     read_prompts,
     write_prompts_parquet,
@@ -226,23 +224,6 @@ def test_truncation_modes():
         PromptDataset(recs, tok, max_prompt_length=4, truncation="middle")
     with pytest.raises(ConfigError, match="max_prompt_length: must be a positive integer"):
         PromptDataset(recs, tok, max_prompt_length=0)
-
-
-def test_collate_left_pads_for_generation():
-    tok = make_tokenizer(None)
-    data = PromptDataset(records("a b c d", "a", "b c"), tok, max_prompt_length=8)
-    batch = collate_left_pad([data[2], data[0], data[1]], pad_token_id=tok.pad_token_id)
-    assert batch["input_ids"].dtype == torch.long and batch["input_ids"].shape == (3, 5)
-    assert batch["input_ids"].tolist() == [[0, 0] + data[2].input_ids, data[0].input_ids, [0, 0, 0] + data[1].input_ids]
-    assert batch["attention_mask"].tolist() == [[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 1, 1]]
-    assert batch["position_ids"].tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4], [0, 0, 0, 0, 1]]
-    assert batch["index"].tolist() == [2, 0, 1]
-    assert [r.ground_truth for r in batch["records"]] == ["2", "0", "1"]
-    # Unpadding with the mask gives back each prompt exactly.
-    for i, item in enumerate([data[2], data[0], data[1]]):
-        assert batch["input_ids"][i][batch["attention_mask"][i].bool()].tolist() == item.input_ids
-    with pytest.raises(ValueError, match="at least one item"):
-        collate_left_pad([], 0)
 
 
 def test_login_node_modules_do_not_import_torch():

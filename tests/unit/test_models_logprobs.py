@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from hpcppo.rollout import SamplingParams
-from hpcppo.rollout.base import left_pad, position_ids_from_mask
+from hpcppo.models import position_ids_from_mask
+from hpcppo.rollout.base import left_pad
 from hpcppo.rollout.hf import HFRolloutEngine
-from hpcppo.train.models import (
+from hpcppo.models import (
     Critic,
     as_torch_dtype,
     build_actor,
@@ -202,7 +203,7 @@ def test_critic_value_head_is_identical_across_builds_and_reloads(model_dir, tmp
 
 
 def test_critic_layers_are_found_by_the_fsdp_helper(model_dir):
-    from hpcppo.dist.fsdp import find_layers
+    from hpcppo.distributed.fsdp import find_layers
 
     critic = build_critic(model_dir)
     layers = find_layers(critic)

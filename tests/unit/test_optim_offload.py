@@ -248,7 +248,7 @@ def test_update_view_loads_once_and_offloads_only_what_it_loaded(mesh):
 
 def test_checkpoint_of_offloaded_state_resumes_bit_exact(mesh, tmp_path):
     """DCP saves the state while it sits on the host; a resume restores it and it can go back to the host."""
-    from hpcppo.dist.checkpoint import CheckpointManager
+    from hpcppo.distributed.checkpoint import CheckpointManager
 
     model, opt = _build(mesh)
     _step(model, opt, 0)

@@ -147,7 +147,7 @@ def test_container_variants():
 
 def test_rendered_rendezvous_block_runs(tmp_path):
     """Execute the rendezvous block with a stand-in ``scontrol``: first host, port from the job id."""
-    from hpcppo.dist.env import port_from_job_id
+    from hpcppo.distributed.env import port_from_job_id
 
     text = (GOLDEN / "a100-cluster.sbatch").read_text()
     block = text[text.index("# ---- rendezvous") : text.index("# ---- watchdog")]
@@ -162,5 +162,5 @@ def test_rendered_rendezvous_block_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr
     addr, port = proc.stdout.splitlines()[-1].split()
     assert addr == "gpu07"
-    # the batch script and the trainer (hpcppo.dist.env) derive the same port from the job id
+    # the batch script and the trainer (hpcppo.distributed.env) derive the same port from the job id
     assert int(port) == port_from_job_id("4242424") == render.PORT_BASE + 4242424 % render.PORT_SPAN

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from hpcppo.rollout import SamplingParams, build_engine, derive_seed
-from hpcppo.rollout.base import batch_from_lists, position_ids_from_mask, prompt_lists
+from hpcppo.models import position_ids_from_mask
+from hpcppo.rollout.base import batch_from_lists, prompt_lists
 
 
 def test_sampling_params_normalise_and_validate():

@@ -14,7 +14,7 @@ import pytest
 
 from hpcppo.data import synthetic
 from hpcppo.errors import ConfigError, PathError
-from hpcppo.train import tiny
+from hpcppo import tiny
 
 REPO = Path(__file__).resolve().parents[2]
 # A build that takes a second: enough to exercise every stage, not to learn anything.
@@ -63,7 +63,7 @@ def test_build_reloads_offline_and_reproduces_its_recorded_accuracy(built) -> No
 import json, sys, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from hpcppo.data import synthetic
-from hpcppo.train import tiny
+from hpcppo import tiny
 torch.set_num_threads(1)
 d = sys.argv[1]
 tok = AutoTokenizer.from_pretrained(d)

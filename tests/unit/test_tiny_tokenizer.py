@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcppo.data import synthetic
-from hpcppo.train import tiny
-from hpcppo.train.tiny import make as tiny_make
+from hpcppo import tiny
+from hpcppo.models import position_ids_from_mask
+from hpcppo.tiny import make as tiny_make
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +90,7 @@ def test_prompt_helpers_left_pad_a_batch(tok) -> None:
     assert short < ids.shape[1]
     assert (ids[0, : ids.shape[1] - short] == tok.pad_token_id).all()  # padding on the left
     assert tok.decode(ids[0, -short:]) == "<bos><|user|>1+2=<|assistant|>"
-    pos = tiny.position_ids_from_mask(mask)
+    pos = position_ids_from_mask(mask)
     assert pos[0, -short:].tolist() == list(range(short))
     assert pos[1].tolist() == list(range(ids.shape[1]))
 

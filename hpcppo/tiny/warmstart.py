@@ -13,9 +13,9 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from hpcppo.data import synthetic
-from hpcppo.train.tiny.model import accuracy
-from hpcppo.train.tiny.settings import TinySettings
-from hpcppo.train.tiny.tokenizer import supervised_batch
+from hpcppo.tiny.model import accuracy
+from hpcppo.tiny.settings import TinySettings
+from hpcppo.tiny.tokenizer import supervised_batch
 
 if TYPE_CHECKING:
     import torch

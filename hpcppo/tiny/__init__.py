@@ -20,16 +20,16 @@ package: the login-node CLI (``hpcppo tools make-model``) imports it inside its 
 
 from __future__ import annotations
 
-from hpcppo.train.tiny.make import (
+from hpcppo.tiny.make import (
     INFO_FILE,
     build_tiny_model_and_data,
     read_info,
     settings_of,
     write_task_data,
 )
-from hpcppo.train.tiny.model import accuracy, build_model, generate_answers, position_ids_from_mask
-from hpcppo.train.tiny.settings import FORMAT_VERSION, TinySettings
-from hpcppo.train.tiny.tokenizer import (
+from hpcppo.tiny.model import accuracy, build_model, generate_answers
+from hpcppo.tiny.settings import FORMAT_VERSION, TinySettings
+from hpcppo.tiny.tokenizer import (
     CHARS,
     CHAT_TEMPLATE,
     SPECIAL_TOKENS,
@@ -39,7 +39,7 @@ from hpcppo.train.tiny.tokenizer import (
     prompt_text,
     supervised_batch,
 )
-from hpcppo.train.tiny.warmstart import add_flaw, ramble_targets, warm_start
+from hpcppo.tiny.warmstart import add_flaw, ramble_targets, warm_start
 
 __all__ = [
     "CHARS",
@@ -56,7 +56,6 @@ __all__ = [
     "build_tokenizer",
     "encode_prompts",
     "generate_answers",
-    "position_ids_from_mask",
     "prompt_text",
     "ramble_targets",
     "read_info",

@@ -43,8 +43,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.optim import Optimizer
 
-from hpcppo.dist import layout
-from hpcppo.dist.env import all_gather_object, barrier, broadcast_object, get_rank, get_world_size
+from hpcppo.distributed import layout
+from hpcppo.distributed.env import all_gather_object, barrier, broadcast_object, get_rank, get_world_size
 from hpcppo.errors import RunStateError
 
 log = logging.getLogger(__name__)

@@ -22,6 +22,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``clamp(cumsum(mask) - 1, min=0)``: 0.. along the tokens of each row, 0 on left padding. ``[B, T]``."""
+    return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+
+
 VALUE_HEAD_FILE = "value_head.safetensors"
 VALUE_HEAD_SEED = 0x5EED
 
@@ -123,7 +128,7 @@ def build_reference(
 class Critic(nn.Module):
     """An HF backbone (the base model, no LM head) and a linear value head: ``[B, T]`` ids -> ``[B, T]`` values.
 
-    The backbone's decoder layers are declared by its ``_no_split_modules``, which ``hpcppo.dist.fsdp.find_layers``
+    The backbone's decoder layers are declared by its ``_no_split_modules``, which ``hpcppo.distributed.fsdp.find_layers``
     finds on any submodule, so ``apply_fsdp(critic, ...)`` shards layer by layer like the actor.
 
     The value head's weight is drawn from N(0, ``initializer_range``²) (verl's token-classification critic head

@@ -10,7 +10,7 @@ from typing import Any
 from hpcppo.data import synthetic
 from hpcppo.errors import ConfigError
 
-from hpcppo.train.tiny.tokenizer import CHARS, SPECIAL_TOKENS, VOCAB_SIZE
+from hpcppo.tiny.tokenizer import CHARS, SPECIAL_TOKENS, VOCAB_SIZE
 
 FORMAT_VERSION = 1
 

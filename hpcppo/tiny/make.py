@@ -22,10 +22,10 @@ from typing import Any
 from hpcppo.data import synthetic
 from hpcppo.errors import ConfigError, PathError
 from hpcppo.fsutil import fsync_dir as _fsync_dir
-from hpcppo.train.tiny.model import accuracy, build_model
-from hpcppo.train.tiny.settings import FORMAT_VERSION, TinySettings
-from hpcppo.train.tiny.tokenizer import build_tokenizer
-from hpcppo.train.tiny.warmstart import add_flaw, warm_start
+from hpcppo.tiny.model import accuracy, build_model
+from hpcppo.tiny.settings import FORMAT_VERSION, TinySettings
+from hpcppo.tiny.tokenizer import build_tokenizer
+from hpcppo.tiny.warmstart import add_flaw, warm_start
 
 INFO_FILE = "hpcppo_tiny.json"
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hpcppo.data import synthetic
-from hpcppo.train.tiny.settings import TinySettings
-from hpcppo.train.tiny.tokenizer import encode_prompts
+from hpcppo.tiny.settings import TinySettings
+from hpcppo.tiny.tokenizer import encode_prompts
 
 if TYPE_CHECKING:  # torch and transformers are imported lazily: the up-to-date check must stay instant
-    import torch
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 
@@ -53,13 +52,6 @@ def build_model(tokenizer: PreTrainedTokenizerFast, settings: TinySettings) -> L
         max_new_tokens=settings.max_new_tokens,
     )
     return model
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions counting from 0 at each row's first real token ``[n, T]`` (left padding gets 0)."""
-    from hpcppo.rollout.base import position_ids_from_mask as shared  # torch: imported only when building
-
-    return shared(attention_mask)
 
 
 def generate_answers(
