@@ -25,19 +25,6 @@ def _err(msg: str) -> None:
     print(f"hpcppo: error: {one_line}", file=sys.stderr)
 
 
-def _fmt_elapsed(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}:{m:02d}:{s:02d}"
-
-
-def _state_text(st: dict[str, Any]) -> str:
-    return f"{st['state']} ({st['reason']})" if st.get("reason") and st["reason"] not in ("None",) else st["state"]
-
-
 # ----------------------------------------------------------------------------- commands
 def cmd_compile(args: argparse.Namespace) -> int:
     from hpcppo.launch import jobs
@@ -51,7 +38,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def _submit_and_report(crun: Any, args: argparse.Namespace) -> int:
-    from hpcppo.launch import jobs
+    from hpcppo.launch import jobs, status
 
     if args.dry_run:
         if not args.quiet:
@@ -69,10 +56,10 @@ def _submit_and_report(crun: Any, args: argparse.Namespace) -> int:
     def echo(st: dict[str, Any]) -> None:
         key = (st["state"], st.get("reason"))
         if key != last.get("key"):
-            print(f"  {_state_text(st)}", flush=True)
+            print(f"  {status.state_text(st)}", flush=True)
             last["key"] = key
 
-    st = jobs.wait_for(crun.run, echo=echo)
+    st = status.wait_for(crun.run, echo=echo)
     if crun.compiled.job.kind == "train":
         from hpcppo.metrics.summary import format_summary, summarize
 
@@ -110,51 +97,27 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
 
 def _runs_root(args: argparse.Namespace) -> Path:
-    import os
+    from hpcppo import config
 
-    from hpcppo.launch.jobs import runs_root_for
-
-    if args.runs_root or os.environ.get("HPCPPO_RUNS_ROOT"):
-        return Path(args.runs_root or os.environ["HPCPPO_RUNS_ROOT"]).resolve()
-    from hpcppo.config import load_site
-
-    return runs_root_for(load_site(args.site))
+    return config.runs_root(config.load_site(args.site), args.runs_root)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from hpcppo.launch import jobs
+    from hpcppo.launch import status
     from hpcppo.launch.rundir import RunDir
 
     root = _runs_root(args)
     if args.run:
-        rows = [jobs.run_status(RunDir.open(root, args.run))]
-    else:
-        rows = jobs.all_statuses(root)
-    if args.json:
-        if args.run:
-            detail = rows[0] | {"attempt_records": RunDir.open(root, args.run).read_record().get("attempts", [])}
-            print(json.dumps(detail, indent=2, default=str))
+        run = RunDir.open(root, args.run)
+        st = status.run_status(run)
+        if args.json:
+            print(json.dumps(st | {"attempt_records": run.read_record().get("attempts", [])}, indent=2, default=str))
         else:
-            print(json.dumps(rows, indent=2, default=str))
+            print(status.format_run(st, run.read_record().get("attempts", [])))
         return 0
-    if args.run:
-        st = rows[0]
-        record = RunDir.open(root, args.run).read_record()
-        source = f"   [from {st['source']}]" if st.get("source") else ""
-        restarts = st["restarts"] if st["restarts"] is not None else "-"
-        ckpt = st["latest_checkpoint"] if st["latest_checkpoint"] is not None else "-"
-        print(f"run         {st['run_id']}\n"
-              f"site        {st['site']} ({st['scheduler']})\n"
-              f"job         {st['job_id'] or '-'}\n"
-              f"state       {_state_text(st)}{source}\n"
-              f"elapsed     {_fmt_elapsed(st['elapsed_s'])}\n"
-              f"attempts    {st['attempts']}\n"
-              f"restarts    {restarts}\n"
-              f"checkpoint  {ckpt}\n"
-              f"directory   {st['path']}")
-        for i, a in enumerate(record.get("attempts", [])):
-            seen = f", last seen {a['state']}" if a.get("state") else ""
-            print(f"attempt {i}: job {a.get('job_id')} submitted {a.get('submitted_at')} ({a.get('kind', 'submit')}{seen})")
+    rows = status.all_statuses(root)
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
         return 0
     if not rows:
         print(f"no runs under {root}")
@@ -163,12 +126,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     table = Table(title=f"runs under {root}", title_justify="left")
-    for col in ("run", "site", "job", "state", "attempts", "elapsed", "ckpt"):
+    for col in status.TABLE_COLUMNS:
         table.add_column(col)
     for st in rows:
-        table.add_row(st["run_id"], st["site"], str(st["job_id"] or "-"), _state_text(st), str(st["attempts"]),
-                      _fmt_elapsed(st["elapsed_s"]),
-                      str(st["latest_checkpoint"] if st["latest_checkpoint"] is not None else "-"))
+        table.add_row(*status.table_row(st))
     Console(width=200).print(table)
     return 0
 
@@ -187,7 +148,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from hpcppo.launch import jobs
+    from hpcppo.launch import jobs, status
     from hpcppo.launch.rundir import RunDir
 
     run = RunDir.open(_runs_root(args), args.run)
@@ -195,10 +156,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
     print(f"resubmitted {run.run_id} as job {job_id}; it continues from its newest committed checkpoint")
     if not args.wait:
         return 0
-    st = jobs.wait_for(run, echo=lambda s: None)
+    st = status.wait_for(run)
     from hpcppo.metrics.summary import format_summary, summarize
 
-    print(f"  {_state_text(st)}")
+    print(f"  {status.state_text(st)}")
     print(format_summary(summarize(run.path)))
     return 0 if st["state"] in ("COMPLETED", "PAUSED") else 1
 

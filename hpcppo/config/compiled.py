@@ -24,7 +24,7 @@ from hpcppo.config.site import Site
 from hpcppo.errors import ConfigError, PathError
 
 __all__ = ["Compiled", "JobSection", "compile_config", "compile_preflight", "check_experiment_paths", "to_toml",
-           "load_resolved", "write_resolved", "runs_root"]
+           "load_resolved", "write_resolved", "runs_root", "RUNS_ROOT_ENV"]
 
 _SECTIONS = ("source", "job", "site", "experiment", "plan", "provenance")
 
@@ -105,12 +105,15 @@ def _merge_prov(exp_prov: dict[str, str], site_prov: dict[str, str]) -> dict[str
 
 
 def compile_preflight(site: str | os.PathLike[str] = "local", *, nodes: int | None = None,
-                      overrides: Iterable[str] = (), cwd: Path | None = None) -> Compiled:
+                      overrides: Iterable[str] = (), cwd: Path | None = None,
+                      runs_root_override: str | os.PathLike[str] | None = None) -> Compiled:
     """A preflight job for ``site``: the whole launch path, no model or data.
 
     The generated spec asks for ``nodes`` nodes (default: the site's largest allocation on Slurm, 1
     locally), all ranks per node, 10 minutes and a batch that divides any world size; ``overrides``
-    apply as usual (e.g. ``resources.time=00:05:00``, ``site.slurm.partition=debug``).
+    apply as usual (e.g. ``resources.time=00:05:00``, ``site.slurm.partition=debug``). The job checks that it
+    can write the runs root (:func:`runs_root` with ``runs_root_override``, the same rule the run directory
+    follows) and the site's scratch directory.
     """
     exp_data, site_data = parse_overrides(overrides)
     site_obj, site_prov, site_file = load_site_with_provenance(site, site_data)
@@ -133,7 +136,7 @@ def compile_preflight(site: str | os.PathLike[str] = "local", *, nodes: int | No
     experiment, exp_prov = experiment_from_data(data, "preflight spec", None, exp_data, site=site_obj,
                                                 site_file=str(site_file), cwd=cwd)
     plan = resolve(site_obj, experiment)
-    paths = [str(runs_root(site_obj, cwd))]
+    paths = [str(runs_root(site_obj, runs_root_override, cwd=cwd))]
     if site_obj.paths.scratch:
         paths.append(os.path.expanduser(os.path.expandvars(site_obj.paths.scratch)))
     job = JobSection(kind="preflight", collective_timeout_s=min(300.0, experiment.trainer.collective_timeout_s),
@@ -203,8 +206,20 @@ def load_resolved(path: str | os.PathLike[str]) -> Compiled:
                     spec_path=str(source.get("spec", "")), site_path=str(source.get("site_file", "")))
 
 
-def runs_root(site: Site, cwd: Path | None = None) -> Path:
-    """The site's runs root as an absolute path (``~`` and ``$VAR`` expanded, relative to ``cwd``)."""
-    raw = os.path.expanduser(os.path.expandvars(site.paths.runs_root))
-    base = cwd or Path.cwd()
-    return Path(raw) if os.path.isabs(raw) else (base / raw)
+RUNS_ROOT_ENV = "HPCPPO_RUNS_ROOT"
+
+
+def runs_root(site: Site, override: str | os.PathLike[str] | None = None, *, cwd: Path | None = None) -> Path:
+    """The directory of run directories, as an absolute path. The one rule, used by compile, submit, preflight
+    and every command that finds a run; the first that is set wins:
+
+    1. ``override`` (the command line's ``--runs-root``);
+    2. ``$HPCPPO_RUNS_ROOT``;
+    3. the site's ``paths.runs_root``, whose default is ``runs``.
+
+    ``~`` and ``$VAR`` are expanded; a relative path is relative to ``cwd`` (default: the current directory);
+    symbolic links are resolved.
+    """
+    raw = os.fspath(override) if override else (os.environ.get(RUNS_ROOT_ENV) or site.paths.runs_root)
+    path = Path(os.path.expanduser(os.path.expandvars(raw)))
+    return ((cwd or Path.cwd()) / path).resolve()

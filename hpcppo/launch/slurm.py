@@ -337,7 +337,8 @@ def submit_script(path: str | os.PathLike[str], extra_args: Sequence[str] = (), 
                   timeout_s: float = COMMAND_TIMEOUT_S) -> str:  # fmt: skip
     """``sbatch --parsable [extra_args] PATH``; returns the job id.
 
-    The product submits through submitit (``launch.submit``); tests and the fallback path use this.
+    Runs are submitted through submitit (:func:`hpcppo.launch.submit.submit_slurm`), which has no fallback to
+    this. It submits plain scripts: the tests against the dev cluster (``tests/slurm``) use it.
     """
     proc = _run(["sbatch", "--parsable", *extra_args, os.fspath(path)], timeout_s=timeout_s, cwd=cwd)
     return parse_sbatch(proc.stdout)

@@ -4,12 +4,12 @@ executor runs the rendered local script once per rank.
 On Slurm, :class:`ScriptSlurmExecutor` overrides submitit's ``_make_submission_file_text`` hook (a
 private hook, hence the pinned submitit minor version and a test against the real dev cluster that
 compares ``scontrol write batch_script`` with ``job.sbatch``). Our script runs the job entry point
-under ``srun`` itself, so submitit is used for submission and state, not to run a pickled callable.
+under ``srun`` itself, so submitit submits it and runs no pickled callable.
 
 On ``--site local``, :func:`run_local_rank` is the callable submitit's local executor runs in each of
 its processes: it exports the torch.distributed variables submitit knows and executes ``job.sbatch``
 (the rendered local script), so both sites run the same entry point with the run directory as its
-only argument. No torch import here.
+only argument. What a submitted job is doing is read by :mod:`hpcppo.launch.status`. No torch import here.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import contextlib
 import datetime as _dt
 import io
 import os
-import pickle
 import re
 import subprocess
 import sys
@@ -29,8 +28,7 @@ from typing import Any
 from hpcppo import exitcodes
 from hpcppo.errors import SchedulerError
 from hpcppo.launch.rundir import RunDir
-
-SUBMITIT_DIR = "submitit"
+from hpcppo.launch.status import SUBMITIT_DIR, local_controller_alive
 
 
 def _noop() -> None:  # pragma: no cover - pickled by submitit, never run (our script runs the job)
@@ -215,91 +213,11 @@ def _stop_group(proc: subprocess.Popen, grace_s: float = 0.5) -> None:
             continue
 
 
-def _local_controller_alive(job_id: str, folder: Path | None = None) -> bool:
-    """The local executor's job id is its controller's pid: alive, not a zombie, and still submitit's
-    controller (of ``folder`` when given, so a reused pid never counts)."""
-    try:
-        cmdline = Path(f"/proc/{int(job_id)}/cmdline").read_bytes()
-        status = Path(f"/proc/{int(job_id)}/status").read_text()
-    except (OSError, ValueError):
-        return False
-    zombie = any(line.startswith("State:") and "Z" in line.split()[1] for line in status.splitlines())
-    if zombie or b"submitit" not in cmdline:
-        return False
-    return folder is None or os.fsencode(str(folder)) in cmdline.split(b"\0")
-
-
-class _PlainDataUnpickler(pickle.Unpickler):
-    """submitit's result files hold ``("success", value)`` or ``("error", traceback text)``: plain data.
-
-    Refusing every global keeps ``status`` from importing (or running) anything while reading them:
-    a result object of some other class reads as an unknown outcome instead.
-    """
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"refusing {module}.{name} in a submitit result file")
-
-
-def _local_outcome(path: Path) -> tuple[str, Any]:
-    """``(outcome, payload)`` of one local task's result file: ``success``/``error``/``missing``/``unknown``."""
-    try:
-        with path.open("rb") as f:
-            data = _PlainDataUnpickler(f).load()
-    except FileNotFoundError:
-        return "missing", None
-    except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError):
-        return "unknown", None
-    if isinstance(data, tuple) and len(data) == 2 and data[0] in ("success", "error"):
-        return data[0], data[1]
-    return "unknown", None
-
-
-def local_job_info(run: RunDir, job_id: str, ntasks: int) -> dict[str, Any]:
-    """State of a local-executor job from its controller process and submitit's result files.
-
-    Returns ``state`` (``RUNNING``, ``COMPLETED``, ``FAILED`` or ``CANCELLED``), ``reason`` (the
-    failing rank's last error line, or why a run looks cancelled) and ``ended_at`` (POSIX time of the
-    last result file, for the elapsed time; ``None`` while running).
-    """
-    from submitit.core.utils import JobPaths
-
-    if _local_controller_alive(job_id, run.path / SUBMITIT_DIR):
-        return {"state": "RUNNING", "reason": None, "ended_at": None}
-    outcomes, reason, ended_at = [], None, None
-    for task in range(ntasks):
-        path = JobPaths(run.path / SUBMITIT_DIR, job_id=job_id, task_id=task).result_pickle
-        outcome, payload = _local_outcome(path)
-        outcomes.append(outcome)
-        if outcome != "missing":
-            with contextlib.suppress(OSError):
-                ended_at = max(ended_at or 0.0, path.stat().st_mtime)
-        if outcome == "error" and reason is None:
-            lines = [ln.strip() for ln in str(payload).strip().splitlines() if ln.strip()]
-            reason = f"rank {task}: {lines[-1] if lines else 'failed'}"
-    if outcomes and all(o == "success" for o in outcomes):
-        return {"state": "COMPLETED", "reason": None, "ended_at": ended_at}
-    if "error" in outcomes:
-        return {"state": "FAILED", "reason": reason, "ended_at": ended_at}
-    missing = [str(t) for t, o in enumerate(outcomes) if o != "success"]
-    return {"state": "CANCELLED", "reason": f"controller gone; no result from rank(s) {', '.join(missing)}",
-            "ended_at": ended_at}
-
-
-def local_job_state(run: RunDir, job_id: str, ntasks: int) -> str:
-    """Just the state of :func:`local_job_info`."""
-    return str(local_job_info(run, job_id, ntasks)["state"])
-
-
 def cancel_local(run: RunDir, job_id: str) -> bool:
     """Interrupt a local job's controller (it stops the ranks); False when it was not running."""
     import signal
 
-    if not _local_controller_alive(job_id, run.path / SUBMITIT_DIR):
+    if not local_controller_alive(job_id, run.path / SUBMITIT_DIR):
         return False
     os.kill(int(job_id), signal.SIGINT)
     return True
-
-
-def python_for_jobs() -> str:
-    """The interpreter a local job uses: the one running hpcppo (the venv's)."""
-    return sys.executable

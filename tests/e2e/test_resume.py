@@ -160,7 +160,7 @@ def test_export_loads_with_from_pretrained(tmp_path, random_tiny):
 @pytest.mark.slow
 def test_pause_request_then_resume_through_the_cli(tmp_path, random_tiny, capsys):
     from hpcppo.cli import main
-    from hpcppo.launch import jobs
+    from hpcppo.launch.status import run_status
     from hpcppo.launch.rundir import RunDir
 
     spec = write_spec(tmp_path / "exp.toml", random_tiny)
@@ -175,7 +175,7 @@ def test_pause_request_then_resume_through_the_cli(tmp_path, random_tiny, capsys
     stopped_at = int((paused / "control" / "PAUSED").read_text().split(":")[0].split()[1])
     assert 1 <= stopped_at < 6 and (paused / "checkpoints" / f"step-{stopped_at}" / "COMMITTED").exists()
     assert not (paused / "control" / "PAUSE").exists()
-    st = jobs.run_status(RunDir(paused))
+    st = run_status(RunDir(paused))
     assert st["state"] in ("PAUSED", "NOT_SUBMITTED") or st["paused"]
     capsys.readouterr()
     assert main(["resume", paused.name, "--runs-root", str(paused.parent), "--wait"]) == 0, logs_of(paused)

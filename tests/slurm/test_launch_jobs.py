@@ -11,7 +11,7 @@ import pytest
 
 from hpcppo.cli import main
 from hpcppo.errors import SchedulerError
-from hpcppo.launch import jobs
+from hpcppo.launch import status
 from hpcppo.launch.rundir import RunDir, list_runs
 
 pytestmark = pytest.mark.slurm
@@ -33,7 +33,7 @@ def preflight(root: Path, capsys, *extra: str) -> RunDir:
 def poll(run: RunDir, check, timeout_s: float = 60) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
-        st = jobs.run_status(run)
+        st = status.run_status(run)
         if check(st):
             return st
         if time.monotonic() > deadline:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hpcppo.cli import main
-from hpcppo.launch import jobs, render, slurm
+from hpcppo.launch import render, slurm, status
 from hpcppo.launch.rundir import RunDir, list_runs
 
 pytestmark = pytest.mark.slurm
@@ -27,8 +27,8 @@ def only_run(root: Path) -> RunDir:
 
 
 def wait_final(run: RunDir, timeout_s: float = 120) -> dict:
-    st = jobs.wait_for(run, poll_s=0.5, timeout_s=timeout_s)
-    assert st["state"] in jobs.FINAL_STATES, f"{run.run_id} still {st} after {timeout_s} s"
+    st = status.wait_for(run, poll_s=0.5, timeout_s=timeout_s)
+    assert st["state"] in status.FINAL_STATES, f"{run.run_id} still {st} after {timeout_s} s"
     return st
 
 
@@ -57,7 +57,7 @@ def test_one_node_preflight_runs_exactly_job_sbatch(tmp_path, launched, capsys):
     assert (run.logs / f"attempt-{job_id}.0" / "rank-0.log").is_file()
     assert not any((d / "pwned").exists() for d in (tmp_path, root, run.path, Path.cwd()))
     # status: site, job, final state, attempts, elapsed; the final state is recorded in run.json
-    st = jobs.run_status(run)
+    st = status.run_status(run)
     assert (st["site"], st["job_id"], st["state"], st["attempts"], st["restarts"]) == ("local-slurm", job_id, "COMPLETED", 1, 0)
     assert st["elapsed_s"] is not None and st["elapsed_s"] > 0
     assert run.read_record()["attempts"][0]["state"] == "COMPLETED"
@@ -84,7 +84,7 @@ def test_two_node_preflight_then_a_requeue_is_attempt_one(tmp_path, launched, ca
     slurm.requeue(job_id)
     slurm.update_start_now(job_id)
     wait_for_state(job_id, {"COMPLETED"}, 120, condition=lambda i: i.restart_count == 1)
-    st = jobs.run_status(run)
+    st = status.run_status(run)
     assert (st["state"], st["restarts"], st["attempts"]) == ("COMPLETED", 1, 1)
     for attempt in (0, 1):
         logs = run.logs / f"attempt-{job_id}.{attempt}"

@@ -13,6 +13,7 @@ from _harness import logs_of, write_spec  # noqa: E402
 
 from hpcppo import metrics as hmetrics  # noqa: E402
 from hpcppo.launch import jobs, slurm  # noqa: E402
+from hpcppo.launch.status import run_status  # noqa: E402
 from hpcppo.launch.rundir import RunDir  # noqa: E402
 
 
@@ -55,7 +56,7 @@ def test_usr2_checkpoints_requeues_and_resumes(slurm_cluster, random_tiny, tmp_p
     assert (run.path / "logs" / f"attempt-{job_id}.0").is_dir() and (run.path / "logs" / f"attempt-{job_id}.1").is_dir()
     kinds = list(hmetrics.load_events(run.path)["kind"])
     assert "preempted" in kinds and "resume" in kinds
-    status = jobs.run_status(RunDir(run.path))
+    status = run_status(RunDir(run.path))
     assert status["state"] == "COMPLETED" and status["restarts"] == 1
     # Both emulated nodes took part.
     ranks = "\n".join(p.read_text() for p in (run.path / "logs" / f"attempt-{job_id}.1").glob("rank-*.log"))

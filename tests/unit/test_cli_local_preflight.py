@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpcppo.cli import main
-from hpcppo.launch import jobs
+from hpcppo.launch import status
 from hpcppo.launch.rundir import list_runs
 
 pytestmark = pytest.mark.slow
@@ -71,7 +71,7 @@ def test_local_cancel_stops_every_process_of_the_run(tmp_path, capsys):
     while len([c for c in _processes_mentioning(f"sleep {tag}") if c.startswith("sleep")]) < 2:
         assert time.monotonic() < deadline, "the two ranks never reached their setup line"
         time.sleep(0.2)
-    assert jobs.run_status(run)["state"] == "RUNNING"
+    assert status.run_status(run)["state"] == "RUNNING"
     capsys.readouterr()
     assert main(["cancel", run.run_id, "--runs-root", str(root)]) == 0
     assert "(was RUNNING)" in capsys.readouterr().out
@@ -79,7 +79,7 @@ def test_local_cancel_stops_every_process_of_the_run(tmp_path, capsys):
     while _processes_mentioning(f"sleep {tag}") or _processes_mentioning(str(run.path)):
         assert time.monotonic() < deadline, _processes_mentioning(f"sleep {tag}") + _processes_mentioning(str(run.path))
         time.sleep(0.2)
-    st = jobs.run_status(run)
+    st = status.run_status(run)
     assert st["state"] == "CANCELLED" and "cancel requested at" in st["reason"]
     # the controller's own output went to the run's log, not to the submitting terminal
     assert (run.logs / "local-controller.log").exists()
@@ -117,6 +117,6 @@ def test_time_limit_signal_reaches_every_ranks_process_group(tmp_path, capsys):
     assert len(wrappers) == 2
     for pid in wrappers:
         os.kill(pid, signal.SIGUSR2)
-    st = jobs.wait_for(run, poll_s=0.3, timeout_s=30)
+    st = status.wait_for(run, poll_s=0.3, timeout_s=30)
     assert st["state"] == "FAILED" and "was ended by SIGUSR2" in st["reason"], st
     assert not _processes_mentioning(f"sleep {tag}")

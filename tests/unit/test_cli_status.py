@@ -15,7 +15,7 @@ import pytest
 
 from hpcppo.cli import main
 from hpcppo.errors import RunStateError
-from hpcppo.launch import jobs
+from hpcppo.launch import status
 from hpcppo.launch.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -166,4 +166,4 @@ def test_cancel_of_a_run_never_submitted(tmp_path, capsys):
     assert main(["cancel", path.name, "--runs-root", str(runs)]) == RunStateError.exit_code
     err = capsys.readouterr().err
     assert "was never submitted" in err and len(err.strip().splitlines()) == 1
-    assert jobs.run_status(RunDir.open(runs, path.name))["state"] == "NOT_SUBMITTED"
+    assert status.run_status(RunDir.open(runs, path.name))["state"] == "NOT_SUBMITTED"
