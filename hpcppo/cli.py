@@ -164,6 +164,86 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0 if st["state"] in ("COMPLETED", "PAUSED") else 1
 
 
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from hpcppo import control
+    from hpcppo.launch import jobs
+    from hpcppo.launch.rundir import RunDir
+
+    run = RunDir.open(_runs_root(args), args.run)
+    rb = jobs.rollback_run(run, to_step=args.to, lr_scale=args.lr_scale)
+    scale = rb.request.lr_scale
+    lr = f"lr x{scale:g}" if scale is not None else f"lr x{control.DEFAULT_LR_SCALE:g} (the default)"
+    which = "the newest committed" if args.to is None else f"the newest committed at or before step {args.to}"
+    if rb.resubmitted:
+        print(f"rollback of {run.run_id} (was {rb.state}): resubmitted as job {rb.job_id}; it restarts from "
+              f"checkpoint step {rb.checkpoint} ({which}) with {lr}")
+    else:
+        print(f"rollback of {run.run_id} requested: job {rb.job_id} ({rb.state}) goes back to checkpoint step "
+              f"{rb.checkpoint} ({which}, as of now) with {lr} at its next step boundary")
+    print(f"  request: {rb.request.path}")
+    if not args.wait:
+        print(f"  follow it with: hpcppo status {run.run_id} --runs-root {run.path.parent}")
+        return 0
+    ack = control.wait_for_ack(run.path, rb.request, timeout_s=args.timeout, poll_s=2.0)
+    if ack is None:
+        _err(f"no acknowledgement within {args.timeout:g} s; the request stays queued: {rb.request.path}")
+        return 1
+    outcome = dict(ack.get("outcome") or {})
+    status = outcome.pop("status", "?")
+    details = ", ".join(f"{k} {v}" for k, v in outcome.items())
+    print(f"  {status} at {ack.get('acked', '?')}" + (f": {details}" if details else ""))
+    return 0 if status == "applied" else 1
+
+
+def _json_safe(value: Any) -> Any:
+    """Non-finite floats as strings ("nan", "inf"): the output stays strict JSON."""
+    if isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def cmd_watchdog_replay(args: argparse.Namespace) -> int:
+    from hpcppo.launch.rundir import RunDir
+    from hpcppo.metrics import load
+    from hpcppo.watchdog import unknown_metrics
+    from hpcppo.watchdog.replay import format_replay, load_rules, logged_rows, replay, summarize_replay
+
+    run = RunDir.open(_runs_root(args), args.run)
+    if args.rules:
+        rules, source = load_rules(Path(args.rules)), args.rules
+    else:
+        from hpcppo.config import load_resolved
+
+        rules, source = list(load_resolved(run.resolved).experiment.watchdog.rules), str(run.resolved)
+    frame = load(run.path)
+    rows, notes = logged_rows(frame.to_dict("records"), rules)
+    if rows:  # with no row yet there are no columns either
+        notes = [f"rules on {m!r} never fire: the run's metric log has no such column"
+                 for m in unknown_metrics(rules, frame.columns)] + notes
+    results = replay(rows, rules)
+    summary = summarize_replay(results, len(rows))
+    if args.json:
+        print(json.dumps(_json_safe({
+            "run": run.run_id, "rules_from": source, "rules": [r.name for r in rules], "steps": len(rows),
+            "first_step": rows[0]["step"] if rows else None, "last_step": rows[-1]["step"] if rows else None,
+            "notes": notes, "summary": summary,
+            "decisions": [{"step": step, **decision.to_dict()} for step, decision in results],
+        }), indent=2, allow_nan=False))
+        return 0
+    span = f" (steps {rows[0]['step']}..{rows[-1]['step']})" if rows else ""
+    print(f"replay of {run.run_id}: {len(rules)} rules from {source} over {len(rows)} logged steps{span}")
+    for note in notes:
+        print(f"  note: {note}")
+    for line in format_replay(results):
+        print(line)
+    print(summary)
+    return 0
+
+
 def cmd_config_show(args: argparse.Namespace) -> int:
     from hpcppo import config
 
@@ -269,6 +349,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", action="store_true", help="wait until the job ends and report its state")
     _add_runs_root_args(p)
     p.set_defaults(func=cmd_resume)
+
+    p = sub.add_parser("rollback", help="roll a run back to a committed checkpoint with a lower learning rate: a "
+                                        "running job applies it at its next step; a stopped run is resubmitted")
+    p.add_argument("run", help="run id")
+    p.add_argument("--to", type=int, default=None, metavar="STEP",
+                   help="go back to the newest committed checkpoint at or before STEP (default: the newest)")
+    p.add_argument("--lr-scale", type=float, default=None, metavar="X",
+                   help="multiply the learning rates by X, in (0, 1] (default: 0.5)")
+    p.add_argument("--wait", action="store_true", help="wait for the trainer's acknowledgement and print it")
+    p.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                   help="with --wait: give up after S seconds (default: 600)")
+    _add_runs_root_args(p)
+    p.set_defaults(func=cmd_rollback)
+
+    p = sub.add_parser("watchdog", help="watchdog tools")
+    wsub = p.add_subparsers(dest="watchdog_command", required=True, metavar="SUBCOMMAND")
+    q = wsub.add_parser("replay", help="what the watchdog rules would have done over a run's metric log, step by "
+                                       "step (tune thresholds on past runs)")
+    q.add_argument("run", help="run id")
+    q.add_argument("--rules", metavar="FILE",
+                   help="TOML file of [[rules]] tables and an optional `defaults = true|false` (default: the rules "
+                        "in the run's resolved.toml)")
+    q.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_runs_root_args(q)
+    q.set_defaults(func=cmd_watchdog_replay)
 
     p = sub.add_parser("export", help="write a checkpoint's actor as a Hugging Face directory (safetensors)")
     p.add_argument("run", help="run id")

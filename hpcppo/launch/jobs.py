@@ -152,3 +152,50 @@ def cancel_run(run: RunDir) -> dict[str, Any]:
         run.update_attempt(job_id, cancel_requested_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     return {"job_id": job_id, "state": st["state"], "cancelled": cancelled}
 
+
+# ----------------------------------------------------------------------------- rollback
+@attrs.frozen
+class Rollback:
+    """What :func:`rollback_run` did: the request written and how it will reach a trainer."""
+
+    request: Any  # hpcppo.control.Request
+    checkpoint: int  # the committed checkpoint it goes back to, as the run directory stands now
+    state: str  # the run's state when asked
+    job_id: str | None  # the running job that will read the request, or the new attempt's job
+    resubmitted: bool  # True: the run had stopped and was submitted again
+
+
+def rollback_run(run: RunDir, *, to_step: int | None = None, lr_scale: float | None = None) -> Rollback:
+    """Roll ``run`` back to its newest committed checkpoint at or before ``to_step`` (None: the newest),
+    with the learning rates multiplied by ``lr_scale`` (None: the trainer's default, 0.5).
+
+    Everything is checked before anything is written: the parameters (``RequestError``) and a committed
+    checkpoint at or before ``to_step`` (``RunStateError`` listing the committed ones). Then a request goes
+    into ``control/requests/``. A job that is running (or pending) applies it at its next step boundary
+    (before its first step). A stopped run — any final state, COMPLETED included — is submitted again as a
+    new attempt whose trainer applies the request before its first step; when that submission fails the
+    request is withdrawn. A job that ends between the status query and the request leaves the request
+    queued: the next ``hpcppo resume`` applies it.
+    """
+    from hpcppo import control
+    from hpcppo.distributed import layout
+
+    control.validate_params("rollback", to_step=to_step, lr_scale=lr_scale)
+    committed = layout.list_committed(layout.checkpoints_root(run.path))
+    eligible = [s for s in committed if to_step is None or s <= to_step]
+    if not eligible:
+        where = "" if to_step is None else f" at or before step {to_step}"
+        listed = ", ".join(map(str, committed[-20:])) if committed else "none"
+        raise RunStateError(f"run {run.run_id} has no committed checkpoint{where}; committed checkpoints: "
+                            f"{'..., ' if len(committed) > 20 else ''}{listed}")
+    st = run_status(run)
+    request = control.submit_request(run.path, "rollback", to_step=to_step, lr_scale=lr_scale)
+    if st["state"] not in FINAL_STATES | {"NOT_SUBMITTED", "UNKNOWN"}:
+        return Rollback(request=request, checkpoint=eligible[-1], state=st["state"], job_id=st["job_id"],
+                        resubmitted=False)
+    try:
+        job_id = resume_run(run)
+    except BaseException:
+        control.withdraw(run.path, request)
+        raise
+    return Rollback(request=request, checkpoint=eligible[-1], state=st["state"], job_id=str(job_id), resubmitted=True)

@@ -3,20 +3,24 @@
 Replay cannot re-run training: after a rollback (or a pause) it keeps judging the logged trajectory, so
 it shows what the rules say about the run as it happened, not what the retried branch would have
 become. Pass the rows of one branch (the reader's default view: the latest attempt of each step).
-Pure: rows are plain mappings, no I/O and no pandas.
+Pure: rows are plain mappings, no I/O and no pandas — except :func:`load_rules`, which reads a rules file
+for ``hpcppo watchdog replay --rules``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
-from hpcppo.watchdog.decide import Action, Decision, WatchdogState, decide
+from hpcppo.watchdog.decide import PRECEDENCE, Action, Decision, WatchdogState, decide
 
 if TYPE_CHECKING:
+    import os
+
     from hpcppo.config.watchdog import Rule
 
-__all__ = ["replay", "format_replay"]
+__all__ = ["replay", "format_replay", "logged_rows", "summarize_replay", "load_rules"]
 
 
 class _Rows(Sequence[Mapping[str, Any]]):
@@ -90,3 +94,81 @@ def format_replay(results: Sequence[tuple[int, Decision]]) -> list[str]:
             note = f"suppressed by {by.kind} ({by.rule})" if by else "suppressed"
             lines.append(f"step {step:<{width}}  {action.rule:<18} {action.kind:<13} {action.reason}  ({note})")
     return lines
+
+
+def _is_nan(v: Any) -> bool:
+    return isinstance(v, float) and math.isnan(v)
+
+
+def logged_rows(rows: Sequence[Mapping[str, Any]], rules: Sequence[Rule]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Rows read back from the metric log with the NaNs that mean "not logged" removed, and notes on the rest.
+
+    The HDF5 log writes NaN both for a metric not logged at a step and for a NaN value, and the trainer hands
+    ``decide`` only what it logged, so a NaN must be guessed. A metric's NaNs before its first non-NaN value
+    are dropped: a column never logged (``critic/*`` without a critic) or not logged yet (``actor/*`` during
+    critic warm-up). NaNs after it stay, as values. That changes only ``nonfinite`` rules (NaN never satisfies
+    gt/lt, and drop_frac skips it), so a note names each such rule whose metric had NaNs dropped or kept:
+    a metric logged only every few steps (``val/score``) would make it fire between them, and a metric NaN
+    from its very first step would be missed.
+    """
+    first: dict[str, int] = {}
+    for i, row in enumerate(rows):
+        for k, v in row.items():
+            if k not in first and not _is_nan(v):
+                first[k] = i
+    out = [{k: v for k, v in row.items() if not _is_nan(v) or first.get(k, len(rows)) < i}
+           for i, row in enumerate(rows)]
+    notes: list[str] = []
+    for rule in rules:
+        if rule.condition != "nonfinite" or not rows:
+            continue
+        metric, start = rule.metric, first.get(rule.metric)
+        nan_steps = [int(row["step"]) for row in out if _is_nan(row.get(metric))]
+        if start is None and any(metric in row for row in rows):
+            notes.append(f"rule {rule.name}: {metric} is NaN in every row; taken as never logged, so the rule "
+                         f"cannot fire (the log cannot tell a NaN value from a value not logged)")
+        elif start is not None and start > 0:
+            notes.append(f"rule {rule.name}: {metric} is NaN before step {int(rows[start]['step'])}; taken as not "
+                         f"logged yet")
+        if nan_steps:
+            shown = ", ".join(map(str, nan_steps[:8])) + (", ..." if len(nan_steps) > 8 else "")
+            notes.append(f"rule {rule.name}: {metric} is NaN at {len(nan_steps)} step(s) after it was first logged "
+                         f"({shown}); taken as NaN values (a metric logged only every few steps would look the same)")
+    return out, notes
+
+
+def summarize_replay(results: Sequence[tuple[int, Decision]], steps: int) -> str:
+    """The closing line: ``3 actions would have fired over 40 steps: 2 rollback, 1 raise_kl_coef``."""
+    counts = {kind: 0 for kind in PRECEDENCE}
+    suppressed = 0
+    for _, decision in results:
+        for action in decision.actions:
+            counts[action.kind] = counts.get(action.kind, 0) + 1
+        suppressed += len(decision.suppressed)
+    total = sum(counts.values())
+    if not total:
+        return f"no rule would have fired over {steps} step{'s' if steps != 1 else ''}"
+    kinds = ", ".join(f"{n} {kind}" for kind, n in counts.items() if n)
+    line = f"{total} action{'s' if total != 1 else ''} would have fired over {steps} steps: {kinds}"
+    return line + (f" ({suppressed} more matched but were suppressed)" if suppressed else "")
+
+
+def load_rules(path: str | os.PathLike[str]) -> list[Rule]:
+    """The effective rules of a rules file: ``[[rules]]`` tables as in ``[[watchdog.rules]]``, and an optional
+    ``defaults = true|false`` (true, the default: the built-in rules, replaced by name by yours).
+
+    Validated like a spec: ``ConfigError`` naming the file and the key (``rules[1].action``).
+    """
+    from hpcppo.config.convert import read_toml, structure
+    from hpcppo.config.fields import did_you_mean
+    from hpcppo.config.watchdog import WatchdogSection
+    from hpcppo.errors import ConfigError
+
+    label = str(path)
+    data = read_toml(path)
+    known = ("defaults", "rules")
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"unknown key{did_you_mean(key, known)}; known keys here: {', '.join(known)}",
+                              file=label, key=key)
+    return list(structure(data, WatchdogSection, file=label).rules)

@@ -81,6 +81,8 @@ def test_login_node_commands_do_not_import_torch(setup):
     slurm_run = _make_run(runs, "local-slurm", "4242", env, tmp)
     local_run = _make_run(runs, "local", "1", env, tmp)
     root = ["--runs-root", str(runs)]
+    (runs / slurm_run / "checkpoints" / "step-0").mkdir(parents=True)  # so that rollback has a checkpoint
+    (runs / slurm_run / "checkpoints" / "step-0" / "COMMITTED").write_text("{}\n")
     commands = [
         ["--version"],
         ["--help"],
@@ -100,6 +102,9 @@ def test_login_node_commands_do_not_import_torch(setup):
         ["config", "show", str(ARITH), "--toml"],
         ["config", "explain", "actor.clip_ratio_c"],
         ["config", "explain", "site.slurm.partition"],
+        ["rollback", slurm_run, "--to", "5", *root],  # job 4242 runs: a request in its control inbox
+        ["watchdog", "replay", local_run, *root],
+        ["watchdog", "replay", slurm_run, "--json", *root],
     ]
     for result in probe(commands, env, tmp):
         assert result["heavy"] == [], result
