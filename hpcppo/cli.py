@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -197,7 +198,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 def _json_safe(value: Any) -> Any:
     """Non-finite floats as strings ("nan", "inf"): the output stays strict JSON."""
-    if isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
+    if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, dict):
         return {k: _json_safe(v) for k, v in value.items()}

@@ -146,11 +146,14 @@ def summarize_replay(results: Sequence[tuple[int, Decision]], steps: int) -> str
             counts[action.kind] = counts.get(action.kind, 0) + 1
         suppressed += len(decision.suppressed)
     total = sum(counts.values())
+    over = f"over {steps} step{'s' if steps != 1 else ''}"
     if not total:
-        return f"no rule would have fired over {steps} step{'s' if steps != 1 else ''}"
+        return f"no rule would have fired {over}"
     kinds = ", ".join(f"{n} {kind}" for kind, n in counts.items() if n)
-    line = f"{total} action{'s' if total != 1 else ''} would have fired over {steps} steps: {kinds}"
-    return line + (f" ({suppressed} more matched but were suppressed)" if suppressed else "")
+    line = f"{total} action{'s' if total != 1 else ''} would have fired {over}: {kinds}"
+    if suppressed:
+        line += f" ({suppressed} more matched but {'was' if suppressed == 1 else 'were'} suppressed)"
+    return line
 
 
 def load_rules(path: str | os.PathLike[str]) -> list[Rule]:

@@ -219,5 +219,7 @@ def test_summarize_replay_counts_applied_and_suppressed():
     rules = [Rule(name="p", metric="m", condition="gt", threshold=1.0, action="pause"),
              Rule(name="r", metric="m", condition="gt", threshold=1.0, action="rollback")]
     results = replay([{"step": 4, "m": 2.0}], rules)
-    assert summarize_replay(results, 1) == "1 action would have fired over 1 steps: 1 pause (1 more matched but were suppressed)"
+    assert summarize_replay(results, 1) == ("1 action would have fired over 1 step: 1 pause "
+                                             "(1 more matched but was suppressed)")
     assert summarize_replay([], 1) == "no rule would have fired over 1 step"
+    assert summarize_replay(results, 2).startswith("1 action would have fired over 2 steps: ")
