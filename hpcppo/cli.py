@@ -1,7 +1,7 @@
 """``hpcppo`` command line: parse, call the library, print, map error classes to exit codes.
 
-Commands that do not train (compile, submit --dry-run, status, cancel, config) never import torch:
-they are meant for login nodes. The library raises :class:`hpcppo.errors.HpcppoError` subclasses;
+Commands that do not train (compile, submit --dry-run, status, cancel, rollback, watchdog replay, config) never
+import torch: they are meant for login nodes. The library raises :class:`hpcppo.errors.HpcppoError` subclasses;
 :func:`main` prints one line for them and returns the class's exit code.
 """
 
