@@ -31,15 +31,19 @@ VALUE_HEAD_FILE = "value_head.safetensors"
 VALUE_HEAD_SEED = 0x5EED
 
 
+DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+"""The one map from dtype names (``hpcppo.config.experiment.DTYPE_NAMES``, what a spec may say) to torch dtypes."""
+_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
+
+
 def as_torch_dtype(dtype: torch.dtype | str) -> torch.dtype | str:
-    """``torch.bfloat16`` or a name (``"bfloat16"``, ``"bf16"``, ``"float32"``, ...); ``"auto"`` passes through."""
+    """``torch.bfloat16`` or a name of :data:`DTYPES` (or an alias: ``"bf16"``, ``"fp32"``, ...); ``"auto"`` (as
+    saved, for ``from_pretrained``) passes through."""
     if isinstance(dtype, torch.dtype) or dtype == "auto":
         return dtype
-    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
-    name = aliases.get(str(dtype), str(dtype))
-    value = getattr(torch, name, None)
-    if not isinstance(value, torch.dtype):
-        raise ValueError(f"unknown dtype {dtype!r}; use bfloat16, float16, float32 or auto")
+    value = DTYPES.get(_DTYPE_ALIASES.get(str(dtype), str(dtype)))
+    if value is None:
+        raise ValueError(f"unknown dtype {dtype!r}; use {', '.join(DTYPES)} or auto")
     return value
 
 
@@ -53,17 +57,6 @@ def _load_kwargs(dtype: torch.dtype | str, trust_remote_code: bool, attn_impleme
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     return kwargs
-
-
-def enable_checkpointing(model: nn.Module) -> None:
-    """Non-reentrant activation checkpointing of an HF model's layers (names unchanged).
-
-    transformers 5.2x renamed ``gradient_checkpointing_enable`` to ``activation_checkpointing_enable``.
-    """
-    if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def _check_dir(path: str | os.PathLike[str]) -> Path:
@@ -95,18 +88,15 @@ def build_actor(
     dtype: torch.dtype | str = "float32",
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
-    gradient_checkpointing: bool = False,
 ) -> nn.Module:
     """The trainable policy: an HF causal LM in train mode, KV cache off.
 
     ``dtype`` is the master-weight dtype (keep float32 and let FSDP's ``param_dtype`` cast for compute).
-    ``gradient_checkpointing`` enables HF's non-reentrant checkpointing (parameter names unchanged).
+    Activation checkpointing: ``hpcppo.distributed.fsdp.apply_activation_checkpointing``.
     """
     model = load_causal_lm(path, dtype=dtype, trust_remote_code=trust_remote_code,
                            attn_implementation=attn_implementation)
     model.config.use_cache = False
-    if gradient_checkpointing:
-        enable_checkpointing(model)
     return model.train()
 
 
@@ -178,7 +168,6 @@ def build_critic(
     dtype: torch.dtype | str = "float32",
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
-    gradient_checkpointing: bool = False,
 ) -> Critic:
     """A critic initialised from a causal LM (or base model) directory, in train mode.
 
@@ -190,8 +179,6 @@ def build_critic(
     directory = _check_dir(path)
     backbone = AutoModel.from_pretrained(str(directory), **_load_kwargs(dtype, trust_remote_code, attn_implementation))
     backbone.config.use_cache = False
-    if gradient_checkpointing:
-        enable_checkpointing(backbone)
     critic = Critic(backbone)
     head_file = directory / VALUE_HEAD_FILE
     if head_file.is_file():

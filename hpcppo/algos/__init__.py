@@ -36,7 +36,6 @@ from hpcppo.algos.losses import (
 )
 from hpcppo.algos.registry import (
     ADVANTAGE_ESTIMATORS,
-    ESTIMATORS_NEEDING_CRITIC,
     AdvantageEstimator,
     AdvantageInputs,
     compute_advantage,
@@ -54,7 +53,6 @@ from hpcppo.algos.stats import (
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
-    "ESTIMATORS_NEEDING_CRITIC",
     "KL_CONTROLLERS",
     "KL_KINDS",
     "LOSS_AGG_MODES",

@@ -4,17 +4,22 @@
     advantages, returns = compute_advantage("gae", inputs)
 
 An estimator is a function ``(AdvantageInputs) -> (advantages, returns)`` registered with what it needs
-(``needs_values``: a critic; ``needs_index``: group ids). Missing inputs and unknown names raise ``ValueError``.
+(``needs_values``: a critic; ``needs_index``: group ids). The names and needs live in :mod:`hpcppo.estimators`
+(torch-free, so the config compiler can validate a spec and plan a critic on a login node): the built-ins are
+declared there, and :func:`register_advantage_estimator` declares a new one there as it registers its function.
+Missing inputs and unknown names raise ``ValueError``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Set
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from hpcppo import estimators
+from hpcppo.estimators import needs_critic
 from hpcppo.algos.advantages import (
     gae,
     grpo_advantage,
@@ -25,7 +30,6 @@ from hpcppo.algos.advantages import (
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
-    "ESTIMATORS_NEEDING_CRITIC",
     "AdvantageEstimator",
     "AdvantageInputs",
     "compute_advantage",
@@ -75,50 +79,37 @@ class AdvantageEstimator:
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
 
 
-def register_advantage_estimator(
-    name: str, *, needs_values: bool = False, needs_index: bool = False
-) -> Callable[[EstimatorFn], EstimatorFn]:
-    """Decorator registering ``fn(inputs) -> (advantages, returns)`` under ``name`` (names are unique)."""
+def _implements(name: str) -> Callable[[EstimatorFn], EstimatorFn]:
+    """Decorator registering the function of the declared estimator ``name`` (one function per name)."""
 
     def decorator(fn: EstimatorFn) -> EstimatorFn:
         if name in ADVANTAGE_ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADVANTAGE_ESTIMATORS[name] = AdvantageEstimator(name, fn, needs_values, needs_index)
+        needs = estimators.lookup(name)
+        ADVANTAGE_ESTIMATORS[name] = AdvantageEstimator(name, fn, needs.needs_values, needs.needs_index)
         return fn
 
     return decorator
 
 
+def register_advantage_estimator(
+    name: str, *, needs_values: bool = False, needs_index: bool = False
+) -> Callable[[EstimatorFn], EstimatorFn]:
+    """Decorator registering ``fn(inputs) -> (advantages, returns)`` under ``name`` (names are unique) and declaring
+    its needs in :mod:`hpcppo.estimators`, which makes ``algorithm.adv_estimator = "<name>"`` valid in a spec."""
+    if name in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"advantage estimator {name!r} is already registered")
+    estimators.declare(name, needs_values=needs_values, needs_index=needs_index)
+    return _implements(name)
+
+
 def _lookup(name: str) -> AdvantageEstimator:
     spec = ADVANTAGE_ESTIMATORS.get(name)
     if spec is None:
-        raise ValueError(f"unknown advantage estimator {name!r}; known: {', '.join(sorted(ADVANTAGE_ESTIMATORS))}")
+        estimators.lookup(name)  # unknown: the error lists the known names
+        raise ValueError(f"advantage estimator {name!r} is declared in hpcppo.estimators but no function is "
+                         f"registered for it (import the module that registers it)")
     return spec
-
-
-def needs_critic(name: str) -> bool:
-    """Whether estimator ``name`` needs critic values (so the trainer must build and train a critic)."""
-    return _lookup(name).needs_values
-
-
-class _NeedsCriticView(Set[str]):
-    """Live set of registered estimator names that need a critic (stays true after later registrations)."""
-
-    def __contains__(self, name: object) -> bool:
-        spec = ADVANTAGE_ESTIMATORS.get(name) if isinstance(name, str) else None
-        return spec is not None and spec.needs_values
-
-    def __iter__(self) -> Iterator[str]:
-        return iter([n for n, s in ADVANTAGE_ESTIMATORS.items() if s.needs_values])
-
-    def __len__(self) -> int:
-        return sum(1 for s in ADVANTAGE_ESTIMATORS.values() if s.needs_values)
-
-    def __repr__(self) -> str:
-        return f"ESTIMATORS_NEEDING_CRITIC({sorted(self)})"
-
-
-ESTIMATORS_NEEDING_CRITIC: Set[str] = _NeedsCriticView()
 
 
 def compute_advantage(name: str, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,13 +126,13 @@ def compute_advantage(name: str, inputs: AdvantageInputs) -> tuple[torch.Tensor,
     return spec.fn(inputs)
 
 
-@register_advantage_estimator("gae", needs_values=True)
+@_implements("gae")
 def _gae(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     assert inputs.values is not None  # checked by compute_advantage
     return gae(inputs.token_level_rewards, inputs.values, inputs.response_mask, inputs.gamma, inputs.lam)
 
 
-@register_advantage_estimator("grpo", needs_index=True)
+@_implements("grpo")
 def _grpo(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return grpo_advantage(
         inputs.token_level_rewards,
@@ -152,16 +143,16 @@ def _grpo(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
-@register_advantage_estimator("rloo", needs_index=True)
+@_implements("rloo")
 def _rloo(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return rloo_advantage(inputs.token_level_rewards, inputs.response_mask, inputs.index)
 
 
-@register_advantage_estimator("reinforce_plus_plus")
+@_implements("reinforce_plus_plus")
 def _reinforce_pp(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return reinforce_pp_advantage(inputs.token_level_rewards, inputs.response_mask, inputs.gamma)
 
 
-@register_advantage_estimator("reinforce_plus_plus_baseline", needs_index=True)
+@_implements("reinforce_plus_plus_baseline")
 def _reinforce_pp_baseline(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return reinforce_pp_baseline_advantage(inputs.token_level_rewards, inputs.response_mask, inputs.index)

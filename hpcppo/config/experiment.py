@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import attrs
 
+from hpcppo import estimators
 from hpcppo.config.fields import FieldValueError, opt, parse_slurm_time
 from hpcppo.config.watchdog import Rule, WatchdogSection
 
 __all__ = ["Experiment", "ModelSection", "DataSection", "RolloutSection", "FsdpSection", "ActorSection",
            "CriticSection", "ReferenceSection", "KlCtrlSection", "AlgorithmSection", "TrainerSection",
-           "CheckpointSection", "ResourcesSection", "WatchdogSection", "Rule", "KL_ESTIMATORS", "NAME_PATTERN"]
+           "CheckpointSection", "ResourcesSection", "WatchdogSection", "Rule", "KL_ESTIMATORS", "NAME_PATTERN", "DTYPE_NAMES"]
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+DTYPE_NAMES = ("bfloat16", "float16", "float32")
+"""Dtype names a spec may use; hpcppo.models.DTYPES maps each to its torch dtype."""
 _KL_BASE = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 KL_ESTIMATORS = _KL_BASE + tuple(k + "+" for k in _KL_BASE)
 _LR_SCHEDULES = ("constant", "cosine", "linear")
@@ -57,7 +60,7 @@ class ModelSection:
     path: str = opt(help="Hugging Face model directory the actor starts from (relative to the spec file).", path=True)
     critic_path: str = opt("", path=True, help="Model directory the critic starts from; \"\" = model.path.")
     tokenizer_path: str = opt("", path=True, help="Tokenizer directory; \"\" = model.path.")
-    dtype: str = opt("bfloat16", choices=("bfloat16", "float16", "float32"), help="Dtype the weights are loaded in.")
+    dtype: str = opt("bfloat16", choices=DTYPE_NAMES, help="Dtype the weights are loaded in.")
     trust_remote_code: bool = opt(False, help="Allow the model directory's own Python code (transformers trust_remote_code).")
     gradient_checkpointing: bool = opt(False, help="Recompute activations in backward to save memory.")
     attn_implementation: str = opt("sdpa", choices=("sdpa", "eager", "flash_attention_2", "flash_attention_3"),
@@ -113,9 +116,9 @@ class FsdpSection:
                                               "updates; it moves to the GPU for the optimizer steps (verl's "
                                               "semantics); with param_offload it is already on the host.")
     reshard_after_forward: bool = opt(True, help="Free gathered parameters after forward (less memory, one more all-gather).")
-    param_dtype: str = opt("", choices=("", "bfloat16", "float16", "float32"),
+    param_dtype: str = opt("", choices=("", *DTYPE_NAMES),
                            help="Compute dtype of gathered parameters; \"\" = model.dtype.")
-    reduce_dtype: str = opt("float32", choices=("bfloat16", "float16", "float32"), help="Dtype of gradient reduction.")
+    reduce_dtype: str = opt("float32", choices=DTYPE_NAMES, help="Dtype of gradient reduction.")
 
 
 def _optimizer_fields(lr: float, grad_clip_help: str) -> dict[str, object]:
@@ -214,8 +217,8 @@ class KlCtrlSection:
 class AlgorithmSection:
     """``[algorithm]``: advantage estimation and the KL penalty in the reward."""
 
-    adv_estimator: str = opt("gae", choices=("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"),
-                             help="Advantage estimator; gae trains a critic.")
+    adv_estimator: str = opt("gae", choices=estimators.names,
+                             help="Advantage estimator (hpcppo.estimators); one that needs values (gae) trains a critic.")
     gamma: float = opt(1.0, ge=0.0, le=1.0, help="Discount factor.")
     lam: float = opt(1.0, ge=0.0, le=1.0, help="GAE lambda.")
     norm_adv_by_std_in_grpo: bool = opt(True, help="GRPO: divide by the group's std (false = Dr. GRPO).")

@@ -62,6 +62,8 @@ def _describe(key: str, attribute: attrs.Attribute) -> str:
     else:
         lines.append(f"  default: {_default_text(attribute)}")
     allowed = attribute.metadata.get("allowed")
+    if callable(allowed):  # choices a registry declares (e.g. algorithm.adv_estimator)
+        allowed = allowed()
     if allowed:
         lines.append(f"  allowed: {allowed}")
     if element is not None:

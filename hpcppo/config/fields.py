@@ -9,6 +9,7 @@ loader can report the full dotted key (``actor.clip_ratio_c``) together with the
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -82,9 +83,16 @@ def _range_text(ge: Any, gt: Any, le: Any, lt: Any) -> str:
     return low or high
 
 
+Choices = Sequence[Any] | Callable[[], Sequence[Any]]
+
+
+def _choices_text(choices: Choices) -> str:
+    return ", ".join(fmt_value(c) for c in (choices() if callable(choices) else choices))
+
+
 def _make_validator(
     *,
-    choices: Sequence[Any] | None,
+    choices: Choices | None,
     ge: Any,
     gt: Any,
     le: Any,
@@ -99,9 +107,10 @@ def _make_validator(
     def one(name: str, value: Any) -> None:
         if value is None:
             return
-        if choices is not None and value not in choices:
-            allowed = ", ".join(fmt_value(c) for c in choices)
-            hint = did_you_mean(value, [str(c) for c in choices]) if isinstance(value, str) else ""
+        current = choices() if callable(choices) else choices
+        if current is not None and value not in current:
+            allowed = ", ".join(fmt_value(c) for c in current)
+            hint = did_you_mean(value, [str(c) for c in current]) if isinstance(value, str) else ""
             raise FieldValueError(name, f"{fmt_value(value)} is not allowed; allowed values: {allowed}{hint}")
         bad = (
             (ge is not None and not value >= ge)
@@ -133,7 +142,7 @@ def opt(
     *,
     help: str,
     factory: Callable[[], Any] | None = None,
-    choices: Sequence[Any] | None = None,
+    choices: Choices | None = None,
     ge: Any = None,
     gt: Any = None,
     le: Any = None,
@@ -147,19 +156,23 @@ def opt(
     """Declare a config field.
 
     ``help`` is the one-line description; ``choices``/``ge``/``gt``/``le``/``lt``/``pattern`` become
-    the validator and the "allowed" line of ``explain`` (``allowed`` overrides that text); ``check``
+    the validator and the "allowed" line of ``explain`` (``allowed`` overrides that text); ``choices`` may be a
+    function returning them, asked at each validation (names a registry declares at run time); ``check``
     returns an error message or None; ``each`` applies the checks to every element of a list;
     ``path=True`` marks file-system paths that are made absolute against the spec's directory.
     """
-    text = allowed
+    text: str | Callable[[], str] = allowed
     if not text:
-        if choices is not None:
-            text = ", ".join(fmt_value(c) for c in choices)
+        if callable(choices):
+            text = functools.partial(_choices_text, choices)  # the registry's names when explain asks
+        elif choices is not None:
+            text = _choices_text(choices)
         else:
             text = _range_text(ge, gt, le, lt)
             if pattern and not text:
                 text = f"matches {pattern}"
-    metadata = {"help": help, "allowed": text, "path": path, "choices": tuple(choices) if choices else None}
+    metadata = {"help": help, "allowed": text, "path": path,
+                "choices": choices if callable(choices) or not choices else tuple(choices)}
     needs_validator = any(x is not None for x in (choices, ge, gt, le, lt, pattern, check))
     validator = (
         _make_validator(choices=choices, ge=ge, gt=gt, le=le, lt=lt, pattern=pattern, check=check, each=each)

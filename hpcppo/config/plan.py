@@ -47,7 +47,7 @@ class RunPlan:
     grad_accum_steps_actor: int = opt(help="Actor micro-batches per optimizer step.")
     mini_batches_per_epoch_actor: int = opt(help="Actor optimizer steps per PPO epoch = train_batch_size / ppo_mini_batch_size.")
     actor_optimizer_steps_per_step: int = opt(help="Actor optimizer steps per training step = epochs x mini-batches.")
-    needs_critic: bool = opt(help="A critic is trained (adv_estimator = gae).")
+    needs_critic: bool = opt(help="A critic is trained (the advantage estimator needs values, e.g. gae).")
     critic_ppo_epochs: int = opt(help="Critic passes over each batch (0 when there is no critic).")
     critic_mini_batch_samples: int = opt(help="Samples per critic optimizer step (all ranks).")
     critic_mini_batch_per_rank: int = opt(help="Samples per critic optimizer step on one rank.")

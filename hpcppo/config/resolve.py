@@ -6,6 +6,7 @@ that would. Nothing here reads files or the environment.
 
 from __future__ import annotations
 
+from hpcppo import estimators
 from hpcppo.config.experiment import Experiment
 from hpcppo.config.fields import parse_slurm_time
 from hpcppo.config.plan import RunPlan
@@ -13,9 +14,6 @@ from hpcppo.config.site import Site
 from hpcppo.errors import ResolveError
 
 __all__ = ["resolve", "format_slurm_time", "divisors"]
-
-_GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
-
 
 def divisors(n: int) -> list[int]:
     """Positive divisors of ``n`` in increasing order."""
@@ -94,7 +92,7 @@ def _check_rollout(site: Site, exp: Experiment, ranks_per_node: int, device: str
     if ranks_per_node % ro.tensor_parallel_size:
         raise ResolveError(f"rollout.tensor_parallel_size={ro.tensor_parallel_size} does not divide the ranks per node "
                            f"({ranks_per_node}); valid values: {_listing(divisors(ranks_per_node))}")
-    if exp.algorithm.adv_estimator in _GROUP_ESTIMATORS and ro.n < 2:
+    if estimators.needs_groups(exp.algorithm.adv_estimator) and ro.n < 2:
         raise ResolveError(f"algorithm.adv_estimator={exp.algorithm.adv_estimator!r} compares responses to the same "
                            f"prompt and needs rollout.n >= 2 (got {ro.n})")
 
@@ -168,7 +166,7 @@ def resolve(site: Site, experiment: Experiment) -> RunPlan:
         mini_key=f"actor.ppo_mini_batch_size={a.ppo_mini_batch_size}",
         micro_key=f"actor.ppo_micro_batch_size_per_gpu={a.ppo_micro_batch_size_per_gpu}")
 
-    needs_critic = exp.algorithm.adv_estimator == "gae"
+    needs_critic = estimators.needs_critic(exp.algorithm.adv_estimator)
     c = exp.critic
     c_epochs = c_samples = c_per_rank = c_micro = c_accum = c_minis = 0
     if needs_critic:

@@ -14,7 +14,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from hpcppo import algos
+from hpcppo import algos, models
+from hpcppo.config import Compiled, DataSection, Experiment, FsdpSection, RunPlan, Site
 from hpcppo.data.dataset import PromptDataset, read_prompts
 from hpcppo.data.rewards import build_reward_fn, score_batch
 from hpcppo.data.sampler import ShardedEpochSampler
@@ -24,13 +25,11 @@ from hpcppo.distributed.fsdp import apply_activation_checkpointing, apply_fsdp
 from hpcppo.distributed.mesh import build_mesh
 from hpcppo.metrics import STANDARD_COLUMNS, MetricsWriter
 from hpcppo.rollout import RolloutEngine, SamplingParams, build_engine
-from hpcppo import models
 from hpcppo.train.optim import LRSchedule, build_optimizer
 from hpcppo.train.signals import PreemptionFlag
 
 log = logging.getLogger("hpcppo.train")
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 EXTRA_COLUMNS = ("actor/kl_loss",)
 
 
@@ -38,9 +37,9 @@ EXTRA_COLUMNS = ("actor/kl_loss",)
 class Components:
     """Everything one rank trains with."""
 
-    cfg: Any  # Experiment
-    plan: Any  # RunPlan
-    site: Any
+    cfg: Experiment
+    plan: RunPlan
+    site: Site
     env: DistEnv
     run_dir: Path
     device: torch.device
@@ -86,10 +85,10 @@ def _set_threads(env: DistEnv) -> None:
 
 
 def _dtype(name: str, default: str) -> torch.dtype:
-    return DTYPES[name or default]
+    return models.as_torch_dtype(name or default)
 
 
-def build_datasets(data: Any, tokenizer: Any) -> tuple[PromptDataset, PromptDataset | None]:
+def build_datasets(data: DataSection, tokenizer: Any) -> tuple[PromptDataset, PromptDataset | None]:
     def dataset(files: list[str]) -> PromptDataset:
         return PromptDataset(read_prompts(files, prompt_key=data.prompt_key), tokenizer,
                              max_prompt_length=data.max_prompt_length, truncation=data.truncation)
@@ -97,7 +96,7 @@ def build_datasets(data: Any, tokenizer: Any) -> tuple[PromptDataset, PromptData
     return dataset(list(data.train_files)), (dataset(list(data.val_files)) if data.val_files else None)
 
 
-def build_score_fn(data: Any) -> Callable[..., list[float]]:
+def build_score_fn(data: DataSection) -> Callable[..., list[float]]:
     spec = data.reward_fn
     fn = build_reward_fn(spec, gsm8k={"method": data.gsm8k_method}) if spec == "auto" else build_reward_fn(spec)
 
@@ -107,7 +106,7 @@ def build_score_fn(data: Any) -> Callable[..., list[float]]:
     return score
 
 
-def _sharded(model: nn.Module, mesh: Any, fsdp: Any, model_dtype: str, *, frozen: bool = False,
+def _sharded(model: nn.Module, mesh: Any, fsdp: FsdpSection, model_dtype: str, *, frozen: bool = False,
              offload: bool | None = None) -> nn.Module:
     """FSDP2-shard ``model`` over ``mesh``; on a one-rank mesh with nothing for FSDP to do (no offload, compute
     in the master dtype) the plain module is faster (DTensor dispatch costs 25-50% per forward/backward and
@@ -119,13 +118,13 @@ def _sharded(model: nn.Module, mesh: Any, fsdp: Any, model_dtype: str, *, frozen
     return apply_fsdp(
         model, mesh,
         param_dtype=param_dtype,
-        reduce_dtype=DTYPES[fsdp.reduce_dtype],
+        reduce_dtype=models.as_torch_dtype(fsdp.reduce_dtype),
         cpu_offload=cpu_offload,
         reshard_after_forward=True if frozen else fsdp.reshard_after_forward,
     )
 
 
-def build_components(compiled: Any, env: DistEnv, run_dir: Path, *,
+def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
                      preempt: PreemptionFlag | None = None) -> Components:
     """Everything the loop needs. ``preempt`` should be installed by the caller before anything slow runs, so a
     signal that arrives while the models load is kept (a default USR2 action would kill the rank)."""
@@ -153,7 +152,7 @@ def build_components(compiled: Any, env: DistEnv, run_dir: Path, *,
     common = dict(dtype="float32", trust_remote_code=model_cfg.trust_remote_code,
                   attn_implementation=model_cfg.attn_implementation)
     # Master weights in float32; FSDP's param_dtype sets the compute dtype (model.dtype by default).
-    actor = models.build_actor(model_cfg.path, gradient_checkpointing=False, **common).to(device)
+    actor = models.build_actor(model_cfg.path, **common).to(device)
     if model_cfg.gradient_checkpointing:
         apply_activation_checkpointing(actor)
     _sharded(actor, mesh, cfg.actor.fsdp, model_cfg.dtype)
@@ -171,7 +170,7 @@ def build_components(compiled: Any, env: DistEnv, run_dir: Path, *,
     critic = critic_optim = critic_lr = None
     if plan.needs_critic:
         cc = cfg.critic
-        critic = models.build_critic(model_cfg.critic_path or model_cfg.path, gradient_checkpointing=False, **common).to(device)
+        critic = models.build_critic(model_cfg.critic_path or model_cfg.path, **common).to(device)
         if model_cfg.gradient_checkpointing:
             apply_activation_checkpointing(critic)
         _sharded(critic, mesh, cc.fsdp, model_cfg.dtype)
@@ -218,11 +217,11 @@ def build_components(compiled: Any, env: DistEnv, run_dir: Path, *,
     )
 
 
-def _offloads_optimizer(fsdp: Any) -> bool:
+def _offloads_optimizer(fsdp: FsdpSection) -> bool:
     return fsdp.optimizer_offload and not fsdp.param_offload
 
 
-def _engine_kwargs(cfg: Any, plan: Any, device: torch.device) -> dict[str, Any]:
+def _engine_kwargs(cfg: Experiment, plan: RunPlan, device: torch.device) -> dict[str, Any]:
     ro = cfg.rollout
     if ro.engine == "hf":
         return dict(model_path=cfg.model.path, dtype=cfg.model.dtype, device=device,

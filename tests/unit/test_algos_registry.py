@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 import torch
 
+from hpcppo import estimators
 from hpcppo.algos import (
     ADVANTAGE_ESTIMATORS,
-    ESTIMATORS_NEEDING_CRITIC,
     AdvantageInputs,
     compute_advantage,
     gae,
@@ -35,9 +35,12 @@ def inputs():
 
 def test_builtin_names_and_critic_requirement():
     assert BUILTIN <= set(ADVANTAGE_ESTIMATORS)
-    assert set(ESTIMATORS_NEEDING_CRITIC) & BUILTIN == {"gae"}
-    assert "gae" in ESTIMATORS_NEEDING_CRITIC and "grpo" not in ESTIMATORS_NEEDING_CRITIC
-    assert needs_critic("gae") and not needs_critic("rloo")
+    assert BUILTIN <= set(estimators.names())  # the torch-free declarations the config validates against
+    assert {n for n in BUILTIN if needs_critic(n)} == {"gae"}
+    assert {n for n in BUILTIN if estimators.needs_groups(n)} == {"grpo", "rloo", "reinforce_plus_plus_baseline"}
+    for name in BUILTIN:  # one source of the needs: the registry's entries are the declarations
+        spec, needs = ADVANTAGE_ESTIMATORS[name], estimators.lookup(name)
+        assert (spec.needs_values, spec.needs_index) == (needs.needs_values, needs.needs_index)
 
 
 def test_dispatch_equals_direct_calls(inputs):
@@ -80,11 +83,24 @@ def test_register_custom_estimator(inputs):
         return adv, adv
 
     try:
-        assert "test_algos_centered" in ESTIMATORS_NEEDING_CRITIC
+        assert needs_critic("test_algos_centered")
         adv, _ = compute_advantage("test_algos_centered", inputs)
         assert torch.equal(adv, (inputs.token_level_rewards - inputs.values) * inputs.response_mask)
         with pytest.raises(ValueError, match="already registered"):
             register_advantage_estimator("test_algos_centered")(centered)
     finally:
         del ADVANTAGE_ESTIMATORS["test_algos_centered"]
-    assert "test_algos_centered" not in ESTIMATORS_NEEDING_CRITIC
+        del estimators.ESTIMATORS["test_algos_centered"]
+    with pytest.raises(ValueError, match="unknown advantage estimator 'test_algos_centered'"):
+        needs_critic("test_algos_centered")
+
+
+def test_declared_without_a_function_says_so(inputs):
+    estimators.declare("test_algos_declared_only")
+    try:
+        with pytest.raises(ValueError, match="'test_algos_declared_only' is declared .* but no function is registered"):
+            compute_advantage("test_algos_declared_only", inputs)
+        with pytest.raises(ValueError, match="already declared"):
+            estimators.declare("test_algos_declared_only", needs_values=True)
+    finally:
+        del estimators.ESTIMATORS["test_algos_declared_only"]

@@ -140,7 +140,9 @@ def test_build_actor_and_reference(model_dir):
     ref = build_reference(model_dir, dtype="bf16")
     assert not ref.training and not any(p.requires_grad for p in ref.parameters())
     assert next(ref.parameters()).dtype == torch.bfloat16
-    ckpt = build_actor(model_dir, gradient_checkpointing=True)
+    from hpcppo.distributed.fsdp import apply_activation_checkpointing
+
+    ckpt = apply_activation_checkpointing(build_actor(model_dir))
     flag = getattr(ckpt, "is_activation_checkpointing", None)
     assert flag if flag is not None else ckpt.is_gradient_checkpointing
     # gradient checkpointing gives the same log-probs and gradients
@@ -156,8 +158,17 @@ def test_build_actor_and_reference(model_dir):
 
     with pytest.raises(PathError, match="no config.json"):
         build_actor(model_dir / "nope")
-    with pytest.raises(ValueError, match="unknown dtype 'float99'"):
+    with pytest.raises(ValueError, match="unknown dtype 'float99'; use bfloat16, float16, float32 or auto"):
         as_torch_dtype("float99")
+
+
+def test_one_dtype_map_covers_every_name_a_spec_may_use():
+    from hpcppo.config.experiment import DTYPE_NAMES
+    from hpcppo.models import DTYPES
+
+    assert tuple(DTYPES) == DTYPE_NAMES
+    assert {as_torch_dtype(n) for n in DTYPE_NAMES} == {torch.bfloat16, torch.float16, torch.float32}
+    assert as_torch_dtype("bf16") is torch.bfloat16 and as_torch_dtype("auto") == "auto"
 
 
 def test_critic_values_shapes_and_gradients(model_dir):
