@@ -12,11 +12,12 @@ import attrs
 
 from hpcppo import estimators
 from hpcppo.config.fields import FieldValueError, opt, parse_slurm_time
+from hpcppo.config.debug import DebugSection, InjectSection
 from hpcppo.config.watchdog import Rule, WatchdogSection
 
 __all__ = ["Experiment", "ModelSection", "DataSection", "RolloutSection", "FsdpSection", "ActorSection",
            "CriticSection", "ReferenceSection", "KlCtrlSection", "AlgorithmSection", "TrainerSection",
-           "CheckpointSection", "ResourcesSection", "WatchdogSection", "Rule", "KL_ESTIMATORS", "NAME_PATTERN", "DTYPE_NAMES"]
+           "CheckpointSection", "ResourcesSection", "WatchdogSection", "Rule", "DebugSection", "InjectSection", "KL_ESTIMATORS", "NAME_PATTERN", "DTYPE_NAMES"]
 
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
@@ -282,3 +283,4 @@ class Experiment:
     checkpoint: CheckpointSection = opt(factory=CheckpointSection, help="Checkpoints.")
     resources: ResourcesSection = opt(factory=ResourcesSection, help="Nodes, GPUs and time.")
     watchdog: WatchdogSection = opt(factory=WatchdogSection, help="Watchdog and its rules.")
+    debug: DebugSection = opt(factory=DebugSection, help="Fault injection, to rehearse recovery.")

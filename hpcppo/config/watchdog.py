@@ -82,10 +82,12 @@ def _merge_rules(given: list[Rule], with_defaults: bool) -> list[Rule]:
 
 @attrs.frozen(kw_only=True)
 class WatchdogSection:
-    """``[watchdog]``: the process beside the trainer that reads metrics and heartbeats and acts."""
+    """``[watchdog]``: the rules the trainer enforces at every step boundary, and the process beside the trainer
+    that watches its heartbeat (hangs, dead trainers)."""
 
-    enable: bool = opt(True, help="Run the watchdog beside the trainer.")
-    interval_s: float = opt(30.0, gt=0.0, help="Seconds between two looks at the metrics and heartbeat.")
+    enable: bool = opt(True, help="Enforce the rules in the trainer and run the heartbeat monitor beside it; "
+                                  "false = neither.")
+    interval_s: float = opt(30.0, gt=0.0, help="Seconds between two looks of the heartbeat monitor at the metrics log.")
     heartbeat_factor: float = opt(10.0, gt=1.0,
                                   help="No step for heartbeat_factor x the typical step time -> cancel and requeue.")
     min_heartbeat_s: float = opt(600.0, gt=0.0, help="Never declare a hang before this many seconds without a step.")

@@ -21,7 +21,7 @@ import datetime
 import os
 import random
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -66,10 +66,6 @@ class DistEnv:
     backend: Literal["gloo", "nccl"]
     source: str = "single"
     """Which launcher's variables were read: ``torchrun``, ``slurm``, ``submitit-local`` or ``single``."""
-
-    @property
-    def is_rank0(self) -> bool:
-        return self.rank == 0
 
     @property
     def is_distributed(self) -> bool:
@@ -270,30 +266,49 @@ def get_world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
-def is_rank0() -> bool:
-    return get_rank() == 0
-
-
 def barrier() -> None:
     """Wait for every rank (no-op without a process group)."""
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
 
 
-def all_reduce_scalar(value: float, op: str = "mean", *, device: str | torch.device = "cpu") -> float:
-    """Reduce one Python number over all ranks; ``op`` is ``sum``, ``mean``, ``max`` or ``min``.
+def collective_device() -> torch.device:
+    """Where host numbers travel for a collective on the default group.
 
-    ``device`` must suit the backend (``cuda`` for NCCL). Without a process group the value comes back unchanged.
+    torch binds each backend to device types: ``nccl`` moves only CUDA tensors (a CPU tensor fails with "No
+    backend type associated with device type cpu"), gloo CPU tensors. NCCL groups are created bound to
+    ``cuda:<local_rank>`` (``init_distributed``), which is the current device.
     """
-    ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
-    if op not in ops:
-        raise ValueError(f"unknown reduction {op!r}; allowed: {sorted(ops)}")
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return float(value)
-    t = torch.tensor([float(value)], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=ops[op])
-    out = float(t.item())
-    return out / dist.get_world_size() if op == "mean" else out
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+_REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
+
+
+def all_reduce_host(values: Sequence[float], op: str = "sum") -> list[float]:
+    """Reduce a few Python numbers over all ranks in one collective; ``op`` is ``sum``, ``mean``, ``max`` or ``min``.
+
+    The one way hpcppo reduces host numbers (flags, metric sums, counts): float64 on :func:`collective_device`,
+    so every backend accepts it and integers up to 2**53 stay exact. Without a process group (or alone) the
+    values come back unchanged.
+    """
+    if op not in _REDUCE_OPS:
+        raise ValueError(f"unknown reduction {op!r}; allowed: {sorted(_REDUCE_OPS)}")
+    out = [float(v) for v in values]
+    if not out or not dist.is_initialized() or dist.get_world_size() == 1:
+        return out
+    t = torch.tensor(out, dtype=torch.float64, device=collective_device())
+    dist.all_reduce(t, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]))
+    if op == "mean":
+        t /= dist.get_world_size()
+    return t.tolist()
+
+
+def all_reduce_scalar(value: float, op: str = "mean") -> float:
+    """:func:`all_reduce_host` of one number."""
+    return all_reduce_host([value], op)[0]
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:

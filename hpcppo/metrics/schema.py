@@ -68,6 +68,7 @@ STANDARD_COLUMNS: tuple[str, ...] = (
     # KL between actor and reference, and the KL controller
     "kl/actor_ref",
     "kl/coef",
+    "kl/reward_penalty",  # the KL in the reward this step (verl's actor/reward_kl_penalty); feeds the controller
     # policy update
     "actor/pg_loss",
     "actor/pg_clipfrac",

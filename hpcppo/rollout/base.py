@@ -92,9 +92,12 @@ class SamplingParams:
         return 1.0 if self.greedy else float(self.temperature)
 
 
-def derive_seed(base_seed: int, step: int, rank: int) -> int:
-    """A 63-bit seed for one rollout, distinct per ``(base_seed, step, rank)`` and stable across runs/platforms."""
-    digest = hashlib.blake2b(f"{base_seed}:{step}:{rank}".encode(), digest_size=8).digest()
+def derive_seed(base_seed: int, step: int, rank: int, branch: int = 0) -> int:
+    """A 63-bit seed for one rollout, distinct per ``(base_seed, step, rank, branch)`` and stable across
+    runs/platforms. ``branch`` counts rollbacks: a retried step samples afresh (replaying the same samples would
+    often replay the same blow-up); branch 0 keeps the seeds of runs that never rolled back."""
+    key = f"{base_seed}:{step}:{rank}" + (f":{branch}" if branch else "")
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & (2**63 - 1)
 
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpcppo import algos
+from hpcppo.distributed.env import all_reduce_host
 
 
 def to_training_batch(out: Any, prompts: Sequence[Any], device: torch.device) -> dict[str, Any]:
@@ -61,10 +62,6 @@ def _world() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
-def _device_for_collectives(t: torch.Tensor) -> torch.device:
-    return t.device
-
-
 def gather_rows(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """All-gather each tensor along rows (rank order); ``[b, R]`` tensors are right-padded with zeros to
     the widest rank's ``R`` first. Every rank holds the same number of rows."""
@@ -73,7 +70,7 @@ def gather_rows(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v for k, v in tensors.items()}
     some = next(iter(tensors.values()))
     widths = [v.shape[1] for v in tensors.values() if v.dim() == 2]
-    width = torch.tensor([max(widths) if widths else 0], device=_device_for_collectives(some))
+    width = torch.tensor([max(widths) if widths else 0], device=some.device)  # the batch's device suits the backend
     dist.all_reduce(width, op=dist.ReduceOp.MAX)
     width_max = int(width.item())
     out = {}
@@ -151,13 +148,8 @@ class UpdateMetrics:
 def mean_across_ranks(values: Mapping[str, Sequence[float]]) -> dict[str, float]:
     """Local mean of each list, then the mean over ranks (one all-reduce; every rank has the same keys)."""
     keys = sorted(values)
-    local = torch.tensor([sum(values[k]) / max(len(values[k]), 1) for k in keys], dtype=torch.float64)
-    if dist.is_initialized() and keys:
-        if dist.get_backend() == "nccl":
-            local = local.cuda()
-        dist.all_reduce(local)
-        local /= dist.get_world_size()
-    return {k: float(v) for k, v in zip(keys, local.tolist())}
+    local = [sum(values[k]) / max(len(values[k]), 1) for k in keys]
+    return dict(zip(keys, all_reduce_host(local, "mean")))
 
 
 def batch_metrics(full: Mapping[str, torch.Tensor], *, kl_coef: float, max_response_length: int) -> dict[str, float]:

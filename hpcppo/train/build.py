@@ -20,7 +20,7 @@ from hpcppo.data.dataset import PromptDataset, read_prompts
 from hpcppo.data.rewards import build_reward_fn, score_batch
 from hpcppo.data.sampler import ShardedEpochSampler
 from hpcppo.distributed.checkpoint import CheckpointManager
-from hpcppo.distributed.env import DistEnv
+from hpcppo.distributed.env import DistEnv, broadcast_object
 from hpcppo.distributed.fsdp import apply_activation_checkpointing, apply_fsdp
 from hpcppo.distributed.mesh import build_mesh
 from hpcppo.metrics import STANDARD_COLUMNS, MetricsWriter
@@ -64,7 +64,7 @@ class Components:
     score_fn: Callable[..., list[float]]
     ckpt: CheckpointManager
     metrics: MetricsWriter | None
-    metric_columns: set[str] = field(default_factory=set)
+    attempt: int = 1  # this job's attempt of the run, from 1 (the number of its metrics file)
     preempt: PreemptionFlag = field(default_factory=PreemptionFlag)
     # Optimizer state in host memory between updates (optimizer_offload). Not with param_offload: FSDP2's CPU
     # offload already keeps it there, and the step runs on the CPU.
@@ -198,8 +198,9 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
                              world_size=env.world_size)
     columns = list(STANDARD_COLUMNS) + list(EXTRA_COLUMNS) + [f"val/score/{s}" for s in val_sources]
     metrics = None
+    # Every rank learns the attempt from rank 0, which counts the metrics files before it creates its own.
+    attempt = broadcast_object(len(list((run_dir / "metrics").glob("attempt-*.h5"))) if env.rank == 0 else None)
     if env.rank == 0:
-        attempt = len(list((run_dir / "metrics").glob("attempt-*.h5")))
         metrics = MetricsWriter(run_dir, columns, attempt=attempt, swmr=site.hdf5.swmr,
                                 locking=None if site.hdf5.locking else False)
     log.info("built: %d train prompts, %d val prompts, %d steps; actor%s%s; engine %s",
@@ -211,7 +212,7 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
         actor=actor, actor_optim=actor_optim, actor_lr=actor_lr, grad_clip=cfg.actor.grad_clip, reference=reference,
         critic=critic, critic_optim=critic_optim, critic_lr=critic_lr, engine=engine, sampling=sampling,
         val_sampling=val_sampling, kl_ctrl=kl_ctrl, score_fn=build_score_fn(cfg.data), ckpt=ckpt, metrics=metrics,
-        metric_columns=set(columns), preempt=preempt if preempt is not None else PreemptionFlag(),
+        attempt=attempt + 1, preempt=preempt if preempt is not None else PreemptionFlag(),
         actor_optim_offload=_offloads_optimizer(cfg.actor.fsdp),
         critic_optim_offload=critic is not None and _offloads_optimizer(cfg.critic.fsdp),
     )

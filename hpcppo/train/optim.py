@@ -71,6 +71,11 @@ class LRSchedule:
         self.steps += 1
         self._apply()
 
+    def set_scale(self, scale: float) -> None:
+        """Multiply the whole schedule by ``scale`` from now on (the watchdog's composed rollback factor)."""
+        self.scale = float(scale)
+        self._apply()
+
     def state_dict(self) -> dict[str, float | int]:
         return {"steps": self.steps, "scale": self.scale}
 

@@ -9,9 +9,6 @@ from __future__ import annotations
 import signal
 import threading
 
-import torch
-import torch.distributed as dist
-
 
 class PreemptionFlag:
     def __init__(self, signals: tuple[int, ...] = (signal.SIGUSR2, signal.SIGTERM)):
@@ -31,15 +28,6 @@ class PreemptionFlag:
     @property
     def local(self) -> bool:
         return self._event.is_set()
-
-    def agreed(self) -> bool:
-        """True on every rank if any rank got a signal (collective: every rank must call it)."""
-        flag = torch.tensor([1.0 if self.local else 0.0])
-        if dist.is_initialized():
-            if dist.get_backend() == "nccl":
-                flag = flag.cuda()
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item() > 0)
 
     def restore(self) -> None:
         """Put the previous handlers back (once: the components and the entry point both call it)."""

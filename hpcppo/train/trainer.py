@@ -1,13 +1,15 @@
 """The PPO trainer: one readable loop.
 
     rollout -> rewards -> old log-probs, reference log-probs, values -> KL in reward (or as a loss)
-    -> advantages (estimator registry) -> critic update -> actor update -> metrics -> checkpoint
-    -> preemption / control requests
+    -> advantages (estimator registry) -> critic update -> actor update -> metrics -> watchdog rules
+    -> checkpoint -> control requests, preemption, pause
 
 Every rank runs the same loop on its share of the prompts. The small ``[batch, response_len]`` tensors
 (scores, log-probs, values, masks) are gathered so that the KL controller and the advantage estimator
 see the whole batch exactly as verl's driver does (global whitening, identical controller state on all
-ranks); the models only ever see this rank's samples. Components are built in :mod:`hpcppo.train.build`.
+ranks); the models only ever see this rank's samples. Each phase returns what it produces and the loop
+merges it into the batch, so the data flow reads top to bottom. Components are built in
+:mod:`hpcppo.train.build`; the update skeleton is :mod:`hpcppo.train.update`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import resource
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -23,22 +26,28 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from hpcppo import algos, exitcodes
+from hpcppo import algos, control, exitcodes
+from hpcppo.distributed.env import all_reduce_host
 from hpcppo.distributed.weights import iter_full_params
 from hpcppo.fsutil import atomic_write_text
+from hpcppo.models import compute_log_probs, compute_values
 from hpcppo.rollout.base import derive_seed
 from hpcppo.train import batching
 from hpcppo.train.build import Components, build_components
-from hpcppo.models import compute_log_probs, compute_values, forward_log_probs, forward_values
-from hpcppo.train.optim import OptimizerStateOffload, offload_optimizer_state
+from hpcppo.train.inject import FaultInjector
+from hpcppo.train.optim import offload_optimizer_state
+from hpcppo.train.update import UpdatePlan, actor_loss, critic_loss, run_update
+from hpcppo.train.watch import RuleKeeper, describe
+from hpcppo.watchdog import Decision, raised_kl_coef
 
 log = logging.getLogger("hpcppo.train")
 
+Batch = dict[str, Any]
+
 
 class PhaseTimer:
-    """Wall time of each phase of a step, in seconds (``time/<phase>_s`` metrics)."""
+    """Wall time of each phase of a step, in seconds (``time/<phase>_s`` metrics): ``with timer("reward"): ...``."""
 
     def __init__(self) -> None:
         self.times: dict[str, float] = defaultdict(float)
@@ -53,26 +62,31 @@ class PhaseTimer:
 
 
 class Trainer:
-    """PPO on one rank of the job. Build with :meth:`from_run`; call :meth:`train`; always :meth:`close`."""
+    """PPO on one rank of the job. Build with :func:`run_training`; call :meth:`train`; always :meth:`close`."""
 
     def __init__(self, c: Components):
         self.c = c
         self.cfg = c.cfg
         self.plan = c.plan
         self.env = c.env
-        self.step = 0
+        self.step = 0  # steps done (the state of the models is "after step `step`")
+        self.branch = 0  # rollbacks so far: part of the sampling seed, so a retried step draws new samples
+        self.timer = PhaseTimer()  # this step's phase times
         # Duration of the checkpoint written after the previous row; recorded as time/checkpoint_s in the next.
         self.last_checkpoint_s: float | None = None
         # The engine holds the actor's weights of version `engine_version`; -1 = not known to match.
         self.actor_version = 0
         self.engine_version = -1
+        self.rules = RuleKeeper(self.cfg.watchdog.rules, enabled=self.cfg.watchdog.enable, rank=self.env.rank,
+                                run_dir=c.run_dir, metrics=c.metrics, attempt=c.attempt)
+        self.inject = FaultInjector(self.cfg.debug.inject, rank=self.env.rank, attempt=c.attempt)
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> int:
         """Train until ``total_steps``; returns the job exit code (done, requeue, paused)."""
         c = self.c
         self.step = self.maybe_resume()
-        exit_code = self.check_interrupts()  # a signal or a pause request that came while the models loaded
+        exit_code = self.at_boundary()  # a signal, a pause or a rollback request that came while the models loaded
         if exit_code is not None:
             return exit_code
         if self.cfg.trainer.val_before_train and self.step == 0:
@@ -81,55 +95,64 @@ class Trainer:
                  self.step + 1, c.total_steps, c.total_steps, self.plan.prompts_per_step, self.cfg.rollout.n,
                  self.plan.world_size)
         while self.step < c.total_steps:
-            step_start = time.perf_counter()
-            timer = PhaseTimer()
             self.step += 1
-            batch = self.rollout(timer)
-            self.score(batch, timer)
-            self.compute_old_log_probs_ref_and_values(batch, timer)
-            full = self.compute_advantages(batch, timer)
-            metrics = self.batch_metrics(batch, full)
-            if c.critic is not None:
-                with timer("critic_update"):
-                    metrics |= self.update_critic(batch)
-            if self.step > self.cfg.critic.warmup_updates:
-                with timer("actor_update"):
-                    metrics |= self.update_actor(batch)
-            if self.cfg.trainer.test_freq and self.step % self.cfg.trainer.test_freq == 0:
-                metrics |= self.validate()
-            metrics |= {f"time/{k}_s": v for k, v in timer.times.items()}
-            step_time = time.perf_counter() - step_start
-            tokens = float(full["seq_tokens"].sum())
-            metrics |= {"perf/step_time_s": step_time, "perf/tokens_per_s": tokens / step_time}
-            if self.last_checkpoint_s is not None:
-                metrics["time/checkpoint_s"], self.last_checkpoint_s = self.last_checkpoint_s, None
-            # The row goes out before the checkpoint: a committed checkpoint of step N implies its row is
-            # flushed, so a crash right after the commit never leaves a hole in the history.
+            metrics = self.train_step()
+            decision = self.rules.judge(self.step, metrics)
+            # The row goes out before any checkpoint: a committed checkpoint of step N implies its row is flushed,
+            # so a crash right after the commit never leaves a hole in the history.
             self.log_metrics(self.step, metrics)
-            if self.should_save():
+            exit_code = self.obey(decision)
+            if exit_code is not None:
+                return exit_code
+            if self.should_save() and c.ckpt.latest_committed() != self.step:  # a rollback has just saved
                 self.save_checkpoint()
-            exit_code = self.check_interrupts()
+            exit_code = self.at_boundary()
             if exit_code is not None:
                 return exit_code
         if self.c.ckpt.latest_committed() != self.step:
             self.save_checkpoint()
         return exitcodes.DONE
 
+    def train_step(self) -> dict[str, float]:
+        """One PPO step on this rank; returns the step's metrics row (identical on every rank)."""
+        c = self.c
+        start = time.perf_counter()
+        self.timer = PhaseTimer()
+        self.inject.before_step(self.step, self.branch, c.critic)
+        batch = self.rollout()
+        batch |= self.score(batch)
+        batch |= self.old_log_probs_ref_and_values(batch)
+        advantages, metrics, tokens = self.compute_advantages(batch)
+        batch |= advantages
+        if c.critic is not None:
+            metrics |= self.update_critic(batch)
+        if self.step > self.cfg.critic.warmup_updates:
+            metrics |= self.update_actor(batch)
+        if self.cfg.trainer.test_freq and self.step % self.cfg.trainer.test_freq == 0:
+            metrics |= self.validate()
+        metrics |= {f"time/{k}_s": v for k, v in self.timer.times.items()}
+        step_time = time.perf_counter() - start
+        metrics |= {"perf/step_time_s": step_time, "perf/tokens_per_s": tokens / step_time,
+                    "perf/max_memory_gb": self.peak_memory_gb()}
+        if self.last_checkpoint_s is not None:
+            metrics["time/checkpoint_s"], self.last_checkpoint_s = self.last_checkpoint_s, None
+        return self.inject.on_row(self.step, self.branch, metrics)
+
     # ------------------------------------------------------------------ phases
-    def rollout(self, timer: PhaseTimer) -> dict[str, Any]:
+    def rollout(self) -> Batch:
         """Sync the actor's weights into the engine and sample ``n`` responses for this rank's prompts."""
         c = self.c
-        with timer("weight_sync"):
+        with self.timer("weight_sync"):
             c.engine.wake_up()
             self.sync_engine()
         indices = c.sampler.next_batch()
         prompts = [c.train_data[i] for i in indices]
-        # A per-(seed, step, rank) seed: a resumed run samples exactly what an uninterrupted run would.
-        sampling = dataclasses.replace(c.sampling, seed=derive_seed(self.cfg.seed, self.step, self.env.rank))
-        with timer("generate"):
-            out = c.engine.generate([p.input_ids for p in prompts], sampling)
+        # A per-(seed, step, rank, branch) seed: a resumed run samples exactly what an uninterrupted run would.
+        seed = derive_seed(self.cfg.seed, self.step, self.env.rank, self.branch)
+        with self.timer("generate"):
+            out = c.engine.generate([p.input_ids for p in prompts], dataclasses.replace(c.sampling, seed=seed))
             c.engine.sleep()
-        return batching.to_training_batch(out, prompts, self.c.device)
+        return batching.to_training_batch(out, prompts, c.device)
 
     def sync_engine(self) -> None:
         """Stream the actor's weights into the rollout engine unless it already has this version
@@ -138,48 +161,56 @@ class Trainer:
             self.c.engine.sync_weights(iter_full_params(self.c.actor))
             self.engine_version = self.actor_version
 
-    def score(self, batch: dict[str, Any], timer: PhaseTimer) -> None:
+    def score(self, batch: Batch) -> Batch:
         """Rule-based rewards on the decoded responses; the score sits on each response's last token."""
-        with timer("reward"):
-            texts = self.c.tokenizer.batch_decode(batch["responses"] * batch["response_mask"], skip_special_tokens=True)
+        c = self.c
+        with self.timer("reward"):
+            texts = c.tokenizer.batch_decode(batch["responses"] * batch["response_mask"], skip_special_tokens=True)
             records = batch["records"]
-            scores = self.c.score_fn([r.data_source for r in records], texts, [r.ground_truth for r in records],
-                                     [r.extra_info for r in records])
-            batch["token_level_scores"] = batching.place_scores(scores, batch["response_mask"])
+            scores = c.score_fn([r.data_source for r in records], texts, [r.ground_truth for r in records],
+                                [r.extra_info for r in records])
+            return {"token_level_scores": batching.place_scores(scores, batch["response_mask"])}
 
     @torch.no_grad()
-    def compute_old_log_probs_ref_and_values(self, batch: dict[str, Any], timer: PhaseTimer) -> None:
+    def old_log_probs_ref_and_values(self, batch: Batch) -> Batch:
+        """Log-probs of the rollout policy (and the reference's), and the critic's values, before the update."""
         c, p = self.c, self.plan
         args = (batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["responses"].shape[1])
-        with timer("old_logprob"):
-            batch["old_log_probs"] = compute_log_probs(c.actor, *args, temperature=c.sampling.temperature or 1.0,
-                                                       micro_batch_size=p.logprob_micro_batch_per_rank)
+        temperature = c.sampling.temperature or 1.0
+        out: Batch = {}
+        with self.timer("old_logprob"):
+            out["old_log_probs"] = compute_log_probs(c.actor, *args, temperature=temperature,
+                                                     micro_batch_size=p.logprob_micro_batch_per_rank)
         if c.reference is not None:
-            with timer("ref"):
-                batch["ref_log_probs"] = compute_log_probs(c.reference, *args, temperature=c.sampling.temperature or 1.0,
-                                                           micro_batch_size=p.logprob_micro_batch_per_rank)
+            with self.timer("ref"):
+                out["ref_log_probs"] = compute_log_probs(c.reference, *args, temperature=temperature,
+                                                         micro_batch_size=p.logprob_micro_batch_per_rank)
         if c.critic is not None:
-            with timer("values"):
-                batch["values"] = compute_values(c.critic, *args, micro_batch_size=p.logprob_micro_batch_per_rank,
-                                                 response_mask=batch["response_mask"])
+            with self.timer("values"):
+                out["values"] = compute_values(c.critic, *args, micro_batch_size=p.logprob_micro_batch_per_rank,
+                                               response_mask=batch["response_mask"])
+        return out
 
-    def compute_advantages(self, batch: dict[str, Any], timer: PhaseTimer) -> dict[str, torch.Tensor]:
+    def compute_advantages(self, batch: Batch) -> tuple[Batch, dict[str, float], float]:
         """Gather the batch's small tensors, apply the KL penalty and the estimator on the whole batch.
 
-        Every rank computes the same numbers (the controller's state stays identical everywhere) and keeps
-        its own rows. Returns the gathered tensors for batch-level metrics.
+        Every rank computes the same numbers (the controller's state stays identical everywhere). Returns this
+        rank's rows of ``token_level_rewards``, ``advantages`` and ``returns``, the batch-level metrics and the
+        batch's token count (prompts and responses, all ranks).
         """
         c, cfg = self.c, self.cfg
-        with timer("adv"):
+        with self.timer("adv"):
             keys = ["token_level_scores", "old_log_probs", "response_mask", "seq_tokens", "prompt_len", "prompt_index"]
             keys += [k for k in ("ref_log_probs", "values", "rollout_log_probs") if k in batch]
             full = batching.gather_rows({k: batch[k] for k in keys})
             mask = full["response_mask"]
-            self.kl_coef_used = c.kl_ctrl.value
+            kl_coef = c.kl_ctrl.value  # the coefficient this step's penalty uses (the controller updates after)
+            extra: dict[str, float] = {}
             if self.plan.kl_penalty_in_reward:
-                rewards, current_kl = algos.apply_kl_penalty(full["token_level_scores"], full["old_log_probs"],
-                                                             full["ref_log_probs"], mask, c.kl_ctrl,
-                                                             cfg.algorithm.kl_penalty)
+                rewards, reward_kl = algos.apply_kl_penalty(full["token_level_scores"], full["old_log_probs"],
+                                                            full["ref_log_probs"], mask, c.kl_ctrl,
+                                                            cfg.algorithm.kl_penalty)
+                extra["kl/reward_penalty"] = float(reward_kl)
             else:
                 rewards = full["token_level_scores"].float()
             inputs = algos.AdvantageInputs(
@@ -188,82 +219,38 @@ class Trainer:
                 norm_adv_by_std=cfg.algorithm.norm_adv_by_std_in_grpo,
             )
             advantages, returns = algos.compute_advantage(cfg.algorithm.adv_estimator, inputs)
-            full["token_level_rewards"], full["advantages"], full["returns"] = rewards, advantages, returns
+            full |= {"token_level_rewards": rewards, "advantages": advantages, "returns": returns}
             rows = batching.local_rows(batch["response_mask"].shape[0], self.env.rank)
             width = batch["response_mask"].shape[1]
-            for key in ("token_level_rewards", "advantages", "returns"):
-                batch[key] = full[key][rows, :width]
-        return full
+            mine = {k: full[k][rows, :width] for k in ("token_level_rewards", "advantages", "returns")}
+            metrics = batching.batch_metrics(full, kl_coef=kl_coef, max_response_length=cfg.data.max_response_length)
+        return mine, metrics | extra, float(full["seq_tokens"].sum())
 
-    def update_critic(self, batch: dict[str, Any]) -> dict[str, float]:
-        c, p, cc = self.c, self.plan, self.cfg.critic
-        sums = batching.UpdateMetrics()
-        offload = OptimizerStateOffload(c.critic_optim, enabled=c.critic_optim_offload)
-        for _ in range(p.critic_ppo_epochs):
-            for mini in batching.split(batch, p.critic_mini_batch_per_rank):
-                info = batching.global_batch_info(mini["response_mask"], self.plan.world_size, self.cfg.data.max_response_length)
-                micros = list(batching.split(mini, p.critic_micro_batch_per_rank))
-                for i, mb in enumerate(micros):
-                    batching.set_grad_sync(c.critic, i == len(micros) - 1)
-                    values = forward_values(c.critic, mb["input_ids"], mb["attention_mask"], mb["position_ids"],
-                                            mb["responses"].shape[1])
-                    out = algos.value_loss(values, mb["values"], mb["returns"], mb["response_mask"], cc.cliprange_value,
-                                           cc.loss_agg_mode, batch_info=info)
-                    out["loss"].backward()
-                    sums.add("critic/vf_loss", out["loss"], len(micros))
-                    sums.add("critic/vf_clipfrac", out["vf_clipfrac"])
-                offload.before_step()
-                grad_norm = batching.clip_and_step(c.critic, c.critic_optim, cc.grad_clip)
-                c.critic_lr.step()
-                sums.add("critic/grad_norm", grad_norm)
-        offload.after_update()
-        return sums.reduce() | {"critic/lr": c.critic_lr.lr}
+    def update_plan(self, prefix: str, *, epochs: int, mini: int, micro: int, grad_clip: float) -> UpdatePlan:
+        return UpdatePlan(prefix=prefix, epochs=epochs, mini_batch_per_rank=mini, micro_batch_per_rank=micro,
+                          grad_clip=self.rules.grad_clip(grad_clip), world_size=self.plan.world_size,
+                          max_response_length=self.cfg.data.max_response_length)
 
-    def update_actor(self, batch: dict[str, Any]) -> dict[str, float]:
-        c, p, ac = self.c, self.plan, self.cfg.actor
-        temperature = c.sampling.temperature or 1.0
-        sums = batching.UpdateMetrics()
-        offload = OptimizerStateOffload(c.actor_optim, enabled=c.actor_optim_offload)
-        for _ in range(p.actor_ppo_epochs):
-            for mini in batching.split(batch, p.actor_mini_batch_per_rank):
-                info = batching.global_batch_info(mini["response_mask"], self.plan.world_size, self.cfg.data.max_response_length)
-                micros = list(batching.split(mini, p.actor_micro_batch_per_rank))
-                for i, mb in enumerate(micros):
-                    batching.set_grad_sync(c.actor, i == len(micros) - 1)
-                    log_probs, entropy = forward_log_probs(c.actor, mb["input_ids"], mb["attention_mask"],
-                                                           mb["position_ids"], mb["responses"].shape[1],
-                                                           temperature=temperature, with_entropy=True)
-                    out = algos.policy_loss(mb["old_log_probs"], log_probs, mb["advantages"], mb["response_mask"],
-                                            ac.clip_ratio, p.clip_ratio_low, p.clip_ratio_high, ac.clip_ratio_c,
-                                            ac.loss_agg_mode, batch_info=info)
-                    loss = out["loss"]
-                    ent = algos.agg_loss(entropy, mb["response_mask"], ac.loss_agg_mode, batch_info=info)
-                    if ac.entropy_coeff:
-                        loss = loss - ac.entropy_coeff * ent
-                    if p.kl_loss:
-                        kl = algos.kl_penalty(log_probs, mb["ref_log_probs"], ac.kl_loss_type)
-                        kl_loss = algos.agg_loss(kl, mb["response_mask"], ac.loss_agg_mode, batch_info=info)
-                        loss = loss + ac.kl_loss_coef * kl_loss
-                        sums.add("actor/kl_loss", kl_loss, len(micros))
-                    loss.backward()
-                    # A batch_info loss is this micro-batch's share of the global mini-batch loss x dp: the mean over
-                    # ranks of the sum over micro-batches is the mini-batch loss.
-                    scale = len(micros)
-                    sums.add("actor/pg_loss", out["loss"], scale)
-                    sums.add("actor/entropy", ent, scale)
-                    for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
-                        sums.add(f"actor/{key}", out[key])
-                offload.before_step()
-                grad_norm = batching.clip_and_step(c.actor, c.actor_optim, c.grad_clip)
-                self.actor_version += 1
-                c.actor_lr.step()
-                sums.add("actor/grad_norm", grad_norm)
-        offload.after_update()
-        return sums.reduce() | {"actor/lr": c.actor_lr.lr}
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        c, p = self.c, self.plan
+        plan = self.update_plan("critic", epochs=p.critic_ppo_epochs, mini=p.critic_mini_batch_per_rank,
+                                micro=p.critic_micro_batch_per_rank, grad_clip=self.cfg.critic.grad_clip)
+        with self.timer("critic_update"):
+            return run_update(batch, c.critic, c.critic_optim, c.critic_lr, plan, critic_loss(c.critic, self.cfg.critic),
+                              offload_optimizer=c.critic_optim_offload)
 
-    def batch_metrics(self, batch: dict[str, Any], full: dict[str, torch.Tensor]) -> dict[str, float]:
-        return batching.batch_metrics(full, kl_coef=self.kl_coef_used,
-                                      max_response_length=self.cfg.data.max_response_length)
+    def update_actor(self, batch: Batch) -> dict[str, float]:
+        c, p = self.c, self.plan
+        plan = self.update_plan("actor", epochs=p.actor_ppo_epochs, mini=p.actor_mini_batch_per_rank,
+                                micro=p.actor_micro_batch_per_rank, grad_clip=self.cfg.actor.grad_clip)
+        loss = actor_loss(c.actor, self.cfg.actor, clip_ratio_low=p.clip_ratio_low, clip_ratio_high=p.clip_ratio_high,
+                          kl_loss=p.kl_loss, temperature=c.sampling.temperature or 1.0)
+        with self.timer("actor_update"):
+            return run_update(batch, c.actor, c.actor_optim, c.actor_lr, plan, loss,
+                              offload_optimizer=c.actor_optim_offload, on_step=self._actor_stepped)
+
+    def _actor_stepped(self) -> None:
+        self.actor_version += 1
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
@@ -273,7 +260,7 @@ class Trainer:
             return {}
         c.engine.wake_up()
         self.sync_engine()
-        sums = torch.zeros(len(c.val_sources), 2, dtype=torch.float64)
+        sums = [[0.0, 0.0] for _ in c.val_sources]
         mine = list(range(self.env.rank, len(c.val_data), self.env.world_size))
         for start in range(0, len(mine), 64):
             prompts = [c.val_data[i] for i in mine[start : start + 64]]
@@ -283,21 +270,161 @@ class Trainer:
             scores = c.score_fn([r.data_source for r in records], texts, [r.ground_truth for r in records],
                                 [r.extra_info for r in records])
             for r, s in zip(records, scores):
-                row = c.val_sources.index(r.data_source)
-                sums[row, 0] += s
-                sums[row, 1] += 1
+                row = sums[c.val_sources.index(r.data_source)]
+                row[0] += s
+                row[1] += 1
         c.engine.sleep()
-        if dist.is_initialized():
-            dist.all_reduce(sums)
-        metrics = {f"val/score/{src}": float(sums[i, 0] / max(sums[i, 1], 1)) for i, src in enumerate(c.val_sources)}
-        metrics["val/score"] = float(sums[:, 0].sum() / max(float(sums[:, 1].sum()), 1))
+        flat = all_reduce_host([x for row in sums for x in row], "sum")
+        totals = [(flat[2 * i], flat[2 * i + 1]) for i in range(len(c.val_sources))]
+        metrics = {f"val/score/{src}": total / max(n, 1) for src, (total, n) in zip(c.val_sources, totals)}
+        metrics["val/score"] = sum(t for t, _ in totals) / max(sum(n for _, n in totals), 1)
         return metrics
+
+    def peak_memory_gb(self) -> float:
+        """The largest peak over ranks: allocated CUDA memory on GPUs, the process's peak RSS on CPUs."""
+        if self.c.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.c.device)
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        return all_reduce_host([peak / 2**30], "max")[0]
+
+    # ------------------------------------------------------------------ the watchdog's actions
+    def obey(self, decision: Decision) -> int | None:
+        """Apply the rules' decision on this step (every rank alike); an exit code when the run must stop."""
+        c, rules = self.c, self.rules
+        for action in decision.suppressed:
+            winner = decision.superseded_by(action)
+            rules.record(self.step, "watchdog.suppressed", f"{action.rule}: {action.reason} (superseded by "
+                         f"{winner.kind if winner else '?'})", **describe(action))
+        for action in decision.actions:
+            detail = describe(action)
+            if action.kind in ("pause", "requeue"):
+                rules.record(self.step, f"watchdog.{action.kind}", f"{action.rule}: {action.reason}", **detail)
+                return self.stop(action.kind, f"watchdog rule {action.rule}: {action.reason}")
+            if action.kind in ("rollback", "restart_critic"):
+                target = rules.target_before_anomaly(action, c.ckpt.list_committed())
+                if target is None:
+                    reason = (f"watchdog rule {action.rule} ({action.reason}) asked for {action.kind} but no committed "
+                              f"checkpoint predates the anomaly; committed: {c.ckpt.list_committed() or 'none'}")
+                    rules.record(self.step, "watchdog.pause", reason, **detail)
+                    return self.stop("pause", reason)
+                rules.record(self.step, f"watchdog.{action.kind}", f"{action.rule}: {action.reason}; back to "
+                             f"checkpoint step {target}", checkpoint=target, **detail)
+                if action.kind == "rollback":
+                    self.roll_back(target)
+                else:
+                    self.restart_critic(target)
+            elif action.kind == "raise_kl_coef":
+                old = c.kl_ctrl.value
+                c.kl_ctrl.value = raised_kl_coef(old, action)
+                rules.state = rules.state.with_kl_coef(c.kl_ctrl.value)
+                rules.record(self.step, "watchdog.raise_kl_coef", f"{action.rule}: {action.reason}; kl_coef "
+                             f"{old:.4g} -> {c.kl_ctrl.value:.4g}", old=old, new=c.kl_ctrl.value, **detail)
+            elif action.kind == "set_grad_clip":
+                rules.record(self.step, "watchdog.set_grad_clip", f"{action.rule}: {action.reason}; grad clip "
+                             f"{rules.grad_clip(self.cfg.actor.grad_clip):.4g} (actor), "
+                             f"{rules.grad_clip(self.cfg.critic.grad_clip):.4g} (critic)", **detail)
+        return None
+
+    def roll_back(self, target: int, *, lr_factor: float | None = None) -> None:
+        """Back to committed checkpoint ``target``: models, optimizers, lr schedules and KL controller as they were
+        there; the data cursor stays where it is (the batches since ``target`` are skipped), the sampling seed moves
+        to a new branch, the learning rates take the composed scale. The checkpoint is then saved again with that
+        state, so a crash from here on resumes the new branch, not the abandoned one."""
+        c = self.c
+        if lr_factor is not None:
+            self.rules.compose_lr_scale(lr_factor)
+        cursor = c.sampler.state_dict()
+        c.ckpt.abandon_after(target)
+        models, optims = self.checkpointed()
+        extra = c.ckpt.load(target, models=models, optimizers=optims)
+        self.restore_schedules(extra)
+        c.sampler.load_state_dict(cursor)
+        self.branch += 1
+        self.step = target
+        self.rules.rolled_back_to(target)
+        self.actor_version += 1  # the engine must take the restored weights
+        self.reoffload_optimizers()
+        self.save_checkpoint()
+
+    def restart_critic(self, target: int) -> None:
+        """The critic's weights and optimizer state from committed checkpoint ``target``; the actor is untouched."""
+        c = self.c
+        c.ckpt.load(target, models={"critic": c.critic}, optimizers={"critic": c.critic_optim}, restore_rng=False)
+        if c.critic_optim_offload:
+            offload_optimizer_state(c.critic_optim)
+
+    def stop(self, kind: str, reason: str) -> int:
+        """Checkpoint and stop: ``pause`` waits for ``hpcppo resume`` (no requeue), ``requeue`` asks for one."""
+        c = self.c
+        if self.step > 0 and c.ckpt.latest_committed() != self.step:
+            self.save_checkpoint()
+        if c.metrics is not None:
+            c.metrics.log_event(self.step, "paused" if kind == "pause" else "requeue", reason[:1000])
+        if kind == "pause" and self.env.rank == 0:
+            atomic_write_text(c.run_dir / "control" / "PAUSED", f"step {self.step}: {reason}\n")
+        log.info("%s after step %d: %s", kind, self.step, reason)
+        return exitcodes.PAUSED if kind == "pause" else exitcodes.REQUEUE
+
+    # ------------------------------------------------------------------ step boundary
+    def at_boundary(self) -> int | None:
+        """Requests from outside, agreed by all ranks: preemption signals (any rank), a pause request, rollback
+        requests from ``hpcppo rollback`` (rank 0 reads the inbox). Returns an exit code when the run stops."""
+        c = self.c
+        pause_requested = (c.run_dir / "control" / "PAUSE").exists()
+        requests = control.pending(c.run_dir) if self.env.rank == 0 else []
+        preempted, paused, asked = (x > 0 for x in all_reduce_host(
+            [1.0 if c.preempt.local else 0.0, 1.0 if pause_requested else 0.0, float(len(requests))], "max"))
+        if asked:
+            self.serve_requests(requests)
+        if not (preempted or paused):
+            return None
+        if (self.cfg.checkpoint.save_on_preempt or paused) and self.step > 0:  # step 0 is the initial state
+            if c.ckpt.latest_committed() != self.step:
+                self.save_checkpoint()
+        kind = "preempted" if preempted else "paused"
+        if c.metrics is not None:
+            where = f"after step {self.step} with a committed checkpoint" if self.step else "before the first step"
+            c.metrics.log_event(self.step, kind, f"stopping {where}")
+        if paused and self.env.rank == 0:
+            # The request is served; the marker tells `hpcppo status` why the run stopped (`hpcppo resume` clears it).
+            request = c.run_dir / "control" / "PAUSE"
+            reason = request.read_text().strip() if request.exists() else ""
+            atomic_write_text(c.run_dir / "control" / "PAUSED", f"step {self.step}: {reason or 'pause requested'}\n")
+            request.unlink(missing_ok=True)
+        log.info("%s: %s, exiting", kind, f"checkpointed step {self.step}" if self.step else "before the first step")
+        return exitcodes.REQUEUE if preempted else exitcodes.PAUSED
+
+    def serve_requests(self, requests: list[Any]) -> None:
+        """Apply rank 0's rollback requests in arrival order (collective: rank 0 broadcasts what to do)."""
+        from hpcppo.distributed.env import broadcast_object
+
+        c = self.c
+        plan = []
+        if self.env.rank == 0:
+            for req in requests:
+                committed = [s for s in c.ckpt.list_committed() if req.to_step is None or s <= req.to_step]
+                plan.append((req, committed[-1] if committed else None))
+        for req, target in broadcast_object(plan):
+            if target is None:
+                outcome = {"status": "rejected", "reason": f"no committed checkpoint at or before step {req.to_step}; "
+                                                           f"committed: {c.ckpt.list_committed() or 'none'}"}
+                self.rules.record(self.step, "control.rejected", f"rollback request {req.id}: {outcome['reason']}",
+                                  source="control", request=req.id)
+            else:
+                factor = control.DEFAULT_LR_SCALE if req.lr_scale is None else req.lr_scale
+                self.rules.record(self.step, "control.rollback", f"rollback request {req.id}: back to checkpoint "
+                                  f"step {target}, lr x{factor:g}", source="control", request=req.id, checkpoint=target,
+                                  lr_scale=factor)
+                self.roll_back(target, lr_factor=factor)
+                outcome = {"status": "applied", "checkpoint": target, "step": self.step}
+            if self.env.rank == 0:
+                control.acknowledge(c.run_dir, req, outcome)
 
     # ------------------------------------------------------------------ bookkeeping
     def log_metrics(self, step: int, metrics: dict[str, float], note: str = "") -> None:
         if self.c.metrics is not None:
-            known = {k: v for k, v in metrics.items() if k in self.c.metric_columns}
-            self.c.metrics.log(step, known)
+            self.c.metrics.log(step, metrics)
         if self.env.rank == 0 and (step % self.cfg.trainer.log_every == 0 or note):
             fields = ["reward/mean", "score/mean", "kl/actor_ref", "actor/pg_loss", "critic/vf_loss", "val/score",
                       "perf/step_time_s"]
@@ -312,10 +439,11 @@ class Trainer:
         c = self.c
         extra = {
             "step": self.step,
+            "branch": self.branch,
             "sampler": c.sampler.state_dict(),
             "kl_ctrl": c.kl_ctrl.state_dict(),
             "actor_lr": c.actor_lr.state_dict(),
-            "grad_clip": float(c.grad_clip),
+            "watchdog": self.rules.state_dict(),
         }
         if c.critic is not None:
             extra["critic_lr"] = c.critic_lr.state_dict()
@@ -337,6 +465,26 @@ class Trainer:
         if c.metrics is not None:
             c.metrics.fsync()
 
+    def restore_schedules(self, extra: dict[str, Any]) -> None:
+        """KL controller and lr schedules from a checkpoint's ``extra``; the lr scale is the watchdog's."""
+        c = self.c
+        c.kl_ctrl.load_state_dict(extra["kl_ctrl"])
+        schedules = [c.actor_lr] + ([c.critic_lr] if c.critic is not None else [])
+        c.actor_lr.load_state_dict(extra["actor_lr"])
+        if c.critic is not None:
+            c.critic_lr.load_state_dict(extra["critic_lr"])
+        for schedule in schedules:
+            schedule.set_scale(self.rules.state.lr_scale)
+
+    def reoffload_optimizers(self) -> None:
+        """Loaded optimizer state sits on the parameters' devices; with optimizer_offload it waits on the host."""
+        c = self.c
+        for name, optim, offload in (("actor", c.actor_optim, c.actor_optim_offload),
+                                     ("critic", c.critic_optim, c.critic_optim_offload)):
+            if offload:
+                moved = offload_optimizer_state(optim)
+                log.info("%s optimizer state offloaded to host memory (%.2f MiB on this rank)", name, moved / 2**20)
+
     def maybe_resume(self) -> int:
         """Continue from the newest committed checkpoint (``checkpoint.resume = "auto"``); returns its step."""
         c = self.c
@@ -345,48 +493,15 @@ class Trainer:
             return 0
         models, optims = self.checkpointed()
         extra = c.ckpt.load(latest, models=models, optimizers=optims)
+        self.rules.load_state_dict(extra.get("watchdog"))
+        self.branch = int(extra.get("branch", 0))
+        self.restore_schedules(extra)
         c.sampler.load_state_dict(extra["sampler"])
-        c.kl_ctrl.load_state_dict(extra["kl_ctrl"])
-        c.actor_lr.load_state_dict(extra["actor_lr"])
-        c.grad_clip = float(extra.get("grad_clip", c.grad_clip))
-        if c.critic is not None:
-            c.critic_lr.load_state_dict(extra["critic_lr"])
-        # The loaded optimizer state sits on the parameters' devices; with optimizer_offload it waits on the host.
-        for name, optim, offload in (("actor", c.actor_optim, c.actor_optim_offload),
-                                     ("critic", c.critic_optim, c.critic_optim_offload)):
-            if offload:
-                moved = offload_optimizer_state(optim)
-                log.info("%s optimizer state offloaded to host memory (%.2f MiB on this rank)", name, moved / 2**20)
+        self.reoffload_optimizers()
         if c.metrics is not None:
             c.metrics.log_event(int(extra["step"]), "resume", f"resumed from checkpoint step {latest}")
         log.info("resumed from checkpoint step %d", latest)
         return int(extra["step"])
-
-    def check_interrupts(self) -> int | None:
-        """Preemption signal (any rank) or a pause request: checkpoint together and return the exit code."""
-        c = self.c
-        pause_requested = (self.c.run_dir / "control" / "PAUSE").exists()
-        flags = torch.tensor([1.0 if c.preempt.local else 0.0, 1.0 if pause_requested else 0.0])
-        if dist.is_initialized():
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        preempted, paused = bool(flags[0] > 0), bool(flags[1] > 0)
-        if not (preempted or paused):
-            return None
-        if (self.cfg.checkpoint.save_on_preempt or paused) and self.step > 0:  # step 0 is the initial state
-            if c.ckpt.latest_committed() != self.step:
-                self.save_checkpoint()
-        kind = "preempted" if preempted else "paused"
-        if c.metrics is not None:
-            where = f"after step {self.step} with a committed checkpoint" if self.step else "before the first step"
-            c.metrics.log_event(self.step, kind, f"stopping {where}")
-        if paused and self.env.rank == 0:
-            # The request is served; the marker tells `hpcppo status` why the run stopped (`hpcppo resume` clears it).
-            request = c.run_dir / "control" / "PAUSE"
-            reason = request.read_text().strip() if request.exists() else ""
-            atomic_write_text(c.run_dir / "control" / "PAUSED", f"step {self.step}: {reason or 'pause requested'}\n")
-            request.unlink(missing_ok=True)
-        log.info("%s: %s, exiting", kind, f"checkpointed step {self.step}" if self.step else "before the first step")
-        return exitcodes.REQUEUE if preempted else exitcodes.PAUSED
 
     def close(self) -> None:
         self.c.close()

@@ -1,0 +1,107 @@
+"""The PPO update: one skeleton (epochs -> mini-batches -> micro-batches -> gradient sync -> clipped step) shared by
+the actor and the critic, each of which contributes only its loss.
+
+A loss function gets one micro-batch, the global mini-batch's counts (:class:`~hpcppo.algos.GlobalBatchInfo`, so the
+gradient does not depend on how the mini-batch is split over ranks and micro-batches), the metric sums and the number
+of micro-batches in this mini-batch; it records its metrics and returns the loss to differentiate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from hpcppo import algos
+from hpcppo.models import forward_log_probs, forward_values
+from hpcppo.train import batching
+from hpcppo.train.optim import LRSchedule, OptimizerStateOffload
+
+LossFn = Callable[[Mapping[str, Any], algos.GlobalBatchInfo, batching.UpdateMetrics, int], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class UpdatePlan:
+    """How one model is updated on one step: its shapes per rank and its clip."""
+
+    prefix: str  # "actor" or "critic": the metric namespace
+    epochs: int
+    mini_batch_per_rank: int
+    micro_batch_per_rank: int
+    grad_clip: float
+    world_size: int
+    max_response_length: int  # the loss-scale factor of the seq-mean-token-sum-norm aggregation
+
+
+def run_update(batch: Mapping[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, lr: LRSchedule,
+               plan: UpdatePlan, loss_fn: LossFn, *, offload_optimizer: bool = False,
+               on_step: Callable[[], None] | None = None) -> dict[str, float]:
+    """Run ``plan.epochs`` passes of mini-batch updates of ``model`` over this rank's ``batch``; return the metrics
+    (means over micro-batches and ranks), ``<prefix>/grad_norm`` and ``<prefix>/lr`` included.
+
+    Collective: gradients are reduce-scattered on the last micro-batch of each mini-batch only (FSDP2 accumulates
+    locally before), and the metrics are averaged over ranks at the end. ``on_step`` runs after each optimizer step.
+    """
+    sums = batching.UpdateMetrics()
+    offload = OptimizerStateOffload(optimizer, enabled=offload_optimizer)
+    for _ in range(plan.epochs):
+        for mini in batching.split(batch, plan.mini_batch_per_rank):
+            info = batching.global_batch_info(mini["response_mask"], plan.world_size, plan.max_response_length)
+            micros = list(batching.split(mini, plan.micro_batch_per_rank))
+            for i, mb in enumerate(micros):
+                batching.set_grad_sync(model, i == len(micros) - 1)
+                loss_fn(mb, info, sums, len(micros)).backward()
+            offload.before_step()
+            sums.add(f"{plan.prefix}/grad_norm", batching.clip_and_step(model, optimizer, plan.grad_clip))
+            lr.step()
+            if on_step is not None:
+                on_step()
+    offload.after_update()
+    return sums.reduce() | {f"{plan.prefix}/lr": lr.lr}
+
+
+def critic_loss(critic: nn.Module, cfg: Any) -> LossFn:
+    """verl's clipped value loss; ``cfg`` is the ``[critic]`` section."""
+
+    def loss(mb: Mapping[str, Any], info: algos.GlobalBatchInfo, sums: batching.UpdateMetrics, n_micro: int):
+        values = forward_values(critic, mb["input_ids"], mb["attention_mask"], mb["position_ids"], mb["responses"].shape[1])
+        out = algos.value_loss(values, mb["values"], mb["returns"], mb["response_mask"], cfg.cliprange_value,
+                               cfg.loss_agg_mode, batch_info=info)
+        # A batch_info loss is this micro-batch's share of the global mini-batch loss x dp: the mean over ranks of
+        # the sum over micro-batches is the mini-batch loss.
+        sums.add("critic/vf_loss", out["loss"], n_micro)
+        sums.add("critic/vf_clipfrac", out["vf_clipfrac"])
+        return out["loss"]
+
+    return loss
+
+
+def actor_loss(actor: nn.Module, cfg: Any, *, clip_ratio_low: float, clip_ratio_high: float, kl_loss: bool,
+               temperature: float) -> LossFn:
+    """verl's clipped (dual-clip) policy loss, minus the entropy bonus, plus the KL loss when it is on; ``cfg`` is
+    the ``[actor]`` section, the clip bounds and ``kl_loss`` come from the plan."""
+
+    def loss(mb: Mapping[str, Any], info: algos.GlobalBatchInfo, sums: batching.UpdateMetrics, n_micro: int):
+        log_probs, entropy = forward_log_probs(actor, mb["input_ids"], mb["attention_mask"], mb["position_ids"],
+                                               mb["responses"].shape[1], temperature=temperature, with_entropy=True)
+        out = algos.policy_loss(mb["old_log_probs"], log_probs, mb["advantages"], mb["response_mask"], cfg.clip_ratio,
+                                clip_ratio_low, clip_ratio_high, cfg.clip_ratio_c, cfg.loss_agg_mode, batch_info=info)
+        total = out["loss"]
+        ent = algos.agg_loss(entropy, mb["response_mask"], cfg.loss_agg_mode, batch_info=info)
+        if cfg.entropy_coeff:
+            total = total - cfg.entropy_coeff * ent
+        if kl_loss:
+            kl = algos.kl_penalty(log_probs, mb["ref_log_probs"], cfg.kl_loss_type)
+            kl_value = algos.agg_loss(kl, mb["response_mask"], cfg.loss_agg_mode, batch_info=info)
+            total = total + cfg.kl_loss_coef * kl_value
+            sums.add("actor/kl_loss", kl_value, n_micro)
+        sums.add("actor/pg_loss", out["loss"], n_micro)
+        sums.add("actor/entropy", ent, n_micro)
+        for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
+            sums.add(f"actor/{key}", out[key])
+        return total
+
+    return loss
