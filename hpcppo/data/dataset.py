@@ -282,9 +282,9 @@ class PromptDataset:
     ) -> None:
         if truncation not in TRUNCATION_MODES:
             raise ConfigError(f"unknown truncation {truncation!r}; allowed: {', '.join(TRUNCATION_MODES)}",
-                              key="truncation")
+                              key="data.truncation")
         if not isinstance(max_prompt_length, int) or max_prompt_length < 1:
-            raise ConfigError(f"must be a positive integer, got {max_prompt_length!r}", key="max_prompt_length")
+            raise ConfigError(f"must be a positive integer, got {max_prompt_length!r}", key="data.max_prompt_length")
         has_template = bool(getattr(tokenizer, "chat_template", None))
         if apply_chat_template is None:
             apply_chat_template = has_template

@@ -123,6 +123,9 @@ BUILTINS: dict[str, str] = {
 #: data_source -> built-in name, used by "auto"
 DATA_SOURCES: dict[str, str] = {"openai/gsm8k": "gsm8k", "hpcppo/arith": "arith"}
 _CALL_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
+# The spec keys these errors are about (a test checks that every key an error names exists).
+REWARD_KEY = "data.reward_fn"
+GSM8K_METHOD_KEY = "data.gsm8k_method"
 
 
 def load_function(spec: str) -> Callable[..., Any]:
@@ -131,27 +134,27 @@ def load_function(spec: str) -> Callable[..., Any]:
     if not sep or not module_part or not attr:
         raise ConfigError(
             f"reward function {spec!r} is not a built-in ({', '.join(['auto', *BUILTINS])}) and not of the form "
-            "'package.module:function' or 'path/to/file.py:function'", key="reward")
+            "'package.module:function' or 'path/to/file.py:function'", key=REWARD_KEY)
     if module_part.endswith(".py") or "/" in module_part:
         module = _import_file(Path(module_part), spec)
     else:
         try:
             module = importlib.import_module(module_part)
         except ModuleNotFoundError as exc:
-            raise ConfigError(f"reward function {spec!r}: no module named {exc.name!r}", key="reward",
+            raise ConfigError(f"reward function {spec!r}: no module named {exc.name!r}", key=REWARD_KEY,
                               hint="is it on PYTHONPATH? or give a file: path/to/file.py:function") from exc
         except Exception as exc:  # the user's module failed while importing: show why, keep the chain
             raise ConfigError(f"reward function {spec!r}: importing {module_part} failed: "
-                              f"{type(exc).__name__}: {exc}", key="reward") from exc
+                              f"{type(exc).__name__}: {exc}", key=REWARD_KEY) from exc
     if not hasattr(module, attr):
         candidates = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
         close = difflib.get_close_matches(attr, candidates, n=1)
         raise ConfigError(
             f"reward function {spec!r}: {module_part} has no attribute {attr!r}; its functions: "
-            f"{', '.join(candidates) or '(none)'}", key="reward", hint=f"did you mean {close[0]!r}?" if close else None)
+            f"{', '.join(candidates) or '(none)'}", key=REWARD_KEY, hint=f"did you mean {close[0]!r}?" if close else None)
     fn = getattr(module, attr)
     if not callable(fn):
-        raise ConfigError(f"reward function {spec!r}: {attr!r} is a {type(fn).__name__}, not callable", key="reward")
+        raise ConfigError(f"reward function {spec!r}: {attr!r} is a {type(fn).__name__}, not callable", key=REWARD_KEY)
     return fn
 
 
@@ -165,7 +168,7 @@ def _import_file(path: Path, spec: str) -> Any:
         return sys.modules[name]
     module_spec = importlib.util.spec_from_file_location(name, resolved)
     if module_spec is None or module_spec.loader is None:
-        raise ConfigError(f"reward function {spec!r}: {path} cannot be imported as a Python module", key="reward")
+        raise ConfigError(f"reward function {spec!r}: {path} cannot be imported as a Python module", key=REWARD_KEY)
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module  # before exec: dataclasses and pickling look the module up there
     try:
@@ -173,7 +176,7 @@ def _import_file(path: Path, spec: str) -> Any:
     except Exception as exc:
         del sys.modules[name]
         raise ConfigError(f"reward function {spec!r}: importing {path} failed: {type(exc).__name__}: {exc}",
-                          key="reward") from exc
+                          key=REWARD_KEY) from exc
     return module
 
 
@@ -189,7 +192,7 @@ def check_signature(fn: Callable[..., Any], kwargs: Mapping[str, Any], name: str
         extra = f" plus {', '.join(f'{k}=' for k in kwargs)}" if kwargs else ""
         raise ConfigError(
             f"reward function {name!r} has signature {sig}, which cannot be called as "
-            f"fn(data_source=, solution_str=, ground_truth=, extra_info={extra}): {exc}", key="reward") from exc
+            f"fn(data_source=, solution_str=, ground_truth=, extra_info={extra}): {exc}", key=REWARD_KEY) from exc
 
 
 def _as_score(value: Any, name: str, data_source: str, row: int | None = None) -> float:
@@ -238,7 +241,7 @@ class RewardFn:
 def _builtin(name: str, kwargs: Mapping[str, Any]) -> RewardFn:
     if name == "gsm8k" and kwargs.get("method", "strict") not in GSM8K_METHODS:
         raise ConfigError(f"unknown method {kwargs['method']!r}; allowed: {', '.join(GSM8K_METHODS)}",
-                          key="reward.gsm8k.method")
+                          key=GSM8K_METHOD_KEY)
     return RewardFn(name, load_function(BUILTINS[name]), kwargs)
 
 
@@ -251,8 +254,8 @@ class AutoRewardFn:
         self.options = {k: dict(v) for k, v in (options or {}).items()}
         unknown = sorted(set(self.options) - set(BUILTINS))
         if unknown:
-            raise ConfigError(f"options for unknown built-in(s) {', '.join(unknown)}; known: "
-                              f"{', '.join(BUILTINS)}", key="reward")
+            raise ConfigError(f"options for unknown built-in reward(s) {', '.join(unknown)}; known: "
+                              f"{', '.join(BUILTINS)}")
         self._fns: dict[str, RewardFn] = {}
         if "gsm8k" in self.options:  # validate now; the synthetic task stays unimported until a row needs it
             self._fns["gsm8k"] = _builtin("gsm8k", self.options["gsm8k"])
@@ -264,8 +267,8 @@ class AutoRewardFn:
             close = difflib.get_close_matches(str(data_source), list(DATA_SOURCES), n=1)
             raise ConfigError(
                 f"no built-in reward for data_source {data_source!r}; known data sources: "
-                f"{', '.join(DATA_SOURCES)}", key="reward",
-                hint=f"did you mean {close[0]!r}?" if close else "give your own as reward = 'module:function'")
+                f"{', '.join(DATA_SOURCES)}", key=REWARD_KEY,
+                hint=f"did you mean {close[0]!r}?" if close else f"give your own as {REWARD_KEY} = 'module:function'")
         if builtin not in self._fns:
             self._fns[builtin] = _builtin(builtin, self.options.get(builtin, {}))
         return self._fns[builtin]
@@ -286,7 +289,7 @@ class AutoRewardFn:
 def build_reward_fn(spec: str = "auto", **kwargs: Any) -> Callable[[str, str, Any, Mapping[str, Any] | None], float]:
     """A reward function from a spec (see the module docstring); ``kwargs`` are bound options."""
     if not isinstance(spec, str) or not spec.strip():
-        raise ConfigError(f"reward function spec must be a non-empty string, got {spec!r}", key="reward")
+        raise ConfigError(f"reward function spec must be a non-empty string, got {spec!r}", key=REWARD_KEY)
     spec = spec.strip()
     if spec == "auto":
         return AutoRewardFn(kwargs)

@@ -313,3 +313,17 @@ def test_score_batch_with_plain_function_and_unknown_source():
     with pytest.raises(ConfigError, match="no built-in reward for data_source 'mystery'") as err:
         score_batch(build_reward_fn(), ["openai/gsm8k", "mystery"], ["#### 1", "1"], ["1", "1"])
     assert any("row 1" in note for note in err.value.__notes__)
+
+
+def test_reward_errors_name_the_spec_keys():
+    with pytest.raises(ConfigError) as err:
+        build_reward_fn("auto")("lighteval/MATH", "3", "3", None)
+    assert err.value.key == "data.reward_fn"
+    assert str(err.value).startswith("data.reward_fn: no built-in reward for data_source 'lighteval/MATH'")
+    assert str(err.value).endswith("(give your own as data.reward_fn = 'module:function')")
+    with pytest.raises(ConfigError) as err:
+        build_reward_fn("auto", gsm8k={"method": "loose"})
+    assert str(err.value) == "data.gsm8k_method: unknown method 'loose'; allowed: strict, flexible"
+    with pytest.raises(ConfigError) as err:
+        build_reward_fn("nocolon")
+    assert err.value.key == "data.reward_fn"
