@@ -18,6 +18,8 @@ from hpcppo import __version__
 from hpcppo.errors import HpcppoError
 
 DEFAULT_SITE = "local"
+# The rule itself is hpcppo.config.runs_root.
+RUNS_ROOT_HELP = "directory of run directories (default: $HPCPPO_RUNS_ROOT, else the site's paths.runs_root)"
 
 
 def _err(msg: str) -> None:
@@ -296,7 +298,7 @@ def _add_compile_args(p: argparse.ArgumentParser, *, spec: bool = True) -> None:
     p.add_argument("--site", default=DEFAULT_SITE, help=f"site profile name or path (default: {DEFAULT_SITE})")
     p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. -o actor.lr=1e-6 (repeatable; site keys as site.KEY)")
-    p.add_argument("--runs-root", help="directory of run directories (default: the site's paths.runs_root)")
+    p.add_argument("--runs-root", help=RUNS_ROOT_HELP)
     p.add_argument("-q", "--quiet", action="store_true", help="do not print the job script")
     if spec:
         p.add_argument("--no-check-paths", action="store_true",
@@ -307,7 +309,7 @@ def _add_runs_root_args(p: argparse.ArgumentParser, *,
                         site_help: str = "site whose runs root holds the run") -> None:
     """Where a command finds run directories: the site's ``paths.runs_root`` unless ``--runs-root`` says."""
     p.add_argument("--site", default=DEFAULT_SITE, help=site_help)
-    p.add_argument("--runs-root", help="directory of run directories")
+    p.add_argument("--runs-root", help=RUNS_ROOT_HELP)
 
 
 def build_parser() -> argparse.ArgumentParser:
