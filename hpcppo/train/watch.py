@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 
 from hpcppo.distributed.env import broadcast_object
+from hpcppo.events import append_event
 from hpcppo.metrics import MetricsWriter
 from hpcppo.watchdog import Action, Decision, WatchdogState, decide, rollback_target
 
@@ -86,20 +87,11 @@ class RuleKeeper:
             return
         if self.metrics is not None:
             self.metrics.log_event(step, kind, message[:1000])
-        from hpcppo.events import append_event
-
         append_event(self.run_dir, kind=kind, step=step, source=source, message=message, attempt=self.attempt,
-                     **{k: _plain(v) for k, v in details.items()})
+                     **details)
 
 
 def describe(action: Action) -> dict[str, Any]:
     """The fields of an action worth keeping in an event."""
     return {k: v for k, v in action.to_dict().items() if v is not None and k not in ("kind", "step")}
 
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    return value
