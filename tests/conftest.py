@@ -23,3 +23,13 @@ def random_tiny(tmp_path_factory) -> dict[str, Path]:
     return {"model": root / "model", "train": root / "train.parquet", "val": root / "val.parquet"}
 
 
+
+
+@pytest.fixture(scope="session")
+def warm_tiny(tmp_path_factory):
+    """The warm-started tiny model of ``examples/arith-tiny.toml`` and its data (about a minute to build, once)."""
+    from hpcppo.tiny import build_tiny_model_and_data
+
+    root = tmp_path_factory.mktemp("warm-tiny")
+    info = build_tiny_model_and_data(root / "model", root / "data", seed=0)
+    return root, info

@@ -11,7 +11,6 @@ and the audit trail (events in the HDF5 log and in ``runs/<id>/events.jsonl``).
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any

@@ -8,16 +8,8 @@ import pytest
 from hpcppo import metrics as hmetrics
 from hpcppo.cli import main
 from hpcppo.launch.rundir import list_runs
-from hpcppo.tiny import build_tiny_model_and_data
 
 from _harness import REPO
-
-
-@pytest.fixture(scope="module")
-def warm_tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("warm-tiny")
-    info = build_tiny_model_and_data(root / "model", root / "data", seed=0)
-    return root, info
 
 
 @pytest.mark.slow
