@@ -61,3 +61,32 @@ def test_usr2_checkpoints_requeues_and_resumes(slurm_cluster, random_tiny, tmp_p
     # Both emulated nodes took part.
     ranks = "\n".join(p.read_text() for p in (run.path / "logs" / f"attempt-{job_id}.1").glob("rank-*.log"))
     assert "resumed from checkpoint" in ranks
+
+
+def test_watchdog_restarts_a_nan_critic_pauses_on_kl_and_resume_finishes(slurm_cluster, random_tiny, tmp_path):
+    from hpcppo import events
+
+    spec = write_spec(tmp_path / "exp.toml", random_tiny, name="slurm-watchdog", extra="""
+[algorithm]
+use_kl_in_reward = true
+""")
+    crun = jobs.compile_run(spec, "local-slurm", [
+        "trainer.total_steps=6", "checkpoint.save_every=1", "actor.lr=2e-5",
+        "debug.inject.nan_value_loss_at_step=2", "debug.inject.kl_spike_at_step=4", "debug.inject.kl_spike_value=0.2",
+    ], runs_root=str(tmp_path / "runs"))
+    run = crun.run
+    job_id = jobs.submit_run(crun)
+    _wait(lambda: slurm.query_jobs([job_id])[job_id].state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"),
+          240, "the job to stop", run.path)
+    # KL 0.2 > 0.1: the pause beats the rollback and the KL raise; no requeue, the run says why it stopped.
+    status = run_status(RunDir(run.path))
+    assert status["state"] == "PAUSED", (status, logs_of(run.path))
+    assert "kl_pause" in (run.path / "control" / "PAUSED").read_text()
+    kinds = [(e["kind"], e["step"]) for e in events.read_events(run.path)]
+    assert ("watchdog.restart_critic", 2) in kinds and ("watchdog.pause", 4) in kinds
+    assert ("watchdog.suppressed", 4) in kinds  # kl_rollback and kl_raise_coef matched too
+    jobs.resume_run(RunDir(run.path))
+    _wait(lambda: run_status(RunDir(run.path))["state"] == "COMPLETED", 240, "the resumed attempt", run.path)
+    df = hmetrics.load(run.path)
+    assert list(df["step"]) == list(range(1, 7))
+    assert df.set_index("step").loc[[3, 5, 6], "critic/vf_loss"].notna().all()
