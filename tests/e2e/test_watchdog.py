@@ -141,3 +141,26 @@ def test_rollback_of_a_stopped_run_and_of_a_running_one(tmp_path, random_tiny):
     assert done["outcome"]["status"] == "applied" and done["outcome"]["checkpoint"] >= 4
     assert list(hmetrics.load(running)["step"]) == list(range(1, 13))
     assert any(kind == "control.rollback" for kind, _ in _kinds(running))
+
+
+@pytest.mark.slow
+def test_set_grad_clip_tightens_both_clips_and_is_kept_in_checkpoints(tmp_path, random_tiny):
+    spec = write_spec(tmp_path / "exp.toml", random_tiny, extra="""
+[[watchdog.rules]]
+name = "grad_norm_clip"
+metric = "actor/grad_norm"
+condition = "gt"
+threshold = 0.0
+action = "set_grad_clip"
+grad_clip = 0.001
+max_count = 1
+""")
+    run = compile_run(spec, tmp_path / "runs", BASE + ["trainer.total_steps=4"])
+    assert wait_all(launch_ranks(run, 2, "a0")) == [0, 0], logs_of(run)
+    (event,) = [e for e in events.read_events(run) if e["kind"] == "watchdog.set_grad_clip"]
+    assert event["step"] == 1 and event["grad_clip"] == 0.001
+    assert "0.001 (actor), 0.001 (critic)" in event["message"]
+    import torch
+
+    extra = torch.load(run / "checkpoints" / "step-4" / "extra.pt", weights_only=True)
+    assert extra["watchdog"]["state"]["grad_clip"] == 0.001 and extra["watchdog"]["state"]["fired"] == {"grad_norm_clip": 1}
