@@ -292,23 +292,24 @@ class Trainer:
     def obey(self, decision: Decision) -> int | None:
         """Apply the rules' decision on this step (every rank alike); an exit code when the run must stop."""
         c, rules = self.c, self.rules
+        judged = self.step  # a rollback moves self.step back; every event is dated by the step judged
         for action in decision.suppressed:
             winner = decision.superseded_by(action)
-            rules.record(self.step, "watchdog.suppressed", f"{action.rule}: {action.reason} (superseded by "
+            rules.record(judged, "watchdog.suppressed", f"{action.rule}: {action.reason} (superseded by "
                          f"{winner.kind if winner else '?'})", **describe(action))
         for action in decision.actions:
             detail = describe(action)
             if action.kind in ("pause", "requeue"):
-                rules.record(self.step, f"watchdog.{action.kind}", f"{action.rule}: {action.reason}", **detail)
+                rules.record(judged, f"watchdog.{action.kind}", f"{action.rule}: {action.reason}", **detail)
                 return self.stop(action.kind, f"watchdog rule {action.rule}: {action.reason}")
             if action.kind in ("rollback", "restart_critic"):
                 target = rules.target_before_anomaly(action, c.ckpt.list_committed())
                 if target is None:
                     reason = (f"watchdog rule {action.rule} ({action.reason}) asked for {action.kind} but no committed "
                               f"checkpoint predates the anomaly; committed: {c.ckpt.list_committed() or 'none'}")
-                    rules.record(self.step, "watchdog.pause", reason, **detail)
+                    rules.record(judged, "watchdog.pause", reason, **detail)
                     return self.stop("pause", reason)
-                rules.record(self.step, f"watchdog.{action.kind}", f"{action.rule}: {action.reason}; back to "
+                rules.record(judged, f"watchdog.{action.kind}", f"{action.rule}: {action.reason}; back to "
                              f"checkpoint step {target}", checkpoint=target, **detail)
                 if action.kind == "rollback":
                     self.roll_back(target)
@@ -318,10 +319,10 @@ class Trainer:
                 old = c.kl_ctrl.value
                 c.kl_ctrl.value = raised_kl_coef(old, action)
                 rules.state = rules.state.with_kl_coef(c.kl_ctrl.value)
-                rules.record(self.step, "watchdog.raise_kl_coef", f"{action.rule}: {action.reason}; kl_coef "
+                rules.record(judged, "watchdog.raise_kl_coef", f"{action.rule}: {action.reason}; kl_coef "
                              f"{old:.4g} -> {c.kl_ctrl.value:.4g}", old=old, new=c.kl_ctrl.value, **detail)
             elif action.kind == "set_grad_clip":
-                rules.record(self.step, "watchdog.set_grad_clip", f"{action.rule}: {action.reason}; grad clip "
+                rules.record(judged, "watchdog.set_grad_clip", f"{action.rule}: {action.reason}; grad clip "
                              f"{rules.grad_clip(self.cfg.actor.grad_clip):.4g} (actor), "
                              f"{rules.grad_clip(self.cfg.critic.grad_clip):.4g} (critic)", **detail)
         return None
@@ -332,6 +333,7 @@ class Trainer:
         to a new branch, the learning rates take the composed scale. The checkpoint is then saved again with that
         state, so a crash from here on resumes the new branch, not the abandoned one."""
         c = self.c
+        start = time.perf_counter()
         if lr_factor is not None:
             self.rules.compose_lr_scale(lr_factor)
         cursor = c.sampler.state_dict()
@@ -346,6 +348,8 @@ class Trainer:
         self.actor_version += 1  # the engine must take the restored weights
         self.reoffload_optimizers()
         self.save_checkpoint()
+        log.info("rolled back to step %d (branch %d, lr x%g in all) in %.2f s, the re-saved checkpoint included", target,
+                 self.branch, self.rules.state.lr_scale, time.perf_counter() - start)
 
     def restart_critic(self, target: int) -> None:
         """The critic's weights and optimizer state from committed checkpoint ``target``; the actor is untouched."""
