@@ -1,80 +1,173 @@
-"""The run's audit log, ``runs/<id>/events.jsonl``: what the watchdog, the control inbox, the monitor beside the
-trainer and the trainer itself did, one strict-JSON object per line. No torch, no h5py: the CLI reads it on a
-login node, and the monitor writes it while the trainer owns the HDF5 log.
+"""The run's audit log ``runs/<id>/events.jsonl``: one strict-JSON object per line, appended, never rewritten.
 
-Appends are one ``os.write`` of one whole line on an ``O_APPEND`` descriptor, then ``fsync``. On a local
-filesystem POSIX makes each such write land at the end of the file whole, so concurrent appenders (rank 0 and the
-monitor) interleave lines, never bytes. NFS does not implement ``O_APPEND`` atomically (the client computes the
-offset), so two hosts appending at the same instant could overwrite each other's line; the writers here are rank 0
-and the monitor on the batch host, which rarely write within the same millisecond, and a reader skips a line it
-cannot parse instead of failing (as it does for the torn last line of a writer killed mid-write).
+Every actor that changes a run writes here: the watchdog rules applied in the trainer (``source="watchdog"``),
+CLI requests (``"control"``), the process beside the trainer (``"monitor"``) and the trainer itself
+(``"trainer"``). A record is ``{"time", "kind", "step", "attempt", "source", "message", **details}``; ``time``
+is ISO 8601 in UTC. Non-finite floats are written as the strings ``"nan"``, ``"inf"`` and ``"-inf"`` (bare
+``NaN`` is not JSON and breaks strict readers such as ``jq``).
+
+Why one ``os.write`` on an ``O_APPEND`` descriptor is enough for concurrent appenders on a local filesystem:
+with ``O_APPEND`` the kernel moves the offset to the end and writes in one step, under the inode's lock, so
+two processes appending a whole line each with one ``write`` never interleave or overwrite each other (POSIX
+promises the seek-and-write atomicity; Linux also serialises the data of regular-file writes). A line is a few
+hundred bytes, far below any short-write threshold; a short write is reported, not retried, because a second
+``write`` would no longer be atomic. The ``fsync`` makes the record durable before the caller acts on it.
+
+On NFS, ``O_APPEND`` is emulated by the client (it looks up the size, then writes at that offset): appenders
+on *one* client are still serialised, but two clients appending at the same instant can overwrite each other's
+line. Here the monitor and rank 0 usually share the batch host, and the CLI writes rarely; a clobbered or torn
+line is skipped by :func:`read_events`, never fatal. A process killed mid-``write`` cannot tear a line on a local
+filesystem; a machine crash can, so :func:`append_event` starts its line with a newline when the file does
+not end with one, and the damaged line stays alone on its line. (An appender that looks while another one's
+line is being copied in may add a needless newline: a blank line, which readers skip.)
+
+No torch, numpy or h5py here: the login-node CLI and the monitor import this module.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import logging
 import math
+import operator
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 __all__ = ["EVENTS_FILE", "SOURCES", "append_event", "read_events"]
 
+log = logging.getLogger(__name__)
+
 EVENTS_FILE = "events.jsonl"
-SOURCES = ("watchdog", "control", "monitor", "trainer")
+SOURCES: tuple[str, ...] = ("watchdog", "control", "monitor", "trainer")
+_RESERVED = ("time", "kind", "step", "attempt", "source", "message")
+# The same rule as the HDF5 log's event kinds, so an event can be mirrored there unchanged.
+_KIND_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 
 
-def _plain(value: Any) -> Any:
-    """Strict JSON: non-finite floats become the strings "nan", "inf", "-inf"; tuples become lists."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+def _jsonable(value: Any, where: str) -> Any:
+    """Plain JSON values; non-finite floats as strings; numpy-like scalars through ``.item()``; other objects
+    as ``str(value)``."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return float(value)
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): _jsonable(v, f"{where}.{k}") for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
+        return [_jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    item = getattr(value, "item", None)  # numpy / torch scalars, without importing either
+    if callable(item):
+        try:
+            return _jsonable(item(), where)
+        except (TypeError, ValueError):
+            pass
+    # Anything else is kept as its text: an audit record must not make the trainer fail.
+    return str(value)
+
+
+def _opt_int(value: int | None, name: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise TypeError(f"event {name} must be an int or None, got {value!r}")
+    try:
+        return operator.index(value)  # numpy integers too
+    except TypeError:
+        raise TypeError(f"event {name} must be an int or None, got {value!r}") from None
 
 
 def append_event(run_dir: str | os.PathLike[str], *, kind: str, step: int | None, source: str, message: str = "",
                  attempt: int | None = None, **details: Any) -> dict[str, Any]:
-    """Append one event and return the record written (``time`` is ISO 8601 UTC)."""
+    """Append one record to ``<run_dir>/events.jsonl`` (created if missing) and fsync it; return the record.
+
+    Raises:
+        ValueError: ``kind`` is not a short identifier (``[a-z][a-z0-9_.-]*``, at most 64 characters),
+            ``source`` is not one of :data:`SOURCES`, or a detail uses a reserved name (``time``).
+        TypeError: ``step`` or ``attempt`` is not an int or None, or ``message`` is not a str.
+        OSError: the file cannot be opened, written or synced (a short write included).
+    """
+    if not isinstance(kind, str) or not _KIND_RE.match(kind):
+        raise ValueError(f"event kind {kind!r} must match {_KIND_RE.pattern}")
     if source not in SOURCES:
         raise ValueError(f"event source {source!r} is not one of {', '.join(SOURCES)}")
-    record = {"time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"), "kind": str(kind),
-              "step": None if step is None else int(step), "source": source, "attempt": attempt,
-              "message": str(message)}
-    record |= {k: _plain(v) for k, v in details.items() if k not in record}
-    line = (json.dumps(record, allow_nan=False, separators=(",", ":"), default=str) + "\n").encode()
+    if not isinstance(message, str):
+        raise TypeError(f"event message must be a str, got {type(message).__name__}")
+    clash = sorted(set(details) & set(_RESERVED))
+    if clash:
+        raise ValueError(f"event detail name(s) {clash} are reserved ({', '.join(_RESERVED)})")
+    record: dict[str, Any] = {
+        "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"),
+        "kind": kind,
+        "step": _opt_int(step, "step"),
+        "attempt": _opt_int(attempt, "attempt"),
+        "source": source,
+        "message": message,
+    }
+    record.update({str(k): _jsonable(v, str(k)) for k, v in details.items()})
+    line = (json.dumps(record, allow_nan=False, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
     path = Path(run_dir) / EVENTS_FILE
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)  # RDWR: one pread of the last byte
     try:
-        os.write(fd, line)
+        if not _ends_with_newline(fd):
+            line = b"\n" + line  # the previous writer died mid-line: keep its fragment on a line of its own
+        written = os.write(fd, line)
+        if written != len(line):
+            raise OSError(f"{path}: short write ({written} of {len(line)} bytes); the event line may be torn")
         os.fsync(fd)
     finally:
         os.close(fd)
     return record
 
 
-def read_events(run_dir: str | os.PathLike[str], *, kinds: Iterable[str] | None = None,
+def _ends_with_newline(fd: int) -> bool:
+    size = os.fstat(fd).st_size
+    return size == 0 or os.pread(fd, 1, size - 1) == b"\n"
+
+
+def read_events(run_dir: str | os.PathLike[str], *, kinds: str | Iterable[str] | None = None,
                 last: int | None = None) -> list[dict[str, Any]]:
-    """The events in file order (optionally only ``kinds``, only the ``last`` N); a missing file is no events, a
-    line that does not parse (a writer killed mid-line) is skipped."""
+    """Records of ``<run_dir>/events.jsonl`` in file order; ``[]`` when the file does not exist.
+
+    Args:
+        kinds: keep only these kinds (a single kind may be given as a string).
+        last: keep only the last ``last`` records (after the kind filter).
+
+    A line that is not a JSON object (the torn last line of a writer that died, a line clobbered on NFS) is
+    skipped with a warning; non-finite values stay as the strings ``"nan"``/``"inf"``/``"-inf"``.
+    """
     path = Path(run_dir) / EVENTS_FILE
     try:
-        text = path.read_bytes().decode("utf-8", errors="replace")
+        data = path.read_bytes()
     except FileNotFoundError:
         return []
-    wanted = set(kinds) if kinds is not None else None
+    wanted = None if kinds is None else ({kinds} if isinstance(kinds, str) else set(kinds))
     out = []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        if not raw.strip():
             continue
-        if isinstance(record, dict) and (wanted is None or record.get("kind") in wanted):
+        try:
+            record = json.loads(raw)
+        except ValueError:  # UnicodeDecodeError and JSONDecodeError both
+            record = None
+        if not isinstance(record, dict):
+            log.warning("%s: line %d is not a whole event record; skipped", path, number)
+            continue
+        if wanted is None or record.get("kind") in wanted:
             out.append(record)
-    return out[-last:] if last else out
+    if last is not None:
+        if last < 0:
+            raise ValueError(f"last must be >= 0, got {last}")
+        out = out[len(out) - last:] if last else []
+    return out
