@@ -74,8 +74,8 @@ def make_bench_trainer(minimal: MinimalPPO, *, profile: bool, warmup: int):
             self._mark = time.perf_counter()
             return super().train()
 
-        def rollout(self, timer):
-            batch = super().rollout(timer)
+        def rollout(self):
+            batch = super().rollout()
             # (samples, prompt+response width, response width): the like-with-like check and the FLOP count
             self.shapes.append((*batch["input_ids"].shape, batch["responses"].shape[1]))
             return batch
