@@ -106,6 +106,7 @@ def _runs_root(args: argparse.Namespace) -> Path:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from hpcppo import events
     from hpcppo.launch import status
     from hpcppo.launch.rundir import RunDir
 
@@ -113,10 +114,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.run:
         run = RunDir.open(root, args.run)
         st = status.run_status(run)
+        recent = events.read_events(run.path, last=10)
         if args.json:
-            print(json.dumps(st | {"attempt_records": run.read_record().get("attempts", [])}, indent=2, default=str))
+            print(json.dumps(st | {"attempt_records": run.read_record().get("attempts", []), "events": recent},
+                             indent=2, default=str))
         else:
-            print(status.format_run(st, run.read_record().get("attempts", [])))
+            print(status.format_run(st, run.read_record().get("attempts", []), recent))
         return 0
     rows = status.all_statuses(root)
     if args.json:

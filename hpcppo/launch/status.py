@@ -301,8 +301,9 @@ def table_row(st: Status) -> tuple[str, ...]:
             format_elapsed(st["elapsed_s"]), _dash(st["latest_checkpoint"]))
 
 
-def format_run(st: Status, attempts: Sequence[dict[str, Any]]) -> str:
-    """The detail of one run (``hpcppo status RUN``): its status, then one line per attempt of ``run.json``."""
+def format_run(st: Status, attempts: Sequence[dict[str, Any]], events: Sequence[dict[str, Any]] = ()) -> str:
+    """The detail of one run (``hpcppo status RUN``): its status, one line per attempt of ``run.json``, then the
+    last ``events`` (watchdog actions, rollback requests, monitor findings from ``events.jsonl``)."""
     source = f"   [from {st['source']}]" if st.get("source") else ""
     lines = [f"run         {st['run_id']}",
              f"site        {st['site']} ({st['scheduler']})",
@@ -316,4 +317,9 @@ def format_run(st: Status, attempts: Sequence[dict[str, Any]]) -> str:
     for i, a in enumerate(attempts):
         seen = f", last seen {a['state']}" if a.get("state") else ""
         lines.append(f"attempt {i}: job {a.get('job_id')} submitted {a.get('submitted_at')} ({a.get('kind', 'submit')}{seen})")
+    if events:
+        lines.append(f"last {len(events)} events (events.jsonl):")
+        for e in events:
+            step = "-" if e.get("step") is None else e["step"]
+            lines.append(f"  {str(e.get('time', ''))[:19]}  step {step:>5}  {e.get('kind', '?'):<24} {e.get('message', '')}")
     return "\n".join(lines)

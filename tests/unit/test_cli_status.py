@@ -167,3 +167,24 @@ def test_cancel_of_a_run_never_submitted(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "was never submitted" in err and len(err.strip().splitlines()) == 1
     assert status.run_status(RunDir.open(runs, path.name))["state"] == "NOT_SUBMITTED"
+
+
+def test_status_of_one_run_shows_its_last_events(env, capsys):
+    from hpcppo import events
+
+    fake, runs, run, submitted = env
+    fake.answer("sacct", sacct_line("RUNNING", submitted + dt.timedelta(seconds=1)))
+    for i in range(12):
+        events.append_event(run.path, kind="watchdog.raise_kl_coef", step=i, source="watchdog",
+                            message=f"kl_raise_coef: kl/actor_ref=0.{i:02d} > 0.05", value=float("nan"))
+    events.append_event(run.path, kind="watchdog.rollback", step=12, source="watchdog",
+                        message="kl_rollback: kl/actor_ref=0.083 > 0.05; back to checkpoint step 10", checkpoint=10)
+    capsys.readouterr()
+    assert main(["status", run.run_id, "--runs-root", str(runs)]) == 0
+    out = capsys.readouterr().out
+    assert "last 10 events (events.jsonl):" in out
+    assert "step    12  watchdog.rollback" in out and "back to checkpoint step 10" in out
+    assert "kl/actor_ref=0.02 " not in out and "kl/actor_ref=0.03 " in out  # only the last 10
+    st = status_json(capsys, runs, run)
+    assert [e["step"] for e in st["events"]] == list(range(3, 13))
+    assert st["events"][0]["value"] == "nan"  # strict JSON
