@@ -179,6 +179,16 @@ def watchdog_available() -> bool:
         return False
 
 
+def watchdog_command(site: Any, exp: Any, run_dir: Path, python: str | None = None,
+                     prefix: Sequence[str] = ()) -> list[str]:
+    """The monitor's command line (quoted words; the templates add ``--attempt "$HPCPPO_ATTEMPT"``), or ``[]``
+    when ``watchdog.enable`` is false or this hpcppo has no runner. It runs in the container, like the trainers."""
+    if not (exp.watchdog.enable and watchdog_available()):
+        return []
+    runner = [python or site.env.python or "python3", "-u", "-m", WATCHDOG_MODULE, str(run_dir)]
+    return [quote(w) for w in [*prefix, *runner]]
+
+
 def render_slurm(site: Any, exp: Any, plan: Any, run_dir: Path, *, python: str | None = None) -> str:
     run_dir = Path(run_dir)
     container_args, prefix = _container_srun_args(site, plan.device)
@@ -189,10 +199,7 @@ def render_slurm(site: Any, exp: Any, plan: Any, run_dir: Path, *, python: str |
         # one log per rank per attempt; the batch log keeps the launcher's own lines
         '--output="$HPCPPO_LOG_DIR/rank-%t.log"',
     ] + container_args
-    watchdog = []
-    if exp.watchdog.enable and watchdog_available():
-        runner = [python or site.env.python or "python3", "-u", "-m", WATCHDOG_MODULE, str(run_dir)]
-        watchdog = [quote(w) for w in prefix + runner]
+    watchdog = watchdog_command(site, exp, run_dir, python, prefix)
     ctx = _common_context(site, exp, run_dir) | {
         "directives": slurm_directives(site, exp, plan, run_dir),
         "device": plan.device,
@@ -201,6 +208,7 @@ def render_slurm(site: Any, exp: Any, plan: Any, run_dir: Path, *, python: str |
         "srun_args": srun_args,
         "job_command": [quote(w) for w in prefix + job_command(site, run_dir, python)],
         "watchdog_command": watchdog,
+        "watchdog_local": False,
     }
     return _render(site, site.templates.name or SLURM_TEMPLATE, ctx)
 
@@ -208,6 +216,8 @@ def render_slurm(site: Any, exp: Any, plan: Any, run_dir: Path, *, python: str |
 def render_local(site: Any, exp: Any, plan: Any, run_dir: Path, *, python: str | None = None) -> str:
     ctx = _common_context(site, exp, run_dir) | {
         "job_command": [quote(w) for w in job_command(site, run_dir, python)],
+        "watchdog_command": watchdog_command(site, exp, run_dir, python),
+        "watchdog_local": True,
     }
     return _render(site, LOCAL_TEMPLATE, ctx)
 

@@ -354,6 +354,33 @@ def cancel(job_id: str, *, signal: str | None = None) -> None:
     _run(argv)
 
 
+_STEP_ID_RE = re.compile(r"^\d+(?:_\d+|\+\d+)?\.\d+$")
+
+
+def parse_step_ids(text: str) -> list[str]:
+    """``squeue --steps --noheader -o %i`` output -> the srun steps (``123.0``), without ``123.batch``/``.extern``."""
+    return [line.strip() for line in text.splitlines() if _STEP_ID_RE.fullmatch(line.strip())]
+
+
+def job_steps(job_id: str) -> list[str]:
+    """The job's running srun steps (``[]`` once the controller no longer knows the job)."""
+    try:
+        proc = _run(["squeue", "--steps", "--noheader", "-j", _check_id(job_id), "-o", "%i"])
+    except SchedulerError as exc:
+        if "Invalid job id" in str(exc):
+            return []
+        raise
+    return parse_step_ids(proc.stdout)
+
+
+def cancel_step(step_id: str) -> None:
+    """``scancel JOB.STEP``: ends one srun step (SIGTERM, SIGKILL after KillWait); the batch script goes on."""
+    step_id = str(step_id).strip()
+    if not _STEP_ID_RE.fullmatch(step_id):
+        raise SchedulerError(f"invalid Slurm step id {step_id!r} (want JOBID.STEP, e.g. 123.0)")
+    _run(["scancel", step_id])
+
+
 def requeue(job_id: str, *, hold: bool = False) -> None:
     """``scontrol requeue ID`` (or ``requeuehold``): back to PENDING; Slurm adds a ~2 min BeginTime (see ``update_start_now``)."""
     _run(["scontrol", "requeuehold" if hold else "requeue", _check_id(job_id)])
