@@ -333,6 +333,9 @@ class Monitor:
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
+        # Slurm's --signal=USR2@lead (a checkpoint before the time limit) is for the trainers; by default it would
+        # end this process.
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
         started = time.monotonic()
         last_progress, last_poll, dead_since = started, started, None
         log.info("following %s (attempt %d, job attempt %s); interval %gs, heartbeat x%g, at least %gs",
@@ -420,9 +423,13 @@ class Monitor:
     # -- what it does -----------------------------------------------------------------------------------
     def last_look(self, why: str) -> int:
         """The job is ending: a trainer that is gone without an exit record died."""
-        if self.exit_record() is None and self.trainers.seen and not self.trainers.alive():
+        code = self.exit_record()
+        if code is not None:
+            log.info("exit record %s of attempt %s: the job is ending; stopping (%s)", code, self.job_attempt, why)
+            return 0
+        if self.trainers.seen and not self.trainers.alive():
             if not (self.s.scheduler == "local" and self.cancel_requested()):
-                st = self.follower.state
+                st = self.follower.poll()  # the rows written since the last poll
                 self.event("trainer_dead", st.last_step, f"the trainer processes ended without an exit record "
                            f"({why}); last step {st.last_step}", rows=st.rows)
         log.info("stopping (%s)", why)
@@ -432,6 +439,7 @@ class Monitor:
         if self.s.scheduler == "local" and self.cancel_requested():
             log.info("the job was cancelled; bye")
             return 0
+        st = self.follower.poll()
         self.event("trainer_dead", st.last_step, f"no trainer process of attempt {self.job_attempt} for "
                    f"{gone_s:.0f} s and no exit record; last step {st.last_step}", rows=st.rows, gone_s=gone_s)
         return 0

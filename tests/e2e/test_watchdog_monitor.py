@@ -1,0 +1,92 @@
+"""The process beside the trainer on ``--site local``, through the real launch path (submitit's local executor
+runs the rendered script per rank; rank 0's script starts ``python -m hpcppo.watchdog``): the real trainer hangs
+(``[debug.inject] hang_at_step``, attempt 1 only), the monitor records the hang, stops the ranks and starts a new
+attempt, which resumes from the last checkpoint and finishes the run with no metrics row lost."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import h5py
+import pytest
+
+from hpcppo import events
+from hpcppo import metrics as hmetrics
+from hpcppo.launch import jobs, status
+
+from _harness import logs_of, write_spec
+
+# min_heartbeat_s = 10: the startup allowance (3 x 10 s) must cover importing torch and building the model on a
+# busy 2-core box; after two rows the threshold is max(10 s, 3 x the median step time).
+OVERRIDES = ["trainer.total_steps=6", "checkpoint.save_every=2", "debug.inject.hang_at_step=4",
+             "watchdog.min_heartbeat_s=10", "watchdog.heartbeat_factor=3", "watchdog.interval_s=1"]
+
+
+def _processes_of(run_dir) -> list[int]:
+    needle = os.fsencode(str(run_dir))
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                    args = f.read().split(b"\0")
+            except OSError:
+                continue
+            if needle in args and any(b"hpcppo" in a for a in args):
+                pids.append(int(entry.name))
+    return pids
+
+
+def _last_row_time(path) -> float:
+    with h5py.File(path, "r", swmr=True) as f:
+        n = int((f["seq"][:] >= 0).sum())
+        return float(f["time"][n - 1])
+
+
+@pytest.mark.slow
+def test_a_hung_local_run_is_detected_recorded_and_restarted(tmp_path, random_tiny):
+    spec = write_spec(tmp_path / "exp.toml", random_tiny, name="hang")
+    crun = jobs.compile_run(spec, "local", OVERRIDES, runs_root=str(tmp_path / "runs"))
+    run = crun.run
+    assert "-m hpcppo.watchdog" in run.script.read_text()
+    jobs.submit_run(crun)
+
+    deadline = time.monotonic() + 420
+    st = status.run_status(run)
+    while time.monotonic() < deadline:
+        st = status.run_status(run)
+        if len(run.read_record()["attempts"]) >= 2 and st["state"] in status.FINAL_STATES:
+            break
+        time.sleep(2)
+    assert st["state"] == "COMPLETED", (st, logs_of(run.path))
+
+    attempts = run.read_record()["attempts"]
+    assert len(attempts) == 2 and attempts[0].get("cancelled_by") == "watchdog monitor: hang"
+    recorded = events.read_events(run.path)
+    kinds = [(e["kind"], e["source"]) for e in recorded]
+    assert ("hang", "monitor") in kinds and ("monitor.restarted", "monitor") in kinds, recorded
+    hang = next(e for e in recorded if e["kind"] == "hang")
+    # Rank 0 hangs at the start of step 4: the last row of attempt 1 is step 3.
+    assert (hang["step"], hang["attempt"], hang["action"]) == (3, 1, "restart")
+    assert hang["seconds_since_row"] >= hang["threshold_s"] >= 10.0
+    restarted = next(e for e in recorded if e["kind"] == "monitor.restarted")
+    assert restarted["new_job_id"] == str(attempts[1]["job_id"])
+    assert not any(e["kind"] == "trainer_dead" for e in recorded)
+
+    # The new attempt resumed from the checkpoint of step 2 and finished: every step has its row.
+    df = hmetrics.load(run.path)
+    assert list(df.loc[df["step"] > 0, "step"]) == [1, 2, 3, 4, 5, 6]
+    assert sorted(p.name for p in (run.path / "metrics").glob("attempt-*.h5")) == ["attempt-0000.h5", "attempt-0001.h5"]
+    # Detection latency: from the last row of the hung attempt to the hang event.
+    hang_at = events._dt.datetime.fromisoformat(hang["time"]).timestamp()
+    latency = hang_at - _last_row_time(run.path / "metrics" / "attempt-0000.h5")
+    print(f"hang detected {latency:.1f} s after the last row (threshold {hang['threshold_s']:.1f} s)")
+    assert hang["threshold_s"] <= latency < hang["threshold_s"] + 5
+    # One monitor per attempt, each gone by now; no rank of either attempt left behind.
+    logs = sorted(p.parent.name for p in run.logs.rglob("watchdog.log"))
+    assert logs == sorted(f"attempt-local-{a['job_id']}" for a in attempts)
+    deadline = time.monotonic() + 15
+    while _processes_of(run.path) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _processes_of(run.path) == []

@@ -1,0 +1,79 @@
+"""The process beside the trainer on the 2-node dev cluster, started by the batch script: the real trainer hangs
+(``[debug.inject] hang_at_step``, attempt 1 only) -> a ``hang`` event, exit record 75, the srun step cancelled,
+the batch script requeues, and the next attempt resumes and finishes; a rank killed with SIGKILL -> the step
+ends without an exit record and the monitor's last look records ``trainer_dead``."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+
+from _harness import logs_of, write_spec  # noqa: E402
+
+from hpcppo import events  # noqa: E402
+from hpcppo import metrics as hmetrics  # noqa: E402
+from hpcppo.launch import jobs, slurm  # noqa: E402
+from hpcppo.launch.rundir import RunDir  # noqa: E402
+from hpcppo.launch.status import run_status  # noqa: E402
+
+# The startup allowance (3 x min_heartbeat_s = 60 s) covers two ranks importing torch on the oversubscribed
+# emulated nodes; after two rows the threshold is max(20 s, 3 x the median step time).
+WATCHDOG = ["watchdog.min_heartbeat_s=20", "watchdog.heartbeat_factor=3", "watchdog.interval_s=2"]
+
+
+def _wait(predicate, timeout, what, run_dir):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}:\n{logs_of(run_dir)}")
+        time.sleep(0.5)
+
+
+def _state(job_id: str) -> str:
+    return slurm.query_jobs([job_id])[job_id].state
+
+
+def test_a_hung_job_is_detected_recorded_and_requeued(slurm_cluster, random_tiny, tmp_path):
+    spec = write_spec(tmp_path / "exp.toml", random_tiny, name="slurm-hang")
+    crun = jobs.compile_run(spec, "local-slurm", ["trainer.total_steps=5", "checkpoint.save_every=2",
+                                                  "debug.inject.hang_at_step=3", *WATCHDOG],
+                            runs_root=str(tmp_path / "runs"))
+    run = crun.run
+    job_id = jobs.submit_run(crun)
+    _wait(lambda: events.read_events(run.path, kinds=["hang"]), 300, "the hang event", run.path)
+    _wait(lambda: _state(job_id) == "PENDING", 120, "the requeue", run.path)
+    slurm.update_start_now(job_id)
+    _wait(lambda: _state(job_id) == "COMPLETED", 300, "the requeued attempt", run.path)
+
+    (hang,) = events.read_events(run.path, kinds=["hang"])
+    assert (hang["source"], hang["step"], hang["attempt"], hang["action"], hang["job_attempt"]) == (
+        "monitor", 2, 1, "requeue", f"{job_id}.0")
+    assert hang["seconds_since_row"] >= hang["threshold_s"] >= 20.0
+    assert not events.read_events(run.path, kinds=["trainer_dead", "monitor.error"])
+    assert (run.path / "control" / f"exit-code.{job_id}.0").read_text().strip() == "75"
+    assert (run.path / "control" / f"exit-code.{job_id}.1").read_text().strip() == "0"
+    first = (run.path / "logs" / f"attempt-{job_id}.0" / "watchdog.log").read_text()
+    assert f"exit record 75 written; cancelled {job_id}.0" in first
+    assert "exit record 0 of attempt" in (run.path / "logs" / f"attempt-{job_id}.1" / "watchdog.log").read_text()
+    df = hmetrics.load(run.path)
+    assert list(df["step"]) == [1, 2, 3, 4, 5], df[["step", "attempt"]]
+    status = run_status(RunDir(run.path))
+    assert status["state"] == "COMPLETED" and status["restarts"] == 1
+
+
+def test_a_killed_rank_is_recorded_as_a_dead_trainer(slurm_cluster, random_tiny, tmp_path):
+    spec = write_spec(tmp_path / "exp.toml", random_tiny, name="slurm-dead")
+    crun = jobs.compile_run(spec, "local-slurm", ["trainer.total_steps=4", "checkpoint.save_every=0",
+                                                  "debug.inject.kill_rank_at_step=2", "debug.inject.kill_rank=1",
+                                                  *WATCHDOG], runs_root=str(tmp_path / "runs"))
+    run = crun.run
+    job_id = jobs.submit_run(crun)
+    _wait(lambda: _state(job_id) in ("FAILED", "COMPLETED", "CANCELLED"), 300, "the job to end", run.path)
+    assert _state(job_id) == "FAILED"
+    assert not (run.path / "control" / f"exit-code.{job_id}.0").exists()
+    (dead,) = events.read_events(run.path, kinds=["trainer_dead"])
+    assert (dead["source"], dead["step"], dead["job_attempt"]) == ("monitor", 1, f"{job_id}.0"), dead
+    assert not events.read_events(run.path, kinds=["hang"])
