@@ -297,7 +297,7 @@ class Trainer:
             winner = decision.superseded_by(action)
             rules.record(judged, "watchdog.suppressed", f"{action.rule}: {action.reason} (superseded by "
                          f"{winner.kind if winner else '?'})", **describe(action))
-        for action in decision.actions:
+        for i, action in enumerate(decision.actions):
             detail = describe(action)
             if action.kind in ("pause", "requeue"):
                 rules.record(judged, f"watchdog.{action.kind}", f"{action.rule}: {action.reason}", **detail)
@@ -308,6 +308,11 @@ class Trainer:
                     reason = (f"watchdog rule {action.rule} ({action.reason}) asked for {action.kind} but no committed "
                               f"checkpoint predates the anomaly; committed: {c.ckpt.list_committed() or 'none'}")
                     rules.record(judged, "watchdog.pause", reason, **detail)
+                    if action.kind == "rollback":
+                        rules.compose_lr_scale(1.0 / action.lr_scale)  # no rollback happened: no lr cut either
+                    for rest in decision.actions[i + 1:]:
+                        rules.record(judged, "watchdog.suppressed", f"{rest.rule}: {rest.reason} (superseded by the "
+                                     f"pause)", **describe(rest))
                     return self.stop("pause", reason)
                 rules.record(judged, f"watchdog.{action.kind}", f"{action.rule}: {action.reason}; back to "
                              f"checkpoint step {target}", checkpoint=target, **detail)

@@ -164,3 +164,37 @@ max_count = 1
 
     extra = torch.load(run / "checkpoints" / "step-4" / "extra.pt", weights_only=True)
     assert extra["watchdog"]["state"]["grad_clip"] == 0.001 and extra["watchdog"]["state"]["fired"] == {"grad_norm_clip": 1}
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_run_takes_the_attempt_down_and_the_next_attempt_finishes(tmp_path, random_tiny):
+    spec = write_spec(tmp_path / "exp.toml", random_tiny)
+    run = compile_run(spec, tmp_path / "runs", BASE + ["trainer.total_steps=6", "debug.inject.kill_rank_at_step=4",
+                                                       "debug.inject.kill_rank=1"])
+    codes = wait_all(launch_ranks(run, 2, "a0"))
+    assert codes[1] == -signal.SIGKILL and codes[0] != 0, codes  # rank 0 learns of the lost peer from gloo
+    assert sorted(hmetrics.load(run)["step"]) == [1, 2, 3]
+    assert wait_all(launch_ranks(run, 2, "a1")) == [0, 0], logs_of(run)  # attempt 2: the fault is not staged again
+    df = hmetrics.load(run)
+    # Resumed from checkpoint 2: step 3 is redone by attempt 2 (the reader keeps the latest attempt of a step).
+    assert list(df["step"]) == list(range(1, 7)) and df["attempt"].tolist() == [0, 0, 1, 1, 1, 1]
+    assert "debug.inject: rank 1 kills itself at step 4 (attempt 1)" in logs_of(run)
+
+
+@pytest.mark.slow
+def test_a_rollback_with_no_checkpoint_before_the_anomaly_pauses_with_that_reason(tmp_path, random_tiny):
+    from hpcppo import exitcodes
+
+    spec = write_spec(tmp_path / "exp.toml", random_tiny, extra=KL_SPEC)
+    run = compile_run(spec, tmp_path / "runs", BASE + ["checkpoint.save_every=5", "debug.inject.kl_spike_at_step=2"])
+    assert wait_all(launch_ranks(run, 2, "a0")) == [exitcodes.PAUSED] * 2, logs_of(run)
+    paused = (run / "control" / "PAUSED").read_text()
+    assert "kl_rollback" in paused and "no committed checkpoint predates the anomaly; committed: none" in paused
+    # It stopped with its state saved, so `hpcppo resume` (a new attempt) can decide what to do next.
+    assert (run / "checkpoints" / "step-2" / "COMMITTED").exists()
+    assert [(e["kind"], e["rule"]) for e in events.read_events(run)] == [("watchdog.pause", "kl_rollback"),
+                                                                         ("watchdog.suppressed", "kl_raise_coef")]
+    import torch
+
+    state = torch.load(run / "checkpoints" / "step-2" / "extra.pt", weights_only=True)["watchdog"]["state"]
+    assert state["lr_scale"] == 1.0  # the rollback that could not happen cut no lr
