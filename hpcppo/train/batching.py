@@ -68,11 +68,8 @@ def gather_rows(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     world = _world()
     if world == 1:
         return {k: v for k, v in tensors.items()}
-    some = next(iter(tensors.values()))
     widths = [v.shape[1] for v in tensors.values() if v.dim() == 2]
-    width = torch.tensor([max(widths) if widths else 0], device=some.device)  # the batch's device suits the backend
-    dist.all_reduce(width, op=dist.ReduceOp.MAX)
-    width_max = int(width.item())
+    width_max = int(all_reduce_host([max(widths) if widths else 0], "max")[0])
     out = {}
     for key, value in tensors.items():
         if value.dim() == 2 and value.shape[1] < width_max:
