@@ -53,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime as _dt
+import functools
 import logging
 import math
 import os
@@ -121,6 +122,7 @@ class LogState:
     error: str | None  # why this poll could not read (None: it could)
 
 
+@functools.cache
 def _hdf5_library() -> Any | None:
     """The libhdf5 that h5py loaded (its bundled copy or the system one), through ctypes."""
     with contextlib.suppress(OSError):

@@ -320,3 +320,22 @@ def test_the_entry_point_exits_at_once_when_the_job_already_ended(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code, str(run.run.path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "exit record 0 of attempt local-1" in proc.stdout
+
+
+def test_locally_a_trainer_gone_after_a_users_cancel_is_not_dead(tmp_path, monkeypatch):
+    from hpcppo.launch.rundir import RunDir
+
+    monkeypatch.setattr(monitor, "DEAD_GRACE_S", 0.3)
+    run = RunDir(tmp_path)
+    run.add_attempt(job_id="4242", scheduler="local", state="RUNNING", submitted_at="2026-01-01T00:00:00+00:00",
+                    kind="submit")
+    run.update_attempt("4242", cancel_requested_at="2026-01-01T00:01:00+00:00")  # what `hpcppo cancel` records
+    trainer = _fake_trainer(tmp_path, "local-4242")
+    mon = Monitor(tmp_path, "local-4242", _settings(scheduler="local", min_heartbeat_s=30.0))
+    deadline = time.monotonic() + 10
+    while mon.trainers.alive() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    trainer.kill()
+    trainer.wait()
+    assert mon.run() == 0
+    assert read_events(tmp_path) == []
