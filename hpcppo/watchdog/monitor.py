@@ -41,19 +41,15 @@ alive (they checkpoint on SIGTERM) and nothing is recorded.
 Reading the SWMR log. Each poll opens the newest ``metrics/attempt-NNNN.h5`` of this attempt (a newer file
 replaces the one followed: an attempt change), reads only the new rows of ``seq``/``step``/``time`` and stops at
 the first row not yet whole (``seq[i] != i`` or a missing time). A file that does not exist yet, cannot be
-opened or read (half-created, killed writer, truncated) is "no new row" for that poll. Why a truncated file
-used to block: an SWMR reader retries a metadata read whose checksum fails (it may be a block the writer is
-rewriting) ``metadata_read_attempts`` times with a sleep that doubles from 1 ns: HDF5's default of 100 tries
-is ~2^100 ns, forever, on metadata that is really missing. This reader sets 24 tries (~17 ms of back-off in
-all) on its file-access property list; the next poll tries again anyway.
+opened or read (half-created, killed writer, truncated) is "no new row" for that poll. The file is opened by
+:func:`hpcppo.metrics.h5io.open_swmr`, whose bounded HDF5 metadata retries keep a truncated file from blocking
+the reader (why it blocked: :mod:`hpcppo.metrics.h5io`); the next poll tries again anyway.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime as _dt
-import functools
 import logging
 import math
 import os
@@ -61,7 +57,7 @@ import re
 import signal
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +72,6 @@ ENTRY_MODULE = "hpcppo.train.main"  # the job entry point (hpcppo.launch.render.
 STARTUP_FACTOR = 3.0  # startup allowance = STARTUP_FACTOR x min_heartbeat_s, until two rows give a step time
 DEAD_GRACE_S = 5.0  # trainers gone for this long without an exit record -> trainer_dead
 MAX_RESTARTS = 3  # hang recoveries per run; then the job is stopped instead
-METADATA_READ_ATTEMPTS = 24
 STOP_WAIT_S = 30.0  # local: how long to wait for the cancelled controller before SIGKILLing leftovers
 _ATTEMPT_FILE = re.compile(r"^attempt-(\d+)\.h5$")
 # What a local rank inherits from submitit and must not pass on to the controller of a new attempt.
@@ -122,52 +117,6 @@ class LogState:
     error: str | None  # why this poll could not read (None: it could)
 
 
-@functools.cache
-def _hdf5_library() -> Any | None:
-    """The libhdf5 that h5py loaded (its bundled copy or the system one), through ctypes."""
-    with contextlib.suppress(OSError):
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.rstrip("\n").split(None, 5)[-1] if "/" in line else ""
-                name = os.path.basename(path)
-                if name.startswith("libhdf5") and not name.startswith("libhdf5_hl") and ".so" in name:
-                    return ctypes.CDLL(path)
-    return None
-
-
-_fapl_warned = False
-
-
-def _file_access(locking: bool | None) -> Any:
-    import h5py
-
-    global _fapl_warned
-    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
-    if locking is not None:
-        fapl.set_file_locking(bool(locking), True)
-    lib = _hdf5_library()
-    fn = getattr(lib, "H5Pset_metadata_read_attempts", None) if lib is not None else None
-    ok = False
-    if fn is not None:
-        fn.argtypes, fn.restype = [ctypes.c_int64, ctypes.c_uint], ctypes.c_int
-        ok = fn(fapl.id, METADATA_READ_ATTEMPTS) >= 0
-    if not ok and not _fapl_warned:
-        _fapl_warned = True
-        log.warning("could not limit HDF5's SWMR metadata read attempts: a truncated metric file may block reads")
-    return fapl
-
-
-@contextlib.contextmanager
-def open_swmr(path: Path, locking: bool | None = None) -> Iterator[Any]:
-    """``h5py.File`` in SWMR read mode with a bounded metadata retry (see the module docstring)."""
-    import h5py
-
-    fid = h5py.h5f.open(os.fsencode(str(path)), h5py.h5f.ACC_RDONLY | h5py.h5f.ACC_SWMR_READ,
-                        fapl=_file_access(locking))
-    with h5py.File(fid) as f:
-        yield f
-
-
 def attempt_files(metrics_dir: Path) -> dict[int, Path]:
     try:
         entries = list(os.scandir(metrics_dir))
@@ -209,7 +158,9 @@ class LogFollower:
         return self.state
 
     def _read_new(self, path: Path, start: int) -> tuple[list[int], list[float]]:
-        with open_swmr(path, self.locking) as f:
+        from hpcppo.metrics import h5io  # h5py (and pandas) on the first poll, not at import
+
+        with h5io.open_swmr(path, self.locking) as f:
             seq_ds, step_ds, time_ds = f["seq"], f["step"], f["time"]
             n = min(seq_ds.shape[0], step_ds.shape[0], time_ds.shape[0])
             if n <= start:
