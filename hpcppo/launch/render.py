@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 
@@ -19,6 +19,9 @@ from hpcppo import __version__, exitcodes
 from hpcppo.errors import ConfigError
 from hpcppo.launch.shell import is_env_name, quote, quote_command, quote_env
 from hpcppo.resources import templates_dir
+
+if TYPE_CHECKING:  # annotations only: rendering needs no config code at run time
+    from hpcppo.config import Experiment, RunPlan, Site
 
 SLURM_TEMPLATE = "slurm.sbatch.j2"
 LOCAL_TEMPLATE = "local.sh.j2"
@@ -65,9 +68,9 @@ def build_environment(templates: Sequence[Path]) -> jinja2.Environment:
     return env
 
 
-def template_dirs(site: Any) -> list[Path]:
+def template_dirs(site: Site) -> list[Path]:
     dirs = []
-    custom = getattr(site.templates, "dir", "")
+    custom = site.templates.dir
     if custom:
         path = Path(custom).expanduser()
         if not path.is_dir():
@@ -77,7 +80,7 @@ def template_dirs(site: Any) -> list[Path]:
     return dirs
 
 
-def slurm_directives(site: Any, exp: Any, plan: Any, run_dir: Path) -> list[tuple[str, str | None]]:
+def slurm_directives(site: Site, exp: Experiment, plan: RunPlan, run_dir: Path) -> list[tuple[str, str | None]]:
     """All ``#SBATCH`` directives as sorted (key, value) pairs; value None is a bare flag."""
     s = site.slurm
     d: dict[str, str | None] = {
@@ -129,7 +132,7 @@ def _env_pairs(mapping: dict[str, str], key: str) -> list[tuple[str, str]]:
     return sorted(mapping.items())
 
 
-def environment_block(site: Any) -> dict[str, Any]:
+def environment_block(site: Site) -> dict[str, Any]:
     env = site.env
     return {
         "module_purge": env.module_purge,
@@ -141,12 +144,12 @@ def environment_block(site: Any) -> dict[str, Any]:
     }
 
 
-def job_command(site: Any, run_dir: Path, python: str | None = None) -> list[str]:
+def job_command(site: Site, run_dir: Path, python: str | None = None) -> list[str]:
     """The job entry point with the run directory as its only argument (unquoted words)."""
     return [python or site.env.python or "python3", "-u", "-m", ENTRY_MODULE, str(run_dir)]
 
 
-def _container_srun_args(site: Any, device: str = "cuda") -> tuple[list[str], list[str]]:
+def _container_srun_args(site: Site, device: str = "cuda") -> tuple[list[str], list[str]]:
     """(extra srun options, command prefix) for the site's container runtime."""
     c = site.container
     if c.runtime == "pyxis":
@@ -179,7 +182,7 @@ def watchdog_available() -> bool:
         return False
 
 
-def watchdog_command(site: Any, exp: Any, run_dir: Path, python: str | None = None,
+def watchdog_command(site: Site, exp: Experiment, run_dir: Path, python: str | None = None,
                      prefix: Sequence[str] = ()) -> list[str]:
     """The monitor's command line (quoted words; the templates add ``--attempt "$HPCPPO_ATTEMPT"``), or ``[]``
     when ``watchdog.enable`` is false or this hpcppo has no runner. It runs in the container, like the trainers."""
@@ -189,7 +192,7 @@ def watchdog_command(site: Any, exp: Any, run_dir: Path, python: str | None = No
     return [quote(w) for w in [*prefix, *runner]]
 
 
-def render_slurm(site: Any, exp: Any, plan: Any, run_dir: Path, *, python: str | None = None) -> str:
+def render_slurm(site: Site, exp: Experiment, plan: RunPlan, run_dir: Path, *, python: str | None = None) -> str:
     run_dir = Path(run_dir)
     container_args, prefix = _container_srun_args(site, plan.device)
     srun_args = [
@@ -213,7 +216,7 @@ def render_slurm(site: Any, exp: Any, plan: Any, run_dir: Path, *, python: str |
     return _render(site, site.templates.name or SLURM_TEMPLATE, ctx)
 
 
-def render_local(site: Any, exp: Any, plan: Any, run_dir: Path, *, python: str | None = None) -> str:
+def render_local(site: Site, exp: Experiment, plan: RunPlan, run_dir: Path, *, python: str | None = None) -> str:
     ctx = _common_context(site, exp, run_dir) | {
         "job_command": [quote(w) for w in job_command(site, run_dir, python)],
         "watchdog_command": watchdog_command(site, exp, run_dir, python),
@@ -222,13 +225,13 @@ def render_local(site: Any, exp: Any, plan: Any, run_dir: Path, *, python: str |
     return _render(site, LOCAL_TEMPLATE, ctx)
 
 
-def render(site: Any, exp: Any, plan: Any, run_dir: Path, *, python: str | None = None) -> str:
+def render(site: Site, exp: Experiment, plan: RunPlan, run_dir: Path, *, python: str | None = None) -> str:
     """Render the job script for the site's scheduler."""
     fn = render_slurm if site.scheduler == "slurm" else render_local
     return fn(site, exp, plan, run_dir, python=python)
 
 
-def _common_context(site: Any, exp: Any, run_dir: Path) -> dict[str, Any]:
+def _common_context(site: Site, exp: Experiment, run_dir: Path) -> dict[str, Any]:
     return {
         "version": __version__,
         "run_id": Path(run_dir).name,
@@ -240,7 +243,7 @@ def _common_context(site: Any, exp: Any, run_dir: Path) -> dict[str, Any]:
     }
 
 
-def _render(site: Any, name: str, ctx: dict[str, Any]) -> str:
+def _render(site: Site, name: str, ctx: dict[str, Any]) -> str:
     env = build_environment(template_dirs(site))
     try:
         text = env.get_template(name).render(**ctx)
