@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
@@ -22,6 +23,10 @@ from hpcppo.launch import slurm
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SCRIPT = REPO / "tools" / "slurm-dev-cluster.sh"
 HERE = Path(__file__).resolve().parent
+
+sys.path.insert(0, str(REPO / "tests" / "e2e"))
+
+from _harness import logs_of  # noqa: E402
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -90,6 +95,21 @@ def wait_for_state(
 @pytest.fixture(name="wait_for_state")
 def _wait_for_state_fixture() -> Callable[..., slurm.JobInfo]:
     return wait_for_state
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str, run_dir: Path, *,
+               poll_s: float = 0.5) -> None:
+    """Poll ``predicate`` until it is true; fail the test with the run's logs when ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}:\n{logs_of(run_dir)}")
+        time.sleep(poll_s)
+
+
+@pytest.fixture(name="wait_until")
+def _wait_until_fixture() -> Callable[..., None]:
+    return wait_until
 
 
 @pytest.fixture()

@@ -4,7 +4,6 @@ job, and the next attempt resumes from the checkpoint and finishes."""
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
@@ -17,14 +16,6 @@ from hpcppo.launch.status import run_status  # noqa: E402
 from hpcppo.launch.rundir import RunDir  # noqa: E402
 
 
-def _wait(predicate, timeout, what, run_dir):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}:\n{logs_of(run_dir)}")
-        time.sleep(0.5)
-
-
 def _rows(run_dir: Path) -> int:
     try:
         return len(hmetrics.load(run_dir)) if list((run_dir / "metrics").glob("*.h5")) else 0
@@ -32,22 +23,23 @@ def _rows(run_dir: Path) -> int:
         return 0
 
 
-def test_usr2_checkpoints_requeues_and_resumes(slurm_cluster, random_tiny, tmp_path):
+def test_usr2_checkpoints_requeues_and_resumes(slurm_cluster, random_tiny, tmp_path, wait_until):
     spec = write_spec(tmp_path / "exp.toml", random_tiny, name="slurm-preempt")
     crun = jobs.compile_run(spec, "local-slurm", ["trainer.total_steps=14", "checkpoint.save_every=0"],
                             runs_root=str(tmp_path / "runs"))
     assert crun.compiled.plan.nodes == 2 and crun.compiled.plan.world_size == 2
     run = crun.run
     job_id = jobs.submit_run(crun)
-    _wait(lambda: _rows(run.path) >= 2, 180, "two training steps", run.path)
+    wait_until(lambda: _rows(run.path) >= 2, 180, "two training steps", run.path)
     slurm.cancel(job_id, signal="USR2")  # what Slurm's --signal=USR2@lead sends to the job steps
     # The trainers checkpoint and exit with the requeue code; the batch script requeues the job.
-    _wait(lambda: slurm.query_jobs([job_id])[job_id].state in ("PENDING", "REQUEUED"), 120, "the requeue", run.path)
-    _wait(lambda: slurm.query_jobs([job_id])[job_id].state == "PENDING", 60, "PENDING after requeue", run.path)
+    wait_until(lambda: slurm.query_jobs([job_id])[job_id].state in ("PENDING", "REQUEUED"), 120, "the requeue",
+               run.path)
+    wait_until(lambda: slurm.query_jobs([job_id])[job_id].state == "PENDING", 60, "PENDING after requeue", run.path)
     first_ckpt = sorted(p.name for p in (run.path / "checkpoints").iterdir() if (p / "COMMITTED").exists())
     assert len(first_ckpt) == 1, first_ckpt
     slurm.update_start_now(job_id)
-    _wait(lambda: slurm.query_jobs([job_id])[job_id].state == "COMPLETED", 240, "the resumed attempt", run.path)
+    wait_until(lambda: slurm.query_jobs([job_id])[job_id].state == "COMPLETED", 240, "the resumed attempt", run.path)
 
     df = hmetrics.load(run.path)
     assert list(df["step"]) == list(range(1, 15)), df[["step", "attempt"]]
@@ -63,7 +55,8 @@ def test_usr2_checkpoints_requeues_and_resumes(slurm_cluster, random_tiny, tmp_p
     assert "resumed from checkpoint" in ranks
 
 
-def test_watchdog_restarts_a_nan_critic_pauses_on_kl_and_resume_finishes(slurm_cluster, random_tiny, tmp_path):
+def test_watchdog_restarts_a_nan_critic_pauses_on_kl_and_resume_finishes(slurm_cluster, random_tiny, tmp_path,
+                                                                          wait_until):
     from hpcppo import events
 
     spec = write_spec(tmp_path / "exp.toml", random_tiny, name="slurm-watchdog", extra="""
@@ -76,8 +69,9 @@ use_kl_in_reward = true
     ], runs_root=str(tmp_path / "runs"))
     run = crun.run
     job_id = jobs.submit_run(crun)
-    _wait(lambda: slurm.query_jobs([job_id])[job_id].state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"),
-          240, "the job to stop", run.path)
+    wait_until(lambda: slurm.query_jobs([job_id])[job_id].state not in ("PENDING", "RUNNING", "CONFIGURING",
+                                                                        "COMPLETING"),
+               240, "the job to stop", run.path)
     # KL 0.2 > 0.1: the pause beats the rollback and the KL raise; no requeue, the run says why it stopped.
     status = run_status(RunDir(run.path))
     assert status["state"] == "PAUSED", (status, logs_of(run.path))
@@ -86,7 +80,7 @@ use_kl_in_reward = true
     assert ("watchdog.restart_critic", 2) in kinds and ("watchdog.pause", 4) in kinds
     assert ("watchdog.suppressed", 4) in kinds  # kl_rollback and kl_raise_coef matched too
     jobs.resume_run(RunDir(run.path))
-    _wait(lambda: run_status(RunDir(run.path))["state"] == "COMPLETED", 240, "the resumed attempt", run.path)
+    wait_until(lambda: run_status(RunDir(run.path))["state"] == "COMPLETED", 240, "the resumed attempt", run.path)
     df = hmetrics.load(run.path)
     assert list(df["step"]) == list(range(1, 7))
     assert df.set_index("step").loc[[3, 5, 6], "critic/vf_loss"].notna().all()

@@ -6,12 +6,11 @@ ends without an exit record and the monitor's last look records ``trainer_dead``
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
-from _harness import logs_of, write_spec  # noqa: E402
+from _harness import write_spec  # noqa: E402
 
 from hpcppo import events  # noqa: E402
 from hpcppo import metrics as hmetrics  # noqa: E402
@@ -24,29 +23,21 @@ from hpcppo.launch.status import run_status  # noqa: E402
 WATCHDOG = ["watchdog.min_heartbeat_s=20", "watchdog.heartbeat_factor=3", "watchdog.interval_s=2"]
 
 
-def _wait(predicate, timeout, what, run_dir):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}:\n{logs_of(run_dir)}")
-        time.sleep(0.5)
-
-
 def _state(job_id: str) -> str:
     return slurm.query_jobs([job_id])[job_id].state
 
 
-def test_a_hung_job_is_detected_recorded_and_requeued(slurm_cluster, random_tiny, tmp_path):
+def test_a_hung_job_is_detected_recorded_and_requeued(slurm_cluster, random_tiny, tmp_path, wait_until):
     spec = write_spec(tmp_path / "exp.toml", random_tiny, name="slurm-hang")
     crun = jobs.compile_run(spec, "local-slurm", ["trainer.total_steps=5", "checkpoint.save_every=2",
                                                   "debug.inject.hang_at_step=3", *WATCHDOG],
                             runs_root=str(tmp_path / "runs"))
     run = crun.run
     job_id = jobs.submit_run(crun)
-    _wait(lambda: events.read_events(run.path, kinds=["hang"]), 300, "the hang event", run.path)
-    _wait(lambda: _state(job_id) == "PENDING", 120, "the requeue", run.path)
+    wait_until(lambda: events.read_events(run.path, kinds=["hang"]), 300, "the hang event", run.path)
+    wait_until(lambda: _state(job_id) == "PENDING", 120, "the requeue", run.path)
     slurm.update_start_now(job_id)
-    _wait(lambda: _state(job_id) == "COMPLETED", 300, "the requeued attempt", run.path)
+    wait_until(lambda: _state(job_id) == "COMPLETED", 300, "the requeued attempt", run.path)
 
     (hang,) = events.read_events(run.path, kinds=["hang"])
     assert (hang["source"], hang["step"], hang["attempt"], hang["action"], hang["job_attempt"]) == (
@@ -64,14 +55,14 @@ def test_a_hung_job_is_detected_recorded_and_requeued(slurm_cluster, random_tiny
     assert status["state"] == "COMPLETED" and status["restarts"] == 1
 
 
-def test_a_killed_rank_is_recorded_as_a_dead_trainer(slurm_cluster, random_tiny, tmp_path):
+def test_a_killed_rank_is_recorded_as_a_dead_trainer(slurm_cluster, random_tiny, tmp_path, wait_until):
     spec = write_spec(tmp_path / "exp.toml", random_tiny, name="slurm-dead")
     crun = jobs.compile_run(spec, "local-slurm", ["trainer.total_steps=4", "checkpoint.save_every=0",
                                                   "debug.inject.kill_rank_at_step=2", "debug.inject.kill_rank=1",
                                                   *WATCHDOG], runs_root=str(tmp_path / "runs"))
     run = crun.run
     job_id = jobs.submit_run(crun)
-    _wait(lambda: _state(job_id) in ("FAILED", "COMPLETED", "CANCELLED"), 300, "the job to end", run.path)
+    wait_until(lambda: _state(job_id) in ("FAILED", "COMPLETED", "CANCELLED"), 300, "the job to end", run.path)
     assert _state(job_id) == "FAILED"
     assert not (run.path / "control" / f"exit-code.{job_id}.0").exists()
     (dead,) = events.read_events(run.path, kinds=["trainer_dead"])
