@@ -1,11 +1,19 @@
 """HDF5 metric log: written by global rank 0 during training, read live by the watchdog and the CLI.
 
-No torch here (the login-node CLI imports this package). Layout and design choices: :mod:`.schema`.
+The analysis API (no torch: the login-node CLI imports this package)::
+
+    df = hpcppo.metrics.load("runs/RUN_ID")                                  # one row per step, current history
+    every = hpcppo.metrics.load(run, attempts="all", branches="all")         # every row, with a `current` column
+    both = hpcppo.metrics.load_many(["runs/A", "runs/B"])                    # a `run` column first
+    ev = hpcppo.metrics.events(run)                                          # HDF5 events + events.jsonl, by time
+
+Layout and design choices: :mod:`.schema` and ``docs/metrics.md``.
 """
 
 from __future__ import annotations
 
-from hpcppo.metrics.reader import load, load_events, metric_files, superseded_mask
+from hpcppo.metrics.eventlog import events
+from hpcppo.metrics.reader import load, load_events, load_many, metric_files, superseded_mask
 from hpcppo.metrics.schema import STANDARD_COLUMNS, UnknownColumnError, attempt_filename
 from hpcppo.metrics.writer import MetricsWriter
 
@@ -14,8 +22,10 @@ __all__ = [
     "MetricsWriter",
     "UnknownColumnError",
     "attempt_filename",
+    "events",
     "load",
     "load_events",
+    "load_many",
     "metric_files",
     "superseded_mask",
 ]
