@@ -250,6 +250,86 @@ def cmd_watchdog_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _metric_targets(args: argparse.Namespace) -> list[Any]:
+    """The RUN arguments of the metric commands: run ids under the runs root, or paths (directory, .h5 file)."""
+    from hpcppo.analysis.targets import resolve_targets
+
+    return resolve_targets(args.runs, lambda: _runs_root(args))
+
+
+def _metric_names(texts: list[str] | None) -> list[str]:
+    return [m.strip() for text in texts or [] for m in text.split(",") if m.strip()]
+
+
+def _print_rich(renderable: Any) -> None:
+    from rich.console import Console
+
+    console = Console()
+    (console if console.is_terminal else Console(width=160)).print(renderable)
+
+
+def _damage_code(damaged: list[dict[str, str]]) -> int:
+    """0, or PathError's exit code when a metric log was damaged: its intact rows were shown; one line on stderr
+    per damaged file says what was lost."""
+    from hpcppo.errors import PathError
+
+    for files in damaged:
+        for path, what in files.items():
+            _err(f"{path}: damaged metric log: {what}; shown: its intact rows")
+    return PathError.exit_code if any(damaged) else 0
+
+
+def cmd_metrics_summary(args: argparse.Namespace) -> int:
+    from hpcppo.analysis.summary import render, summarize_target
+    from hpcppo.analysis.targets import damage_reported_by_caller
+
+    metrics, summaries, failed = _metric_names(args.metric), [], []
+    for target in _metric_targets(args):
+        try:
+            with damage_reported_by_caller():
+                summaries.append(summarize_target(target, metrics=metrics))
+        except HpcppoError as exc:  # one run that has nothing to show does not hide the others
+            if len(args.runs) == 1:
+                raise
+            _err(str(exc))
+            failed.append(exc.exit_code)
+    if args.json:
+        print(json.dumps(_json_safe(summaries), indent=2, allow_nan=False))
+    else:
+        for i, summary in enumerate(summaries):
+            if i:
+                print()
+            _print_rich(render(summary))
+    return failed[0] if failed else _damage_code([s["damaged"] for s in summaries])
+
+
+def cmd_metrics_export(args: argparse.Namespace) -> int:
+    from hpcppo.analysis.export import export_metrics
+    from hpcppo.analysis.targets import damage_reported_by_caller
+
+    [target] = _metric_targets(args)
+    with damage_reported_by_caller():
+        info = export_metrics(target, Path(args.out), fmt=args.format, all_attempts=args.all_attempts,
+                              columns=_metric_names(args.columns) or None)
+    view = "every row of every attempt, with a current column" if args.all_attempts else "the current history"
+    print(f"wrote {info['out']}: {info['rows']:,} rows x {info['columns']} columns of {info['run']} "
+          f"({info['format']}, {view})")
+    return _damage_code([info["damaged"]])
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from hpcppo.analysis.compare import compare, render
+    from hpcppo.analysis.targets import damage_reported_by_caller
+
+    with damage_reported_by_caller():
+        result = compare(_metric_targets(args))
+    if args.json:
+        print(json.dumps(_json_safe(result), indent=2, allow_nan=False))
+    else:
+        _print_rich(render(result))
+    return _damage_code([s["damaged"] for s in result["summaries"]])
+
+
 def cmd_config_show(args: argparse.Namespace) -> int:
     from hpcppo import config
 
@@ -387,6 +467,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory (must not exist)")
     _add_runs_root_args(p)
     p.set_defaults(func=cmd_export)
+
+    run_help = "run id, run directory, or metric file (attempt-NNNN.h5)"
+    p = sub.add_parser("metrics", help="a run's metric log: summary table, export to Parquet/CSV")
+    msub = p.add_subparsers(dest="metrics_command", required=True, metavar="SUBCOMMAND")
+    q = msub.add_parser("summary", help="per run: steps done of total, last/smoothed/best of the headline metrics, "
+                                        "the first non-finite value, the watchdog's and other events")
+    q.add_argument("runs", nargs="+", metavar="RUN", help=run_help)
+    q.add_argument("-m", "--metric", action="append", metavar="NAMES",
+                   help="also show these metrics (comma-separated or repeated)")
+    q.add_argument("--json", action="store_true", help="machine-readable output (a list, one object per run)")
+    _add_runs_root_args(q)
+    q.set_defaults(func=cmd_metrics_summary)
+    q = msub.add_parser("export", help="write a run's metrics as one Parquet or CSV file (atomically)")
+    q.add_argument("runs", nargs=1, metavar="RUN", help=run_help)
+    q.add_argument("-o", "--out", required=True, metavar="FILE", help="file to write (replaced if it exists)")
+    q.add_argument("--format", default=None, metavar="FORMAT",
+                   help="parquet or csv (default: from the suffix of FILE)")
+    q.add_argument("--all-attempts", action="store_true",
+                   help="every row of every attempt, abandoned branches included, with a boolean current column "
+                        "(default: the current history, one row per step)")
+    q.add_argument("--columns", action="append", metavar="NAMES",
+                   help="only these metric columns (comma-separated or repeated; default: all)")
+    _add_runs_root_args(q)
+    q.set_defaults(func=cmd_metrics_export)
+
+    p = sub.add_parser("compare", help="runs side by side: the config keys that differ (resolved.toml) and the "
+                                       "outcome metrics")
+    p.add_argument("runs", nargs="+", metavar="RUN", help=run_help)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_runs_root_args(p)
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("config", help="inspect configuration")
     csub = p.add_subparsers(dest="config_command", required=True, metavar="SUBCOMMAND")

@@ -85,10 +85,29 @@ def _committed_length(datasets: Sequence[h5py.Dataset]) -> int:
     return min(d.shape[0] for d in datasets)
 
 
+def _has_hdf5_signature(path: Path) -> bool:
+    """The HDF5 signature where the library looks for it: at byte 0, 512, 1024, 2048 ... (after a user block).
+    True when the file cannot be read at all (then h5py's own message says more)."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            offset = 0
+            while offset + 8 <= size:
+                f.seek(offset)
+                if f.read(8) == b"\x89HDF\r\n\x1a\n":
+                    return True
+                offset = 512 if offset == 0 else 2 * offset
+    except OSError:
+        return True
+    return False
+
+
 def _read_once(path: Path, locking: bool | None, names: Sequence[str], attr_names: Sequence[str]) -> _FileRead:
     try:
         f = h5io.open_swmr(path, locking)
     except OSError as e:
+        if not _has_hdf5_signature(path):
+            raise PathError(f"{path}: cannot open the metric log: not an HDF5 file (no HDF5 signature)") from e
         if h5io.truncation(path) is None:
             raise PathError(
                 f"{path}: cannot open the metric log ({e})",

@@ -116,3 +116,31 @@ def test_the_probe_would_see_torch(setup):
     tmp, runs, env = setup
     [result] = probe([["--version"]], env, tmp, prelude="import torch.nn\n")
     assert "torch" in result["heavy"]
+
+
+def test_metric_commands_do_not_import_torch(setup):
+    """metrics summary / export (pyarrow) and compare, on runs with a metric log and events."""
+    from hpcppo.events import append_event
+    from hpcppo.metrics import STANDARD_COLUMNS, MetricsWriter
+
+    tmp, runs, env = setup
+    ids = [_make_run(runs, "local", "1", env, tmp) for _ in range(2)]
+    for i, run_id in enumerate(ids):
+        with MetricsWriter(runs / run_id, STANDARD_COLUMNS, attempt=0) as w:
+            for step in range(1, 6):
+                w.log(step, {c: step * (i + 1) for c in STANDARD_COLUMNS})
+            w.log_event(3, "watchdog.raise_kl_coef", "kl")
+        append_event(runs / run_id, kind="watchdog.raise_kl_coef", step=3, source="watchdog", attempt=1, message="kl")
+    root = ["--runs-root", str(runs)]
+    commands = [
+        ["metrics", "--help"],
+        ["metrics", "summary", *ids, *root],
+        ["metrics", "summary", ids[0], "--json", "-m", "actor/entropy", *root],
+        ["metrics", "export", ids[0], "-o", str(tmp / "m.parquet"), *root],
+        ["metrics", "export", ids[0], "--all-attempts", "-o", str(tmp / "m.csv"), *root],
+        ["compare", *ids, *root],
+        ["compare", *ids, "--json", *root],
+    ]
+    for result in probe(commands, env, tmp):
+        assert result["heavy"] == [], result
+        assert result["rc"] == 0, result

@@ -1,0 +1,261 @@
+"""``hpcppo metrics summary``: a run at a glance, from its metric log, its events and its resolved.toml. No torch.
+
+Per headline metric (those the run logged): the last value, an exponential moving average (weight
+:data:`SMOOTH` on the past, bias-corrected as TensorBoard does, so a short run is not pulled towards 0), the
+best value and its step where "best" has a direction (highest reward, lowest step time), and the range. All of
+these are over the current history: a branch abandoned by a rollback and steps a later attempt re-did are
+left out.
+
+The first non-finite value is looked for in every row, abandoned branches included (the NaN that made the
+watchdog roll back lives on the abandoned branch). The log writes NaN both for a value that was NaN and for a
+metric not logged at that step, so a NaN counts only where the metric was expected: after its first logged
+value, in a metric logged step after step (``val/*``, ``time/checkpoint_s`` and any metric never logged at
+two rows in a row are sparse: for them only +-inf counts), except in a row that logged sparse metrics only
+(validation before training, step 0). +-inf always counts.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from hpcppo.analysis.targets import Target, damage_error, no_rows_error, resolved_data, total_steps
+from hpcppo.metrics import events as load_run_events
+from hpcppo.metrics import load
+from hpcppo.metrics.schema import UnknownColumnError
+
+SMOOTH = 0.9
+#: Headline metrics in display order, with the direction in which a value is better (None: no "best").
+HEADLINE: tuple[tuple[str, str | None], ...] = (
+    ("reward/mean", "max"),
+    ("score/mean", "max"),
+    ("val/score", "max"),
+    ("kl/actor_ref", None),
+    ("kl/coef", None),
+    ("actor/pg_loss", None),
+    ("actor/kl_loss", None),
+    ("critic/vf_loss", None),
+    ("actor/pg_clipfrac", None),
+    ("critic/vf_clipfrac", None),
+    ("critic/vf_explained_var", "max"),
+    ("actor/entropy", None),
+    ("actor/grad_norm", None),
+    ("critic/grad_norm", None),
+    ("perf/tokens_per_s", "max"),
+    ("perf/step_time_s", "min"),
+)
+#: Event kinds (matched on their last dotted part) listed one by one; the rest are only counted.
+NOTABLE = ("rollback", "pause", "paused", "requeue", "resume", "preempted", "hang", "trainer_dead", "stop",
+           "restart_critic", "raise_kl_coef", "set_grad_clip", "suppressed")
+_SPARSE_NAMES = ("time/checkpoint_s",)
+_SPARSE_PREFIXES = ("val/",)
+LAST_EVENTS = 10
+
+
+def ema_last(values: np.ndarray, weight: float = SMOOTH) -> float:
+    """The bias-corrected exponential moving average of ``values`` (NaNs skipped) at its last value."""
+    x = values[~np.isnan(values)]
+    if x.size == 0:
+        return math.nan
+    return float(pd.Series(x).ewm(alpha=1.0 - weight, adjust=True).mean().iloc[-1])
+
+
+def metric_stats(frame: pd.DataFrame, name: str, goal: str | None) -> dict[str, Any] | None:
+    """Last, smoothed, best (with its step), min and max of ``name`` over ``frame``; None if never logged."""
+    values = frame[name].to_numpy(dtype=np.float64)
+    logged = ~np.isnan(values)
+    if not logged.any():
+        return None
+    steps = frame["step"].to_numpy()
+    finite = np.isfinite(values)
+    last = int(np.flatnonzero(logged)[-1])
+    out: dict[str, Any] = {"last": float(values[last]), "last_step": int(steps[last]),
+                           "smoothed": ema_last(values), "goal": goal, "best": None, "best_step": None,
+                           "min": None, "max": None, "logged": int(logged.sum())}
+    if finite.any():
+        vals = np.where(finite, values, np.nan)
+        out["min"], out["max"] = float(np.nanmin(vals)), float(np.nanmax(vals))
+        if goal is not None:
+            i = int(np.nanargmax(vals) if goal == "max" else np.nanargmin(vals))
+            out["best"], out["best_step"] = float(values[i]), int(steps[i])
+    return out
+
+
+def _sparse(name: str, logged: np.ndarray) -> bool:
+    """A metric logged only at some steps by design (see the module docstring)."""
+    if name in _SPARSE_NAMES or name.startswith(_SPARSE_PREFIXES):
+        return True
+    return int(logged.sum()) >= 2 and not bool((logged[1:] & logged[:-1]).any())
+
+
+def first_nonfinite(every: pd.DataFrame, columns: Sequence[str]) -> dict[str, Any] | None:
+    """The first row (in logging order, every row) with a non-finite value, per the module docstring."""
+    if not len(every) or not columns:
+        return None
+    values = every[list(columns)].to_numpy(dtype=np.float64)
+    nan = np.isnan(values)
+    bad = np.isinf(values)
+    current = every["current"].to_numpy() if "current" in every else np.ones(len(every), bool)
+    logged_current = ~nan[current]
+    dense = np.array([not _sparse(c, logged_current[:, j]) for j, c in enumerate(columns)], dtype=bool)
+    if dense.any():
+        seen = np.logical_or.accumulate(~nan, axis=0)  # logged at this row or before
+        expected = np.zeros_like(nan)
+        expected[1:] = seen[:-1]
+        # a row that logged only sparse metrics (validation before training) is not missing the others
+        sparse_only = (~nan[:, ~dense]).any(axis=1) & nan[:, dense].all(axis=1)
+        bad |= nan & expected & dense[None, :] & ~sparse_only[:, None]
+    rows = np.flatnonzero(bad.any(axis=1))
+    if not rows.size:
+        return None
+    r = int(rows[0])
+    return {"step": int(every["step"].iloc[r]), "attempt": int(every["attempt"].iloc[r]),
+            "branch": int(every["branch"].iloc[r]), "current": bool(current[r]),
+            "columns": [c for j, c in enumerate(columns) if bad[r, j]], "rows": int(rows.size)}
+
+
+def _kind_tail(kind: str) -> str:
+    return kind.rsplit(".", 1)[-1]
+
+
+def _iso(t: float) -> str | None:
+    if not math.isfinite(t):
+        return None
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def summarize_target(target: Target, *, metrics: Sequence[str] = (), locking: bool | None = None) -> dict[str, Any]:
+    """The summary of one run or file as plain data (what ``--json`` prints).
+
+    Raises:
+        RunStateError: nothing logged yet (the message says whether the job is pending, never ran, ...).
+        UnknownColumnError: a name in ``metrics`` is not a column of the log (with close matches).
+        PathError: not a metric log, not readable, or so damaged that no row is left.
+    """
+    every = load(target.path, attempts="all", branches="all", locking=locking)
+    if not len(every):
+        raise damage_error(target, every.attrs["damaged"]) if every.attrs.get("damaged") else no_rows_error(target)
+    structural = {"step", "attempt", "branch", "seq", "time", "current"}
+    columns = [c for c in every.columns if c not in structural]
+    for name in metrics:
+        if name not in columns:
+            raise UnknownColumnError(name, columns, where=target.name)
+    current = every.loc[every["current"].to_numpy()]
+    data = resolved_data(target)
+    total = total_steps(data)
+    wanted = [(n, g) for n, g in HEADLINE if n in columns] + [(n, None) for n in metrics if n not in dict(HEADLINE)]
+    stats = {}
+    for name, goal in wanted:
+        s = metric_stats(current, name, goal)
+        if s is not None:
+            stats[name] = s
+    times = current["time"].to_numpy()
+    ev = load_run_events(target.path, locking=locking)
+    counts = ev["kind"].value_counts().sort_index().to_dict() if len(ev) else {}
+    notable = ev[ev["kind"].map(lambda k: _kind_tail(k) in NOTABLE)] if len(ev) else ev
+    damaged = dict(every.attrs.get("damaged", {}))
+    damaged.update(ev.attrs.get("damaged", {}))
+    experiment = data.get("experiment") if isinstance(data.get("experiment"), dict) else {}
+    return {
+        "run": target.name,
+        "path": str(target.path),
+        "experiment": experiment.get("name"),
+        "site": (data.get("site") or {}).get("name") if isinstance(data.get("site"), dict) else None,
+        "steps_done": int(current["step"].max()),
+        "total_steps": total,
+        "rows": int(len(current)),
+        "rows_left_behind": int(len(every) - len(current)),
+        "attempts": sorted(int(a) for a in every["attempt"].unique()),
+        "rollbacks_in_log": int(every.groupby("attempt")["branch"].max().sum()),
+        "first_time": _iso(float(times.min())),
+        "last_time": _iso(float(times.max())),
+        "wall_s": float(times.max() - times.min()),
+        "metrics": stats,
+        "first_nonfinite": first_nonfinite(every, columns),
+        "events": {"counts": {str(k): int(v) for k, v in counts.items()},
+                   "last": [{"time": _iso(float(r.time)), "step": None if pd.isna(r.step) else int(r.step),
+                             "attempt": None if pd.isna(r.attempt) else int(r.attempt), "kind": r.kind,
+                             "message": r.message, "source": r.source}
+                            for r in notable.tail(LAST_EVENTS).itertuples()]},
+        "damaged": damaged,
+    }
+
+
+# ----------------------------------------------------------------------------- text
+def fmt(value: float | None) -> str:
+    """A number in a table cell: 4 significant digits, thousands separated from 10,000 up; '-' for none."""
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if abs(value) >= 1e4:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
+def duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}"
+
+
+def steps_text(summary: dict[str, Any]) -> str:
+    done, total = summary["steps_done"], summary["total_steps"]
+    if total:
+        return f"{done} of {total} steps ({100.0 * done / total:.0f}%)"
+    return f"{done} steps (total unknown)"
+
+
+def headline(summary: dict[str, Any]) -> str:
+    attempts = summary["attempts"]
+    parts = [steps_text(summary), f"attempt{'s' if len(attempts) > 1 else ''} {', '.join(map(str, attempts))}",
+             f"{summary['rows']} rows" + (f" (+{summary['rows_left_behind']} left behind by rollbacks/resumes)"
+                                          if summary["rows_left_behind"] else ""),
+             f"wall {duration(summary['wall_s'])}"]
+    if summary.get("site"):
+        parts.append(f"site {summary['site']}")
+    return " | ".join(parts)
+
+
+def nonfinite_text(summary: dict[str, Any]) -> str:
+    bad = summary["first_nonfinite"]
+    if bad is None:
+        return "first non-finite value: none"
+    where = "" if bad["current"] else ", on an abandoned branch"
+    cols = ", ".join(bad["columns"][:6]) + (f" (+{len(bad['columns']) - 6})" if len(bad["columns"]) > 6 else "")
+    return (f"first non-finite value: step {bad['step']} (attempt {bad['attempt']}, branch {bad['branch']}{where}): "
+            f"{cols}; {bad['rows']} row(s) with one")
+
+
+def render(summary: dict[str, Any]) -> Any:
+    """The rich renderable of one summary: a table of the metrics, then the non-finite and event lines."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    title = Text.assemble((summary["run"], "bold"), "  ", headline(summary))
+    table = Table(show_edge=False, pad_edge=False)
+    for name, justify in (("metric", "left"), ("last", "right"), ("smoothed", "right"), ("best", "right"),
+                          ("at step", "right"), ("min", "right"), ("max", "right")):
+        table.add_column(name, justify=justify, no_wrap=True)
+    for name, s in summary["metrics"].items():
+        table.add_row(name, fmt(s["last"]), fmt(s["smoothed"]), fmt(s["best"]),
+                      "-" if s["best_step"] is None else str(s["best_step"]), fmt(s["min"]), fmt(s["max"]))
+    lines: list[Any] = [title, table, Text(nonfinite_text(summary))]
+    counts = summary["events"]["counts"]
+    if counts:
+        lines.append(Text("events: " + ", ".join(f"{n} x {k}" for k, n in counts.items())))
+        for e in summary["events"]["last"]:
+            step = "-" if e["step"] is None else str(e["step"])
+            lines.append(Text(f"  step {step:>6}  {e['kind']:<24} {e['message']}", overflow="ellipsis",
+                              no_wrap=True))
+    else:
+        lines.append(Text("events: none"))
+    for path, what in summary["damaged"].items():
+        lines.append(Text(f"damaged: {path}: {what}", style="red"))
+    return Group(*lines)
