@@ -48,10 +48,16 @@ def _submit_and_report(crun: Any, args: argparse.Namespace) -> int:
             sys.stdout.write(crun.script)
         print(f"dry run: not submitted; run directory {crun.run.path}", file=sys.stderr)
         return 0
-    job_id = jobs.submit_run(crun)
+    following = getattr(args, "follow", False)
+    if following and crun.compiled.site.scheduler != "slurm":
+        from hpcppo.analysis.follow import submit_in_own_session
+
+        job_id = submit_in_own_session(crun)  # so that Ctrl-C in this terminal never reaches the local job
+    else:
+        job_id = jobs.submit_run(crun)
     print(f"submitted {crun.run.run_id} as job {job_id} ({crun.compiled.site.name})")
     print(f"  run directory: {crun.run.path}")
-    if not args.wait:
+    if not args.wait and not following:
         print(f"  follow it with: hpcppo status {crun.run.run_id} --runs-root {crun.run.path.parent}")
         return 0
     last = {}
@@ -62,7 +68,14 @@ def _submit_and_report(crun: Any, args: argparse.Namespace) -> int:
             print(f"  {status.state_text(st)}", flush=True)
             last["key"] = key
 
-    st = status.wait_for(crun.run, echo=echo)
+    if following:
+        from hpcppo.analysis.follow import follow
+
+        st = follow(crun.run)
+        if st is None:  # detached with Ctrl-C: the job goes on
+            return 0
+    else:
+        st = status.wait_for(crun.run, echo=echo)
     if crun.compiled.job.kind == "train":
         from hpcppo.metrics.summary import format_summary, summarize
 
@@ -121,23 +134,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         else:
             print(status.format_run(st, run.read_record().get("attempts", []), recent))
         return 0
-    rows = status.all_statuses(root)
-    if args.json:
-        print(json.dumps(rows, indent=2, default=str))
-        return 0
-    if not rows:
-        print(f"no runs under {root}")
-        return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"runs under {root}", title_justify="left")
-    for col in status.TABLE_COLUMNS:
-        table.add_column(col)
-    for st in rows:
-        table.add_row(*status.table_row(st))
-    Console(width=200).print(table)
-    return 0
+    return cmd_runs(args)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -374,6 +371,84 @@ def cmd_make_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_runs(args: argparse.Namespace) -> int:
+    from hpcppo.analysis import logs
+
+    root = _runs_root(args)
+    states, name = getattr(args, "state", None) or [], getattr(args, "name", None)
+    rows = logs.run_rows(root, states=states, name=name)
+    if args.json:
+        print(json.dumps(_json_safe(rows), indent=2, default=str))
+        return 0
+    if not rows:
+        print(f"no runs under {root}" + (" match the filters" if states or name else ""))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"runs under {root}, newest first", title_justify="left")
+    for col in logs.RUN_COLUMNS:
+        table.add_column(col, justify="right" if col in ("step", "reward", "kl", "age") else "left")
+    for row in rows:
+        table.add_row(*logs.run_row_cells(row))
+    Console(width=200).print(table)
+    return 0
+
+
+def cmd_follow(args: argparse.Namespace) -> int:
+    from hpcppo.analysis.follow import follow
+    from hpcppo.analysis.logs import open_run
+
+    run = open_run(args.run, lambda: _runs_root(args))
+    st = follow(run, poll_s=args.interval)
+    if st is None:  # detached with Ctrl-C
+        return 0
+    return 0 if st["state"] in ("COMPLETED", "PAUSED") else 1
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    import time
+
+    from hpcppo.analysis import logs
+    from hpcppo.launch.status import FINAL_STATES, run_status, state_text
+
+    run = logs.open_run(args.run, lambda: _runs_root(args))
+    waiting = False
+    try:
+        while True:
+            try:
+                path, note = logs.find_log(run, rank=args.rank, attempt=args.attempt)
+                break
+            except HpcppoError as exc:  # no log yet: -f waits for the job to write one
+                st = run_status(run) if args.follow and not logs.log_attempts(run) else None
+                if st is None or st["state"] in FINAL_STATES:
+                    raise exc
+                if not waiting:
+                    print(f"# waiting for the job to write its log ({state_text(st)})", file=sys.stderr, flush=True)
+                    waiting = True
+                time.sleep(2.0)
+        print(f"# {note}: {path}" if note else f"# {path}", file=sys.stderr, flush=True)
+        out = logs.stdout_bytes()
+        offset = logs.copy_log(path, out, lines=args.lines)
+        if args.follow:
+            logs.follow_file(path, out, offset=offset, done=lambda: run_status(run)["state"] in FINAL_STATES)
+    except KeyboardInterrupt:
+        print(f"# stopped following; the job goes on (hpcppo status {run.run_id})", file=sys.stderr)
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from hpcppo.analysis import plot
+    from hpcppo.analysis.targets import resolve_targets
+
+    runs = resolve_targets(args.runs, lambda: _runs_root(args))
+    metrics = plot.parse_metrics(args.metric)
+    out = Path(args.out) if args.out else Path(f"{runs[0].name}.png")
+    plot.plot_runs(runs, metrics, out, x=args.x, smooth=args.smooth, title=args.title)
+    print(f"wrote {out}: {', '.join(metrics)} of {len(runs)} run{'s' if len(runs) > 1 else ''} over {args.x}")
+    return 0
+
+
 # ----------------------------------------------------------------------------- parser
 def _add_compile_args(p: argparse.ArgumentParser, *, spec: bool = True) -> None:
     if spec:
@@ -409,6 +484,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compile_args(p)
     p.add_argument("--dry-run", action="store_true", help="stop before submitting")
     p.add_argument("--wait", action="store_true", help="wait until the job ends and report its state")
+    p.add_argument("--follow", action="store_true",
+                   help="watch the job live (state, steps, metrics, events), then report as --wait does; Ctrl-C "
+                        "detaches and the job goes on")
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("preflight", help="a short distributed check job through the whole launch path")
@@ -460,6 +538,47 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--json", action="store_true", help="machine-readable output")
     _add_runs_root_args(q)
     q.set_defaults(func=cmd_watchdog_replay)
+
+    p = sub.add_parser("runs", help="every run under the runs root, newest first: state, step/total, last "
+                                    "reward and KL, site, age")
+    p.add_argument("--state", action="append", metavar="STATE",
+                   help="only runs in this state (RUNNING, PENDING, COMPLETED ...; comma-separated or repeated)")
+    p.add_argument("--name", metavar="TEXT", help="only run ids containing TEXT (a glob when it has *?[)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_runs_root_args(p, site_help="site whose runs root to list (default: local)")
+    p.set_defaults(func=cmd_runs)
+
+    p = sub.add_parser("follow", help="watch a run live until its job ends: state, a progress bar over the steps, "
+                                      "reward, KL, events (Ctrl-C detaches; the job goes on)")
+    p.add_argument("run", help="run id (or run directory)")
+    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between looks (default: 1)")
+    _add_runs_root_args(p)
+    p.set_defaults(func=cmd_follow)
+
+    p = sub.add_parser("logs", help="print a run's job log: the batch log, or one rank's (-f follows it live)")
+    p.add_argument("run", help="run id (or run directory)")
+    p.add_argument("--rank", type=int, default=None, metavar="R", help="this rank's log (default: the batch log; "
+                                                                       "rank 0's on a local run)")
+    p.add_argument("--attempt", default=None, metavar="A",
+                   help="attempt (local-1745, 4242.0, or a job id: its latest restart; default: the newest)")
+    p.add_argument("-n", "--lines", type=int, default=None, metavar="N", help="only the last N lines")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing what is appended until the job ends")
+    _add_runs_root_args(p)
+    p.set_defaults(func=cmd_logs)
+
+    p = sub.add_parser("plot", help="metric curves of runs as an image: one panel per metric, runs overlaid, "
+                                    "abandoned branches faint, rollbacks/pauses/resumes as vertical lines")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run id, run directory or metric file (.h5)")
+    p.add_argument("-m", "--metric", action="append", metavar="NAMES",
+                   help="metrics, comma-separated or repeated (default: reward/mean,kl/actor_ref,kl/coef)")
+    p.add_argument("--smooth", default=None, metavar="SPEC", help="none, ema:A (e.g. ema:0.9) or window:N")
+    p.add_argument("-x", default="step", metavar="AXIS",
+                   help="x axis: step, wall time, or tokens processed (default: step)")
+    p.add_argument("-o", "--out", default=None, metavar="FILE",
+                   help="image file, .png, .pdf or .svg (default: <first run>.png)")
+    p.add_argument("--title", default=None, help="a heading above the legend")
+    _add_runs_root_args(p)
+    p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("export", help="write a checkpoint's actor as a Hugging Face directory (safetensors)")
     p.add_argument("run", help="run id")

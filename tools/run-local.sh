@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The README's first command: set up (idempotent), build the tiny offline model and data, and train
-# examples/arith-tiny.toml on the embedded local default (submitit local executor, 2 CPU ranks).
+# examples/arith-tiny.toml on the embedded local default (submitit local executor, 2 CPU ranks), watching it live
+# (hpcppo submit --follow: a progress bar with reward, KL and events; Ctrl-C detaches, the job goes on).
 #   tools/run-local.sh [extra hpcppo submit args, e.g. -o trainer.total_steps=10]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
 .venv/bin/hpcppo tools make-model --out artifacts/tiny-arith/model --data-out artifacts/tiny-arith/data
-exec .venv/bin/hpcppo submit examples/arith-tiny.toml --site local --wait -q "$@"
+exec .venv/bin/hpcppo submit examples/arith-tiny.toml --site local --follow -q "$@"

@@ -118,6 +118,37 @@ def test_the_probe_would_see_torch(setup):
     assert "torch" in result["heavy"]
 
 
+def test_seeing_runs_commands_do_not_import_torch(setup):
+    """runs, logs, plot and follow (issue 8) read a run's files only: no torch, however they end."""
+    from hpcppo.metrics import STANDARD_COLUMNS, MetricsWriter
+
+    tmp, runs, env = setup
+    run_id = _make_run(runs, "local", "1", env, tmp)
+    run = RunDir.open(runs, run_id)
+    with MetricsWriter(run.path, STANDARD_COLUMNS, attempt=0, swmr=False) as w:
+        for step in range(1, 6):
+            w.log(step, {"reward/mean": step / 10, "kl/actor_ref": 0.01, "kl/coef": 0.001,
+                         "perf/tokens_per_s": 100.0, "perf/step_time_s": 1.0})
+        w.log_event(5, "paused", "stopping at a step boundary")
+    (run.logs / "attempt-local-1").mkdir(parents=True)
+    (run.logs / "attempt-local-1" / "rank-0.log").write_text("step 5/30\n")
+    root = ["--runs-root", str(runs)]
+    commands = [
+        (["runs", *root], (0,)),
+        (["runs", "--json", "--state", "running,completed", "--name", "arith", *root], (0,)),
+        (["logs", run_id, *root], (0,)),
+        (["logs", run_id, "--rank", "0", "-n", "1", *root], (0,)),
+        (["plot", run_id, "-o", str(tmp / "plot.png"), *root], (0,)),
+        (["plot", run_id, "-m", "reward/mean", "-x", "tokens", "--smooth", "ema:0.9", "-o", str(tmp / "plot.svg"), *root],
+         (0,)),
+        (["follow", run_id, *root], (0, 1)),  # job 1 is no local job: it ended, in some final state
+        (["submit", str(ARITH), "--site", "local", "--no-check-paths", "--dry-run", "--follow", "-q", *root], (0,)),
+    ]
+    for result, (_, rcs) in zip(probe([argv for argv, _ in commands], env, tmp), commands):
+        assert result["heavy"] == [], result
+        assert result["rc"] in rcs, result
+
+
 def test_metric_commands_do_not_import_torch(setup):
     """metrics summary / export (pyarrow) and compare, on runs with a metric log and events."""
     from hpcppo.events import append_event

@@ -1,0 +1,366 @@
+"""``hpcppo follow RUN`` and ``hpcppo submit --follow``: watch a job live until it ends, or until Ctrl-C.
+
+What it shows: the scheduler's state (with the pending reason) until training starts, then the training steps
+(step/total, elapsed, ETA, reward, KL, kl_coef, tokens/s), read from the run's HDF5 log while the job writes
+it, and the run's events (rollbacks, kl_coef raised, pauses, hangs ...) as they happen. On a terminal this is a
+rich progress bar with the events printed above it; otherwise (a pipe, a CI log) one plain line per state
+change, per logged step and per event.
+
+Ctrl-C detaches: this process only reads, so leaving it never touches the job. (A local job's controller
+must not share our terminal's process group either, or the terminal's SIGINT would reach it as well:
+:func:`submit_in_own_session`.)
+
+Costs: one ``stat`` of the metric files per poll; the log is read again only when a file changed; the
+scheduler is asked every ``status_every_s`` (Slurm: one ``sacct``, as ``--wait`` does).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import pandas as pd
+
+from hpcppo.errors import HpcppoError, RunStateError
+
+DETACHED = "detached from {run}: the job goes on (hpcppo follow {run} to watch it again, hpcppo cancel {run} to stop it)"
+_ETA_WINDOW = 20  # rows of the current attempt the step rate is measured over
+_EARLIER_EVENTS = 5  # events already in the run when following starts, shown for context
+
+
+# ----------------------------------------------------------------------------- what is shown (pure)
+@dataclass(frozen=True)
+class View:
+    state: str  # "RUNNING", "PENDING (Priority)" ...
+    step: int | None
+    total: int | None
+    elapsed_s: float | None
+    eta_s: float | None
+    reward: float | None
+    kl: float | None
+    kl_coef: float | None
+    tokens_per_s: float | None
+
+
+def _last(frame: pd.DataFrame, column: str) -> float | None:
+    if column not in frame:
+        return None
+    values = frame[column].dropna()
+    return float(values.iloc[-1]) if len(values) else None
+
+
+def eta_s(rows: pd.DataFrame, total: int | None) -> float | None:
+    """Seconds left at the step rate of the newest attempt's last rows (``None`` until it can be measured)."""
+    if total is None or not len(rows):
+        return None
+    step = int(rows["step"].iloc[-1])
+    if step >= total:
+        return 0.0
+    recent = rows[rows["attempt"] == rows["attempt"].iloc[-1]].tail(_ETA_WINDOW)
+    steps = int(recent["step"].iloc[-1] - recent["step"].iloc[0])
+    if steps <= 0:
+        return None
+    per_step = float(recent["time"].iloc[-1] - recent["time"].iloc[0]) / steps
+    return per_step * (total - step)
+
+
+def make_view(state: str, rows: pd.DataFrame, total: int | None, elapsed_s: float | None) -> View:
+    """The view of the current history ``rows`` (as :func:`hpcppo.metrics.load` returns them)."""
+    step = int(rows["step"].iloc[-1]) if len(rows) else None
+    return View(state, step, total, elapsed_s, eta_s(rows, total), _last(rows, "reward/mean"),
+                _last(rows, "kl/actor_ref"), _last(rows, "kl/coef"), _last(rows, "perf/tokens_per_s"))
+
+
+def clock(seconds: float | None) -> str:
+    """``H:MM:SS``, ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    s = int(max(0.0, seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def _num(value: float | None, fmt: str = ".4g") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def metrics_text(v: View) -> str:
+    return (f"reward {_num(v.reward)}  kl {_num(v.kl)}  kl_coef {_num(v.kl_coef)}  "
+            f"tok/s {_num(v.tokens_per_s, ',.0f')}")
+
+
+def steps_text(v: View) -> str:
+    total = "?" if v.total is None else str(v.total)
+    return f"step {'-' if v.step is None else v.step}/{total}"
+
+
+def plain_line(v: View) -> str:
+    """One line of the plain (not a terminal) output for the newest step."""
+    return f"  {steps_text(v)}  elapsed {clock(v.elapsed_s)}  eta {clock(v.eta_s)}  {metrics_text(v)}"
+
+
+def event_line(event: dict[str, Any]) -> str:
+    step = "-" if pd.isna(event.get("step")) else int(event["step"])
+    return f"  event at step {step}: {event.get('kind', '?')}: {event.get('message', '')}"
+
+
+# ----------------------------------------------------------------------------- reading the run
+class RunReader:
+    """The run's current history and new events, read again only when a file changed."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.rows = pd.DataFrame({"step": pd.Series(dtype="int64")})
+        self._signature: tuple = ()
+        self._shown: Counter = Counter()
+        self._events = pd.DataFrame()
+
+    def _stat(self) -> tuple:
+        files = sorted((self.run_dir / "metrics").glob("attempt-*.h5")) + [self.run_dir / "events.jsonl"]
+        sig = []
+        for f in files:
+            try:
+                st = f.stat()
+            except OSError:
+                continue
+            sig.append((f.name, st.st_size, st.st_mtime_ns))
+        return tuple(sig)
+
+    def refresh(self) -> bool:
+        """Read the log again if a file changed; True when it did."""
+        from hpcppo.analysis.logs import run_events
+        from hpcppo.metrics import load
+
+        sig = self._stat()
+        if sig == self._signature:
+            return False
+        self.rows = load(self.run_dir)
+        self._events = run_events(self.run_dir)
+        self._signature = sig
+        return True
+
+    @staticmethod
+    def _key(event: dict[str, Any]) -> tuple:
+        # An action is in the HDF5 log a moment before it is in events.jsonl: the same kind, step and message.
+        step = None if pd.isna(event.get("step")) else int(event["step"])
+        return (event.get("kind"), step, str(event.get("message", ""))[:200])
+
+    def new_events(self) -> list[dict[str, Any]]:
+        """Events not returned before, oldest first."""
+        seen: Counter = Counter()
+        out = []
+        for event in self._events.to_dict("records"):
+            key = self._key(event)
+            seen[key] += 1
+            if seen[key] > self._shown[key]:
+                self._shown[key] += 1
+                out.append(event)
+        return out
+
+
+# ----------------------------------------------------------------------------- display
+class PlainDisplay:
+    def __init__(self, out: TextIO):
+        self.out = out
+        self._state: str | None = None
+        self._row: tuple[int, int] | None = None
+
+    def __enter__(self) -> PlainDisplay:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def show(self, view: View, rows: pd.DataFrame, events: list[dict[str, Any]], final: bool = False) -> None:
+        if view.state != self._state and not final:
+            self.print(f"  {view.state}")
+        for event in events:
+            self.print(event_line(event))
+        self._rows(view, rows)
+        if view.state != self._state and final:  # the last word, after the last rows
+            self.print(f"  {view.state}")
+        self._state = view.state
+
+    def _rows(self, view: View, rows: pd.DataFrame) -> None:
+        if not len(rows):
+            return
+        keys = list(zip(rows["attempt"].astype(int), rows["seq"].astype(int)))
+        new = [i for i, key in enumerate(keys) if self._row is None or key > self._row]
+        for i in new[:-1]:  # rows logged since the last look, but the newest: their own values, no clock
+            earlier = make_view(view.state, rows.iloc[: i + 1], view.total, None)
+            self.print(f"  {steps_text(earlier)}  {metrics_text(earlier)}")
+        if new:
+            self.print(plain_line(view))
+            self._row = keys[-1]
+
+    def print(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+
+class RichDisplay:
+    """A progress bar over the steps and a line of metrics below it; events are printed above."""
+
+    def __init__(self, out: TextIO, force_terminal: bool | None = None):
+        from rich.console import Console, Group
+        from rich.live import Live
+        from rich.progress import BarColumn, Progress, TextColumn
+        from rich.text import Text
+
+        self.console = Console(file=out, force_terminal=force_terminal)
+        bar = BarColumn(bar_width=32, complete_style="green", finished_style="green", pulse_style="yellow")
+        self.progress = Progress(TextColumn("{task.description}"), bar,
+                                 TextColumn("{task.fields[steps]}"), TextColumn("{task.fields[times]}"),
+                                 console=self.console, auto_refresh=False)
+        self.task = self.progress.add_task("", total=None, steps="", times="")
+        self.metrics = Text("")
+        self.live = Live(Group(self.progress, self.metrics), console=self.console, refresh_per_second=4)
+
+    def __enter__(self) -> RichDisplay:
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.live.__exit__(*exc)
+
+    def show(self, view: View, rows: pd.DataFrame, events: list[dict[str, Any]], final: bool = False) -> None:
+        from rich.markup import escape
+
+        for event in events:
+            step = "-" if pd.isna(event.get("step")) else int(event["step"])
+            self.console.print(f"[bold]step {step}[/] [magenta]{escape(str(event.get('kind')))}[/]: "
+                               f"{escape(str(event.get('message', '')))}", highlight=False)
+        color = {"RUNNING": "green", "COMPLETED": "green", "PENDING": "yellow"}.get(view.state.split()[0], "red")
+        times = f"{clock(view.elapsed_s)} elapsed" + (f", ETA {clock(view.eta_s)}" if view.eta_s is not None else "")
+        total = view.total if view.step is not None else None  # a pulsing bar until the first row
+        self.progress.update(self.task, description=f"[{color}]{escape(view.state)}[/]", total=total,
+                             completed=view.step or 0, steps=steps_text(view), times=times)
+        self.metrics.plain = f"  {metrics_text(view)}" if view.step is not None else ""
+        self.live.refresh()
+
+
+# ----------------------------------------------------------------------------- the loop
+def follow(run: Any, *, out: TextIO | None = None, live: bool | None = None, poll_s: float = 1.0,
+           status_every_s: float = 2.0, unknown_grace_s: float = 300.0,
+           get_status: Callable[[Any], dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """Show ``run`` (a :class:`~hpcppo.launch.rundir.RunDir`) until its job reaches a final state.
+
+    Args:
+        out: where to write (default stdout).
+        live: a rich live display (default: when ``out`` is a terminal), else plain lines.
+        get_status: the status function (default :func:`hpcppo.launch.status.run_status`).
+
+    Returns:
+        The final status, or ``None`` when Ctrl-C detached (the detach line is printed on stderr).
+
+    Raises:
+        RunStateError: the run was never submitted.
+    """
+    from hpcppo.analysis.logs import total_steps
+    from hpcppo.launch import status
+
+    out = out or sys.stdout
+    get_status = get_status or status.run_status
+    st = get_status(run)
+    if st["state"] == "NOT_SUBMITTED":
+        raise RunStateError(f"run {run.run_id} was never submitted; nothing to follow",
+                            hint=f"hpcppo resume {run.run_id} submits it")
+    reader = RunReader(run.path)
+    total = total_steps(run)
+    live = out.isatty() if live is None else live
+    display = RichDisplay(out, force_terminal=True if live and not out.isatty() else None) if live else PlainDisplay(out)
+    try:
+        with display:
+            return _loop(run, reader, display, st, total, poll_s, status_every_s, unknown_grace_s, get_status)
+    except KeyboardInterrupt:
+        print(DETACHED.format(run=run.run_id), file=sys.stderr, flush=True)
+        return None
+
+
+def _loop(run: Any, reader: RunReader, display: Any, st: dict[str, Any], total: int | None, poll_s: float,
+          status_every_s: float, unknown_grace_s: float, get_status: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+    from hpcppo.launch.status import FINAL_STATES, state_text
+
+    reader.refresh()
+    earlier = reader.new_events()
+    if len(earlier) > _EARLIER_EVENTS and isinstance(display, PlainDisplay):
+        display.print(f"  ({len(earlier) - _EARLIER_EVENTS} earlier events: hpcppo status {run.run_id})")
+    events = earlier[-_EARLIER_EVENTS:]
+    asked = time.monotonic()
+    unknown_since: float | None = None
+    while True:
+        now = time.monotonic()
+        elapsed = st.get("elapsed_s")
+        if elapsed is not None and st["state"] == "RUNNING":
+            elapsed += now - asked  # between two questions to the scheduler
+        final = st["state"] in FINAL_STATES
+        if final:
+            reader.refresh()  # the rows written just before the job ended
+            events += reader.new_events()
+        display.show(make_view(state_text(st), reader.rows, total, elapsed), reader.rows, events, final)
+        if final:
+            return st
+        unknown_since = (unknown_since or now) if st["state"] == "UNKNOWN" else None
+        if unknown_since is not None and now - unknown_since > unknown_grace_s:
+            return st
+        time.sleep(poll_s)
+        try:
+            reader.refresh()
+        except HpcppoError:
+            pass  # a log that cannot be read just now (a new attempt's file being created): try at the next poll
+        events = reader.new_events()
+        if time.monotonic() - asked >= status_every_s:
+            st, asked = get_status(run), time.monotonic()
+
+
+# ----------------------------------------------------------------------------- submitting for following
+def submit_in_own_session(crun: Any) -> str:
+    """Submit ``crun`` (a compiled local run) from a child process in a session of its own; returns the job id.
+
+    submitit's local executor starts the job's controller as a child of the submitting process, in its process
+    group: a Ctrl-C typed in the terminal reaches every process of the foreground group, the controller too, and
+    it cancels the job. Submitted from a new session, the controller is out of the terminal's reach, so Ctrl-C
+    only detaches the viewer (``hpcppo cancel`` still stops the job). Errors come back as the same message and
+    exit code.
+    """
+    import pickle
+    import traceback
+
+    from hpcppo.launch import jobs
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        os.close(read_fd)
+        try:
+            os.setsid()
+            result: tuple = ("ok", jobs.submit_run(crun))
+        except HpcppoError as exc:
+            result = ("error", type(exc).__name__, str(exc), exc.exit_code)
+        except BaseException:  # noqa: BLE001 - a bug: its traceback goes to the parent
+            result = ("bug", traceback.format_exc())
+        with os.fdopen(write_fd, "wb") as pipe:
+            pipe.write(pickle.dumps(result))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    if not data:
+        raise RuntimeError("the submitting child process died without an answer")
+    result = pickle.loads(data)  # our own child's bytes
+    if result[0] == "ok":
+        return result[1]
+    if result[0] == "error":
+        err = HpcppoError(result[2])
+        err.exit_code = result[3]
+        raise err
+    raise RuntimeError(f"submitting in a new session failed:\n{result[1]}")

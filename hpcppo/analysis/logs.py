@@ -1,0 +1,336 @@
+"""What a run left behind, read from a login node: its job logs, its events, and the list of runs.
+
+* ``hpcppo logs RUN [--rank R] [--attempt A] [-f]``: :func:`find_log` picks the file, :func:`follow_file` tails it.
+  A Slurm job writes its batch log to ``logs/slurm-<job>.out`` and each rank's output to
+  ``logs/attempt-<job>.<restart>/rank-<r>.log``; a local job writes ``logs/attempt-local-<job>/rank-<r>.log`` (the job
+  script runs once per rank there, so a local run has no batch log of its own). ``watchdog.log`` sits beside
+  the rank logs.
+* ``hpcppo runs``: :func:`run_rows` is every run under a runs root, newest first, with its job state and how
+  far its training got (step of total, last reward and KL from the metric log).
+* :func:`run_events`: the run's events (the plot marks them, the live view prints them).
+
+No torch, no matplotlib here.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import difflib
+import fnmatch
+import math
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pandas as pd
+
+from hpcppo.errors import HpcppoError, PathError, RunStateError
+
+_RUN_TIME = re.compile(r"-(\d{8}-\d{6})-[0-9a-f]{4}$")
+_RANK_LOG = re.compile(r"^rank-(\d+)\.log$")
+_ATTEMPT_DIR = "attempt-"
+
+
+# ----------------------------------------------------------------------------- which run
+def open_run(text: str, runs_root: Callable[[], Path]) -> Any:
+    """The run directory ``text`` names (a run id, or a path as :func:`~hpcppo.analysis.targets.resolve_target`
+    takes it), as a :class:`~hpcppo.launch.rundir.RunDir`.
+
+    Raises:
+        PathError: a path that does not exist or is no run directory (a lone metric file has no job).
+        RunIdError: no such run under the runs root.
+    """
+    from hpcppo.analysis.targets import resolve_target
+    from hpcppo.launch.rundir import RunDir
+
+    target = resolve_target(text, runs_root)
+    if target.run_dir is None:
+        raise PathError(f"{text}: not a run directory", hint="a run id, or a directory with resolved.toml")
+    return RunDir(target.run_dir)
+
+
+# ----------------------------------------------------------------------------- events
+def run_events(run: str | os.PathLike[str]) -> pd.DataFrame:
+    """Every event of ``run`` (a run directory or one metric file), oldest first: :func:`hpcppo.metrics.events`
+    (the HDF5 log's and ``events.jsonl``'s, an action recorded in both counted once)."""
+    from hpcppo.metrics import events
+
+    return events(run)
+
+
+# ----------------------------------------------------------------------------- runs
+def _created(run: Any) -> float:
+    m = _RUN_TIME.search(run.run_id)
+    if m:
+        try:
+            return _dt.datetime.strptime(m.group(1), "%Y%m%d-%H%M%S").replace(tzinfo=_dt.timezone.utc).timestamp()
+        except ValueError:
+            pass
+    try:
+        return run.resolved.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def total_steps(run: Any) -> int | None:
+    """The run's planned number of training steps, from ``resolved.toml`` (``None`` when unknown)."""
+    from hpcppo.analysis import targets
+
+    return targets.total_steps(targets.resolved_data(targets.Target(run.run_id, run.path, run.path)))
+
+
+def _last(frame: pd.DataFrame, column: str) -> float | None:
+    if column not in frame:
+        return None
+    values = frame[column].dropna()
+    return float(values.iloc[-1]) if len(values) else None
+
+
+def progress(run: Any) -> dict[str, Any]:
+    """How far the run's training got: ``step`` (last logged), ``reward``, ``kl``, ``kl_coef`` (last finite values),
+    ``last_row_time``; ``error`` when its metric log cannot be read. Only the newest attempt's file is read: its
+    last row is always part of the current history."""
+    from hpcppo.metrics import load, metric_files
+
+    out: dict[str, Any] = {"step": None, "reward": None, "kl": None, "kl_coef": None, "last_row_time": None}
+    try:
+        for path in reversed(metric_files(run.path)):
+            frame = load(path)
+            if len(frame):
+                break
+        else:
+            return out
+    except HpcppoError as exc:
+        return out | {"error": str(exc)}
+    out.update(step=int(frame["step"].iloc[-1]), last_row_time=float(frame["time"].iloc[-1]),
+               reward=_last(frame, "reward/mean"), kl=_last(frame, "kl/actor_ref"), kl_coef=_last(frame, "kl/coef"))
+    return out
+
+
+def known_states() -> list[str]:
+    """State names a run can have (Slurm's, the local executor's and ours), for ``--state`` checks."""
+    from hpcppo.launch.status import FINAL_STATES
+
+    live = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED",
+            "CONFIGURING", "COMPLETING", "STOPPED", "SIGNALING", "STAGE_OUT", "SPECIAL_EXIT", "RESV_DEL_HOLD"}
+    return sorted(set(FINAL_STATES) | live | {"NOT_SUBMITTED", "UNKNOWN", "UNREADABLE"})
+
+
+def check_states(states: Iterable[str]) -> set[str]:
+    """``--state`` values (comma-separated allowed, any case) as a set of state names.
+
+    Raises:
+        HpcppoError: an unknown name (with did-you-mean).
+    """
+    known = known_states()
+    wanted = {s.strip().upper() for text in states for s in text.split(",") if s.strip()}
+    for state in sorted(wanted):
+        if state not in known:
+            close = difflib.get_close_matches(state, known, n=3, cutoff=0.6)
+            hint = f"did you mean {', '.join(close)}?" if close else f"states: {', '.join(known)}"
+            raise HpcppoError(f"unknown state {state!r}", hint=hint)
+    return wanted
+
+
+def _name_matches(run_id: str, pattern: str) -> bool:
+    if any(c in pattern for c in "*?["):
+        return fnmatch.fnmatchcase(run_id, pattern)
+    return pattern in run_id
+
+
+def run_rows(runs_root: Path, *, states: Iterable[str] = (), name: str | None = None,
+             now: float | None = None) -> list[dict[str, Any]]:
+    """Every run under ``runs_root``, newest first: its status (:func:`hpcppo.launch.status.statuses`) plus
+    ``created`` (unix), ``age_s``, ``total_steps`` and :func:`progress`.
+
+    Args:
+        states: keep runs in these states (see :func:`check_states`).
+        name: keep run ids containing this text, or matching it as a glob when it has ``*?[``.
+    """
+    from hpcppo.launch.rundir import list_runs
+    from hpcppo.launch.status import statuses
+
+    wanted = check_states(states) if states else set()
+    runs = [r for r in list_runs(runs_root) if name is None or _name_matches(r.run_id, name)]
+    runs.sort(key=lambda r: (_created(r), r.run_id), reverse=True)
+    now = time.time() if now is None else now
+    rows = []
+    for run, st in zip(runs, statuses(runs)):
+        if wanted and st["state"] not in wanted:
+            continue
+        created = _created(run)
+        total = st.get("total_steps") or total_steps(run)
+        rows.append(st | {"created": created, "age_s": max(0.0, now - created), "total_steps": total} | progress(run))
+    return rows
+
+
+def format_age(seconds: float | None) -> str:
+    """``42s``, ``7m``, ``3h``, ``5d``."""
+    if seconds is None or math.isnan(seconds):
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+RUN_COLUMNS = ("run", "state", "step", "reward", "kl", "site", "job", "age")
+
+
+def run_row_cells(row: dict[str, Any]) -> tuple[str, ...]:
+    """One row of the run table, in :data:`RUN_COLUMNS` order."""
+    from hpcppo.launch.status import state_text
+
+    if row.get("error"):
+        step = "unreadable"
+    elif row["step"] is None:
+        step = "-"
+    else:
+        step = f"{row['step']}/{row['total_steps'] if row['total_steps'] is not None else '?'}"
+    return (row["run_id"], state_text(row), step, _num(row["reward"]), _num(row["kl"]), row["site"],
+            str(row["job_id"] or "-"), format_age(row["age_s"]))
+
+
+# ----------------------------------------------------------------------------- job logs
+def _attempt_order(run: Any) -> dict[str, int]:
+    jobs = [str(a.get("job_id")) for a in run.read_record().get("attempts", [])]
+    return {job: i for i, job in enumerate(jobs)}
+
+
+def _job_of(attempt: str) -> str:
+    """The job id of a log attempt name: ``local-1745`` -> ``1745``, ``4242.1`` -> ``4242``."""
+    return attempt.removeprefix("local-").split(".")[0]
+
+
+def log_attempts(run: Any) -> list[str]:
+    """The attempts with a log directory (``local-1745``, ``4242.0``), oldest first."""
+    if not run.logs.is_dir():
+        return []
+    order = _attempt_order(run)
+    names = [p.name[len(_ATTEMPT_DIR):] for p in run.logs.iterdir() if p.is_dir() and p.name.startswith(_ATTEMPT_DIR)]
+
+    def key(name: str) -> tuple[int, int, float]:
+        restart = name.split(".")[1] if "." in name else "0"
+        try:
+            mtime = (run.logs / f"{_ATTEMPT_DIR}{name}").stat().st_mtime
+        except OSError:
+            mtime = 0.0
+        return (order.get(_job_of(name), len(order)), int(restart) if restart.isdigit() else 0, mtime)
+
+    return sorted(names, key=key)
+
+
+def _pick_attempt(run: Any, attempt: str | None, attempts: Sequence[str]) -> str:
+    if attempt is None:
+        return attempts[-1]
+    wanted = attempt.removeprefix(_ATTEMPT_DIR)
+    if wanted in attempts:
+        return wanted
+    of_job = [a for a in attempts if _job_of(a) == wanted]
+    if of_job:
+        return of_job[-1]  # the latest restart of that job
+    raise PathError(f"{run.run_id}: no attempt {attempt!r}", hint=f"attempts: {', '.join(attempts)}")
+
+
+def _ranks(folder: Path) -> list[int]:
+    return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _RANK_LOG.match(p.name)))
+
+
+def find_log(run: Any, *, rank: int | None = None, attempt: str | None = None,
+             scheduler: str | None = None) -> tuple[Path, str | None]:
+    """The log file to show and a note about the choice (``None`` when there is nothing to say).
+
+    Without ``rank``: the attempt's batch log (Slurm), or rank 0's log on a local run. Without ``attempt``: the
+    newest attempt.
+
+    Raises:
+        RunStateError: the run has no log yet.
+        PathError: no such attempt or rank (the message lists those that exist).
+    """
+    attempts = log_attempts(run)
+    if not attempts:
+        raise RunStateError(f"{run.run_id}: no job log yet", hint=f"nothing under {run.logs}")
+    chosen = _pick_attempt(run, attempt, attempts)
+    folder = run.logs / f"{_ATTEMPT_DIR}{chosen}"
+    ranks = _ranks(folder)
+    if rank is None:
+        batch = run.logs / f"slurm-{_job_of(chosen)}.out"
+        if batch.is_file() and not chosen.startswith("local-"):
+            return batch, None
+        if 0 in ranks:
+            return folder / "rank-0.log", f"attempt {chosen} has no batch log (a local run's job script runs in each " \
+                                          f"rank): showing rank 0's log"
+        raise RunStateError(f"{run.run_id}: attempt {chosen} has no batch log and no rank log yet",
+                            hint=f"in {folder}: {', '.join(sorted(p.name for p in folder.iterdir())) or 'nothing'}")
+    if rank not in ranks:
+        listed = ", ".join(str(r) for r in ranks) or "none yet"
+        raise PathError(f"{run.run_id}: attempt {chosen} has no log of rank {rank}", hint=f"ranks: {listed}")
+    return folder / f"rank-{rank}.log", None
+
+
+def _tail_start(f: BinaryIO, lines: int) -> int:
+    """Offset of the last ``lines`` lines of ``f``."""
+    f.seek(0, os.SEEK_END)
+    end = pos = f.tell()
+    found, block = 0, 65536
+    while pos > 0:
+        step = min(block, pos)
+        pos -= step
+        f.seek(pos)
+        chunk = f.read(step)
+        if pos + step == end and chunk.endswith(b"\n"):
+            chunk = chunk[:-1]
+        for i in range(len(chunk) - 1, -1, -1):
+            if chunk[i] == 10:
+                found += 1
+                if found == lines:
+                    return pos + i + 1
+    return 0
+
+
+def copy_log(path: Path, out: BinaryIO, *, lines: int | None = None) -> int:
+    """Write ``path`` (its last ``lines`` lines when given) to ``out``; returns the offset reached."""
+    with open(path, "rb") as f:
+        start = 0 if lines is None else _tail_start(f, lines)
+        f.seek(start)
+        while chunk := f.read(1 << 20):
+            out.write(chunk)
+        out.flush()
+        return f.tell()
+
+
+def follow_file(path: Path, out: BinaryIO, *, offset: int, done: Callable[[], bool], poll_s: float = 0.5) -> None:
+    """Write what is appended to ``path`` from ``offset`` on, until ``done()`` says the job ended (then what is
+    left). A file that shrinks (rewritten by a requeued job) is read again from its start."""
+    finished = False
+    while True:
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            size = 0
+        if size < offset:
+            offset = 0
+        if size > offset:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                while chunk := f.read(1 << 20):
+                    out.write(chunk)
+                offset = f.tell()
+            out.flush()
+        if finished:
+            return
+        finished = done()  # one more read after the job ended: its last lines
+        if not finished:
+            time.sleep(poll_s)
+
+
+def stdout_bytes() -> BinaryIO:
+    return getattr(sys.stdout, "buffer", sys.stdout)
