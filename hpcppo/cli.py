@@ -358,7 +358,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_make_model(args: argparse.Namespace) -> int:
     from hpcppo.tiny import build_tiny_model_and_data
 
-    info = build_tiny_model_and_data(Path(args.out), Path(args.data_out) if args.data_out else None, seed=args.seed)
+    # The library validates every value (ConfigError, exit 2) and refuses a foreign --out (PathError).
+    overrides = {} if args.max_operand is None else {"max_operand": args.max_operand}
+    info = build_tiny_model_and_data(Path(args.out), Path(args.data_out) if args.data_out else None, seed=args.seed,
+                                     train_size=args.train_size, val_size=args.val_size, force=args.force, **overrides)
     if args.json:
         print(json.dumps(info, indent=2, default=str))
         return 0
@@ -632,10 +635,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tools", help="project tools")
     tsub = p.add_subparsers(dest="tools_command", required=True, metavar="TOOL")
-    q = tsub.add_parser("make-model", help="build the tiny offline model, tokenizer and arithmetic data")
-    q.add_argument("--out", default="artifacts/tiny-arith/model")
-    q.add_argument("--data-out", default="artifacts/tiny-arith/data")
-    q.add_argument("--seed", type=int, default=0)
+    q = tsub.add_parser("make-model", help="build the tiny offline model, tokenizer and arithmetic data (idempotent: "
+                                           "returns at once when the outputs hold a build with the same settings)")
+    q.add_argument("--out", default="artifacts/tiny-arith/model",
+                   help="model directory, Hugging Face layout (default: %(default)s)")
+    q.add_argument("--data-out", default="artifacts/tiny-arith/data",
+                   help="directory of train.parquet and val.parquet, '' for none (default: %(default)s)")
+    q.add_argument("--seed", type=int, default=0, help="seed of the model, its warm start and the data (default: 0)")
+    q.add_argument("--train-size", type=int, default=4096, help="rows of train.parquet (default: 4096)")
+    q.add_argument("--val-size", type=int, default=512, help="rows of val.parquet (default: 512)")
+    q.add_argument("--max-operand", type=int, default=None, help="task difficulty (default: the library's)")
+    q.add_argument("--force", action="store_true", help="rebuild even when up to date")
     q.add_argument("--json", action="store_true", help="print the whole build record (hpcppo_tiny.json) as JSON")
     q.set_defaults(func=cmd_make_model)
     return parser

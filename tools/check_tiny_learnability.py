@@ -10,8 +10,9 @@ the token-mean policy-gradient loss. Prints the mean reward per step and held-ou
 
     .venv/bin/python tools/check_tiny_learnability.py --model artifacts/tiny-arith/model --build
 
-Measured on the default build (seed 0), 1 thread: 32 prompts x 4 samples, Adam lr 1e-4..3e-4,
-temperature 1: reward 0.21 at step 0 -> ~0.7 by step 15-20 (about 3 s). lr 3e-3 collapses.
+Measured on the default build (seed 0, format 2), 1 thread: 32 prompts x 4 samples, Adam lr
+1e-4..3e-4, temperature 1: reward 0.27 at step 0 -> ~0.65 by step 3, ~0.85-0.9 over the last 5 of
+30 steps (about 6 s); held-out sampled accuracy 0.23 -> 0.83-0.90, greedy stays ~1. lr 3e-3 collapses.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from hpcppo.models import position_ids_from_mask  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="directory built by tools/make_tiny_model.py")
+    ap.add_argument("--model", required=True, help="directory built by `hpcppo tools make-model`")
     ap.add_argument("--build", action="store_true", help="build the model into --model first (idempotent)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=30)

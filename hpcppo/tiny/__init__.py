@@ -7,9 +7,9 @@ examples, the end-to-end tests and the README's first command train is built her
    operators and chat markers) wrapped in ``PreTrainedTokenizerFast``, with a Jinja chat template
    (:mod:`.tokenizer`);
 2. a ~0.5M-parameter Llama-architecture model with a fixed seed (:mod:`.model`, which says why Llama);
-3. a warm start in two supervised stages (:mod:`.warmstart`): ``warm_start`` teaches the task until
-   greedy held-out accuracy reaches a target; ``add_flaw`` then teaches a habit that costs reward
-   until the accuracy of sampling at temperature 1 falls to a target;
+3. a warm start in two supervised stages (:mod:`.warmstart`), each run to convergence: ``warm_start``
+   teaches the task (greedy held-out accuracy near 1); ``add_flaw`` then teaches a habit that costs
+   reward (the accuracy of sampling at temperature 1 falls to about 0.25, greedy decoding keeps it);
 4. ``save_pretrained`` of model, tokenizer and generation config, plus ``hpcppo_tiny.json`` with
    the measured accuracies, and optionally the task's ``train.parquet``/``val.parquet`` (:mod:`.make`).
 

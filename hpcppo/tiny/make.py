@@ -2,9 +2,11 @@
 
 ``build_tiny_model_and_data`` is idempotent: when ``out_dir`` (and ``data_dir``) already hold a
 build with the same settings hash, it returns the recorded summary without importing torch. A build
-runs on one torch thread, so its result depends only on the seed and the settings; it is written
-with ``save_pretrained`` (model, tokenizer, generation config) plus ``hpcppo_tiny.json`` with the
-measured accuracies into a temporary directory that is fsynced and then renamed into place.
+runs on one torch thread and is bit-reproducible on one machine; another machine's CPU kernels round
+differently, so its weights and accuracies differ a little (both warm-start stages run to convergence
+so that they stay in the band PPO needs, see :mod:`.warmstart`). It is written with
+``save_pretrained`` (model, tokenizer, generation config) plus ``hpcppo_tiny.json`` with the measured
+accuracies into a temporary directory that is fsynced and then renamed into place.
 """
 
 from __future__ import annotations
@@ -58,6 +60,14 @@ def build_tiny_model_and_data(
         raise ConfigError(f"train_size and val_size must be >= 1, got {train_size} and {val_size}", key="data")
     settings = TinySettings(seed=seed, **overrides)
     out_dir = Path(out_dir)
+    _check_output_dir(out_dir, "--out")  # before anything is written: a refused --out leaves no data behind
+    if data_dir is not None:
+        _check_output_dir(Path(data_dir), "--data-out")
+
+    info = _read_info(out_dir)
+    if out_dir.exists() and info is None and any(out_dir.iterdir()):
+        raise PathError(f"{out_dir} exists and is not a tiny-model build (no readable {INFO_FILE}); "
+                        "choose another --out or remove it")
 
     data_paths: dict[str, str] = {}
     if data_dir is not None:
@@ -68,14 +78,19 @@ def build_tiny_model_and_data(
         else:
             data_paths = {s: str(data_dir / f"{s}.parquet") for s in ("train", "val")}
 
-    info = _read_info(out_dir)
-    if out_dir.exists() and info is None and any(out_dir.iterdir()):
-        raise PathError(f"{out_dir} exists and is not a tiny-model build (no readable {INFO_FILE}); "
-                        "choose another --out or remove it")
     if not force and info is not None and info.get("settings_hash") == settings.digest():
         return {**info, "built": False, "data": data_paths}
     info = _build_model_dir(out_dir, settings)
     return {**info, "built": True, "data": data_paths}
+
+
+def _check_output_dir(path: Path, option: str) -> None:
+    """``PathError`` when a file stands where ``path`` (or one of its parents) must be a directory."""
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise PathError(f"{option} {path}: {p} is a file; {option} must be a directory (new or existing)")
+            return
 
 
 def write_task_data(
@@ -95,9 +110,9 @@ def _build_model_dir(out_dir: Path, settings: TinySettings) -> dict[str, Any]:
     import torch
 
     t0 = time.perf_counter()
-    # One thread: float reductions (hence the accuracies that decide when each stage stops) are the
-    # same on every machine, and a 0.5M model gains nothing from more (on a busy 2-core machine two
-    # threads were 10x slower than one).
+    # One thread: a 0.5M model gains nothing from more (on a busy 2-core machine two threads were 10x
+    # slower than one), and the build is bit-reproducible on this machine whatever its core count.
+    # It does not make machines agree: their kernels (AVX-512, AVX2, ...) round differently.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -190,7 +205,7 @@ def read_info(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """The ``hpcppo_tiny.json`` summary of a built model directory; ``PathError`` if it is missing."""
     info = _read_info(Path(model_dir))
     if info is None:
-        raise PathError(f"{model_dir} has no readable {INFO_FILE}: build it with tools/make_tiny_model.py")
+        raise PathError(f"{model_dir} has no readable {INFO_FILE}: build it with `hpcppo tools make-model --out {model_dir}`")
     return info
 
 

@@ -12,7 +12,7 @@ from hpcppo.errors import ConfigError
 
 from hpcppo.tiny.tokenizer import CHARS, SPECIAL_TOKENS, VOCAB_SIZE
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: both warm-start stages run a fixed schedule to convergence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,7 +20,7 @@ class TinySettings:
     """Everything that determines a build; its hash decides whether a rebuild is needed."""
 
     seed: int = 0
-    # task (hpcppo.data.synthetic): a+b with a, b in 0..19 -- small enough to learn in ~250 steps
+    # task (hpcppo.data.synthetic): a+b with a, b in 0..19 -- small enough to learn in ~300 steps
     max_operand: int = 19
     num_operands: int = 2
     operators: tuple[str, ...] = ("+",)
@@ -32,18 +32,21 @@ class TinySettings:
     num_kv_heads: int = 2
     intermediate_size: int = 512
     max_position_embeddings: int = 64
-    # stage 1: learn the task until greedy held-out accuracy >= target_greedy_accuracy
+    # stage 1: learn the task, `steps` steps (warmup, then cosine to zero); target: greedy held-out accuracy
     lr: float = 3e-3
     batch_size: int = 128
-    max_steps: int = 500
-    eval_every: int = 20
+    steps: int = 400
+    warmup_steps: int = 20
+    eval_every: int = 25
     eval_size: int = 256
-    target_greedy_accuracy: float = 0.6
-    # stage 2 (add_flaw): until the accuracy of sampling at temperature 1 is <= target_sampled_accuracy
-    target_sampled_accuracy: float = 0.3
-    flaw_rate: float = 0.7
-    flaw_lr: float = 1e-3  # gentle: the habit is learnt in a few steps, and the arithmetic must survive
-    flaw_max_steps: int = 60
+    target_greedy_accuracy: float = 0.9
+    # stage 2 (add_flaw): learn to ramble on after the answer (flaw_rate of the targets), same schedule;
+    # converged, sampled accuracy is near 1 - flaw_rate; target: sampled held-out accuracy at most this
+    target_sampled_accuracy: float = 0.4
+    flaw_rate: float = 0.75
+    flaw_lr: float = 2e-3
+    flaw_steps: int = 150
+    flaw_warmup_steps: int = 10
     max_new_tokens: int = 8
 
     def __post_init__(self) -> None:
@@ -56,9 +59,12 @@ class TinySettings:
         for name in ("target_greedy_accuracy", "target_sampled_accuracy", "flaw_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"must be in [0, 1], got {getattr(self, name)!r}", key=name)
-        for name in ("batch_size", "max_steps", "eval_every", "eval_size", "max_new_tokens"):
+        for name in ("batch_size", "steps", "flaw_steps", "eval_every", "eval_size", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"must be >= 1, got {getattr(self, name)!r}", key=name)
+        for name in ("warmup_steps", "flaw_warmup_steps"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"must be >= 0, got {getattr(self, name)!r}", key=name)
 
     def task_kwargs(self) -> dict[str, Any]:
         return {

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -16,19 +15,23 @@ from hpcppo.data import synthetic
 from hpcppo.errors import ConfigError, PathError
 from hpcppo import tiny
 
-REPO = Path(__file__).resolve().parents[2]
 # A build that takes a second: enough to exercise every stage, not to learn anything.
-SMALL = {"max_steps": 2, "eval_every": 1, "eval_size": 8, "batch_size": 16, "target_greedy_accuracy": 1.0,
-         "target_sampled_accuracy": 0.0, "flaw_max_steps": 1}
+SMALL = {"steps": 2, "warmup_steps": 1, "eval_every": 1, "eval_size": 8, "batch_size": 16, "flaw_steps": 1,
+         "flaw_warmup_steps": 1}
+CLI = [sys.executable, "-m", "hpcppo.cli", "tools", "make-model"]
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """The default build (the real warm start, ~30-40 s on 2 cores) with its data."""
+    """The default build (the real warm start, ~60 s of one core) with its data, and the CPU seconds it took.
+
+    CPU time, not wall time: the build runs on one thread, so its CPU time is its cost on this
+    machine whatever else runs beside it (on a 2-core machine loaded 9-deep, 60 CPU s took 157 s).
+    """
     root = tmp_path_factory.mktemp("tiny")
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     info = tiny.build_tiny_model_and_data(root / "model", root / "data", seed=0, train_size=300, val_size=40)
-    return root, info, time.perf_counter() - t0
+    return root, info, time.process_time() - t0
 
 
 @pytest.mark.slow
@@ -40,15 +43,20 @@ def test_default_build_lands_in_the_warm_start_band(built) -> None:
     # sometimes succeeds, clearly not always: the headroom PPO must take
     assert 0.15 <= ws["sampled_accuracy"] <= 0.5
     assert 0.15 <= ws["train_sampled_accuracy"] <= 0.5
-    # greedy decoding still knows more answers than a sample gets right
-    assert ws["greedy_accuracy"] > ws["sampled_accuracy"]
-    assert ws["task_stage"]["history"][-1]["greedy_accuracy"] >= 0.6
+    # ... and it can take it: greedy decoding knows far more answers than a sample gets right, so the
+    # habit (a stray digit after the answer), not the arithmetic, is what costs the reward. Both stages
+    # run to convergence, so this margin (0.63-0.75 over three CPU kernel sets x three seeds) holds on
+    # any machine; a stage cut short by a noisy stopping rule left greedy at or below sampled.
+    assert ws["greedy_accuracy"] >= ws["sampled_accuracy"] + 0.3
+    assert ws["train_greedy_accuracy"] >= ws["train_sampled_accuracy"] + 0.3
+    assert ws["task_stage"]["history"][-1]["greedy_accuracy"] >= 0.9
+    assert ws["flaw_stage"]["history"][-1]["greedy_accuracy"] >= 0.7  # the flaw stage kept the arithmetic
     assert 400_000 < info["num_parameters"] < 700_000
     assert info["architecture"] == "LlamaForCausalLM" and info["vocab_size"] == 64
     assert info["task"] == {"data_source": "hpcppo/arith", "max_operand": 19, "num_operands": 2,
                             "operators": ["+"], "val_fraction": 0.1}
     assert info["seed"] == 0 and info["settings"]["seed"] == 0
-    assert seconds < 120
+    assert seconds < 120  # CPU seconds; 60-67 on a 2-core AMD EPYC VM
     on_disk = json.loads((root / "model" / tiny.INFO_FILE).read_text())
     assert on_disk["settings_hash"] == info["settings_hash"] == tiny.TinySettings().digest()
     assert on_disk["warm_start"] == ws
@@ -115,25 +123,23 @@ def test_rebuild_when_up_to_date_is_instant_and_imports_no_torch(built) -> None:
     # the CLI path: a fresh interpreter finds it up to date without importing torch, leaves the files alone
     mtime = (root / "data" / "train.parquet").stat().st_mtime_ns
     code = (
-        "import runpy, sys\n"
-        "sys.argv = ['make_tiny_model.py'] + sys.argv[1:]\n"
-        "try:\n"
-        f"    runpy.run_path({str(REPO / 'tools' / 'make_tiny_model.py')!r}, run_name='__main__')\n"
-        "except SystemExit as exc:\n"
-        "    assert exc.code == 0, exc.code\n"
+        "import sys\n"
+        "from hpcppo.cli import main\n"
+        "rc = main(['tools', 'make-model'] + sys.argv[1:])\n"
+        "assert rc == 0, rc\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
     out = subprocess.run([sys.executable, "-c", code, "--out", str(root / "model"), "--data-out", str(root / "data"),
-                          "--train-size", "300", "--val-size", "40"], capture_output=True, text=True, timeout=60)
+                          "--train-size", "300", "--val-size", "40", "--json"], capture_output=True, text=True,
+                         timeout=60)
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
     assert summary["built"] is False
     assert summary["warm_start"]["sampled_accuracy"] == info["warm_start"]["sampled_accuracy"]
     assert (root / "data" / "train.parquet").stat().st_mtime_ns == mtime
     # different data sizes rewrite the data only
-    out = subprocess.run([sys.executable, str(REPO / "tools" / "make_tiny_model.py"), "--out", str(root / "model"),
-                          "--data-out", str(root / "data"), "--train-size", "30", "--val-size", "4"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(CLI + ["--out", str(root / "model"), "--data-out", str(root / "data"), "--train-size", "30",
+                                "--val-size", "4", "--json"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["built"] is False
     assert pq.read_table(root / "data" / "train.parquet").num_rows == 30
@@ -175,7 +181,8 @@ def test_an_existing_foreign_directory_is_never_replaced(tmp_path) -> None:
         ({"max_operand": 0}, r"tiny-model task: max_operand must be an integer >= 1, got 0"),
         ({"operators": ["*"]}, r"tiny-model task: operators must be a non-empty subset"),
         ({"target_sampled_accuracy": 1.5}, r"target_sampled_accuracy: must be in \[0, 1\], got 1.5"),
-        ({"max_steps": 0}, r"max_steps: must be >= 1, got 0"),
+        ({"steps": 0}, r"steps: must be >= 1, got 0"),
+        ({"flaw_warmup_steps": -1}, r"flaw_warmup_steps: must be >= 0, got -1"),
         ({"train_size": 0}, r"train_size and val_size must be >= 1"),
     ],
 )
@@ -186,8 +193,33 @@ def test_bad_settings_raise_config_errors(tmp_path, kwargs: dict, match: str) ->
 
 
 def test_cli_reports_a_bad_setting_without_a_traceback(tmp_path) -> None:
-    out = subprocess.run([sys.executable, str(REPO / "tools" / "make_tiny_model.py"), "--out", str(tmp_path / "m"),
-                          "--max-operand", "0"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(CLI + ["--out", str(tmp_path / "m"), "--data-out", str(tmp_path / "d"), "--max-operand", "0"],
+                         capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
-    assert "max_operand must be an integer >= 1, got 0" in out.stderr
-    assert "Traceback" not in out.stderr
+    assert out.stderr == "hpcppo: error: tiny-model task: max_operand must be an integer >= 1, got 0\n"
+    assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "match"),
+    [
+        (["--train-size", "0"], 2, "hpcppo: error: data: train_size and val_size must be >= 1, got 0 and 512"),
+        (["--val-size", "-1"], 2, "hpcppo: error: data: train_size and val_size must be >= 1, got 4096 and -1"),
+        (["--out", "{tmp}"], 5, "hpcppo: error: {tmp} exists and is not a tiny-model build (no readable "
+                                "hpcppo_tiny.json); choose another --out or remove it"),
+    ],
+)
+def test_cli_errors_are_one_line_with_the_class_exit_code(tmp_path, capsys, args: list[str], code: int,
+                                                          match: str) -> None:
+    from hpcppo.cli import main
+
+    foreign = tmp_path / "precious"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    argv = ["tools", "make-model", "--out", str(tmp_path / "m"), "--data-out", str(tmp_path / "d")]
+    argv += [a.format(tmp=foreign) for a in args]
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert err == match.format(tmp=foreign) + "\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["precious"]  # no data written either
+    assert (foreign / "notes.txt").read_text() == "keep me"
