@@ -57,66 +57,108 @@ _SPARSE_PREFIXES = ("val/",)
 LAST_EVENTS = 10
 
 
+BLOCK_ROWS = 1 << 16  # rows scanned at a time: the bool temporaries stay small whatever the log's length
+
+
 def ema_last(values: np.ndarray, weight: float = SMOOTH) -> float:
-    """The bias-corrected exponential moving average of ``values`` (NaNs skipped) at its last value."""
-    x = values[~np.isnan(values)]
-    if x.size == 0:
+    """The bias-corrected exponential moving average of ``values`` (NaNs skipped) at its last value:
+    ``sum(w^k x[-1-k]) / sum(w^k)``. Only the last values count (``w^k`` < 1e-18 beyond them), so only they
+    are read, from the end."""
+    horizon = int(math.ceil(math.log(1e-18) / math.log(weight))) if 0.0 < weight < 1.0 else 1
+    tail = np.zeros(0)
+    n = len(values)
+    span = 4 * horizon
+    while True:
+        window = values[max(0, n - span):]
+        tail = window[~np.isnan(window)]
+        if tail.size >= horizon or span >= n:
+            break
+        span *= 4
+    if tail.size == 0:
         return math.nan
-    return float(pd.Series(x).ewm(alpha=1.0 - weight, adjust=True).mean().iloc[-1])
+    tail = tail[-horizon:]
+    w = weight ** np.arange(tail.size - 1, -1, -1, dtype=np.float64)
+    return float(np.dot(w, tail) / w.sum())
 
 
-def metric_stats(frame: pd.DataFrame, name: str, goal: str | None) -> dict[str, Any] | None:
-    """Last, smoothed, best (with its step), min and max of ``name`` over ``frame``; None if never logged."""
-    values = frame[name].to_numpy(dtype=np.float64)
-    logged = ~np.isnan(values)
-    if not logged.any():
-        return None
+def metric_stats(frame: pd.DataFrame, names: Sequence[str], goals: Sequence[str | None]) -> dict[str, dict[str, Any]]:
+    """Per name (one pass over a ``(rows, len(names))`` array): last value and its step, smoothed, best (in the
+    direction of its goal) and its step, min, max and how many rows logged it. Names never logged are left out."""
+    if not len(names) or not len(frame):
+        return {}
+    values = np.ascontiguousarray(frame[list(names)].to_numpy(dtype=np.float64).T)  # a metric per row: fast scans
     steps = frame["step"].to_numpy()
-    finite = np.isfinite(values)
-    last = int(np.flatnonzero(logged)[-1])
-    out: dict[str, Any] = {"last": float(values[last]), "last_step": int(steps[last]),
-                           "smoothed": ema_last(values), "goal": goal, "best": None, "best_step": None,
-                           "min": None, "max": None, "logged": int(logged.sum())}
-    if finite.any():
-        vals = np.where(finite, values, np.nan)
-        out["min"], out["max"] = float(np.nanmin(vals)), float(np.nanmax(vals))
-        if goal is not None:
-            i = int(np.nanargmax(vals) if goal == "max" else np.nanargmin(vals))
-            out["best"], out["best_step"] = float(values[i]), int(steps[i])
+    out: dict[str, dict[str, Any]] = {}
+    for name, goal, v in zip(names, goals, values):
+        logged = ~np.isnan(v)
+        count = int(np.count_nonzero(logged))
+        if not count:
+            continue
+        last = len(v) - 1 - int(np.argmax(logged[::-1]))
+        finite = np.isfinite(v)
+        has_finite = bool(finite.any())
+        lo = int(np.argmin(np.where(finite, v, np.inf))) if has_finite else None
+        hi = int(np.argmax(np.where(finite, v, -np.inf))) if has_finite else None
+        best = (hi if goal == "max" else lo) if goal else None
+        out[name] = {"last": float(v[last]), "last_step": int(steps[last]), "smoothed": ema_last(v), "goal": goal,
+                     "best": None if best is None else float(v[best]),
+                     "best_step": None if best is None else int(steps[best]),
+                     "min": None if lo is None else float(v[lo]), "max": None if hi is None else float(v[hi]),
+                     "logged": count}
     return out
 
 
-def _sparse(name: str, logged: np.ndarray) -> bool:
-    """A metric logged only at some steps by design (see the module docstring)."""
-    if name in _SPARSE_NAMES or name.startswith(_SPARSE_PREFIXES):
-        return True
-    return int(logged.sum()) >= 2 and not bool((logged[1:] & logged[:-1]).any())
+def _dense(columns: Sequence[str], values: np.ndarray, current: np.ndarray) -> np.ndarray:
+    """Per column: logged step after step on the current history (see the module docstring)."""
+    count = np.zeros(len(columns), np.int64)
+    consecutive = np.zeros(len(columns), bool)
+    previous = None  # the last current row's "logged" of the block before
+    for a in range(0, len(values), BLOCK_ROWS):
+        logged = ~np.isnan(values[a:a + BLOCK_ROWS][current[a:a + BLOCK_ROWS]])
+        if not len(logged):
+            continue
+        count += logged.sum(axis=0)
+        consecutive |= (logged[1:] & logged[:-1]).any(axis=0)
+        if previous is not None:
+            consecutive |= previous & logged[0]
+        previous = logged[-1]
+    named = np.array([c in _SPARSE_NAMES or c.startswith(_SPARSE_PREFIXES) for c in columns], dtype=bool)
+    return ~(named | ((count >= 2) & ~consecutive))
 
 
 def first_nonfinite(every: pd.DataFrame, columns: Sequence[str]) -> dict[str, Any] | None:
     """The first row (in logging order, every row) with a non-finite value, per the module docstring."""
     if not len(every) or not columns:
         return None
-    values = every[list(columns)].to_numpy(dtype=np.float64)
-    nan = np.isnan(values)
-    bad = np.isinf(values)
+    values = every[list(columns)].to_numpy(dtype=np.float64)  # a view of the frame's block, no copy
     current = every["current"].to_numpy() if "current" in every else np.ones(len(every), bool)
-    logged_current = ~nan[current]
-    dense = np.array([not _sparse(c, logged_current[:, j]) for j, c in enumerate(columns)], dtype=bool)
-    if dense.any():
-        seen = np.logical_or.accumulate(~nan, axis=0)  # logged at this row or before
-        expected = np.zeros_like(nan)
-        expected[1:] = seen[:-1]
-        # a row that logged only sparse metrics (validation before training) is not missing the others
-        sparse_only = (~nan[:, ~dense]).any(axis=1) & nan[:, dense].all(axis=1)
-        bad |= nan & expected & dense[None, :] & ~sparse_only[:, None]
-    rows = np.flatnonzero(bad.any(axis=1))
-    if not rows.size:
+    dense = _dense(columns, values, current)
+    never = np.iinfo(np.int64).max
+    first_logged = np.full(len(columns), never)  # row of each column's first value
+    first: tuple[int, np.ndarray] | None = None
+    bad_rows = 0
+    for a in range(0, len(values), BLOCK_ROWS):
+        block = values[a:a + BLOCK_ROWS]
+        nan = np.isnan(block)
+        bad = np.isinf(block)
+        if dense.any():
+            logged = ~nan
+            new = (first_logged == never) & logged.any(axis=0)
+            first_logged[new] = a + np.argmax(logged[:, new], axis=0)
+            expected = np.arange(a, a + len(block))[:, None] > first_logged[None, :]  # after the first value
+            # a row that logged only sparse metrics (validation before training) is not missing the others
+            sparse_only = logged[:, ~dense].any(axis=1) & nan[:, dense].all(axis=1)
+            bad |= nan & expected & dense[None, :] & ~sparse_only[:, None]
+        rows = np.flatnonzero(bad.any(axis=1))
+        bad_rows += rows.size
+        if first is None and rows.size:
+            first = (a + int(rows[0]), bad[rows[0]].copy())
+    if first is None:
         return None
-    r = int(rows[0])
+    r, which = first
     return {"step": int(every["step"].iloc[r]), "attempt": int(every["attempt"].iloc[r]),
             "branch": int(every["branch"].iloc[r]), "current": bool(current[r]),
-            "columns": [c for j, c in enumerate(columns) if bad[r, j]], "rows": int(rows.size)}
+            "columns": [c for j, c in enumerate(columns) if which[j]], "rows": int(bad_rows)}
 
 
 def _kind_tail(kind: str) -> str:
@@ -149,11 +191,7 @@ def summarize_target(target: Target, *, metrics: Sequence[str] = (), locking: bo
     data = resolved_data(target)
     total = total_steps(data)
     wanted = [(n, g) for n, g in HEADLINE if n in columns] + [(n, None) for n in metrics if n not in dict(HEADLINE)]
-    stats = {}
-    for name, goal in wanted:
-        s = metric_stats(current, name, goal)
-        if s is not None:
-            stats[name] = s
+    stats = metric_stats(current, [n for n, _ in wanted], [g for _, g in wanted])
     times = current["time"].to_numpy()
     ev = load_run_events(target.path, locking=locking)
     counts = ev["kind"].value_counts().sort_index().to_dict() if len(ev) else {}

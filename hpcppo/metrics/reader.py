@@ -11,8 +11,10 @@ this is "the latest (attempt, seq) wins"; it also drops the abandoned branch's s
 not reached yet, so the default view is always one consistent history whose steps strictly increase.
 ``load(run, attempts="all", branches="all")`` keeps every row and says which are current.
 
-Speed: a file is read with one ``h5py`` read per dataset, and the metric columns become one float64 block of
-the frame without a copy (``tools/bench_metrics.py``: 1,000,000 rows x 45 columns load within 2x a plain read).
+Speed: the structural columns are read first; once they say which rows are wanted, HDF5 reads each file's
+metric values straight into their place in one float64 array (one read per run of consecutive rows), which
+becomes the frame's block without a copy: the values are touched once, as by a plain ``h5py`` read
+(``tools/bench_metrics.py``: 1,000,000 rows x 45 columns in ~1.3x a plain read of the same datasets).
 
 Damaged files. A file truncated by a full disk, a quota or an interrupted copy is read within seconds, never
 hangs (:mod:`hpcppo.metrics.h5io`), and gives the rows that are provably intact: a file's rows stop at the
@@ -102,7 +104,8 @@ def _has_hdf5_signature(path: Path) -> bool:
     return False
 
 
-def _read_once(path: Path, locking: bool | None, names: Sequence[str], attr_names: Sequence[str]) -> _FileRead:
+def _read_once(path: Path, locking: bool | None, names: Sequence[str], attr_names: Sequence[str],
+               unread: Sequence[str] = ()) -> _FileRead:
     try:
         f = h5io.open_swmr(path, locking)
     except OSError as e:
@@ -125,7 +128,7 @@ def _read_once(path: Path, locking: bool | None, names: Sequence[str], attr_name
             raise PathError(f"{path}: not an hpcppo metric log (no format={schema.FORMAT!r} attribute)")
         try:
             meta = {name: f.attrs[name] for name in attr_names}
-            datasets = [f[name] for name in names]
+            datasets = [f[name] for name in [*names, *unread]]
             n = _committed_length(datasets)
             kept = min(h5io.intact_rows(d, n, path) for d in datasets)
             arrays = {name: d[:kept] for name, d in zip(names, datasets)}
@@ -138,12 +141,14 @@ def _read_once(path: Path, locking: bool | None, names: Sequence[str], attr_name
                                    + (f" (truncated: {cut})" if cut else ""))
 
 
-def _read_file(path: Path, locking: bool | None, names: Sequence[str], attr_names: Sequence[str]) -> _FileRead:
-    """The intact rows of datasets ``names`` and root attributes ``attr_names`` of one metric log."""
-    read = _read_once(path, locking, names, attr_names)
+def _read_file(path: Path, locking: bool | None, names: Sequence[str], attr_names: Sequence[str],
+               unread: Sequence[str] = ()) -> _FileRead:
+    """The intact rows of datasets ``names`` and root attributes ``attr_names`` of one metric log; the datasets
+    ``unread`` only bound which rows are intact (their data is read later, straight into its place)."""
+    read = _read_once(path, locking, names, attr_names, unread)
     if read.damage is not None:  # or a writer was rewriting a block of metadata just then: look once more
         time.sleep(_REREAD_S)
-        read = _read_once(path, locking, names, attr_names)
+        read = _read_once(path, locking, names, attr_names, unread)
     return read
 
 
@@ -156,30 +161,69 @@ def _marked(frame: pd.DataFrame, damaged: dict[str, str]) -> pd.DataFrame:
 
 
 class _Rows(NamedTuple):
-    """The complete rows of one file, as arrays (no pandas yet: one frame is built for all files at once)."""
+    """The complete rows of one file: structural columns now, metric values later (:func:`_read_values`), once
+    it is known which rows are wanted and where they go."""
 
+    path: Path
     columns: list[str]  # the file's metric names, in ``values`` column order
-    structural: dict[str, np.ndarray]  # ROW_COLUMNS -> (n,)
-    values: np.ndarray  # (n, len(columns)) float64
+    structural: dict[str, np.ndarray]  # ROW_COLUMNS -> (n,), the complete rows only
+    index: np.ndarray | None  # the dataset row of each complete row (None: rows 0 .. n-1)
     damage: str | None
 
 
 def _read_rows(path: Path, locking: bool | None) -> _Rows:
-    names = [*schema.STRUCTURAL, schema.VALUES]
-    read = _read_file(path, locking, names, ["columns"])
+    read = _read_file(path, locking, list(schema.STRUCTURAL), ["columns"], unread=[schema.VALUES])
     columns = [schema.decode_fixed(c) for c in read.attrs.get("columns", [])]
     if not read.arrays:
         empty = {name: np.zeros(0, dtype) for name, (dtype, _) in schema.STRUCTURAL.items()}
-        return _Rows(columns, empty, np.zeros((0, len(columns))), read.damage)
+        return _Rows(path, columns, empty, None, read.damage)
     arrays = read.arrays
     # A structural value still at its fill value means the row is not complete yet (seq is written last,
     # but the order in which HDF5 writes chunks of different datasets to disk is not ours to choose).
     written = (arrays["seq"] >= 0) & (arrays["step"] >= 0) & (arrays["attempt"] >= 0) & (arrays["branch"] >= 0)
     written &= ~np.isnan(arrays["time"])
-    values = arrays[schema.VALUES]
-    if written.all():  # the usual case: no copy
-        return _Rows(columns, {name: arrays[name] for name in ROW_COLUMNS}, values, read.damage)
-    return _Rows(columns, {name: arrays[name][written] for name in ROW_COLUMNS}, values[written], read.damage)
+    if written.all():  # the usual case
+        return _Rows(path, columns, {name: arrays[name] for name in ROW_COLUMNS}, None, read.damage)
+    return _Rows(path, columns, {name: arrays[name][written] for name in ROW_COLUMNS}, np.flatnonzero(written),
+                 read.damage)
+
+
+def _runs(rows: np.ndarray) -> list[tuple[int, int, int]]:
+    """``(first, stop, position)`` of each run of consecutive numbers in the sorted ``rows``."""
+    if rows.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    starts = np.r_[0, breaks]
+    stops = np.r_[breaks, rows.size]
+    return [(int(rows[a]), int(rows[b - 1]) + 1, int(a)) for a, b in zip(starts, stops)]
+
+
+def _read_values(r: _Rows, locking: bool | None, select: np.ndarray | None, out: np.ndarray,
+                 where: dict[str, int]) -> None:
+    """Read the values of ``r``'s complete rows ``select`` (sorted positions; None: all) into ``out``, row for
+    row, each column into ``out``'s column ``where[name]``. HDF5 writes straight into ``out`` (no copy), one
+    read per run of consecutive rows (a rollback or a resume makes a few)."""
+    n = len(r.structural["step"])
+    positions = np.arange(n) if select is None else select
+    dataset_rows = positions if r.index is None else r.index[positions]
+    pairs = [(i, where[c]) for i, c in enumerate(r.columns) if c in where]
+    if not pairs or not len(dataset_rows):
+        return
+    i0, j0 = pairs[0]
+    block = all(i - i0 == j - j0 == k for k, (i, j) in enumerate(pairs))  # file columns i0.. land at j0..
+    try:
+        with h5io.open_swmr(r.path, locking) as f:
+            ds = f[schema.VALUES]
+            for first, stop, at in _runs(dataset_rows):
+                if block:
+                    ds.read_direct(out, np.s_[first:stop, i0:i0 + len(pairs)], np.s_[at:at + stop - first, j0:j0 + len(pairs)])
+                else:
+                    part = ds[first:stop]
+                    for i, j in pairs:
+                        out[at:at + stop - first, j] = part[:, i]
+    except h5io.HDF5_ERRORS as e:  # its rows were intact a moment ago: the file changed under us
+        raise PathError(f"{r.path}: the metric log changed while it was read ({h5io.describe(r.path, e)})",
+                        hint="read it again") from e
 
 
 def _empty_rows(metric_columns: Sequence[str]) -> pd.DataFrame:
@@ -306,20 +350,21 @@ def load(
             if reads and name not in declared:
                 raise UnknownColumnError(name, declared, where=str(run))
         declared = list(columns)
-    reads = [r for r in reads if len(r.values)]
+    reads = [r for r in reads if len(r.structural["step"])]
     extra = "superseded" if all_rows else "current" if (attempts, branches) != ("latest", "current") else None
     if not reads:
         df = _empty_rows(declared)
         if extra:
             df[extra] = pd.Series(dtype=bool)
         return _marked(df, damaged)
-    structural, values = _combine(reads, declared)
+    structural, order = _combine(reads)
     keep, current = _select(structural, attempts="all" if all_rows else attempts,
                             branches="all" if all_rows else branches)
+    rows = order if keep is None else keep if order is None else order[keep]
     if keep is not None:
         structural = {name: a[keep] for name, a in structural.items()}
-        values = values[keep]
         current = current[keep]
+    values = _gather(reads, declared, rows, locking)
     df = _frame(structural, values, declared)
     if extra == "superseded":
         df["superseded"] = ~current
@@ -328,32 +373,44 @@ def load(
     return _marked(df, damaged)
 
 
-def _combine(reads: Sequence[_Rows], declared: Sequence[str]) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """The files' rows as one set of arrays in (attempt, seq) order, the values in ``declared`` column order."""
-    if len(reads) == 1 and list(reads[0].columns) == list(declared):
-        structural, values = dict(reads[0].structural), reads[0].values
+def _combine(reads: Sequence[_Rows]) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    """The files' structural columns as one set of arrays in (attempt, seq) order, and the permutation of the
+    files' rows (taken one file after another) that sorts them (None: already in order, the usual case)."""
+    if len(reads) == 1:
+        structural = dict(reads[0].structural)
     else:
         structural = {name: np.concatenate([r.structural[name] for r in reads]) for name in ROW_COLUMNS}
-        values = np.full((len(structural["step"]), len(declared)), np.nan)
-        where = {name: j for j, name in enumerate(declared)}
-        row = 0
-        for r in reads:
-            n = len(r.values)
-            pairs = [(i, where[c]) for i, c in enumerate(r.columns) if c in where]
-            if pairs and [j for _, j in pairs] == list(range(pairs[0][1], pairs[0][1] + len(pairs))) and \
-                    [i for i, _ in pairs] == list(range(len(r.columns))):
-                values[row:row + n, pairs[0][1]:pairs[0][1] + len(pairs)] = r.values  # one block copy
-            else:
-                for i, j in pairs:
-                    values[row:row + n, j] = r.values[:, i]
-            row += n
     attempt, seq = structural["attempt"], structural["seq"]
     in_order = bool(np.all((attempt[1:] > attempt[:-1]) | ((attempt[1:] == attempt[:-1]) & (seq[1:] > seq[:-1]))))
-    if not in_order:
-        order = np.lexsort((seq, attempt))
-        structural = {name: a[order] for name, a in structural.items()}
-        values = values[order]
-    return structural, values
+    if in_order:
+        return structural, None
+    order = np.lexsort((seq, attempt))
+    return {name: a[order] for name, a in structural.items()}, order
+
+
+def _gather(reads: Sequence[_Rows], declared: Sequence[str], rows: np.ndarray | None,
+            locking: bool | None) -> np.ndarray:
+    """The metric values of ``rows`` (indices into the files' complete rows taken one file after another; None:
+    all of them), in ``declared`` column order. Each file's values are read straight into their place in one
+    new array: the values are touched once, as by a plain ``h5py`` read, whatever rows are dropped."""
+    if rows is not None and rows.size > 1 and not bool(np.all(rows[1:] > rows[:-1])):
+        return _gather(reads, declared, None, locking)[rows]  # out of logging order across files: never so
+    sizes = [len(r.structural["step"]) for r in reads]
+    total = sum(sizes) if rows is None else int(rows.size)
+    where = {name: j for j, name in enumerate(declared)}
+    every_cell = all(set(declared) <= set(r.columns) for r in reads)
+    out = np.empty((total, len(declared))) if every_cell else np.full((total, len(declared)), np.nan)
+    start = offset = 0
+    for r, n in zip(reads, sizes):
+        if rows is None:
+            select, count = None, n
+        else:
+            lo, hi = np.searchsorted(rows, [offset, offset + n])
+            select, count = rows[lo:hi] - offset, int(hi - lo)
+        _read_values(r, locking, select, out[start:start + count], where)
+        start += count
+        offset += n
+    return out
 
 
 def _select(structural: dict[str, np.ndarray], *, attempts: str, branches: str) -> tuple[np.ndarray | None, np.ndarray]:

@@ -184,3 +184,23 @@ def test_views_and_events_of_a_live_writer_and_after_kill_9(tmp_path):
     assert len(every) == len(steps) + 11 and every.attrs["damaged"] == {}
     assert hm.events(tmp_path)["kind"].value_counts()["watchdog.rollback"] == 1
     assert hm.events(tmp_path)["source"].unique().tolist() == ["metrics"]
+
+
+def test_every_view_is_the_full_frame_filtered_whatever_the_columns(tmp_path):
+    """Attempts that declare different columns, rollbacks in both: each view is a row subset of every row."""
+    with MetricsWriter(tmp_path, ("a", "b"), attempt=0) as w:
+        for s in [0, 1, 2, 3, 2, 3, 4, 5, 6]:
+            w.log(s, {"a": s, "b": -s})
+    with MetricsWriter(tmp_path, ("c", "a"), attempt=1) as w:
+        for s in [4, 5, 6, 5, 6, 7]:
+            w.log(s, {"a": 10 + s, "c": 100 + s})
+    every = hm.load(tmp_path, attempts="all", branches="all")
+    assert every.columns.tolist() == ["step", "attempt", "branch", "seq", "time", "a", "b", "c", "current"]
+    for attempts in ("latest", "all"):
+        for branches in ("current", "all"):
+            view = hm.load(tmp_path, attempts=attempts, branches=branches)
+            merged = every.merge(view[["attempt", "seq"]], on=["attempt", "seq"])
+            pd.testing.assert_frame_equal(view.drop(columns="current", errors="ignore"),
+                                          merged.drop(columns="current"), check_dtype=True)
+    assert hm.load(tmp_path)["a"].tolist() == [0, 1, 2, 3, 14, 15, 16, 17]
+    assert hm.load(tmp_path, columns=["c"])["c"].isna().tolist() == [True] * 4 + [False] * 4
