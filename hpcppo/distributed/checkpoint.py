@@ -6,12 +6,19 @@ A checkpoint ``step-<N>/`` holds
   parameter name, so it loads on another world size (2 ranks -> 1, or onto an HSDP mesh);
 - ``extra.pt`` — rank 0's ``extra`` dict (scheduler states, KL controller, data cursor, counters, watchdog state);
 - ``rng-rank<r>.pt`` — each rank's RNG states (torch CPU/CUDA, Python, NumPy);
-- ``COMMITTED`` — JSON written last; a directory without it does not exist as far as readers are concerned.
+- ``COMMITTED`` — JSON written last; a directory without it does not exist as far as readers are concerned. It
+  records every file's size and CRC-32 (each rank digests the files it wrote; rank 0 gathers them), so that damage
+  after the commit is found before a checkpoint is trusted (``verify``).
 
 Protocol of ``save`` (every rank calls it): write into ``step-<N>.tmp-<hex>/``; barrier; rank 0 renames it to
 ``step-<N>/`` (setting an existing ``step-<N>/`` aside first, so re-saving a step after a rollback replaces it),
 writes the marker atomically, fsyncs, deletes the set-aside copy; barrier; rank 0 applies retention.
 A crash anywhere leaves the previous committed checkpoint as the latest.
+
+Damage. ``load`` checks every file's size and the small files' CRC-32 first (``verify``), and turns a file that
+cannot be read into ``CorruptCheckpointError`` naming it — on every rank alike, so that all ranks take the same
+decision. ``load_newest_intact`` (resume) also checks the shards' CRC-32 and falls back to the previous committed
+checkpoint, setting the damaged ones aside once an older one has loaded.
 """
 
 from __future__ import annotations
@@ -21,19 +28,21 @@ import io
 import logging
 import os
 import random
+import re
 import shutil
 import time
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -44,6 +53,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.optim import Optimizer
 
 from hpcppo.distributed import layout
+from hpcppo.distributed.layout import CorruptCheckpointError
 from hpcppo.distributed.env import all_gather_object, barrier, broadcast_object, get_rank, get_world_size
 from hpcppo.errors import RunStateError
 
@@ -51,10 +61,41 @@ log = logging.getLogger(__name__)
 
 EXTRA_FILE = "extra.pt"
 DCP_DIR = "dcp"
+# Files named after the rank that wrote them: DCP's FileSystemWriter shards (``__<rank>_<n>.distcp``), RNG states.
+# Should DCP ever name its files otherwise, rank 0 digests and checks them all: slower, still right.
+_RANK_FILE_RE = re.compile(rf"^(?:{DCP_DIR}/__(\d+)_\d+\.distcp|rng-rank(\d+)\.pt)$")
 
 
 def _rng_file(rank: int) -> str:
     return f"rng-rank{rank}.pt"
+
+
+def _is_shard(name: str) -> bool:
+    return name.startswith(f"{DCP_DIR}/") and name.endswith(".distcp")
+
+
+def _owner(name: str, world_size: int) -> int:
+    """The rank that digests (at save) and checks (at load) checkpoint file ``name``: the rank that wrote it, folded
+    onto the current world size; rank 0 for the rest (``extra.pt``, DCP's ``.metadata``)."""
+    m = _RANK_FILE_RE.match(name)
+    return int(m.group(1) or m.group(2)) % world_size if m else 0
+
+
+class NoIntactCheckpointError(RunStateError):
+    """Every committed checkpoint is damaged: resuming would silently throw the run's progress away."""
+
+    def __init__(self, root: Path, damaged: list[CorruptCheckpointError]):
+        self.damaged = damaged
+        listed = "; ".join(f"step {e.step}: {e.file}: {e.reason}" for e in damaged[:3])
+        more = f"; {len(damaged) - 3} more" if len(damaged) > 3 else ""
+        super().__init__(f"no intact checkpoint to resume from in {root} ({listed}{more}); nothing was moved: "
+                         f"repair or remove the damaged checkpoints, or move {root} aside to start again from step 0")
+
+
+class Resumed(NamedTuple):
+    step: int
+    extra: dict[str, Any]
+    damaged: list[CorruptCheckpointError]  # newer checkpoints found damaged and set aside, newest first
 
 
 def check_weights_only(obj: Any, what: str = "extra") -> bytes:
@@ -125,17 +166,51 @@ def _agreed(what: str) -> Iterator[None]:
     """Run a block on every rank, then raise on every rank if it failed on any (instead of a barrier).
 
     A rank that fails alone would otherwise leave the others waiting at the next collective until the timeout.
+    Damage found on any rank is every rank's verdict: each raises the same ``CorruptCheckpointError`` (the lowest
+    failing rank's), so that all of them fall back, or stop, together.
     """
     error = None
     try:
         yield
+    except CorruptCheckpointError as exc:
+        error = exc
+        report: Any = (str(exc.path), exc.file, exc.reason)
     except Exception as exc:  # reported to every rank below, then re-raised here with its traceback
         error = exc
-    failures = [(r, e) for r, e in enumerate(all_gather_object(None if error is None else repr(error))) if e]
+        report = repr(exc)
+    failures = [(r, e) for r, e in enumerate(all_gather_object(None if error is None else report)) if e]
+    damage = [e for _, e in failures if isinstance(e, tuple)]
+    if damage:
+        raise CorruptCheckpointError(*damage[0]) from error
     if error is not None:
         raise error
     if failures:
         raise RuntimeError(f"checkpoint {what} failed on rank(s) " + "; ".join(f"{r}: {e}" for r, e in failures))
+
+
+def _read_dcp(state: dict[str, Any], path: Path) -> None:
+    """``dcp.load`` of ``path/dcp`` into ``state``; a shard or ``.metadata`` that cannot be read raises
+    ``CorruptCheckpointError`` on every rank (DCP gathers every rank's failure). Other failures (a state dict that
+    does not match the checkpoint's) are not damage and propagate unchanged."""
+    try:
+        with _quiet_without_process_group():
+            dcp.load(state, storage_reader=FileSystemReader(path / DCP_DIR), no_dist=not dist.is_initialized())
+    except CheckpointException as exc:  # a BaseException: one per failing rank, with its traceback
+        for rank, (error, trace) in sorted(exc.failures.items()):
+            if any(frame.name in ("read_data", "read_metadata") for frame in trace or ()):
+                why = f"cannot be read on rank {rank} ({layout.one_line(error)})"
+                raise CorruptCheckpointError(path, DCP_DIR, why) from exc
+        raise
+
+
+def _read_small(path: Path, name: str) -> Any:
+    """``torch.load(weights_only=True)`` of ``path/name``; bytes it cannot unpickle are damage, named."""
+    try:
+        return torch.load(path / name, weights_only=True)
+    except FileNotFoundError:
+        raise CorruptCheckpointError(path, name, "missing") from None
+    except Exception as exc:  # UnpicklingError, RuntimeError (zip archive), EOFError, ...: the bytes are bad
+        raise CorruptCheckpointError(path, name, f"cannot be read ({layout.one_line(exc)})") from exc
 
 
 def _write_durable(path: Path, data: bytes) -> None:
@@ -164,6 +239,7 @@ class CheckpointManager:
         self.world_size = get_world_size() if world_size is None else world_size
         self._saving = False
         self.last_save_s: float | None = None
+        self.last_checksum_s: float | None = None  # of the last save: digesting this rank's shards after DCP wrote them
         self.last_load_s: float | None = None
 
     # ---------------------------------------------------------------- queries (local)
@@ -203,24 +279,45 @@ class CheckpointManager:
                 dcp.save(self._state(models, stepped), no_dist=not dist.is_initialized(),
                          storage_writer=FileSystemWriter(tmp / DCP_DIR, sync_files=True))
             with _agreed(f"writing {tmp}"):  # every rank's files are on disk before rank 0 publishes them
-                if save_rng:
-                    _write_durable(tmp / _rng_file(self.rank), check_weights_only(rng_state(), "rng state"))
-                if self.rank == 0:
-                    _write_durable(tmp / EXTRA_FILE, extra_bytes)
+                files = self._write_own_files(tmp, extra_bytes if self.rank == 0 else None, save_rng)
+            manifest = {name: record for part in all_gather_object(files) for name, record in part.items()}
             with _agreed(f"committing {final}"):  # nobody returns (and maybe exits) before the commit
                 if self.rank == 0:
                     self._publish(step, tmp, token, {
                         "step": step, "world_size": self.world_size, "models": sorted(models),
                         "optimizers": sorted(stepped), "empty_optimizers": sorted(set(optimizers) - set(stepped)),
-                        "rng": save_rng, "time": time.time(),
+                        "rng": save_rng, "time": time.time(), "files": dict(sorted(manifest.items())),
                     })
         finally:
             self._saving = False
         self.last_save_s = time.perf_counter() - t0
         if self.rank == 0:
             self.prune()
-        log.info("checkpoint step %d saved in %.2f s", step, self.last_save_s)
+        log.info("checkpoint step %d saved in %.2f s (checksums of this rank's shards: %.2f s)", step,
+                 self.last_save_s, self.last_checksum_s)
         return self.step_dir(step)
+
+    def _write_own_files(self, tmp: Path, extra_bytes: bytes | None, save_rng: bool) -> dict[str, dict[str, Any]]:
+        """Write this rank's small files; return the manifest entries of every file this rank wrote.
+
+        The small files are digested from the bytes in memory; the DCP shards are read back once DCP has written
+        them (its writer has no hook to digest while writing), from the page cache while it still holds them.
+        """
+        files = {}
+        if save_rng:
+            rng_bytes = check_weights_only(rng_state(), "rng state")
+            _write_durable(tmp / _rng_file(self.rank), rng_bytes)
+            files[_rng_file(self.rank)] = layout.file_record(rng_bytes)
+        if extra_bytes is not None:
+            _write_durable(tmp / EXTRA_FILE, extra_bytes)
+            files[EXTRA_FILE] = layout.file_record(extra_bytes)
+        t0 = time.perf_counter()
+        for entry in sorted((tmp / DCP_DIR).iterdir()):
+            name = f"{DCP_DIR}/{entry.name}"
+            if entry.is_file() and _owner(name, self.world_size) == self.rank:
+                files[name] = layout.file_digest(entry)
+        self.last_checksum_s = time.perf_counter() - t0
+        return files
 
     def _publish(self, step: int, tmp: Path, token: str, marker: dict[str, Any]) -> None:
         layout.fsync_dir(tmp / DCP_DIR)
@@ -255,22 +352,39 @@ class CheckpointManager:
                 state["model"][name] = get_model_state_dict(model, options=opts)
         return state
 
-    # ---------------------------------------------------------------- load (collective)
+    # ---------------------------------------------------------------- verify and load (collective)
+    def verify(self, step: int, *, shards: bool = False) -> None:
+        """Check committed checkpoint ``step`` against the manifest its commit recorded (collective).
+
+        Every file's size is compared (a ``stat``), and the CRC-32 of ``extra.pt``, the RNG files and DCP's
+        ``.metadata`` (kilobytes); the shards' CRC-32 (a read of every shard) only with ``shards``. Each rank checks
+        the files its rank wrote, so the reads run in parallel. Raises ``CorruptCheckpointError`` naming the file,
+        on every rank alike. Files the manifest does not list are ignored; a checkpoint written before manifests
+        existed passes.
+        """
+        path = self._committed_dir(step)
+        with _agreed(f"verifying {path}"):
+            files = self._marker(path).get("files") or {}
+            for name in sorted(files):
+                if _owner(name, self.world_size) == self.rank:
+                    why = layout.check_file(path, name, files[name], checksum=shards or not _is_shard(name))
+                    if why is not None:
+                        raise CorruptCheckpointError(path, name, why)
+
     def load(self, step: int, *, models: Mapping[str, nn.Module], optimizers: Mapping[str, Optimizer],
-             restore_rng: bool = True) -> dict[str, Any]:
+             restore_rng: bool = True, verify_shards: bool = False) -> dict[str, Any]:
         """Load committed checkpoint ``step`` into ``models``/``optimizers`` (in place) and return ``extra``.
 
         Any subset of the saved models may be loaded (e.g. only the critic). The world size may differ from the
         one that saved. This rank's RNG states are restored when ``restore_rng`` and the world size is unchanged
         (with another world size there is no meaningful per-rank mapping). Raises ``RunStateError`` when ``step``
-        is not committed or lacks a requested model/optimizer.
+        is not committed or lacks a requested model/optimizer, and ``CorruptCheckpointError`` (on every rank) when
+        ``verify`` (shards' checksums with ``verify_shards``) finds damage or a file cannot be read.
         """
         self._check_names(models, optimizers)
-        path = self.step_dir(step)
-        if not layout.is_committed(path):
-            raise RunStateError(f"no committed checkpoint at step {step} in {self.root}; "
-                                f"committed steps: {self.list_committed() or 'none'}")
-        marker = layout.read_marker(path)
+        path = self._committed_dir(step)
+        self.verify(step, shards=verify_shards)
+        marker = self._marker(path)
         empty = set(marker.get("empty_optimizers", [])) & set(optimizers)
         for kind, wanted in (("models", set(models)), ("optimizers", set(optimizers) - empty)):
             missing = sorted(wanted - set(marker.get(kind, [])))
@@ -281,21 +395,68 @@ class CheckpointManager:
         optimizers = {name: opt for name, opt in optimizers.items() if name not in empty}
         t0 = time.perf_counter()
         state = self._state(models, optimizers)
-        with _quiet_without_process_group():
-            dcp.load(state, storage_reader=FileSystemReader(path / DCP_DIR), no_dist=not dist.is_initialized())
+        _read_dcp(state, path)  # DCP agrees on failures across ranks by itself
         for name, model in models.items():
             if name in optimizers:
                 set_state_dict(model, optimizers[name], model_state_dict=state["model"][name],
                                optim_state_dict=state["optim"][name])
             else:
                 set_model_state_dict(model, state["model"][name])
-        extra = torch.load(path / EXTRA_FILE, weights_only=True)
-        rng_path = path / _rng_file(self.rank)
-        if restore_rng and marker.get("world_size") == self.world_size and rng_path.is_file():
-            set_rng_state(torch.load(rng_path, weights_only=True))
+        with _agreed(f"loading {path}"):  # the rest is read rank by rank
+            extra = _read_small(path, EXTRA_FILE)
+            rng_path = path / _rng_file(self.rank)
+            if restore_rng and marker.get("world_size") == self.world_size and rng_path.is_file():
+                set_rng_state(_read_small(path, rng_path.name))
         self.last_load_s = time.perf_counter() - t0
         log.info("checkpoint step %d loaded in %.2f s", step, self.last_load_s)
         return extra
+
+    def load_newest_intact(self, *, models: Mapping[str, nn.Module],
+                           optimizers: Mapping[str, Optimizer]) -> Resumed | None:
+        """Resume: load the newest committed checkpoint that verifies (shards' checksums included) and loads.
+
+        Damaged newer ones are set aside (``set_aside``) once an older one has loaded, and returned. None when
+        nothing is committed. Raises ``NoIntactCheckpointError`` when every committed checkpoint is damaged, and
+        then moves nothing: a run that silently started again at step 0 would lose its progress unnoticed.
+        """
+        damaged: list[CorruptCheckpointError] = []
+        committed = broadcast_object(self.list_committed() if self.rank == 0 else None)  # one list for all ranks
+        for step in reversed(committed):
+            try:
+                extra = self.load(step, models=models, optimizers=optimizers, verify_shards=True)
+            except CorruptCheckpointError as exc:
+                damaged.append(exc)
+                continue
+            for exc in damaged:
+                exc.set_aside_as = self.set_aside(exc.step)
+            return Resumed(step, extra, damaged)
+        if damaged:
+            raise NoIntactCheckpointError(self.root, damaged)
+        return None
+
+    def set_aside(self, step: int) -> Path:
+        """Hide damaged committed checkpoint ``step`` as ``step-<N>.corrupt-<hex>`` (collective; rank 0 renames).
+
+        Kept for a post-mortem: retention never deletes it. Every rank returns the new path.
+        """
+        return Path(broadcast_object(str(layout.set_aside_corrupt(self.root, step)) if self.rank == 0 else None))
+
+    def _committed_dir(self, step: int) -> Path:
+        path = self.step_dir(step)
+        if not layout.is_committed(path):
+            raise RunStateError(f"no committed checkpoint at step {step} in {self.root}; "
+                                f"committed steps: {self.list_committed() or 'none'}")
+        return path
+
+    @staticmethod
+    def _marker(path: Path) -> dict[str, Any]:
+        try:
+            marker = layout.read_marker(path)
+        except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise CorruptCheckpointError(path, layout.MARKER, f"unreadable ({layout.one_line(exc)})") from exc
+        if not isinstance(marker, dict):
+            raise CorruptCheckpointError(path, layout.MARKER, f"not a JSON object but {type(marker).__name__}")
+        return marker
 
     def abandon_after(self, step: int) -> list[int]:
         """After a rollback to ``step``: hide newer committed checkpoints from ``latest_committed`` (collective).

@@ -8,7 +8,15 @@ else under the checkpoints root is either in flight or debris of a crash:
 - ``step-<N>.tmp-<hex>/`` — being written (or a writer died);
 - ``step-<N>.old-<hex>/`` — a committed checkpoint of the same step set aside while it is being replaced;
 - ``step-<N>/`` without ``COMMITTED`` — renamed into place but the writer died before marking it;
-- ``step-<N>.abandoned-<hex>/`` — a committed checkpoint from a branch a rollback abandoned (see ``abandon_after``).
+- ``step-<N>.abandoned-<hex>/`` — a committed checkpoint from a branch a rollback abandoned (see ``abandon_after``);
+- ``step-<N>.corrupt-<hex>/`` — a committed checkpoint found damaged at resume and set aside (``set_aside_corrupt``);
+  retention never deletes it: it is the user's to inspect and remove.
+
+The marker records every file of the checkpoint (``"files": {relative path: {"size": bytes, "crc32": hex}}``) so
+that damage done after the commit (a truncated shard, bytes overwritten) is found before the checkpoint is trusted
+(:func:`check_file`). CRC-32 because the threat is accident, not attack, and zlib's is the fastest digest in the
+standard library (~3 GB/s on one core here, SHA-256 ~1.6 GB/s, BLAKE2b ~0.85 GB/s). Markers written before
+the manifest existed have no ``"files"``: such checkpoints are trusted as they always were.
 """
 
 from __future__ import annotations
@@ -16,15 +24,21 @@ from __future__ import annotations
 import json
 import os
 import re
+import zlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hpcppo.errors import RunStateError
 from hpcppo.fsutil import atomic_write_bytes, fsync_dir  # noqa: F401  (fsync_dir: part of this API)
 
 MARKER = "COMMITTED"
 _STEP_RE = re.compile(r"^step-(\d+)$")
 _AUX_RE = re.compile(r"^step-(\d+)\.(tmp|old)-[0-9a-f]+$")
 _ABANDONED_RE = re.compile(r"^step-(\d+)\.abandoned-[0-9a-f]+$")
+_CORRUPT_RE = re.compile(r"^step-(\d+)\.corrupt-[0-9a-f]+$")
+CHECKSUM = "crc32"
+_CHUNK = 8 << 20
 
 
 def checkpoints_root(run_dir: str | os.PathLike[str]) -> Path:
@@ -124,3 +138,87 @@ def write_marker(checkpoint_dir: str | os.PathLike[str], payload: dict[str, Any]
 def read_marker(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """The JSON payload of a committed checkpoint's marker."""
     return json.loads((Path(checkpoint_dir) / MARKER).read_text())
+
+
+# ---------------------------------------------------------------- manifest: what the commit recorded
+class CorruptCheckpointError(RunStateError):
+    """A committed checkpoint whose file ``file`` differs from what its commit recorded, or cannot be read."""
+
+    def __init__(self, path: str | os.PathLike[str], file: str, reason: str, *, hint: str | None = None):
+        self.path, self.file, self.reason = Path(path), file, reason
+        self.set_aside_as: Path | None = None  # where CheckpointManager.load_newest_intact moved it
+        super().__init__(f"checkpoint {self.path / file} is damaged: {reason}", hint=hint)
+
+    @property
+    def step(self) -> int | None:
+        return parse_step(self.path.name)
+
+
+def one_line(exc: BaseException, limit: int = 200) -> str:
+    """``Type: first line of the message`` (torch's read errors run to paragraphs)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:limit]}" if text else type(exc).__name__
+
+
+def file_record(data: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """The manifest entry of a file whose bytes are ``data`` (no need to read back what was just written)."""
+    return {"size": len(data), CHECKSUM: f"{zlib.crc32(data):08x}"}
+
+
+def file_digest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest entry of the file at ``path``: its size and CRC-32, read in 8 MiB chunks."""
+    crc, size = 0, 0
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            crc = zlib.crc32(view[:n], crc)
+            size += n
+    return {"size": size, CHECKSUM: f"{crc:08x}"}
+
+
+def manifest(checkpoint_dir: str | os.PathLike[str]) -> dict[str, dict[str, Any]] | None:
+    """The files a committed checkpoint's marker records, or None for a checkpoint written without a manifest."""
+    files = read_marker(checkpoint_dir).get("files")
+    return None if files is None else dict(files)
+
+
+def check_file(checkpoint_dir: str | os.PathLike[str], name: str, recorded: Mapping[str, Any], *,
+               checksum: bool) -> str | None:
+    """Why ``checkpoint_dir/name`` is not the file its commit recorded (one phrase), or None when it is.
+
+    The size is always compared (a ``stat``); the CRC-32 only with ``checksum`` (a full read).
+    """
+    path = Path(checkpoint_dir) / name
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return "missing"
+    except OSError as exc:
+        return f"unreadable ({one_line(exc)})"
+    if size != recorded["size"]:
+        return f"{size} bytes, {recorded['size']} were written"
+    if checksum and CHECKSUM in recorded:
+        try:
+            found = file_digest(path)[CHECKSUM]
+        except OSError as exc:
+            return f"unreadable ({one_line(exc)})"
+        if found != recorded[CHECKSUM]:
+            return f"{CHECKSUM} {found}, {recorded[CHECKSUM]} was written: its bytes changed after the commit"
+    return None
+
+
+def set_aside_corrupt(root: str | os.PathLike[str], step: int) -> Path:
+    """Rename damaged committed checkpoint ``step`` to ``step-<N>.corrupt-<hex>`` (kept, never pruned); return it."""
+    aside = Path(root) / f"step-{step}.corrupt-{os.urandom(4).hex()}"
+    os.rename(step_dir(root, step), aside)
+    fsync_dir(root)
+    return aside
+
+
+def corrupt_dirs(root: str | os.PathLike[str]) -> list[Path]:
+    """Checkpoints set aside by ``set_aside_corrupt``."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(e for e in root.iterdir() if e.is_dir() and _CORRUPT_RE.match(e.name))

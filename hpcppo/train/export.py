@@ -2,7 +2,8 @@
 
 Runs in one process without a process group: DCP reads the sharded checkpoint into a plain model
 whatever world size saved it. The output directory appears complete or not at all (built beside it,
-then renamed).
+then renamed). The checkpoint is verified first, shards' checksums included (it becomes a model someone will
+use): a damaged one is one line naming the file (``CorruptCheckpointError``, a ``RunStateError``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ def export_actor(run_dir: Path, out_dir: Path, step: int | None = None) -> dict[
     from transformers import AutoTokenizer
 
     from hpcppo.config import load_resolved
-    from hpcppo.distributed.checkpoint import CheckpointManager
+    from hpcppo.distributed.checkpoint import CheckpointManager, CorruptCheckpointError
     from hpcppo.models import build_actor
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
@@ -33,8 +34,14 @@ def export_actor(run_dir: Path, out_dir: Path, step: int | None = None) -> dict[
         raise RunStateError(f"no committed checkpoint at step {step}; committed steps: {committed}")
     if out_dir.exists():
         raise PathError(f"{out_dir} already exists; choose a new --out directory")
-    actor = build_actor(model_cfg.path, dtype="float32", trust_remote_code=model_cfg.trust_remote_code)
-    manager.load(step, models={"actor": actor}, optimizers={}, restore_rng=False)
+    try:
+        manager.verify(step, shards=True)  # before the model is built: fail in a second, not after a minute
+        actor = build_actor(model_cfg.path, dtype="float32", trust_remote_code=model_cfg.trust_remote_code)
+        manager.load(step, models={"actor": actor}, optimizers={}, restore_rng=False)
+    except CorruptCheckpointError as exc:
+        older = [s for s in committed if s < step]
+        raise CorruptCheckpointError(exc.path, exc.file, exc.reason, hint=(
+            f"export an older one with --step {older[-1]}" if older else "no older committed checkpoint")) from None
     tokenizer = AutoTokenizer.from_pretrained(model_cfg.tokenizer_path or model_cfg.path,
                                               trust_remote_code=model_cfg.trust_remote_code)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")

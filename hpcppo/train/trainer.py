@@ -495,13 +495,34 @@ class Trainer:
                 log.info("%s optimizer state offloaded to host memory (%.2f MiB on this rank)", name, moved / 2**20)
 
     def maybe_resume(self) -> int:
-        """Continue from the newest committed checkpoint (``checkpoint.resume = "auto"``); returns its step."""
+        """Continue from the newest intact committed checkpoint (``checkpoint.resume = "auto"``); returns its step.
+
+        Each candidate is checked against the sizes and checksums its commit recorded before it is trusted. A damaged
+        one falls back to the previous committed checkpoint; it is set aside (``step-<N>.corrupt-<hex>``, kept) and
+        recorded as a ``checkpoint.corrupt`` event naming the file. When every checkpoint is damaged the run fails
+        with one line and moves nothing, rather than start again at step 0 and lose its progress unnoticed.
+        """
+        from hpcppo.distributed.checkpoint import NoIntactCheckpointError
+
         c = self.c
-        latest = c.ckpt.latest_committed()
-        if latest is None or self.cfg.checkpoint.resume == "never":
+        if c.ckpt.latest_committed() is None or self.cfg.checkpoint.resume == "never":
             return 0
         models, optims = self.checkpointed()
-        extra = c.ckpt.load(latest, models=models, optimizers=optims)
+        try:
+            resumed = c.ckpt.load_newest_intact(models=models, optimizers=optims)
+        except NoIntactCheckpointError as exc:
+            for bad in exc.damaged:
+                self.rules.record(bad.step, "checkpoint.corrupt", f"{bad}; no intact checkpoint is left",
+                                  source="trainer", file=str(bad.path / bad.file), checkpoint=bad.step)
+            raise
+        if resumed is None:  # pragma: no cover - the checkpoints vanished since latest_committed()
+            return 0
+        latest, extra = resumed.step, resumed.extra
+        for bad in resumed.damaged:
+            self.rules.record(bad.step, "checkpoint.corrupt", f"{bad}; set aside as {bad.set_aside_as.name}, "
+                              f"resuming from checkpoint step {latest}", source="trainer",
+                              file=str(bad.path / bad.file), checkpoint=bad.step, fallback=latest,
+                              set_aside_as=str(bad.set_aside_as))
         self.rules.load_state_dict(extra.get("watchdog"))
         self.branch = int(extra.get("branch", 0))
         self.restore_schedules(extra)

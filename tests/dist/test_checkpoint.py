@@ -1,4 +1,5 @@
-"""CheckpointManager: DCP round trips on real gloo ranks (2 -> 2, 2 -> 1), atomicity, crash debris, retention."""
+"""CheckpointManager: DCP round trips on real gloo ranks (2 -> 2, 2 -> 1), atomicity, crash debris, retention,
+and damage: the manifest the commit records, verification, and the fallback every rank agrees on."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from _models import Critic, batch, lm_loss, tiny_lm
 from _spawn import run_distributed
 
 from hpcppo.distributed import layout
-from hpcppo.distributed.checkpoint import CheckpointManager
+from hpcppo.distributed.checkpoint import CheckpointManager, CorruptCheckpointError, NoIntactCheckpointError
 from hpcppo.errors import RunStateError
 
 
@@ -424,3 +425,204 @@ def test_an_optimizer_that_never_stepped_is_recorded_empty(tmp_path):
     assert not opt2.state
     assert torch.equal(model2.weight, fresh_model.weight)
     assert torch.equal(critic_opt2.state[critic2.weight]["exp_avg"], stepped.state[stepped_model.weight]["exp_avg"])
+
+
+# ---------------------------------------------------------------- damage: manifest, verify, fall back
+def _overwrite_middle(path: Path, n: int = 64) -> None:
+    """Random bytes over the middle of ``path``, its size unchanged (what only a checksum can see)."""
+    data = bytearray(path.read_bytes())
+    mid = len(data) // 2
+    data[mid:mid + n] = bytes(b ^ 0xFF for b in data[mid:mid + n])  # every byte changes
+    path.write_bytes(bytes(data))
+
+
+def _drop_manifest(step_dir: Path) -> None:
+    """Make ``step_dir`` look written before manifests existed."""
+    marker = layout.read_marker(step_dir)
+    del marker["files"]
+    layout.write_marker(step_dir, marker)
+
+
+def test_the_marker_records_every_file_with_its_size_and_crc32(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=0)
+    _save(mgr, 1)
+    step = mgr.step_dir(1)
+    files = layout.manifest(step)
+    on_disk = sorted(str(p.relative_to(step)) for p in step.rglob("*") if p.is_file() and p.name != "COMMITTED")
+    assert sorted(files) == on_disk == [
+        "dcp/.metadata", "dcp/__0_0.distcp", "extra.pt", "rng-rank0.pt"]
+    for name, record in files.items():
+        assert record == layout.file_digest(step / name) == layout.file_record((step / name).read_bytes())
+        assert set(record) == {"size", "crc32"} and len(record["crc32"]) == 8
+    assert mgr.last_checksum_s is not None and mgr.last_checksum_s >= 0
+
+
+def test_random_bytes_over_extra_pt_are_found_before_anything_loads(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=0)
+    _save(mgr, 1)
+    extra = mgr.step_dir(1) / "extra.pt"
+    extra.write_bytes(os.urandom(extra.stat().st_size))  # same size: only the checksum tells
+    message = rf"checkpoint {extra} is damaged: crc32 [0-9a-f]{{8}}, [0-9a-f]{{8}} was written"
+    with pytest.raises(CorruptCheckpointError, match=message) as info:
+        mgr.verify(1)  # extra.pt's checksum is always checked (kilobytes)
+    assert (info.value.step, info.value.file, info.value.exit_code) == (1, "extra.pt", RunStateError.exit_code)
+    model, opt = _tiny(99)
+    before = model.weight.detach().clone()
+    with pytest.raises(CorruptCheckpointError, match=message):
+        mgr.load(1, models={"m": model}, optimizers={"m": opt})
+    assert torch.equal(model.weight, before)  # refused before DCP touched the model
+    extra.write_bytes(os.urandom(100))
+    with pytest.raises(CorruptCheckpointError, match=r"extra.pt is damaged: 100 bytes, \d+ were written"):
+        mgr.verify(1)
+
+
+def test_a_truncated_shard_is_found_by_its_size_and_overwritten_bytes_by_the_checksum(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=0)
+    _save(mgr, 1)
+    shard = mgr.step_dir(1) / "dcp" / "__0_0.distcp"
+    size = shard.stat().st_size
+    _overwrite_middle(shard)
+    mgr.verify(1)  # sizes only (what every load checks): the shards' checksums cost a read of every shard
+    with pytest.raises(CorruptCheckpointError, match=r"__0_0.distcp is damaged: crc32 .* changed after the commit"):
+        mgr.verify(1, shards=True)
+    os.truncate(shard, size // 2)
+    with pytest.raises(CorruptCheckpointError, match=rf"__0_0.distcp is damaged: {size // 2} bytes, {size} were"):
+        mgr.verify(1)
+
+
+def test_a_missing_file_is_damage_and_an_extra_file_is_ignored(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=0)
+    _save(mgr, 1)
+    step = mgr.step_dir(1)
+    (step / "notes.txt").write_text("a user's notes")
+    (step / "dcp" / "__7_0.distcp").write_bytes(b"not listed")
+    mgr.verify(1, shards=True)
+    _load(mgr, 1)
+    (step / "rng-rank0.pt").unlink()
+    with pytest.raises(CorruptCheckpointError, match=r"rng-rank0.pt is damaged: missing$"):
+        mgr.verify(1)
+
+
+def test_checkpoints_without_a_manifest_are_trusted_and_unreadable_files_still_named(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=0)
+    for step in (1, 2, 3):
+        _save(mgr, step)
+        _drop_manifest(mgr.step_dir(step))
+        mgr.verify(step, shards=True)  # nothing recorded, nothing to compare
+    assert _load(mgr, 1)[1] == {"step": 1}
+    (mgr.step_dir(2) / "extra.pt").write_bytes(os.urandom(300))
+    with pytest.raises(CorruptCheckpointError, match=r"step-2/extra.pt is damaged: cannot be read \(\w+Error: "):
+        _load(mgr, 2)
+    shard = mgr.step_dir(3) / "dcp" / "__0_0.distcp"
+    os.truncate(shard, shard.stat().st_size // 2)
+    with pytest.raises(CorruptCheckpointError, match=r"step-3/dcp is damaged: cannot be read on rank 0 \(\w+"):
+        _load(mgr, 3)
+
+
+def test_an_unreadable_marker_is_damage(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=0)
+    _save(mgr, 1)
+    (mgr.step_dir(1) / "COMMITTED").write_bytes(b"\x00{not json")
+    with pytest.raises(CorruptCheckpointError, match=r"step-1/COMMITTED is damaged: unreadable \("):
+        mgr.verify(1)
+
+
+def test_a_state_dict_mismatch_is_not_damage(tmp_path):
+    """Only bytes that cannot be read count as damage; a model that does not fit the checkpoint is another error
+    (falling back would set good checkpoints aside)."""
+    mgr = CheckpointManager(tmp_path, keep_last=0)
+    _save(mgr, 1)
+    with pytest.raises(BaseException, match="Size mismatch") as info:
+        mgr.load(1, models={"m": torch.nn.Linear(4, 5)}, optimizers={})
+    assert not isinstance(info.value, CorruptCheckpointError)
+    with pytest.raises(BaseException, match="Size mismatch"):
+        mgr.load_newest_intact(models={"m": torch.nn.Linear(4, 5)}, optimizers={})
+    assert mgr.list_committed() == [1] and not layout.corrupt_dirs(tmp_path)
+
+
+def test_resume_falls_back_past_damaged_checkpoints_and_sets_them_aside(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=0)
+    models = {s: _save(mgr, s, seed=s) for s in (2, 4, 6, 8)}
+    (mgr.step_dir(8) / "extra.pt").write_bytes(os.urandom(50))
+    _overwrite_middle(mgr.step_dir(6) / "dcp" / "__0_0.distcp")  # only the shards' checksums see this one
+    model, opt = _tiny(99)
+    resumed = mgr.load_newest_intact(models={"m": model}, optimizers={"m": opt})
+    assert resumed.step == 4 and resumed.extra == {"step": 4}
+    assert torch.equal(model.weight, models[4].weight)
+    assert [(e.step, e.file) for e in resumed.damaged] == [(8, "extra.pt"), (6, "dcp/__0_0.distcp")]
+    assert mgr.list_committed() == [2, 4] and mgr.latest_committed() == 4
+    aside = layout.corrupt_dirs(tmp_path)
+    assert [e.set_aside_as for e in resumed.damaged] == sorted(aside, reverse=True)  # step-8.corrupt-*, step-6...
+    assert [p.name.split(".")[0] for p in aside] == ["step-6", "step-8"]
+    assert (aside[1] / "COMMITTED").exists()  # moved whole, for a post-mortem
+    # The run re-reaches step 6 and 8; retention never deletes what was set aside.
+    mgr.keep_last = 1
+    _save(mgr, 6)
+    assert mgr.list_committed() == [6] and layout.corrupt_dirs(tmp_path) == aside
+
+
+def test_resume_with_every_checkpoint_damaged_fails_and_moves_nothing(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=0)
+    for step in (1, 2):
+        _save(mgr, step)
+        (mgr.step_dir(step) / "extra.pt").write_bytes(b"junk")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    model, opt = _tiny(99)
+    with pytest.raises(NoIntactCheckpointError) as info:
+        mgr.load_newest_intact(models={"m": model}, optimizers={"m": opt})
+    message = str(info.value)
+    assert "\n" not in message and isinstance(info.value, RunStateError)
+    assert message.startswith(f"no intact checkpoint to resume from in {tmp_path} (step 2: extra.pt: 4 bytes, ")
+    assert "; step 1: extra.pt: 4 bytes" in message and "start again from step 0" in message
+    assert [e.step for e in info.value.damaged] == [2, 1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert CheckpointManager(tmp_path / "empty", keep_last=0).load_newest_intact(models={}, optimizers={}) is None
+
+
+def _fallback_worker(rank: int, world: int, root: str) -> dict:
+    """Damage that only one rank can see, on 2 ranks: both must take the same decision."""
+    from hpcppo.distributed.env import barrier
+
+    actor, critic, ref, actor_opt, critic_opt, sched = _build(world, seed=0)
+    models, opts = _models(actor, critic, ref, actor_opt, critic_opt)
+    mgr = CheckpointManager(root, keep_last=0)
+    out: dict = {}
+    for step in (1, 2, 3):
+        _train_step(actor, critic, actor_opt, critic_opt, sched, batch(step).chunk(world)[rank])
+        mgr.save(step, models=models, optimizers=opts, extra={"step": step})
+        if step == 1:
+            out["saved_1"] = _snapshot(actor, actor_opt)
+    out["manifest"] = layout.manifest(mgr.step_dir(3))
+    barrier()
+    if rank == 0:
+        step3, step2 = Path(root) / "step-3", Path(root) / "step-2"
+        # Step 3: bytes changed inside rank 1's shard; rank 1 alone checks that file.
+        _overwrite_middle(step3 / "dcp" / "__1_0.distcp")
+        # Step 2: no manifest (an old checkpoint) and junk in rank 1's RNG file; rank 1 alone reads it, after DCP
+        # has loaded step 2's weights everywhere.
+        _drop_manifest(step2)
+        (step2 / "rng-rank1.pt").write_bytes(os.urandom(64))
+    barrier()
+    actor2, critic2, ref2, actor_opt2, critic_opt2, _ = _build(world, seed=10)
+    models2, opts2 = _models(actor2, critic2, ref2, actor_opt2, critic_opt2)
+    resumed = mgr.load_newest_intact(models=models2, optimizers=opts2)
+    out["resumed"] = (resumed.step, resumed.extra, [(e.step, e.file, e.reason) for e in resumed.damaged],
+                      [e.set_aside_as.name for e in resumed.damaged])
+    out["loaded_1"] = _snapshot(actor2, actor_opt2)
+    out["committed"] = mgr.list_committed()
+    return out
+
+
+def test_damage_one_rank_sees_makes_every_rank_fall_back_alike(tmp_path):
+    r0, r1 = run_distributed(_fallback_worker, 2, str(tmp_path / "checkpoints"))
+    assert sorted(r0["manifest"]) == ["dcp/.metadata", "dcp/__0_0.distcp", "dcp/__1_0.distcp", "extra.pt",
+                                      "rng-rank0.pt", "rng-rank1.pt"]  # every rank's files, gathered by rank 0
+    assert r0["resumed"] == r1["resumed"]  # the same decision, the same names
+    step, extra, damaged, aside = r0["resumed"]
+    assert step == 1 and extra == {"step": 1}
+    assert [d[:2] for d in damaged] == [(3, "dcp/__1_0.distcp"), (2, "rng-rank1.pt")]
+    assert damaged[0][2].startswith("crc32 ") and damaged[1][2].startswith("cannot be read (")
+    assert [a.split(".")[0] for a in aside] == ["step-3", "step-2"]
+    assert r0["committed"] == r1["committed"] == [1]
+    for r in (r0, r1):  # step 2's weights, loaded before its RNG file failed, are all replaced by step 1's
+        _assert_identical(r["saved_1"], r["loaded_1"])
