@@ -44,6 +44,7 @@ from hpcppo.watchdog import Decision, raised_kl_coef
 log = logging.getLogger("hpcppo.train")
 
 Batch = dict[str, Any]
+VALIDATION_SEED_SALT = 0x5A17_0F_7E57  # validation's seeds differ from the rollout's of the same step
 
 
 class PhaseTimer:
@@ -262,9 +263,12 @@ class Trainer:
         self.sync_engine()
         sums = [[0.0, 0.0] for _ in c.val_sources]
         mine = list(range(self.env.rank, len(c.val_data), self.env.world_size))
+        # Sampled validation (val_temperature > 0) draws from its own seeded stream, never the global RNG.
+        sampling = dataclasses.replace(c.val_sampling, seed=derive_seed(self.cfg.seed, self.step, self.env.rank,
+                                                                        self.branch) ^ VALIDATION_SEED_SALT)
         for start in range(0, len(mine), 64):
             prompts = [c.val_data[i] for i in mine[start : start + 64]]
-            out = c.engine.generate([p.input_ids for p in prompts], c.val_sampling)
+            out = c.engine.generate([p.input_ids for p in prompts], sampling)
             texts = c.tokenizer.batch_decode(out.response_ids * out.response_mask, skip_special_tokens=True)
             records = [p.record for p in prompts]
             scores = c.score_fn([r.data_source for r in records], texts, [r.ground_truth for r in records],
