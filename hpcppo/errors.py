@@ -74,3 +74,13 @@ class RunStateError(HpcppoError):
     """The run is not in a state that allows the request (e.g. rollback without a checkpoint)."""
 
     exit_code = 8
+
+
+class RunBusyError(RunStateError):
+    """Another command is changing the run right now (it holds the run directory's lock): try again later."""
+
+    exit_code = 9
+
+
+class RunRecordError(RunStateError, ValueError):
+    """A run's ``run.json`` cannot be read or is not a run record (a ``ValueError`` too, as the JSON error was)."""

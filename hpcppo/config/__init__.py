@@ -14,7 +14,7 @@ spec's directory. No torch import here or below: the login-node CLI uses this pa
 from __future__ import annotations
 
 from hpcppo.config.compiled import (Compiled, JobSection, check_experiment_paths, compile_config, compile_preflight,
-                                    load_resolved, runs_root, to_toml, write_resolved)
+                                    load_resolved, runs_root, runs_root_origin, to_toml, write_resolved)
 from hpcppo.config.experiment import (ActorSection, AlgorithmSection, CheckpointSection, CriticSection, DataSection,
                                       Experiment, FsdpSection, KlCtrlSection, ModelSection, ReferenceSection,
                                       ResourcesSection, RolloutSection, TrainerSection)
@@ -28,6 +28,7 @@ from hpcppo.config.watchdog import Rule, WatchdogSection, default_rules
 
 __all__ = [
     "Compiled", "JobSection", "compile_config", "compile_preflight", "check_experiment_paths", "load_resolved", "to_toml", "write_resolved", "runs_root",
+    "runs_root_origin",
     "Experiment", "ModelSection", "DataSection", "RolloutSection", "FsdpSection", "ActorSection", "CriticSection",
     "ReferenceSection", "KlCtrlSection", "AlgorithmSection", "TrainerSection", "CheckpointSection",
     "ResourcesSection", "WatchdogSection", "Rule", "default_rules",

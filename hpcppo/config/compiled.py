@@ -16,15 +16,15 @@ import hpcppo
 from hpcppo.config.convert import converter, read_toml, structure
 from hpcppo.config.experiment import Experiment
 from hpcppo.config.fields import opt
-from hpcppo.config.load import (experiment_from_data, load_experiment_with_provenance, load_site_with_provenance,
-                                parse_overrides)
+from hpcppo.config.load import (expand_path_text, experiment_from_data, load_experiment_with_provenance,
+                                load_site_with_provenance, parse_overrides)
 from hpcppo.config.plan import RunPlan
 from hpcppo.config.resolve import resolve
 from hpcppo.config.site import Site
 from hpcppo.errors import ConfigError, PathError
 
 __all__ = ["Compiled", "JobSection", "compile_config", "compile_preflight", "check_experiment_paths", "to_toml",
-           "load_resolved", "write_resolved", "runs_root", "RUNS_ROOT_ENV"]
+           "load_resolved", "write_resolved", "runs_root", "runs_root_origin", "RUNS_ROOT_ENV"]
 
 _SECTIONS = ("source", "job", "site", "experiment", "plan", "provenance")
 
@@ -82,8 +82,8 @@ def compile_config(spec: str | os.PathLike[str], site: str | os.PathLike[str] = 
     """
     spec_path = Path(spec)
     try:
-        spec_text = spec_path.read_text(encoding="utf-8")
-    except OSError:
+        spec_text = spec_path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
         spec_text = ""  # read_toml below reports the problem with the file name
     exp_data, site_data = parse_overrides(overrides)
     site_obj, site_prov, site_file = load_site_with_provenance(site, site_data)
@@ -138,7 +138,7 @@ def compile_preflight(site: str | os.PathLike[str] = "local", *, nodes: int | No
     plan = resolve(site_obj, experiment)
     paths = [str(runs_root(site_obj, runs_root_override, cwd=cwd))]
     if site_obj.paths.scratch:
-        paths.append(os.path.expanduser(os.path.expandvars(site_obj.paths.scratch)))
+        paths.append(expand_path_text(site_obj.paths.scratch, key="site.paths.scratch", label=str(site_file)))
     job = JobSection(kind="preflight", collective_timeout_s=min(300.0, experiment.trainer.collective_timeout_s),
                      preflight_paths=paths)
     return Compiled(site=site_obj, experiment=experiment, plan=plan, provenance=_merge_prov(exp_prov, site_prov),
@@ -217,9 +217,17 @@ def runs_root(site: Site, override: str | os.PathLike[str] | None = None, *, cwd
     2. ``$HPCPPO_RUNS_ROOT``;
     3. the site's ``paths.runs_root``, whose default is ``runs``.
 
-    ``~`` and ``$VAR`` are expanded; a relative path is relative to ``cwd`` (default: the current directory);
+    ``~`` and ``$VAR`` are expanded (a variable that is not set is a ``ConfigError`` naming it and
+    :func:`runs_root_origin`); a relative path is relative to ``cwd`` (default: the current directory);
     symbolic links are resolved.
     """
     raw = os.fspath(override) if override else (os.environ.get(RUNS_ROOT_ENV) or site.paths.runs_root)
-    path = Path(os.path.expanduser(os.path.expandvars(raw)))
+    path = Path(expand_path_text(raw, key=runs_root_origin(site, override)))
     return ((cwd or Path.cwd()) / path).resolve()
+
+
+def runs_root_origin(site: Site, override: str | os.PathLike[str] | None = None) -> str:
+    """Which setting :func:`runs_root` takes its value from, as error messages name it."""
+    if override:
+        return "--runs-root"
+    return f"${RUNS_ROOT_ENV}" if os.environ.get(RUNS_ROOT_ENV) else f"site.paths.runs_root (site {site.name!r})"

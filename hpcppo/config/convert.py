@@ -7,6 +7,7 @@ reduced to its first leaf with the full dotted key (``watchdog.rules[1].action``
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 import typing
@@ -95,6 +96,8 @@ def _make_converter() -> cattrs.Converter:
     def s_float(v: Any, _: Any) -> float:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise _expected("a float", v)
+        if not math.isfinite(v):  # no config number means anything as nan or +-inf (TOML allows them)
+            raise ValueError(f"{fmt_value(float(v))} is not allowed; a finite number is expected")
         return float(v)
 
     def s_bool(v: Any, _: Any) -> bool:
@@ -231,7 +234,8 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     try:
         return tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"not UTF-8 text (byte {exc.start})", file=str(p)) from None
+        raise ConfigError(f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); a TOML file must be "
+                          f"UTF-8 text", file=str(p)) from None
     except tomllib.TOMLDecodeError as exc:
         m = _TOML_POS.match(str(exc))
         if m and m.group("line"):

@@ -28,6 +28,14 @@ _LR_SCHEDULES = ("constant", "cosine", "linear")
 _LOSS_AGG = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
+NAME_ALLOWED = "1-64 letters, digits, '_', '.', '-', starting with a letter or digit, no '..'"
+
+
+def _check_name(value: str) -> str | None:
+    # The pattern alone would take "a..b", which no run id may contain (a path component of '..' escapes).
+    return f"{value!r} contains '..'; allowed: {NAME_ALLOWED}" if ".." in value else None
+
+
 def _check_betas(value: list[float]) -> str | None:
     if len(value) != 2 or not all(0.0 <= b < 1.0 for b in value):
         return f"{value} must be two numbers in [0, 1), e.g. [0.9, 0.999]"
@@ -269,7 +277,8 @@ class ResourcesSection:
 class Experiment:
     """An experiment spec: everything about the training run that is not about the machine."""
 
-    name: str = opt(help="Experiment name; the run id starts with it.", pattern=NAME_PATTERN)
+    name: str = opt(help="Experiment name; the run id starts with it.", pattern=NAME_PATTERN, check=_check_name,
+                    allowed=NAME_ALLOWED)
     seed: int = opt(1, ge=0, help="Seed of data order, sampling and initialisation.")
     description: str = opt("", help="Free text about the experiment.")
     model: ModelSection = opt(help="Models.")

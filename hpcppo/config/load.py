@@ -10,12 +10,15 @@ Precedence (lowest first), each layer recorded per dotted key in the provenance:
 Sections merge key by key; any other value (a list, a table such as ``env.vars``, the watchdog rules)
 is replaced as a whole by a higher layer. Relative file-system paths (``model.path``,
 ``data.train_files`` ...) are made absolute against the directory of the file that set them (the
-spec's or the site's directory; the current directory for ``-o``), after expanding ``~`` and ``$VAR``.
+spec's or the site's directory; the current directory for ``-o``), after expanding ``~`` and ``$VAR``
+(:func:`expand_path_text`: a variable that is not set is an error naming it, not a literal ``$VAR`` directory).
 """
 
 from __future__ import annotations
 
+import getpass
 import os
+import re
 import tomllib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -31,7 +34,7 @@ from hpcppo.errors import ConfigError, SiteNotFoundError
 
 __all__ = ["Layer", "load_site", "load_site_with_provenance", "load_experiment", "load_experiment_with_provenance",
            "parse_overrides", "site_search_dirs", "experiment_from_data", "available_sites", "lookup_field", "OVERRIDE_LABEL",
-           "leaf_keys"]
+           "leaf_keys", "expand_path_text"]
 
 OVERRIDE_LABEL = "command line (-o)"
 SITE_PREFIX = "site."
@@ -80,10 +83,38 @@ def lookup_field(cls: type, dotted: str, *, label: str | None = None, shown_pref
     return attribute
 
 
-def _expand_path(value: str, base_dir: Path | None) -> str:
+_VAR_RE = re.compile(r"\$(\w+|\{[^}]*\})", re.ASCII)  # what os.path.expandvars expands
+
+
+def _account_name() -> str | None:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError, ImportError):
+        return None
+
+
+def expand_path_text(value: str, *, key: str, label: str | None = None) -> str:
+    """``~`` and ``$VAR``/``${VAR}`` expanded; ``ConfigError`` naming the variable (and ``key``, ``label``) when one
+    is not set. ``$USER``/``$LOGNAME`` and ``$HOME``, which batch jobs, cron and containers sometimes lack, fall
+    back to the account's name and home directory."""
+
+    def one(m: re.Match[str]) -> str:
+        name = m.group(1)[1:-1] if m.group(1).startswith("{") else m.group(1)
+        if name in os.environ:
+            return os.environ[name]
+        fallback = _account_name() if name in ("USER", "LOGNAME") else str(Path.home()) if name == "HOME" else None
+        if fallback:
+            return fallback
+        raise ConfigError(f"${{{name}}} is not set in the environment (in {value!r}); set it, or write the path "
+                          f"without it", file=label, key=key)
+
+    return os.path.expanduser(_VAR_RE.sub(one, value))
+
+
+def _expand_path(value: str, base_dir: Path | None, *, key: str, label: str | None) -> str:
     if not value:
         return value
-    expanded = os.path.expanduser(os.path.expandvars(value))
+    expanded = expand_path_text(value, key=key, label=label)
     if base_dir is not None and not os.path.isabs(expanded):
         expanded = os.path.normpath(str(base_dir / expanded))
     return expanded
@@ -120,9 +151,10 @@ def _merge(cls: type, base: dict[str, Any], layer: Layer, data: dict[str, Any], 
         _check_leaf(attribute, value, key=shown, label=layer.label)
         if attribute.metadata.get("path"):
             if isinstance(value, list):
-                value = [_expand_path(v, layer.base_dir) for v in value]
+                value = [_expand_path(v, layer.base_dir, key=f"{shown}[{i}]", label=layer.label)
+                         for i, v in enumerate(value)]
             else:
-                value = _expand_path(value, layer.base_dir)
+                value = _expand_path(value, layer.base_dir, key=shown, label=layer.label)
         base[key] = value
         prov[dotted] = layer.source
 
@@ -195,6 +227,9 @@ def parse_overrides(overrides: Iterable[str]) -> tuple[dict[str, Any], dict[str,
         key = key.strip()
         if not sep or not key:
             raise ConfigError(f"{item!r} is not key=value (e.g. -o actor.lr=1e-6)", file=OVERRIDE_LABEL)
+        if any(not part.strip() for part in key.split(".")):
+            raise ConfigError(f"{key!r} is not a dotted key: a key name is empty (keys look like actor.lr or "
+                              f"site.slurm.partition)", file=OVERRIDE_LABEL)
         if key.startswith(SITE_PREFIX):
             bare = key[len(SITE_PREFIX):]
             attribute = lookup_field(Site, bare, label=OVERRIDE_LABEL, shown_prefix=SITE_PREFIX)
@@ -212,12 +247,25 @@ def site_search_dirs() -> list[Path]:
     from hpcppo.resources import sites_dir
 
     dirs = [Path(d) for d in os.environ.get("HPCPPO_SITES_DIR", "").split(os.pathsep) if d]
+    for d in dirs:
+        _usable(d, "directory", "$HPCPPO_SITES_DIR", "directories separated by ':'")
     dirs.append(Path.home() / ".config" / "hpcppo" / "sites")
     try:
         dirs.append(sites_dir())
     except FileNotFoundError:
         pass
     return dirs
+
+
+def _usable(path: Path, kind: str, where: str, allowed: str) -> bool:
+    """Whether ``path`` is a ``kind`` ("directory" or "file"); ``ConfigError`` naming ``where`` when the file
+    system refuses to even look (a name too long, a component that is not a directory we may search)."""
+    try:
+        return (path.is_dir() if kind == "directory" else path.is_file())
+    except OSError as exc:
+        text = str(path)
+        shown = text if len(text) <= 80 else f"{text[:60]}...{text[-12:]} ({len(text)} characters)"
+        raise ConfigError(f"{shown!r} cannot be used: {exc.strerror}; allowed: {allowed}", key=where) from None
 
 
 def available_sites() -> dict[str, Path]:
@@ -234,7 +282,7 @@ def _site_file(name_or_path: str | os.PathLike[str]) -> Path:
     text = os.fspath(name_or_path)
     if text.endswith(".toml") or os.sep in text or (os.altsep and os.altsep in text):
         path = Path(text).expanduser()
-        if not path.is_file():
+        if not _usable(path, "file", "--site", "a site name or the path of a site .toml file"):
             raise SiteNotFoundError("site file not found", file=str(path))
         return path
     sites = available_sites()
@@ -256,7 +304,7 @@ def load_site_with_provenance(name_or_path: str | os.PathLike[str], overrides: d
     # templates.dir is relative to the site file: a site directory may ship its own templates.
     tdir = data.get("templates", {}).get("dir") if isinstance(data.get("templates"), dict) else None
     if isinstance(tdir, str) and tdir:
-        data["templates"]["dir"] = _expand_path(tdir, path.parent)
+        data["templates"]["dir"] = _expand_path(tdir, path.parent, key="templates.dir", label=str(path))
     site, prov = _build(Site, layers, shown_prefix="")
     if site.defaults:
         # Check the [defaults] table against the experiment schema now (keys, types, ranges), and make

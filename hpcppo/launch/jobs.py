@@ -1,8 +1,11 @@
-"""What the CLI does, as a library: compile, submit, preflight, resume, cancel.
+"""What the CLI does, as a library: compile, submit, preflight, resume, cancel, rollback.
 
 Everything here runs on a login node: no torch import (a test checks ``sys.modules``). Scheduler
 commands go through :mod:`hpcppo.launch.slurm`; submission through :mod:`hpcppo.launch.submit`; what a
-run's job is doing comes from :mod:`hpcppo.launch.status`.
+run's job is doing comes from :mod:`hpcppo.launch.status`. Every function that changes a run holds the
+run's writer lock (:meth:`RunDir.lock`) from the status it decides on to the attempt it records, so two
+commands never both start a job in one run directory: the second is told the run is busy, or what state
+the first left it in.
 """
 
 from __future__ import annotations
@@ -17,11 +20,16 @@ from typing import Any
 
 import attrs
 
-from hpcppo.errors import HpcppoError, RunStateError
+from hpcppo.errors import HpcppoError, RunIdError, RunStateError
 from hpcppo.fsutil import atomic_write_text
 from hpcppo.launch import render as _render
-from hpcppo.launch.rundir import RESOLVED, SCRIPT, SPEC, RunDir, create_run_dir, new_run_id
-from hpcppo.launch.status import FINAL_STATES, run_status
+from hpcppo.launch.rundir import RESOLVED, SCRIPT, SPEC, RunDir, RunIdTakenError, create_run_dir, new_run_id
+from hpcppo.launch.status import FINAL_STATES, Status, run_status
+
+RUN_ID_TRIES = 8
+"""Fresh run ids drawn before giving up when each one is taken (4 hex digits per second: a collision is rare)."""
+JUST_SUBMITTED_S = 120.0
+"""An attempt this recent that the scheduler does not know yet (accounting lags ``sbatch``) is taken to be live."""
 
 # ----------------------------------------------------------------------------- compile / submit
 
@@ -52,24 +60,31 @@ def compile_run(
 
     if kind == "preflight":
         compiled = config.compile_preflight(site_name, nodes=nodes, overrides=overrides, runs_root_override=runs_root)
-        spec_text = compiled.spec_text
     else:
         assert exp_path is not None
         compiled = config.compile_config(exp_path, site_name, overrides, check_paths=check_paths)
-        spec_text = Path(exp_path).read_text()
     root = config.runs_root(compiled.site, runs_root)
-    run_id = new_run_id(compiled.experiment.name)
-    final = root / run_id
+    origin = config.runs_root_origin(compiled.site, runs_root)
     python = compiled.site.env.python or sys.executable
     # Local runs always use this interpreter: the venv that runs hpcppo is the one the job needs.
     if compiled.site.scheduler == "local":
         python = sys.executable
-    script = _render.render(compiled.site, compiled.experiment, compiled.plan, final, python=python)
-    with create_run_dir(root, run_id) as tmp:
-        atomic_write_text(tmp / SPEC, spec_text)
-        atomic_write_text(tmp / RESOLVED, config.to_toml(compiled))
-        atomic_write_text(tmp / SCRIPT, script, mode=0o755)
-    return CompiledRun(run=RunDir(final), script=script, compiled=compiled)
+    resolved = config.to_toml(compiled)
+    for _ in range(RUN_ID_TRIES):
+        # The script names its run directory: a taken id (another run made in the same second) means a new id
+        # and a new script.
+        final = root / new_run_id(compiled.experiment.name)
+        script = _render.render(compiled.site, compiled.experiment, compiled.plan, final, python=python)
+        try:
+            with create_run_dir(root, final.name, origin=origin) as tmp:
+                atomic_write_text(tmp / SPEC, compiled.spec_text)
+                atomic_write_text(tmp / RESOLVED, resolved)
+                atomic_write_text(tmp / SCRIPT, script, mode=0o755)
+        except RunIdTakenError:
+            continue
+        return CompiledRun(run=RunDir(final), script=script, compiled=compiled)
+    raise RunIdError(f"could not find a free run id under {root} in {RUN_ID_TRIES} tries (the last: {final.name})",
+                     hint="are the runs root's entries created by something else?")
 
 
 def submit_run(crun: CompiledRun) -> str:
@@ -82,34 +97,65 @@ def submit_run(crun: CompiledRun) -> str:
     from hpcppo.launch import submit
 
     plan = crun.compiled.plan
-    try:
-        if crun.compiled.site.scheduler == "slurm":
-            return submit.submit_slurm(crun.run, plan.nodes, plan.ranks_per_node)
-        return submit.submit_local(crun.run, plan.world_size, plan.time_limit_s / 60)
-    except HpcppoError as exc:
-        if not getattr(exc, "keep_run_dir", False):
-            discard_unsubmitted(crun.run)
-        raise
+    with crun.run.lock("submit"):
+        if crun.run.read_record().get("attempts"):
+            raise RunStateError(f"run {crun.run.run_id} was submitted already", hint=f"hpcppo resume {crun.run.run_id}")
+        try:
+            if crun.compiled.site.scheduler == "slurm":
+                return submit.submit_slurm(crun.run, plan.nodes, plan.ranks_per_node)
+            return submit.submit_local(crun.run, plan.world_size, plan.time_limit_s / 60)
+        except HpcppoError as exc:
+            if not getattr(exc, "keep_run_dir", False):
+                discard_unsubmitted(crun.run)
+            raise
 
 
 def resume_run(run: RunDir) -> str:
     """Submit an existing run again — the same ``job.sbatch`` — as a new attempt; the job continues from
-    its newest committed checkpoint. A pause marker is cleared first. Returns the new job id."""
-    from hpcppo import config
-    from hpcppo.errors import RunStateError
+    its newest committed checkpoint. A pause marker is cleared first. Returns the new job id.
+
+    ``RunStateError`` while its job runs, and for a run whose steps are all done (exit record 0, or the newest
+    committed checkpoint is the last step) unless a rollback request is queued (:func:`rollback_run` writes one
+    and then resumes): there is nothing else to resume. ``RunBusyError`` while another command changes the run.
+    """
+    from hpcppo import config, control
     from hpcppo.launch import submit
 
-    st = run_status(run)
-    if st["state"] not in FINAL_STATES | {"NOT_SUBMITTED", "UNKNOWN"}:
-        raise RunStateError(f"run {run.run_id} is {st['state']} (job {st['job_id']}); it can be resumed once it has "
-                            f"stopped", hint=f"hpcppo cancel {run.run_id}")
-    for marker in ("PAUSE", "PAUSED"):
-        (run.control / marker).unlink(missing_ok=True)
-    compiled = config.load_resolved(run.resolved)
-    plan = compiled.plan
-    if compiled.site.scheduler == "slurm":
-        return submit.submit_slurm(run, plan.nodes, plan.ranks_per_node)
-    return submit.submit_local(run, plan.world_size, plan.time_limit_s / 60)
+    with run.lock("resume"):
+        st = run_status(run)
+        if st["state"] == "UNREADABLE":
+            raise RunStateError(st["reason"])
+        if st["state"] not in FINAL_STATES | {"NOT_SUBMITTED", "UNKNOWN"} or _just_submitted(st):
+            raise RunStateError(f"run {run.run_id} is {st['state']} (job {st['job_id']}); it can be resumed once it "
+                                f"has stopped", hint=f"hpcppo cancel {run.run_id}")
+        if ((st["state"] == "COMPLETED" or st.get("steps_done"))
+                and not any(r.action == "rollback" for r in control.pending(run.path))):  # fmt: skip
+            ckpt = st.get("latest_checkpoint")
+            raise RunStateError(f"run {run.run_id} has done all its {st.get('total_steps', '?')} steps "
+                                f"({st['state']}, checkpoint {'-' if ckpt is None else ckpt}); there is nothing to "
+                                f"resume", hint=f"train again from an earlier checkpoint with hpcppo rollback "
+                                                f"{run.run_id} --to STEP, or submit a new run with more "
+                                                f"trainer.total_steps")
+        for marker in ("PAUSE", "PAUSED"):
+            (run.control / marker).unlink(missing_ok=True)
+        compiled = config.load_resolved(run.resolved)
+        plan = compiled.plan
+        if compiled.site.scheduler == "slurm":
+            return submit.submit_slurm(run, plan.nodes, plan.ranks_per_node)
+        return submit.submit_local(run, plan.world_size, plan.time_limit_s / 60)
+
+
+def _just_submitted(st: Status) -> bool:
+    """An UNKNOWN job submitted moments ago: accounting and the controller may not answer for it yet."""
+    if st["state"] != "UNKNOWN" or not st.get("submitted_at"):
+        return False
+    try:
+        submitted = _dt.datetime.fromisoformat(st["submitted_at"])
+    except ValueError:
+        return False
+    if submitted.tzinfo is None:
+        submitted = submitted.replace(tzinfo=_dt.timezone.utc)
+    return (_dt.datetime.now(_dt.timezone.utc) - submitted).total_seconds() < JUST_SUBMITTED_S
 
 
 def discard_unsubmitted(run: RunDir) -> bool:
@@ -133,7 +179,13 @@ def cancel_run(run: RunDir) -> dict[str, Any]:
     Returns ``{"job_id", "state", "cancelled"}``: the state before the request, and whether a cancel
     was sent. ``RunStateError`` when the run was never submitted.
     """
-    st = run_status(run)
+    with run.lock("cancel"):
+        return _cancel_locked(run, run_status(run))
+
+
+def _cancel_locked(run: RunDir, st: Status) -> dict[str, Any]:
+    if st["state"] == "UNREADABLE":
+        raise RunStateError(st["reason"])
     if st["state"] == "NOT_SUBMITTED":
         raise RunStateError(f"run {run.run_id} was never submitted; nothing to cancel")
     job_id = str(st["job_id"])
@@ -178,9 +230,16 @@ def rollback_run(run: RunDir, *, to_step: int | None = None, lr_scale: float | N
     queued: the next ``hpcppo resume`` applies it.
     """
     from hpcppo import control
-    from hpcppo.distributed import layout
 
     control.validate_params("rollback", to_step=to_step, lr_scale=lr_scale)
+    with run.lock("rollback"):
+        return _rollback_locked(run, to_step=to_step, lr_scale=lr_scale)
+
+
+def _rollback_locked(run: RunDir, *, to_step: int | None, lr_scale: float | None) -> Rollback:
+    from hpcppo import control
+    from hpcppo.distributed import layout
+
     committed = layout.list_committed(layout.checkpoints_root(run.path))
     eligible = [s for s in committed if to_step is None or s <= to_step]
     if not eligible:
@@ -189,11 +248,14 @@ def rollback_run(run: RunDir, *, to_step: int | None = None, lr_scale: float | N
         raise RunStateError(f"run {run.run_id} has no committed checkpoint{where}; committed checkpoints: "
                             f"{'..., ' if len(committed) > 20 else ''}{listed}")
     st = run_status(run)
+    if st["state"] == "UNREADABLE":
+        raise RunStateError(st["reason"])
     request = control.submit_request(run.path, "rollback", to_step=to_step, lr_scale=lr_scale)
-    if st["state"] not in FINAL_STATES | {"NOT_SUBMITTED", "UNKNOWN"}:
+    if st["state"] not in FINAL_STATES | {"NOT_SUBMITTED", "UNKNOWN"} or _just_submitted(st):
         return Rollback(request=request, checkpoint=eligible[-1], state=st["state"], job_id=st["job_id"],
                         resubmitted=False)
     try:
+        # The request queued above also lets a run whose steps are all done be resubmitted: it takes it back first.
         job_id = resume_run(run)
     except BaseException:
         control.withdraw(run.path, request)

@@ -1,11 +1,40 @@
 """Job status, in one place: the states, what the scheduler and the run's own records say, and the text the CLI prints.
 
-A run's status is one dict (see :func:`statuses`) built from three sources:
+A run's status is one dict (see :func:`statuses`) built from these sources:
 
 * Slurm, through :func:`hpcppo.launch.slurm.query_jobs` (one batched ``sacct``, then ``squeue``);
 * a local run's submitit controller process and result files (:func:`local_job_info`);
+* the job's own exit record ``control/exit-code.<attempt>``, written by rank 0 (and by the watchdog monitor on
+  a hang): the scheduler only sees the batch script, which exits 0 after a requeue or a pause;
 * the run directory: ``run.json`` (the attempts, and the last final state seen, which outlives the
-  scheduler's memory of a job), ``control/PAUSED`` and the committed checkpoints.
+  scheduler's memory of a job), ``control/PAUSED``, the committed checkpoints and the planned steps.
+
+The states (:func:`verdict` decides once the job has stopped):
+
+==============  ===================================================================================  =========
+state           meaning                                                                              resumable
+==============  ===================================================================================  =========
+NOT_SUBMITTED   compiled, never submitted                                                            —
+PENDING ...     the scheduler's live states (``PENDING``, ``RUNNING``, ``REQUEUED``, ``COMPLETING``)  —
+COMPLETED       every step done: exit record 0 (without one: the newest committed checkpoint is the    no
+                last step). The only state that means done; ``resume`` refuses, ``rollback`` works
+TIMEOUT         stopped by its time limit: checkpointed just before it (exit record 75 near the      yes
+                limit) or killed at it (Slurm's ``TIMEOUT``; locally, no record at the limit)
+PREEMPTED       checkpointed on a preemption signal (exit record 75) and not requeued, or Slurm's   yes
+                ``PREEMPTED``
+PAUSED          stopped on request, by the watchdog or a user (exit record 76, ``control/PAUSED``)   yes
+CANCELLED       cancelled (``hpcppo cancel``, ``scancel``, the watchdog monitor)                     yes
+FAILED          exit record 1, a failing rank, or a job that ended with neither a record nor its     yes
+                steps done
+NODE_FAIL ...   Slurm's other final states (``NODE_FAIL``, ``OUT_OF_MEMORY``, ``BOOT_FAIL``,       yes
+                ``DEADLINE``)
+UNREADABLE      ``run.json`` cannot be read (the other runs are still listed)                        no
+UNKNOWN         no source knows the job (purged, no accounting, scheduler unreachable)                —
+==============  ===================================================================================  =========
+
+A requeued Slurm job shows the scheduler's live state (``PENDING``, reason ``BeginTime``) and ``restarts``.
+Resumable states name the checkpoint a resume starts from (``TIMEOUT (time limit 00:01:00; resumable,
+checkpoint 120)``); the status dict says it in ``resumable``, ``exit_record`` and ``steps_done``.
 
 No torch here (the login-node CLI uses this module), and no subprocesses: scheduler commands are run by
 :mod:`hpcppo.launch.slurm`.
@@ -17,22 +46,34 @@ import contextlib
 import datetime as _dt
 import os
 import pickle
+import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hpcppo import exitcodes
 from hpcppo.distributed.layout import latest_committed
+from hpcppo.errors import RunRecordError
 from hpcppo.launch.rundir import RunDir, list_runs
 from hpcppo.launch.slurm import FINISHED_STATES
 
 SUBMITIT_DIR = "submitit"
 """submitit's folder inside a run directory (submission files, logs, result pickles)."""
 
+LOCAL_SIGNAL_DELAY_S = 30
+"""The local executor's USR2 ("the time limit is near") comes this many seconds before its time limit."""
+SLURM_SIGNAL_EARLY_S = 60
+"""Slurm's ``--signal=USR2@lead`` "may be sent up to 60 seconds earlier than specified" (sbatch's manual)."""
+
 FINAL_STATES = FINISHED_STATES | {"PAUSED"}
 """States after which the run's current job will not run again: Slurm's finished states, and ``PAUSED``
 (stopped on request; ``hpcppo resume`` continues it). Besides these a status can be ``NOT_SUBMITTED``,
-``UNKNOWN``, or a live Slurm state (``PENDING``, ``RUNNING``, ``REQUEUED`` ...)."""
+``UNREADABLE``, ``UNKNOWN``, or a live Slurm state (``PENDING``, ``RUNNING``, ``REQUEUED`` ...)."""
+
+_NOTED_RESUMABLE = frozenset({"TIMEOUT", "PREEMPTED", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+                              "DEADLINE"})  # fmt: skip
+"""Final states whose reason ends with where a resume starts (for FAILED and PAUSED the reason is the story)."""
 
 Status = dict[str, Any]
 
@@ -49,16 +90,20 @@ def _parse_time(text: str | None) -> _dt.datetime | None:
 
 
 def _run_meta(run: RunDir) -> dict[str, Any]:
-    """Site and scheduler of a run from its resolved.toml, without building the config objects."""
+    """Site, scheduler and the planned job from a run's resolved.toml, without building the config objects."""
     import tomllib
 
     try:
         data = tomllib.loads(run.resolved.read_text())
-    except (OSError, tomllib.TOMLDecodeError):
-        return {"site": "?", "scheduler": "?", "world_size": 1}
-    site = data.get("site", {})
-    plan = data.get("plan", {})
-    return {"site": site.get("name", "?"), "scheduler": site.get("scheduler", "?"), "world_size": plan.get("world_size", 1)}
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        data = {}
+    site = data.get("site", {}) if isinstance(data.get("site"), dict) else {}
+    plan = data.get("plan", {}) if isinstance(data.get("plan"), dict) else {}
+    job = data.get("job", {}) if isinstance(data.get("job"), dict) else {}
+    return {"site": site.get("name", "?"), "scheduler": site.get("scheduler", "?"),
+            "world_size": plan.get("world_size", 1), "total_steps": plan.get("total_steps"),
+            "time_limit_s": plan.get("time_limit_s"), "signal_lead_s": plan.get("signal_lead_s", 0),
+            "time_limit": plan.get("time_limit"), "kind": job.get("kind", "train")}
 
 
 def statuses(runs: Sequence[RunDir]) -> list[Status]:
@@ -68,11 +113,19 @@ def statuses(runs: Sequence[RunDir]) -> list[Status]:
     ``job_id``, ``submitted_at``, ``state`` and ``reason`` (``PENDING``/``Priority``, ``FAILED``/the
     failing rank ...), ``elapsed_s``, ``restarts`` (Slurm requeues of the current job), ``source``
     (``sacct``, ``squeue``, ``scontrol``, ``local``, or ``run.json`` when only our record knows the
-    outcome), ``latest_checkpoint`` and ``paused``. A final state seen here is written back into the
-    attempt in ``run.json``, so it outlives the scheduler's memory of the job.
+    outcome), ``latest_checkpoint``, ``total_steps``, ``steps_done``, ``exit_record`` (rank 0's verdict for
+    the current job, or None), ``resumable`` and ``paused``. A final state seen here is written back into the
+    attempt in ``run.json``, so it outlives the scheduler's memory of the job. A run whose ``run.json`` is
+    unreadable is ``UNREADABLE`` with the reason, and does not stop the others from being listed.
     """
     metas = {r.run_id: _run_meta(r) for r in runs}
-    records = {r.run_id: r.read_record() for r in runs}
+    records: dict[str, dict[str, Any]] = {}
+    unreadable: dict[str, str] = {}
+    for r in runs:
+        try:
+            records[r.run_id] = r.read_record()
+        except RunRecordError as exc:  # this run only: the others are still listed
+            records[r.run_id], unreadable[r.run_id] = {"attempts": []}, str(exc)
     slurm_jobs: dict[str, _dt.datetime | None] = {}
     for r in runs:
         attempts = records[r.run_id].get("attempts", [])
@@ -93,7 +146,10 @@ def statuses(runs: Sequence[RunDir]) -> list[Status]:
     out = []
     for r in runs:
         st = _one_status(r, metas[r.run_id], records[r.run_id], infos, query_error)
-        _remember_final_state(r, records[r.run_id], st)
+        if r.run_id in unreadable:
+            st.update(state="UNREADABLE", reason=unreadable[r.run_id], source="run.json")
+        else:
+            _remember_final_state(r, records[r.run_id], st)
         out.append(st)
     return out
 
@@ -101,6 +157,8 @@ def statuses(runs: Sequence[RunDir]) -> list[Status]:
 def _one_status(run: RunDir, meta: dict[str, Any], record: dict[str, Any], infos: dict[str, Any],
                 query_error: str | None) -> Status:  # fmt: skip
     attempts = record.get("attempts", [])
+    latest = latest_committed(run.checkpoints)
+    total = meta["total_steps"]
     status: Status = {
         "run_id": run.run_id,
         "path": str(run.path),
@@ -114,7 +172,11 @@ def _one_status(run: RunDir, meta: dict[str, Any], record: dict[str, Any], infos
         "elapsed_s": None,
         "restarts": None,
         "source": None,
-        "latest_checkpoint": latest_committed(run.checkpoints),
+        "latest_checkpoint": latest,
+        "total_steps": total,
+        "steps_done": meta["kind"] == "train" and isinstance(total, int) and latest is not None and latest >= total,
+        "exit_record": None,
+        "resumable": False,
         "paused": (run.control / "PAUSED").exists(),
     }
     if not attempts:
@@ -123,35 +185,129 @@ def _one_status(run: RunDir, meta: dict[str, Any], record: dict[str, Any], infos
     status["job_id"] = str(last["job_id"])
     status["submitted_at"] = last.get("submitted_at")
     submitted = _parse_time(last.get("submitted_at"))
+    cancel_requested = last.get("cancel_requested_at")
+    record_code: int | None = None
     if meta["scheduler"] == "slurm":
         info = infos.get(status["job_id"])
         if info is not None and info.state != "UNKNOWN":
             status.update(state=info.state, reason=info.reason, elapsed_s=info.elapsed_s,
                           restarts=info.restart_count, source=info.source)  # fmt: skip
+            record_code = exit_record(run, slurm_attempt_key(run, status["job_id"], info.restart_count))
         elif last.get("state") in FINAL_STATES:
             # Purged by the controller (MinJobAge) with no accounting to ask: our record still knows.
             status.update(state=last["state"], source="run.json",
                           reason=f"as recorded at {last.get('state_seen_at', '?')}; the scheduler no longer knows the job")
+            status["resumable"] = last["state"] != "COMPLETED"
+            status["exit_record"] = exit_record(run, slurm_attempt_key(run, status["job_id"], None))
+            return status
         else:
             status.update(state="UNKNOWN", source="none",
                           reason=query_error or "not known to the scheduler (purged from its memory and no accounting?)")
+        at_limit = _near(status["elapsed_s"], meta["time_limit_s"], (meta["signal_lead_s"] or 0) + SLURM_SIGNAL_EARLY_S)
     else:
         local = local_job_info(run, status["job_id"], int(meta["world_size"]))
         status.update(state=local["state"], reason=local["reason"], source="local")
-        cancelled_at = _parse_time(last.get("cancel_requested_at"))
-        if local["state"] == "CANCELLED" and cancelled_at is not None:
-            status["reason"] = f"cancel requested at {last['cancel_requested_at']}"
+        record_code = exit_record(run, f"local-{status['job_id']}")
+        if record_code is None and local["state"] != "RUNNING":
+            record_code = local["codes"].get(0)  # rank 0's job script returned it through submitit
         if submitted is not None:
             end = _dt.datetime.now(_dt.timezone.utc).timestamp() if local["state"] == "RUNNING" else local["ended_at"]
-            if end is None and cancelled_at is not None:
-                end = cancelled_at.timestamp()
+            if end is None and cancel_requested:
+                end = (_parse_time(cancel_requested) or submitted).timestamp()
             if end is not None:
                 status["elapsed_s"] = max(0.0, end - submitted.timestamp())
-    if status["paused"] and status["state"] in FINAL_STATES | {"UNKNOWN"}:
-        status["state"] = "PAUSED"
-        with contextlib.suppress(OSError):
-            status["reason"] = (run.control / "PAUSED").read_text().strip() or status["reason"]
+        at_limit = _near(status["elapsed_s"], meta["time_limit_s"], LOCAL_SIGNAL_DELAY_S)
+    status["exit_record"] = record_code
+    if status["state"] not in FINAL_STATES | {"UNKNOWN"}:
+        return status  # live: the scheduler's word
+    if status["state"] == "UNKNOWN" and record_code is None and not status["paused"]:
+        return status
+    state, reason = verdict(status["state"], status["reason"], record_code, scheduler=meta["scheduler"],
+                            cancel_requested=cancel_requested, at_time_limit=at_limit,
+                            steps_done=status["steps_done"], kind=meta["kind"], time_limit=meta["time_limit"],
+                            paused_reason=_paused_reason(run) if status["paused"] else None)
+    status.update(state=state, reason=reason, resumable=state != "COMPLETED")
+    if state in _NOTED_RESUMABLE:
+        where = f"resumable, checkpoint {latest}" if latest is not None else "resumable, no checkpoint yet: starts over"
+        status["reason"] = f"{reason}; {where}" if reason else where
     return status
+
+
+def _near(elapsed_s: float | None, limit_s: Any, lead_s: float) -> bool:
+    """Whether a job that ran ``elapsed_s`` had reached the point where its time limit's warning comes."""
+    if elapsed_s is None or not isinstance(limit_s, (int, float)):
+        return False
+    return elapsed_s >= limit_s - lead_s - 5.0
+
+
+def _paused_reason(run: RunDir) -> str | None:
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        return (run.control / "PAUSED").read_text().strip() or None
+    return None
+
+
+def verdict(scheduler_state: str, scheduler_reason: str | None, record: int | None, *, scheduler: str = "slurm",
+            cancel_requested: str | None = None, at_time_limit: bool = False, steps_done: bool = False,
+            kind: str = "train", time_limit: str | None = None,
+            paused_reason: str | None = None) -> tuple[str, str | None]:  # fmt: skip
+    """The state of a stopped job, and why: the scheduler's final state (or ``UNKNOWN``) read together with the
+    job's own exit record (:mod:`hpcppo.exitcodes`; None when there is none). Pure: tested on literal records.
+
+    ``cancel_requested`` is when a user asked to cancel (run.json), ``at_time_limit`` whether the job ran until
+    its time limit's warning, ``steps_done`` whether the newest committed checkpoint is the last step,
+    ``paused_reason`` the text of ``control/PAUSED`` when it exists.
+    """
+    limit = f"time limit {time_limit}" if time_limit else "time limit"
+    if record == exitcodes.DONE:
+        return "COMPLETED", None
+    if record == exitcodes.PAUSED or paused_reason is not None and record is None:
+        return "PAUSED", paused_reason or "paused on request"
+    cancelled = scheduler_state == "CANCELLED" or cancel_requested is not None
+    if record == exitcodes.REQUEUE:
+        if cancelled:
+            when = f"cancel requested at {cancel_requested}" if cancel_requested else "cancelled"
+            return "CANCELLED", f"{when}; checkpointed on the way out"
+        if scheduler_state == "TIMEOUT" or at_time_limit:
+            return "TIMEOUT", f"{limit}: checkpointed before it"
+        if scheduler == "slurm" and scheduler_state != "PREEMPTED":
+            return "PREEMPTED", "checkpointed on a preemption signal; the job was not requeued"
+        return "PREEMPTED", "checkpointed on a preemption signal"
+    if record == exitcodes.FAILED:
+        if scheduler_state in FINISHED_STATES - {"COMPLETED", "FAILED"}:
+            return scheduler_state, scheduler_reason
+        return "FAILED", scheduler_reason or "rank 0 recorded a failure (see the logs)"
+    if record is not None:  # a code the job entry point never writes: a signal or a shell error
+        return "FAILED", f"exit record {record}" + (f"; {scheduler_reason}" if scheduler_reason else "")
+    # No exit record: the scheduler's state, checked against the run.
+    if scheduler_state == "COMPLETED":
+        if steps_done or kind != "train":
+            return "COMPLETED", None
+        return "FAILED", "the job ended without rank 0's exit record and before its last step"
+    if cancelled:
+        return "CANCELLED", f"cancel requested at {cancel_requested}" if cancel_requested else scheduler_reason
+    if scheduler == "local" and at_time_limit and scheduler_state in ("FAILED", "UNKNOWN"):
+        return "TIMEOUT", f"{limit}: stopped by the local executor"
+    if scheduler_state == "TIMEOUT":
+        return "TIMEOUT", f"{limit}: killed at it"
+    return scheduler_state, scheduler_reason
+
+
+def exit_record(run: RunDir, attempt_key: str) -> int | None:
+    """The code in ``control/exit-code.<attempt_key>`` (None when missing or not a number)."""
+    try:
+        return int((run.control / f"exit-code.{attempt_key}").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def slurm_attempt_key(run: RunDir, job_id: str, restarts: int | None) -> str:
+    """``<job>.<restart>`` as the batch script names this run of the job (``HPCPPO_ATTEMPT``); with the restart
+    count unknown, the newest run that left a record."""
+    if restarts is not None:
+        return f"{job_id}.{restarts}"
+    found = [int(m.group(1)) for p in run.control.glob(f"exit-code.{job_id}.*")
+             if (m := re.fullmatch(rf"exit-code\.{re.escape(job_id)}\.(\d+)", p.name))]
+    return f"{job_id}.{max(found) if found else 0}"
 
 
 def _remember_final_state(run: RunDir, record: dict[str, Any], status: Status) -> None:
@@ -243,33 +399,46 @@ def _local_outcome(path: Path) -> tuple[str, Any]:
 def local_job_info(run: RunDir, job_id: str, ntasks: int) -> dict[str, Any]:
     """State of a local-executor job from its controller process and submitit's result files.
 
-    Returns ``state`` (``RUNNING``, ``COMPLETED``, ``FAILED`` or ``CANCELLED``), ``reason`` (the
-    failing rank's last error line, or why a run looks cancelled) and ``ended_at`` (POSIX time of the
-    last result file, for the elapsed time; ``None`` while running).
+    Returns ``state`` (``RUNNING``, ``COMPLETED``, ``FAILED`` or ``CANCELLED``: what the processes did, before
+    :func:`verdict` reads the exit record), ``reason`` (the failing rank's last error line, or why a run looks
+    cancelled), ``codes`` (rank -> the job script's exit code, for ranks that returned one) and ``ended_at``
+    (POSIX time of the last result file, for the elapsed time; ``None`` while running).
+
+    The failing rank named is the one that failed first: a rank ended by a signal (a kill), else the earliest
+    result file. A rank that dies takes its peers down with it (their collectives fail), and naming rank 0 for
+    every failure would hide which rank was killed.
     """
     # submitit has no public way to name a task's result file without registering a Job with its watcher.
     from submitit.core.utils import JobPaths
 
     if local_controller_alive(job_id, run.path / SUBMITIT_DIR):
-        return {"state": "RUNNING", "reason": None, "ended_at": None}
-    outcomes, reason, ended_at = [], None, None
+        return {"state": "RUNNING", "reason": None, "codes": {}, "ended_at": None}
+    outcomes, codes, ended_at = [], {}, None
+    errors: list[tuple[bool, float, int, str]] = []  # (not killed, when, rank, last line)
     for task in range(ntasks):
         path = JobPaths(run.path / SUBMITIT_DIR, job_id=job_id, task_id=task).result_pickle
         outcome, payload = _local_outcome(path)
         outcomes.append(outcome)
+        mtime = None
         if outcome != "missing":
             with contextlib.suppress(OSError):
-                ended_at = max(ended_at or 0.0, path.stat().st_mtime)
-        if outcome == "error" and reason is None:
+                mtime = path.stat().st_mtime
+                ended_at = max(ended_at or 0.0, mtime)
+        if outcome == "success" and isinstance(payload, int) and not isinstance(payload, bool):
+            codes[task] = payload
+        if outcome == "error":
             lines = [ln.strip() for ln in str(payload).strip().splitlines() if ln.strip()]
-            reason = f"rank {task}: {lines[-1] if lines else 'failed'}"
+            line = lines[-1] if lines else "failed"
+            errors.append((" was ended by SIG" not in line, mtime if mtime is not None else float("inf"), task, line))
     if outcomes and all(o == "success" for o in outcomes):
-        return {"state": "COMPLETED", "reason": None, "ended_at": ended_at}
-    if "error" in outcomes:
-        return {"state": "FAILED", "reason": reason, "ended_at": ended_at}
+        return {"state": "COMPLETED", "reason": None, "codes": codes, "ended_at": ended_at}
+    if errors:
+        _, _, rank, line = min(errors)
+        others = f" ({len(errors) - 1} other rank(s) failed after it)" if len(errors) > 1 else ""
+        return {"state": "FAILED", "reason": f"rank {rank}: {line}{others}", "codes": codes, "ended_at": ended_at}
     missing = [str(t) for t, o in enumerate(outcomes) if o != "success"]
     return {"state": "CANCELLED", "reason": f"controller gone; no result from rank(s) {', '.join(missing)}",
-            "ended_at": ended_at}
+            "codes": codes, "ended_at": ended_at}
 
 
 # ----------------------------------------------------------------------------- text for the CLI

@@ -28,7 +28,7 @@ from typing import Any
 from hpcppo import exitcodes
 from hpcppo.errors import SchedulerError
 from hpcppo.launch.rundir import RunDir
-from hpcppo.launch.status import SUBMITIT_DIR, local_controller_alive
+from hpcppo.launch.status import LOCAL_SIGNAL_DELAY_S, SUBMITIT_DIR, local_controller_alive
 
 
 def _noop() -> None:  # pragma: no cover - pickled by submitit, never run (our script runs the job)
@@ -105,8 +105,10 @@ def submit_local(run: RunDir, ranks: int, timeout_min: float) -> str:
     import submitit
 
     executor = submitit.LocalExecutor(folder=run.path / SUBMITIT_DIR)
+    # submitit's controller sends USR2 signal_delay_s before the time limit (the ranks checkpoint and exit 75, which
+    # status reports as TIMEOUT) and kills the ranks at the limit.
     executor.update_parameters(
-        tasks_per_node=ranks, nodes=1, timeout_min=timeout_min, gpus_per_node=0, signal_delay_s=30
+        tasks_per_node=ranks, nodes=1, timeout_min=timeout_min, gpus_per_node=0, signal_delay_s=LOCAL_SIGNAL_DELAY_S
     )
     submitted_at = _dt.datetime.now(_dt.timezone.utc)
     # submitit starts the controller with our stdout/stderr: it outlives this command, and would write

@@ -3,12 +3,15 @@ traceback, and no run directory left behind."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from hpcppo.cli import main
-from hpcppo.errors import ConfigError, PathError, ResolveError, RunIdError, SchedulerError, SiteNotFoundError
+from hpcppo.errors import (ConfigError, PathError, ResolveError, RunIdError, RunStateError, SchedulerError,
+                           SiteNotFoundError)
 
 REPO = Path(__file__).resolve().parents[2]
 ARITH = REPO / "examples" / "arith-tiny.toml"
@@ -239,5 +242,251 @@ def test_config_show_bad_override(capsys):
 
 
 def test_error_classes_have_distinct_exit_codes():
-    codes = [c.exit_code for c in (ConfigError, SiteNotFoundError, ResolveError, PathError, RunIdError, SchedulerError)]
+    from hpcppo.errors import RunBusyError
+
+    codes = [c.exit_code for c in (ConfigError, SiteNotFoundError, ResolveError, PathError, RunIdError, SchedulerError,
+                                   RunStateError, RunBusyError)]
     assert len(set(codes)) == len(codes) and 0 not in codes
+
+
+# ----------------------------------------------------------------------------- the bad-input corpus (issue 13 item 5)
+# Each case sets up its input under tmp_path and returns the command line; the test checks the exit code, one
+# "hpcppo: error:" line naming the file/key, no traceback, and that nothing under tmp_path changed (no half-made
+# run directory, no data directory of a refused model build, the pre-existing files untouched).
+LONG = "/x" * 3000  # 6000 characters: longer than PATH_MAX
+
+
+def _binary_spec(tmp_path, monkeypatch):
+    spec = tmp_path / "b.toml"
+    spec.write_bytes(bytes(range(256)) * 8)  # like `head -c 2000 /dev/urandom`: not UTF-8
+    return ["compile", str(spec)]
+
+
+def _runs_root_is_a_file(tmp_path, monkeypatch):
+    (tmp_path / "runs").write_text("not a directory\n")
+    return ["compile", str(ARITH), "--no-check-paths"]
+
+
+def _runs_root_under_a_file(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("x")
+    return ["compile", str(ARITH), "--no-check-paths", "--runs-root", str(tmp_path / "file" / "runs")]
+
+
+def _runs_root_from_env_is_a_file(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv("HPCPPO_RUNS_ROOT", str(tmp_path / "file"))
+    return ["submit", str(ARITH), "--no-check-paths", "-q", "--dry-run", "--runs-root", ""]
+
+
+def _run_json_not_json(tmp_path, monkeypatch):
+    assert main(["compile", str(ARITH), "--no-check-paths", "-q", "--runs-root", str(tmp_path / "runs")]) == 0
+    [run] = (tmp_path / "runs").iterdir()
+    (run / "run.json").write_bytes(b"\x00{garbage")
+    return ["status", run.name]
+
+
+def _long_sites_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("HPCPPO_SITES_DIR", LONG)
+    return ["compile", str(ARITH), "--no-check-paths"]
+
+
+def _long_site_path(tmp_path, monkeypatch):
+    return ["compile", str(ARITH), "--no-check-paths", "--site", LONG + ".toml"]
+
+
+def _make_model_out_is_a_file(tmp_path, monkeypatch):
+    (tmp_path / "model").write_text("x")
+    return ["tools", "make-model", "--out", str(tmp_path / "model"), "--data-out", str(tmp_path / "data")]
+
+
+def _make_model_data_under_a_file(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("x")
+    return ["tools", "make-model", "--out", str(tmp_path / "model"), "--data-out", str(tmp_path / "file" / "data")]
+
+
+def _every_run_id_taken(tmp_path, monkeypatch):
+    from hpcppo.launch import jobs
+
+    assert main(["compile", str(ARITH), "--no-check-paths", "-q", "--runs-root", str(tmp_path / "runs")]) == 0
+    [taken] = (tmp_path / "runs").iterdir()
+    monkeypatch.setattr(jobs, "new_run_id", lambda name: taken.name)
+    return ["compile", str(ARITH), "--no-check-paths"]
+
+
+def _spec_with(text_from: str, text_to: str):
+    def setup(tmp_path, monkeypatch):
+        spec = tmp_path / "exp.toml"
+        text = ARITH.read_text()
+        assert text_from in text
+        spec.write_text(text.replace(text_from, text_to))
+        return ["compile", str(spec), "--no-check-paths"]
+
+    return setup
+
+
+def _override(*items: str, env: dict[str, str] | None = None):
+    def setup(tmp_path, monkeypatch):
+        for name, value in (env or {}).items():
+            monkeypatch.setenv(name, value)
+        argv = ["compile", str(ARITH), "--no-check-paths"]
+        for item in items:
+            argv += ["-o", item]
+        if any(item.startswith("site.paths.runs_root") for item in items):
+            argv += ["--runs-root", ""]  # the runs root from the site, as overridden
+        return argv
+
+    return setup
+
+
+def _site_file_with_unset_var(tmp_path, monkeypatch):
+    monkeypatch.delenv("HPCPPO_NO_SUCH_VAR", raising=False)
+    site = tmp_path / "mysite.toml"
+    site.write_text((REPO / "sites" / "local.toml").read_text().replace('runs_root = "runs"',
+                                                                        'runs_root = "${HPCPPO_NO_SUCH_VAR}/runs"'))
+    return ["compile", str(ARITH), "--no-check-paths", "--site", str(site), "--runs-root", ""]
+
+
+CORPUS = [
+    pytest.param(_binary_spec, ConfigError, ("b.toml: not UTF-8 text", "a TOML file must be UTF-8"), id="binary-spec"),
+    pytest.param(_runs_root_is_a_file, PathError, ("runs root", "(from --runs-root): exists and is not a directory",
+                                                   "must be a directory you can write"), id="runs-root-is-a-file"),
+    pytest.param(_runs_root_under_a_file, PathError, ("runs root", "cannot create it (Not a directory)"),
+                 id="runs-root-under-a-file"),
+    pytest.param(_runs_root_from_env_is_a_file, PathError, ("(from $HPCPPO_RUNS_ROOT): exists and is not a directory",),
+                 id="runs-root-from-env-is-a-file"),
+    pytest.param(_run_json_not_json, RunStateError, ("run.json: not valid JSON", "restore it"), id="run-json-not-json"),
+    pytest.param(_long_sites_dir, ConfigError, ("$HPCPPO_SITES_DIR:", "6000 characters", "File name too long",
+                                                "allowed: directories separated by ':'"), id="long-sites-dir"),
+    pytest.param(_long_site_path, ConfigError, ("--site:", "File name too long", "a site name or the path"),
+                 id="long-site-path"),
+    pytest.param(_make_model_out_is_a_file, PathError, ("--out", "is a file; --out must be a directory"),
+                 id="make-model-out-is-a-file"),
+    pytest.param(_make_model_data_under_a_file, PathError, ("--data-out", "is a file; --data-out must be a directory"),
+                 id="make-model-data-under-a-file"),
+    pytest.param(_every_run_id_taken, RunIdError, ("could not find a free run id", "in 8 tries"),
+                 id="every-run-id-taken"),
+    pytest.param(_override("actor.lr=inf"), ConfigError, ("actor.lr: inf is not allowed; a finite number",),
+                 id="lr-inf"),
+    pytest.param(_override("critic.lr=-inf"), ConfigError, ("critic.lr: -inf is not allowed",), id="critic-lr-minus-inf"),
+    pytest.param(_override("actor.grad_clip=nan"), ConfigError, ("actor.grad_clip: nan is not allowed",),
+                 id="grad-clip-nan"),
+    pytest.param(_override("algorithm.kl_ctrl.kl_coef=inf"), ConfigError, ("algorithm.kl_ctrl.kl_coef: inf",),
+                 id="kl-coef-inf"),
+    pytest.param(_override("watchdog.min_heartbeat_s=inf"), ConfigError, ("watchdog.min_heartbeat_s: inf",),
+                 id="heartbeat-inf"),
+    pytest.param(_spec_with("lr = 1e-4", "lr = inf"), ConfigError, ("exp.toml: actor.lr: inf is not allowed",),
+                 id="lr-inf-in-spec"),
+    pytest.param(_spec_with('name = "arith-tiny"', 'name = "a..b"'), ConfigError,
+                 ("exp.toml: name: 'a..b' contains '..'", "allowed: 1-64 letters"), id="name-with-dotdot-in-spec"),
+    pytest.param(_override('name="x..y"'), ConfigError, ("command line (-o): name: 'x..y' contains '..'",),
+                 id="name-with-dotdot-override"),
+    pytest.param(_site_file_with_unset_var, ConfigError,
+                 ("site.paths.runs_root (site 'local'): ${HPCPPO_NO_SUCH_VAR} is not set in the environment",),
+                 id="unset-var-in-site-runs-root"),
+    pytest.param(_override('site.paths.runs_root="$HPCPPO_NO_SUCH_VAR/r"'), ConfigError,
+                 ("${HPCPPO_NO_SUCH_VAR} is not set",), id="unset-var-in-runs-root-override"),
+    pytest.param(_override('model.path="${HPCPPO_NO_SUCH_VAR}/m"'), ConfigError,
+                 ("command line (-o): model.path: ${HPCPPO_NO_SUCH_VAR} is not set",), id="unset-var-in-model-path"),
+    pytest.param(_spec_with('"../artifacts/tiny-arith/data/val.parquet"', '"$HPCPPO_NO_SUCH_VAR/v.parquet"'),
+                 ConfigError, ("exp.toml: data.val_files[0]: ${HPCPPO_NO_SUCH_VAR} is not set",),
+                 id="unset-var-in-a-data-file"),
+    pytest.param(_override("..=1"), ConfigError, ("command line (-o): '..' is not a dotted key",), id="override-dotdot"),
+    pytest.param(_override("actor..lr=1"), ConfigError, ("'actor..lr' is not a dotted key",), id="override-empty-part"),
+    pytest.param(_override(".=1"), ConfigError, ("'.' is not a dotted key",), id="override-dot"),
+]
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.name.startswith("pytest-") or p.name == "__pycache__":
+            continue
+        out[str(p.relative_to(root))] = p.read_bytes() if p.is_file() else None
+    return out
+
+
+@pytest.mark.parametrize(("setup", "error", "needles"), CORPUS)
+def test_bad_input_corpus(setup, error, needles, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    argv = setup(tmp_path, monkeypatch)
+    if "--runs-root" not in argv and argv[0] in ("compile", "submit", "status"):
+        argv += ["--runs-root", str(tmp_path / "runs")]
+    if "--runs-root" in argv and argv[argv.index("--runs-root") + 1] == "":
+        del argv[argv.index("--runs-root"):argv.index("--runs-root") + 2]  # from the environment or the site
+    before = _tree(tmp_path)
+    capsys.readouterr()
+    rc = main(argv)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hpcppo: error: ") and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+    assert rc == error.exit_code, (rc, err)
+    assert _tree(tmp_path) == before  # nothing left behind, nothing changed
+
+
+@pytest.fixture()
+def read_only_dir(tmp_path):
+    """A read-only file system (a tmpfs mounted ro; root ignores permission bits), or a mode-0555 directory."""
+    path = tmp_path / "ro"
+    path.mkdir()
+    if os.geteuid() != 0:
+        path.chmod(0o555)
+        yield path
+        path.chmod(0o755)
+        return
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(path)], capture_output=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs as root here: {proc.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=False)
+
+
+def test_read_only_runs_root(read_only_dir, capsys):
+    for root in (read_only_dir, read_only_dir / "runs"):
+        rc = main(["compile", str(ARITH), "--no-check-paths", "-q", "--runs-root", str(root)])
+        err = capsys.readouterr().err
+        assert rc == PathError.exit_code and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        assert f"runs root {root} (from --runs-root): " in err
+        assert ("is not writable" in err) if root == read_only_dir else ("cannot create it" in err)
+    assert list(read_only_dir.iterdir()) == []
+
+
+def test_a_run_id_collision_draws_another_id(tmp_path, monkeypatch, capsys):
+    from hpcppo.launch import jobs
+
+    runs = tmp_path / "runs"
+    assert main(["compile", str(ARITH), "--no-check-paths", "-q", "--runs-root", str(runs)]) == 0
+    [taken] = runs.iterdir()
+    ids = iter([taken.name, taken.name, "arith-tiny-20260101-000000-beef"])
+    monkeypatch.setattr(jobs, "new_run_id", lambda name: next(ids))
+    capsys.readouterr()
+    assert main(["compile", str(ARITH), "--no-check-paths", "-q", "--runs-root", str(runs)]) == 0
+    assert sorted(p.name for p in runs.iterdir()) == sorted([taken.name, "arith-tiny-20260101-000000-beef"])
+    made = runs / "arith-tiny-20260101-000000-beef"
+    assert str(made) in (made / "job.sbatch").read_text()  # the script names the id it got, not the taken one
+
+
+def test_a_collision_at_the_rename_is_retried(tmp_path, monkeypatch):
+    """Another process makes the same run directory between the existence check and the rename."""
+    from hpcppo.launch import jobs, rundir
+
+    runs = tmp_path / "runs"
+    ids = iter(["arith-tiny-20260101-000000-aaaa", "arith-tiny-20260101-000000-bbbb"])
+    monkeypatch.setattr(jobs, "new_run_id", lambda name: next(ids))
+    real_rename = os.rename
+
+    def racing_rename(src, dst):
+        if Path(dst).name.endswith("aaaa") and not Path(dst).exists():
+            (Path(dst) / "spec.toml").parent.mkdir()
+            (Path(dst) / "spec.toml").write_text("theirs")
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(rundir.os, "rename", racing_rename)
+    crun = jobs.compile_run(ARITH, "local", [], runs_root=str(runs), check_paths=False)
+    assert crun.run.run_id.endswith("bbbb")
+    assert (runs / "arith-tiny-20260101-000000-aaaa" / "spec.toml").read_text() == "theirs"
+    assert sorted(p.name for p in runs.iterdir()) == ["arith-tiny-20260101-000000-aaaa",
+                                                      "arith-tiny-20260101-000000-bbbb"]

@@ -98,6 +98,7 @@ def test_a_record_from_our_own_submission_is_reported(env, capsys):
     """The control case of the test above: same answer, submit time after ours."""
     fake, runs, run, submitted = env
     fake.answer("sacct", sacct_line("COMPLETED", submitted + dt.timedelta(seconds=1)))
+    (run.control / f"exit-code.{JOB}.0").write_text("0\n")  # rank 0: all steps done (COMPLETED needs it)
     st = status_json(capsys, runs, run)
     assert (st["state"], st["source"], st["elapsed_s"], st["restarts"]) == ("COMPLETED", "sacct", 65.0, 0)
     assert not any(c.startswith("squeue") for c in fake.calls())  # a finished job needs no second query
