@@ -34,7 +34,8 @@ class InjectSection:
     hang_rank: int = opt(0, ge=0, help="The rank that hangs.")
     kill_rank_at_step: int = opt(0, ge=0, help="Rank kill_rank kills itself with SIGKILL at the start of this step.")
     kill_rank: int = opt(0, ge=0, help="The rank that is killed.")
-    attempt: int = opt(1, ge=1, help="The attempt in which hang and kill faults happen (later attempts run clean).")
+    attempt: int = opt(0, ge=0, help="The attempt in which hang and kill faults happen, numbered as the metrics "
+                                     "files (0 = the first); the others run clean.")
 
     @property
     def any(self) -> bool:

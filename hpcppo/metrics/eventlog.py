@@ -7,9 +7,8 @@ trainers). An action the trainer recorded in both places is one row here (``sour
 same step, same attempt, the HDF5 message a prefix of the JSON one (the HDF5 log keeps 1,000 characters), and
 logged within :data:`SAME_EVENT_S` of each other.
 
-Attempt numbers: ``attempt`` is the number of the metric file (``NNNN`` of ``attempt-NNNN.h5``), as in
-:func:`hpcppo.metrics.load`; ``events.jsonl`` counts attempts from 1 (``attempt-0000.h5`` is its attempt 1),
-and its records are shifted to the file numbering here. No torch.
+Attempt numbers: ``attempt`` is the number of the metric file (``NNNN`` of ``attempt-NNNN.h5``), in
+:func:`hpcppo.metrics.load` and in ``events.jsonl`` alike. No torch.
 """
 
 from __future__ import annotations
@@ -67,7 +66,7 @@ def _json_rows(run_dir: Path | None) -> list[dict[str, Any]]:
         rows.append({
             "time": _unix(record.get("time")),
             "step": _opt_int(record.get("step")),
-            "attempt": None if attempt is None else attempt - 1,
+            "attempt": attempt,
             "kind": str(record.get("kind", "?")),
             "message": str(record.get("message", "")),
             "source": "events.jsonl",

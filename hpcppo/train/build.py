@@ -64,7 +64,7 @@ class Components:
     score_fn: Callable[..., list[float]]
     ckpt: CheckpointManager
     metrics: MetricsWriter | None
-    attempt: int = 1  # this job's attempt of the run, from 1 (the number of its metrics file)
+    attempt: int = 0  # this job's attempt of the run: the NNNN of its metrics/attempt-NNNN.h5, from 0
     preempt: PreemptionFlag = field(default_factory=PreemptionFlag)
     # Optimizer state in host memory between updates (optimizer_offload). Not with param_offload: FSDP2's CPU
     # offload already keeps it there, and the step runs on the CPU.
@@ -212,7 +212,7 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
         actor=actor, actor_optim=actor_optim, actor_lr=actor_lr, grad_clip=cfg.actor.grad_clip, reference=reference,
         critic=critic, critic_optim=critic_optim, critic_lr=critic_lr, engine=engine, sampling=sampling,
         val_sampling=val_sampling, kl_ctrl=kl_ctrl, score_fn=build_score_fn(cfg.data), ckpt=ckpt, metrics=metrics,
-        attempt=attempt + 1, preempt=preempt if preempt is not None else PreemptionFlag(),
+        attempt=attempt, preempt=preempt if preempt is not None else PreemptionFlag(),
         actor_optim_offload=_offloads_optimizer(cfg.actor.fsdp),
         critic_optim_offload=critic is not None and _offloads_optimizer(cfg.critic.fsdp),
     )

@@ -107,7 +107,7 @@ def step_durations(times: Sequence[float], previous: float | None = None) -> lis
 class LogState:
     """What the follower knows after a poll."""
 
-    file_index: int | None  # NNNN of the file followed (attempt NNNN + 1), None before it exists
+    file_index: int | None  # NNNN of the file followed (= the attempt), None before it exists
     rows: int  # whole rows seen in it
     last_step: int | None
     last_row_time: float | None  # the writer's unix time of the newest row
@@ -275,7 +275,7 @@ class Monitor:
         self.s = settings
         if first_index is None:  # the trainer of this attempt will write metrics/attempt-<files so far>.h5
             first_index = len(attempt_files(self.run_dir / "metrics"))
-        self.attempt = first_index + 1  # the trainer's attempt number (1-based), used in the events
+        self.attempt = first_index  # the trainer's attempt, numbered as its metrics file, used in the events
         self.follower = LogFollower(self.run_dir, first_index=first_index, locking=settings.locking)
         self.trainers = TrainerProcesses(self.run_dir, job_attempt)
         self.parent = os.getppid()

@@ -178,7 +178,7 @@ def test_a_rank_killed_mid_run_takes_the_attempt_down_and_the_next_attempt_finis
     df = hmetrics.load(run)
     # Resumed from checkpoint 2: step 3 is redone by attempt 2 (the reader keeps the latest attempt of a step).
     assert list(df["step"]) == list(range(1, 7)) and df["attempt"].tolist() == [0, 0, 1, 1, 1, 1]
-    assert "debug.inject: rank 1 kills itself at step 4 (attempt 1)" in logs_of(run)
+    assert "debug.inject: rank 1 kills itself at step 4 (attempt 0)" in logs_of(run)
 
 
 @pytest.mark.slow

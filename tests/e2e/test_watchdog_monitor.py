@@ -1,6 +1,6 @@
 """The process beside the trainer on ``--site local``, through the real launch path (submitit's local executor
 runs the rendered script per rank; rank 0's script starts ``python -m hpcppo.watchdog``): the real trainer hangs
-(``[debug.inject] hang_at_step``, attempt 1 only), the monitor records the hang, stops the ranks and starts a new
+(``[debug.inject] hang_at_step``, the first attempt only), the monitor records the hang, stops the ranks and starts a new
 attempt, which resumes from the last checkpoint and finishes the run with no metrics row lost."""
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def test_a_hung_local_run_is_detected_recorded_and_restarted(tmp_path, random_ti
     assert ("hang", "monitor") in kinds and ("monitor.restarted", "monitor") in kinds, recorded
     hang = next(e for e in recorded if e["kind"] == "hang")
     # Rank 0 hangs at the start of step 4: the last row of attempt 1 is step 3.
-    assert (hang["step"], hang["attempt"], hang["action"]) == (3, 1, "restart")
+    assert (hang["step"], hang["attempt"], hang["action"]) == (3, 0, "restart")
     assert hang["seconds_since_row"] >= hang["threshold_s"] >= 10.0
     restarted = next(e for e in recorded if e["kind"] == "monitor.restarted")
     assert restarted["new_job_id"] == str(attempts[1]["job_id"])

@@ -1,5 +1,5 @@
 """The process beside the trainer on the 2-node dev cluster, started by the batch script: the real trainer hangs
-(``[debug.inject] hang_at_step``, attempt 1 only) -> a ``hang`` event, exit record 75, the srun step cancelled,
+(``[debug.inject] hang_at_step``, the first attempt only) -> a ``hang`` event, exit record 75, the srun step cancelled,
 the batch script requeues, and the next attempt resumes and finishes; a rank killed with SIGKILL -> the step
 ends without an exit record and the monitor's last look records ``trainer_dead``."""
 
@@ -41,7 +41,7 @@ def test_a_hung_job_is_detected_recorded_and_requeued(slurm_cluster, random_tiny
 
     (hang,) = events.read_events(run.path, kinds=["hang"])
     assert (hang["source"], hang["step"], hang["attempt"], hang["action"], hang["job_attempt"]) == (
-        "monitor", 2, 1, "requeue", f"{job_id}.0")
+        "monitor", 2, 0, "requeue", f"{job_id}.0")
     assert hang["seconds_since_row"] >= hang["threshold_s"] >= 20.0
     assert not events.read_events(run.path, kinds=["trainer_dead", "monitor.error"])
     assert (run.path / "control" / f"exit-code.{job_id}.0").read_text().strip() == "75"

@@ -106,10 +106,10 @@ def test_load_many_labels_rows_by_run(tmp_path):
 
 def test_events_merge_both_records_in_time_order(tmp_path):
     history(tmp_path)
-    # the trainer's watchdog action as it writes it into events.jsonl (attempts counted from 1 there)
-    append_event(tmp_path, kind="watchdog.rollback", step=5, source="watchdog", attempt=1,
+    # the trainer's watchdog action as it writes it into events.jsonl (attempts numbered as the files)
+    append_event(tmp_path, kind="watchdog.rollback", step=5, source="watchdog", attempt=0,
                  message="to step 2, and a longer story than the HDF5 one", checkpoint=2)
-    append_event(tmp_path, kind="hang", step=7, source="monitor", attempt=1, message="no row for 60 s")
+    append_event(tmp_path, kind="hang", step=7, source="monitor", attempt=0, message="no row for 60 s")
     append_event(tmp_path, kind="control.rollback", step=None, source="control", message="requested")
     ev = hm.events(tmp_path)
     assert ev.columns.tolist() == list(hm.eventlog.EVENT_FRAME_COLUMNS)
@@ -128,7 +128,7 @@ def test_events_merge_both_records_in_time_order(tmp_path):
 def test_events_of_a_file_read_its_runs_jsonl_and_unmatched_records_stay_apart(tmp_path):
     with MetricsWriter(tmp_path, COLS, attempt=0) as w:
         w.log_event(3, "paused", "on request")
-    append_event(tmp_path, kind="paused", step=3, source="trainer", attempt=2, message="on request")  # other attempt
+    append_event(tmp_path, kind="paused", step=3, source="trainer", attempt=1, message="on request")  # other attempt
     ev = hm.events(tmp_path / "metrics" / "attempt-0000.h5")
     assert ev["source"].tolist() == ["metrics", "events.jsonl"]
     assert hm.events(tmp_path / "metrics")["source"].tolist() == ["metrics", "events.jsonl"]

@@ -224,7 +224,7 @@ def test_a_hang_is_recorded_then_acted_on(tmp_path, monkeypatch):
         latency = time.monotonic() - t_last
     assert acted == [exitcodes.REQUEUE]
     (hang,) = read_events(tmp_path)
-    assert (hang["kind"], hang["source"], hang["step"], hang["attempt"], hang["action"]) == ("hang", "monitor", 3, 1,
+    assert (hang["kind"], hang["source"], hang["step"], hang["attempt"], hang["action"]) == ("hang", "monitor", 3, 0,
                                                                                            "requeue")
     assert hang["threshold_s"] == 1.0  # 3 x ~0.1 s median < min_heartbeat_s
     assert hang["seconds_since_row"] >= 1.0 and hang["job_attempt"] == "5.0"
