@@ -442,7 +442,6 @@ def local_job_info(run: RunDir, job_id: str, ntasks: int) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- text for the CLI
-TABLE_COLUMNS = ("run", "site", "job", "state", "attempts", "elapsed", "ckpt")
 
 
 def format_elapsed(seconds: float | None) -> str:
@@ -462,12 +461,6 @@ def state_text(st: Status) -> str:
 
 def _dash(value: Any) -> str:
     return "-" if value is None else str(value)
-
-
-def table_row(st: Status) -> tuple[str, ...]:
-    """One row of the run list, in :data:`TABLE_COLUMNS` order."""
-    return (st["run_id"], st["site"], str(st["job_id"] or "-"), state_text(st), str(st["attempts"]),
-            format_elapsed(st["elapsed_s"]), _dash(st["latest_checkpoint"]))
 
 
 def format_run(st: Status, attempts: Sequence[dict[str, Any]], events: Sequence[dict[str, Any]] = ()) -> str:
