@@ -49,12 +49,7 @@ def _submit_and_report(crun: Any, args: argparse.Namespace) -> int:
         print(f"dry run: not submitted; run directory {crun.run.path}", file=sys.stderr)
         return 0
     following = getattr(args, "follow", False)
-    if following and crun.compiled.site.scheduler != "slurm":
-        from hpcppo.analysis.follow import submit_in_own_session
-
-        job_id = submit_in_own_session(crun)  # so that Ctrl-C in this terminal never reaches the local job
-    else:
-        job_id = jobs.submit_run(crun)
+    job_id = jobs.submit_run(crun)
     print(f"submitted {crun.run.run_id} as job {job_id} ({crun.compiled.site.name})")
     print(f"  run directory: {crun.run.path}")
     if not args.wait and not following:

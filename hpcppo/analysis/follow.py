@@ -7,8 +7,7 @@ rich progress bar with the events printed above it; otherwise (a pipe, a CI log)
 change, per logged step and per event.
 
 Ctrl-C detaches: this process only reads, so leaving it never touches the job. (A local job's controller
-must not share our terminal's process group either, or the terminal's SIGINT would reach it as well:
-:func:`submit_in_own_session`.)
+runs in a session of its own, so the terminal's SIGINT never reaches it: ``launch.submit.submit_local``.)
 
 Costs: one ``stat`` of the metric files per poll; the log is read again only when a file changed; the
 scheduler is asked every ``status_every_s`` (Slurm: one ``sacct``, as ``--wait`` does).
@@ -16,7 +15,6 @@ scheduler is asked every ``status_every_s`` (Slurm: one ``sacct``, as ``--wait``
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections import Counter
@@ -315,52 +313,3 @@ def _loop(run: Any, reader: RunReader, display: Any, st: dict[str, Any], total: 
         events = reader.new_events()
         if time.monotonic() - asked >= status_every_s:
             st, asked = get_status(run), time.monotonic()
-
-
-# ----------------------------------------------------------------------------- submitting for following
-def submit_in_own_session(crun: Any) -> str:
-    """Submit ``crun`` (a compiled local run) from a child process in a session of its own; returns the job id.
-
-    submitit's local executor starts the job's controller as a child of the submitting process, in its process
-    group: a Ctrl-C typed in the terminal reaches every process of the foreground group, the controller too, and
-    it cancels the job. Submitted from a new session, the controller is out of the terminal's reach, so Ctrl-C
-    only detaches the viewer (``hpcppo cancel`` still stops the job). Errors come back as the same message and
-    exit code.
-    """
-    import pickle
-    import traceback
-
-    from hpcppo.launch import jobs
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        os.close(read_fd)
-        try:
-            os.setsid()
-            result: tuple = ("ok", jobs.submit_run(crun))
-        except HpcppoError as exc:
-            result = ("error", type(exc).__name__, str(exc), exc.exit_code)
-        except BaseException:  # noqa: BLE001 - a bug: its traceback goes to the parent
-            result = ("bug", traceback.format_exc())
-        with os.fdopen(write_fd, "wb") as pipe:
-            pipe.write(pickle.dumps(result))
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-    os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as pipe:
-        data = pipe.read()
-    os.waitpid(pid, 0)
-    if not data:
-        raise RuntimeError("the submitting child process died without an answer")
-    result = pickle.loads(data)  # our own child's bytes
-    if result[0] == "ok":
-        return result[1]
-    if result[0] == "error":
-        err = HpcppoError(result[2])
-        err.exit_code = result[3]
-        raise err
-    raise RuntimeError(f"submitting in a new session failed:\n{result[1]}")

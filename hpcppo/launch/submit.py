@@ -21,12 +21,12 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from hpcppo import exitcodes
-from hpcppo.errors import SchedulerError
+from hpcppo.errors import HpcppoError, SchedulerError
 from hpcppo.launch.rundir import RunDir
 from hpcppo.launch.status import LOCAL_SIGNAL_DELAY_S, SUBMITIT_DIR, local_controller_alive
 
@@ -111,18 +111,66 @@ def submit_local(run: RunDir, ranks: int, timeout_min: float) -> str:
         tasks_per_node=ranks, nodes=1, timeout_min=timeout_min, gpus_per_node=0, signal_delay_s=LOCAL_SIGNAL_DELAY_S
     )
     submitted_at = _dt.datetime.now(_dt.timezone.utc)
-    # submitit starts the controller with our stdout/stderr: it outlives this command, and would write
-    # to the user's terminal later (a traceback on cancel). Give it the run's controller log instead.
-    with _fds_to(run.logs / "local-controller.log"):
-        job = executor.submit(run_local_rank, str(run.path))
+
+    def start() -> str:
+        # submitit starts the controller with our stdout/stderr: it outlives this command, and would write
+        # to the user's terminal later (a traceback on cancel). Give it the run's controller log instead.
+        with _fds_to(run.logs / "local-controller.log"):
+            return str(executor.submit(run_local_rank, str(run.path)).job_id)
+
+    job_id = _in_new_session(start)
     run.add_attempt(
-        job_id=str(job.job_id),
+        job_id=job_id,
         scheduler="local",
         state="RUNNING",
         submitted_at=submitted_at.isoformat(timespec="seconds"),
         kind="submit",
     )
-    return str(job.job_id)
+    return job_id
+
+
+def _in_new_session(fn: Callable[[], str]) -> str:
+    """``fn()`` run in a forked child that starts a session of its own; its result (or its error) comes back.
+
+    submitit's local executor starts the job's controller as a child of the submitting process, in its process
+    group (``subprocess.Popen`` without ``start_new_session``, submitit 1.5 ``local.start_controller``): a Ctrl-C
+    typed in the terminal reaches every process of the foreground group, the controller too, and a closed terminal
+    sends it SIGHUP; either would end the job. Started from a new session, the controller is out of the terminal's
+    reach, like a batch job; ``hpcppo cancel`` still stops it (it signals the controller's pid, the job id).
+    """
+    import pickle
+    import traceback
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        os.close(read_fd)
+        try:
+            os.setsid()
+            result: tuple[Any, ...] = ("ok", fn())
+        except HpcppoError as exc:
+            result = ("error", str(exc), exc.exit_code)
+        except BaseException:  # noqa: BLE001 - a bug: its traceback goes to the parent
+            result = ("bug", traceback.format_exc())
+        with os.fdopen(write_fd, "wb") as pipe:
+            pipe.write(pickle.dumps(result))
+        os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    if not data:
+        raise SchedulerError("starting the local job failed: the submitting process died without an answer")
+    result = pickle.loads(data)  # our own child's bytes
+    if result[0] == "ok":
+        return result[1]
+    if result[0] == "error":
+        err = SchedulerError(result[1])
+        err.exit_code = result[2]
+        raise err
+    raise SchedulerError(f"starting the local job failed:\n{result[1]}")
 
 
 @contextlib.contextmanager

@@ -173,16 +173,17 @@ def test_ctrl_c_detaches_and_the_job_goes_on(tmp_path):
         controller.wait()
 
 
-def test_submitting_in_a_session_of_its_own(monkeypatch):
-    """The controller a local submission starts must not be in the terminal's process group."""
-    monkeypatch.setattr(jobs, "submit_run", lambda crun: f"{os.getsid(0)} {os.getpgid(0)}")
-    sid, pgid = fl.submit_in_own_session(object()).split()
+def test_a_local_job_is_started_in_a_session_of_its_own():
+    """The controller of a local job must not be in the terminal's session: Ctrl-C there must not reach it."""
+    from hpcppo.launch import submit
+
+    sid, pgid = submit._in_new_session(lambda: f"{os.getsid(0)} {os.getpgid(0)}").split()
     assert int(sid) != os.getsid(0) and int(pgid) != os.getpgid(0)
 
-    def refused(crun):
+    def refused():
         raise RunStateError("refused by the scheduler")
 
-    monkeypatch.setattr(jobs, "submit_run", refused)
     with pytest.raises(HpcppoError, match="refused by the scheduler") as info:
-        fl.submit_in_own_session(object())
+        submit._in_new_session(refused)
     assert info.value.exit_code == RunStateError.exit_code
+
