@@ -25,3 +25,12 @@ def test_shell_scripts_pass_shellcheck() -> None:
     proc = subprocess.run([shellcheck, "-S", "warning", *map(str, SHELL_SCRIPTS)], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_test_modules_have_unique_names() -> None:
+    """The test directories are not packages: pytest imports each test file by its base name, so two files of the
+    same name in two tiers stop the whole collection ("import file mismatch")."""
+    names: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert not {n: p for n, p in names.items() if len(p) > 1}
