@@ -58,7 +58,7 @@ def test_damaged_newest_checkpoint_falls_back_and_export_says_so(tmp_path, rando
     assert aside.name.startswith("step-6.corrupt-") and (aside / "extra.pt").read_bytes() == junk  # kept whole
     assert layout.list_committed(root) == [2, 4, 6]  # step 6 saved again by the resumed attempt
     (event,) = hevents.read_events(run, kinds="checkpoint.corrupt")
-    assert event["step"] == 6 and event["source"] == "trainer" and event["attempt"] == 2  # counted from 1 here
+    assert event["step"] == 6 and event["source"] == "trainer" and event["attempt"] == 1  # the second attempt, numbered as its metrics file
     assert event["file"] == str(extra) and event["fallback"] == 4 and event["set_aside_as"] == str(aside)
     assert "crc32" in event["message"] and "resuming from checkpoint step 4" in event["message"]
     logged = hmetrics.load_events(run)

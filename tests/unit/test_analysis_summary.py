@@ -55,7 +55,7 @@ def story(run: Path) -> None:
         w.log_event(8, "resume", "resumed from checkpoint step 7")
         for s in range(8, 11):
             w.log(s, row(s, bonus=0.02))
-    append_event(run, kind="watchdog.rollback", step=6, source="watchdog", attempt=1,
+    append_event(run, kind="watchdog.rollback", step=6, source="watchdog", attempt=0,
                  message="critic/vf_loss is NaN; back to step 4", checkpoint=4)
 
 
