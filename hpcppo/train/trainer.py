@@ -9,7 +9,8 @@ Every rank runs the same loop on its share of the prompts. The small ``[batch, r
 see the whole batch exactly as verl's driver does (global whitening, identical controller state on all
 ranks); the models only ever see this rank's samples. Each phase returns what it produces and the loop
 merges it into the batch, so the data flow reads top to bottom. Components are built in
-:mod:`hpcppo.train.build`; the update skeleton is :mod:`hpcppo.train.update`.
+:mod:`hpcppo.train.build`; the update skeleton is :mod:`hpcppo.train.update`; what the watchdog's decisions and
+rollback requests do is :mod:`hpcppo.train.recovery`.
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ from hpcppo.train import batching
 from hpcppo.train.build import Components, build_components
 from hpcppo.train.inject import FaultInjector
 from hpcppo.train.optim import offload_optimizer_state
+from hpcppo.train.recovery import Recovery
 from hpcppo.train.update import UpdatePlan, actor_loss, critic_loss, run_update
-from hpcppo.train.watch import RuleKeeper, describe
-from hpcppo.watchdog import Decision, raised_kl_coef
+from hpcppo.train.watch import RuleKeeper
 
 log = logging.getLogger("hpcppo.train")
 
@@ -62,7 +63,7 @@ class PhaseTimer:
             self.times[phase] += time.perf_counter() - start
 
 
-class Trainer:
+class Trainer(Recovery):
     """PPO on one rank of the job. Build with :func:`run_training`; call :meth:`train`; always :meth:`close`."""
 
     def __init__(self, c: Components):
@@ -292,93 +293,6 @@ class Trainer:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
         return all_reduce_host([peak / 2**30], "max")[0]
 
-    # ------------------------------------------------------------------ the watchdog's actions
-    def obey(self, decision: Decision) -> int | None:
-        """Apply the rules' decision on this step (every rank alike); an exit code when the run must stop."""
-        c, rules = self.c, self.rules
-        judged = self.step  # a rollback moves self.step back; every event is dated by the step judged
-        for action in decision.suppressed:
-            winner = decision.superseded_by(action)
-            rules.record(judged, "watchdog.suppressed", f"{action.rule}: {action.reason} (superseded by "
-                         f"{winner.kind if winner else '?'})", **describe(action))
-        for i, action in enumerate(decision.actions):
-            detail = describe(action)
-            if action.kind in ("pause", "requeue"):
-                rules.record(judged, f"watchdog.{action.kind}", f"{action.rule}: {action.reason}", **detail)
-                return self.stop(action.kind, f"watchdog rule {action.rule}: {action.reason}")
-            if action.kind in ("rollback", "restart_critic"):
-                target = rules.target_before_anomaly(action, c.ckpt.list_committed())
-                if target is None:
-                    reason = (f"watchdog rule {action.rule} ({action.reason}) asked for {action.kind} but no committed "
-                              f"checkpoint predates the anomaly; committed: {c.ckpt.list_committed() or 'none'}")
-                    rules.record(judged, "watchdog.pause", reason, **detail)
-                    if action.kind == "rollback":
-                        rules.compose_lr_scale(1.0 / action.lr_scale)  # no rollback happened: no lr cut either
-                    for rest in decision.actions[i + 1:]:
-                        rules.record(judged, "watchdog.suppressed", f"{rest.rule}: {rest.reason} (superseded by the "
-                                     f"pause)", **describe(rest))
-                    return self.stop("pause", reason)
-                rules.record(judged, f"watchdog.{action.kind}", f"{action.rule}: {action.reason}; back to "
-                             f"checkpoint step {target}", checkpoint=target, **detail)
-                if action.kind == "rollback":
-                    self.roll_back(target)
-                else:
-                    self.restart_critic(target)
-            elif action.kind == "raise_kl_coef":
-                old = c.kl_ctrl.value
-                c.kl_ctrl.value = raised_kl_coef(old, action)
-                rules.state = rules.state.with_kl_coef(c.kl_ctrl.value)
-                rules.record(judged, "watchdog.raise_kl_coef", f"{action.rule}: {action.reason}; kl_coef "
-                             f"{old:.4g} -> {c.kl_ctrl.value:.4g}", old=old, new=c.kl_ctrl.value, **detail)
-            elif action.kind == "set_grad_clip":
-                rules.record(judged, "watchdog.set_grad_clip", f"{action.rule}: {action.reason}; grad clip "
-                             f"{rules.grad_clip(self.cfg.actor.grad_clip):.4g} (actor), "
-                             f"{rules.grad_clip(self.cfg.critic.grad_clip):.4g} (critic)", **detail)
-        return None
-
-    def roll_back(self, target: int, *, lr_factor: float | None = None) -> None:
-        """Back to committed checkpoint ``target``: models, optimizers, lr schedules and KL controller as they were
-        there; the data cursor stays where it is (the batches since ``target`` are skipped), the sampling seed moves
-        to a new branch, the learning rates take the composed scale. The checkpoint is then saved again with that
-        state, so a crash from here on resumes the new branch, not the abandoned one."""
-        c = self.c
-        start = time.perf_counter()
-        if lr_factor is not None:
-            self.rules.compose_lr_scale(lr_factor)
-        cursor = c.sampler.state_dict()
-        c.ckpt.abandon_after(target)
-        models, optims = self.checkpointed()
-        extra = c.ckpt.load(target, models=models, optimizers=optims)
-        self.restore_schedules(extra)
-        c.sampler.load_state_dict(cursor)
-        self.branch += 1
-        self.step = target
-        self.rules.rolled_back_to(target)
-        self.actor_version += 1  # the engine must take the restored weights
-        self.reoffload_optimizers()
-        self.save_checkpoint()
-        log.info("rolled back to step %d (branch %d, lr x%g in all) in %.2f s, the re-saved checkpoint included", target,
-                 self.branch, self.rules.state.lr_scale, time.perf_counter() - start)
-
-    def restart_critic(self, target: int) -> None:
-        """The critic's weights and optimizer state from committed checkpoint ``target``; the actor is untouched."""
-        c = self.c
-        c.ckpt.load(target, models={"critic": c.critic}, optimizers={"critic": c.critic_optim}, restore_rng=False)
-        if c.critic_optim_offload:
-            offload_optimizer_state(c.critic_optim)
-
-    def stop(self, kind: str, reason: str) -> int:
-        """Checkpoint and stop: ``pause`` waits for ``hpcppo resume`` (no requeue), ``requeue`` asks for one."""
-        c = self.c
-        if self.step > 0 and c.ckpt.latest_committed() != self.step:
-            self.save_checkpoint()
-        if c.metrics is not None:
-            c.metrics.log_event(self.step, "paused" if kind == "pause" else "requeue", reason[:1000])
-        if kind == "pause" and self.env.rank == 0:
-            atomic_write_text(c.run_dir / "control" / "PAUSED", f"step {self.step}: {reason}\n")
-        log.info("%s after step %d: %s", kind, self.step, reason)
-        return exitcodes.PAUSED if kind == "pause" else exitcodes.REQUEUE
-
     # ------------------------------------------------------------------ step boundary
     def at_boundary(self) -> int | None:
         """Requests from outside, agreed by all ranks: preemption signals (any rank), a pause request, rollback
@@ -407,32 +321,6 @@ class Trainer:
             request.unlink(missing_ok=True)
         log.info("%s: %s, exiting", kind, f"checkpointed step {self.step}" if self.step else "before the first step")
         return exitcodes.REQUEUE if preempted else exitcodes.PAUSED
-
-    def serve_requests(self, requests: list[Any]) -> None:
-        """Apply rank 0's rollback requests in arrival order (collective: rank 0 broadcasts what to do)."""
-        from hpcppo.distributed.env import broadcast_object
-
-        c = self.c
-        plan = []
-        if self.env.rank == 0:
-            for req in requests:
-                committed = [s for s in c.ckpt.list_committed() if req.to_step is None or s <= req.to_step]
-                plan.append((req, committed[-1] if committed else None))
-        for req, target in broadcast_object(plan):
-            if target is None:
-                outcome = {"status": "rejected", "reason": f"no committed checkpoint at or before step {req.to_step}; "
-                                                           f"committed: {c.ckpt.list_committed() or 'none'}"}
-                self.rules.record(self.step, "control.rejected", f"rollback request {req.id}: {outcome['reason']}",
-                                  source="control", request=req.id)
-            else:
-                factor = control.DEFAULT_LR_SCALE if req.lr_scale is None else req.lr_scale
-                self.rules.record(self.step, "control.rollback", f"rollback request {req.id}: back to checkpoint "
-                                  f"step {target}, lr x{factor:g}", source="control", request=req.id, checkpoint=target,
-                                  lr_scale=factor)
-                self.roll_back(target, lr_factor=factor)
-                outcome = {"status": "applied", "checkpoint": target, "step": self.step}
-            if self.env.rank == 0:
-                control.acknowledge(c.run_dir, req, outcome)
 
     # ------------------------------------------------------------------ bookkeeping
     def log_metrics(self, step: int, metrics: dict[str, float], note: str = "") -> None:
