@@ -198,3 +198,26 @@ def test_a_rollback_with_no_checkpoint_before_the_anomaly_pauses_with_that_reaso
 
     state = torch.load(run / "checkpoints" / "step-2" / "extra.pt", weights_only=True)["watchdog"]["state"]
     assert state["lr_scale"] == 1.0  # the rollback that could not happen cut no lr
+
+
+@pytest.mark.slow
+def test_a_requeue_rule_checkpoints_and_exits_for_the_scheduler_and_does_not_fire_again(tmp_path, random_tiny):
+    from hpcppo import exitcodes
+
+    spec = write_spec(tmp_path / "exp.toml", random_tiny, extra="""
+[[watchdog.rules]]
+name = "slow_node_requeue"
+metric = "perf/tokens_per_s"
+condition = "gt"
+threshold = 0.0
+action = "requeue"
+max_count = 1
+""")
+    run = compile_run(spec, tmp_path / "runs", BASE + ["trainer.total_steps=4", "checkpoint.save_every=0"])
+    assert wait_all(launch_ranks(run, 2, "a0")) == [exitcodes.REQUEUE] * 2, logs_of(run)
+    assert (run / "checkpoints" / "step-1" / "COMMITTED").exists()
+    assert [(e["kind"], e["step"]) for e in events.read_events(run)] == [("watchdog.requeue", 1)]
+    # The requeued attempt resumes from step 1; the rule's count is in the checkpoint, so it does not fire again.
+    assert wait_all(launch_ranks(run, 2, "a1")) == [0, 0], logs_of(run)
+    assert list(hmetrics.load(run)["step"]) == [1, 2, 3, 4]
+    assert len(events.read_events(run, kinds=["watchdog.requeue"])) == 1
