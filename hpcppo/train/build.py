@@ -52,7 +52,6 @@ class Components:
     actor: nn.Module
     actor_optim: torch.optim.Optimizer
     actor_lr: LRSchedule
-    grad_clip: float
     reference: nn.Module | None
     critic: nn.Module | None
     critic_optim: torch.optim.Optimizer | None
@@ -209,7 +208,7 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
     return Components(
         cfg=cfg, plan=plan, site=site, env=env, run_dir=run_dir, device=device, tokenizer=tokenizer,
         train_data=train_data, val_data=val_data, val_sources=val_sources, sampler=sampler, total_steps=total_steps,
-        actor=actor, actor_optim=actor_optim, actor_lr=actor_lr, grad_clip=cfg.actor.grad_clip, reference=reference,
+        actor=actor, actor_optim=actor_optim, actor_lr=actor_lr, reference=reference,
         critic=critic, critic_optim=critic_optim, critic_lr=critic_lr, engine=engine, sampling=sampling,
         val_sampling=val_sampling, kl_ctrl=kl_ctrl, score_fn=build_score_fn(cfg.data), ckpt=ckpt, metrics=metrics,
         attempt=attempt, preempt=preempt if preempt is not None else PreemptionFlag(),

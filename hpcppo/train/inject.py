@@ -30,14 +30,10 @@ class FaultInjector:
         cfg = self.cfg
         in_attempt = self.attempt == cfg.attempt
         if in_attempt and step == cfg.kill_rank_at_step and self.rank == cfg.kill_rank:
-            log.warning("debug.inject: rank %d kills itself at step %d (attempt %d)", self.rank, step, self.attempt)
-            for handler in logging.getLogger().handlers:
-                handler.flush()
+            self._announce(f"rank {self.rank} kills itself at step {step} (attempt {self.attempt})")
             os.kill(os.getpid(), signal.SIGKILL)
         if in_attempt and step == cfg.hang_at_step and self.rank == cfg.hang_rank:
-            log.warning("debug.inject: rank %d hangs at step %d (attempt %d)", self.rank, step, self.attempt)
-            for handler in logging.getLogger().handlers:
-                handler.flush()
+            self._announce(f"rank {self.rank} hangs at step {step} (attempt {self.attempt})")
             while True:  # a hang: only a signal or the watchdog process ends it
                 time.sleep(3600)
         if branch == 0 and step == cfg.nan_value_loss_at_step and critic is not None:
@@ -46,6 +42,13 @@ class FaultInjector:
                 for p in critic.parameters():
                     local = p.to_local() if hasattr(p, "to_local") else p  # FSDP2 shards: each rank its own
                     local.fill_(math.nan)
+
+    @staticmethod
+    def _announce(what: str) -> None:
+        """Log the fault and flush: the process is about to die or stop, and its log must say why."""
+        log.warning("debug.inject: %s", what)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
 
     def on_row(self, step: int, branch: int, row: dict[str, float]) -> dict[str, float]:
         """The row the watchdog judges and the log keeps, with this step's staged values."""

@@ -108,16 +108,18 @@ class Recovery:
         if c.critic_optim_offload:
             offload_optimizer_state(c.critic_optim)
 
-    def stop(self, kind: str, reason: str) -> int:
-        """Checkpoint and stop: ``pause`` waits for ``hpcppo resume`` (no requeue), ``requeue`` asks for one."""
+    def stop(self, kind: str, reason: str, *, event: str | None = None, save: bool = True) -> int:
+        """Checkpoint (unless ``save`` is false or step 0, the initial state) and stop: ``pause`` waits for ``hpcppo
+        resume`` (no requeue; ``control/PAUSED`` tells ``hpcppo status`` why), ``requeue`` asks the scheduler for one.
+        ``event`` is the HDF5 event's kind (``paused`` / ``requeue`` by default)."""
         c = self.c
-        if self.step > 0 and c.ckpt.latest_committed() != self.step:
+        if save and self.step > 0 and c.ckpt.latest_committed() != self.step:
             self.save_checkpoint()
         if c.metrics is not None:
-            c.metrics.log_event(self.step, "paused" if kind == "pause" else "requeue", reason[:1000])
+            c.metrics.log_event(self.step, event or ("paused" if kind == "pause" else "requeue"), reason[:1000])
         if kind == "pause" and self.env.rank == 0:
             atomic_write_text(c.run_dir / "control" / "PAUSED", f"step {self.step}: {reason}\n")
-        log.info("%s after step %d: %s", kind, self.step, reason)
+        log.info("%s after step %d: %s, exiting", kind, self.step, reason)
         return exitcodes.PAUSED if kind == "pause" else exitcodes.REQUEUE
 
     def serve_requests(self, requests: list[Any]) -> None:

@@ -31,7 +31,6 @@ import torch
 from hpcppo import algos, control, exitcodes
 from hpcppo.distributed.env import all_reduce_host
 from hpcppo.distributed.weights import iter_full_params
-from hpcppo.fsutil import atomic_write_text
 from hpcppo.models import compute_log_probs, compute_values
 from hpcppo.rollout.base import derive_seed
 from hpcppo.train import batching
@@ -306,21 +305,17 @@ class Trainer(Recovery):
             self.serve_requests(requests)
         if not (preempted or paused):
             return None
-        if (self.cfg.checkpoint.save_on_preempt or paused) and self.step > 0:  # step 0 is the initial state
-            if c.ckpt.latest_committed() != self.step:
-                self.save_checkpoint()
-        kind = "preempted" if preempted else "paused"
-        if c.metrics is not None:
-            where = f"after step {self.step} with a committed checkpoint" if self.step else "before the first step"
-            c.metrics.log_event(self.step, kind, f"stopping {where}")
-        if paused and self.env.rank == 0:
-            # The request is served; the marker tells `hpcppo status` why the run stopped (`hpcppo resume` clears it).
-            request = c.run_dir / "control" / "PAUSE"
-            reason = request.read_text().strip() if request.exists() else ""
-            atomic_write_text(c.run_dir / "control" / "PAUSED", f"step {self.step}: {reason or 'pause requested'}\n")
+        where = f"after step {self.step} with a committed checkpoint" if self.step else "before the first step"
+        if preempted:
+            return self.stop("requeue", f"preempted: stopping {where}", event="preempted",
+                             save=self.cfg.checkpoint.save_on_preempt)
+        # The request is served by the pause; its text becomes the reason `hpcppo status` shows.
+        request = c.run_dir / "control" / "PAUSE"
+        reason = (request.read_text().strip() if self.env.rank == 0 and request.exists() else "") or "pause requested"
+        code = self.stop("pause", reason, event="paused")
+        if self.env.rank == 0:
             request.unlink(missing_ok=True)
-        log.info("%s: %s, exiting", kind, f"checkpointed step {self.step}" if self.step else "before the first step")
-        return exitcodes.REQUEUE if preempted else exitcodes.PAUSED
+        return code
 
     # ------------------------------------------------------------------ bookkeeping
     def log_metrics(self, step: int, metrics: dict[str, float], note: str = "") -> None:
