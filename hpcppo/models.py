@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """``clamp(cumsum(mask) - 1, min=0)``: 0.. along the tokens of each row, 0 on left padding. ``[B, T]``."""
     return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
@@ -107,10 +108,8 @@ def build_reference(
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
 ) -> nn.Module:
-    """The frozen reference policy: same weights as the initial actor, eval mode, ``requires_grad=False``."""
-    model = load_causal_lm(path, dtype=dtype, trust_remote_code=trust_remote_code,
-                           attn_implementation=attn_implementation)
-    model.config.use_cache = False
+    """The frozen reference policy: the initial actor in eval mode, ``requires_grad=False``."""
+    model = build_actor(path, dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation)
     model.requires_grad_(False)
     return model.eval()
 
