@@ -38,6 +38,20 @@ def _all_rows(run_dir):
     return rows
 
 
+def _rule(name, metric, action, *, condition="gt", threshold=0.0, **fields):
+    """A ``[[watchdog.rules]]`` table for a test spec (always firing with the defaults: ``metric > 0``)."""
+    lines = [f'name = "{name}"', f'metric = "{metric}"', f'condition = "{condition}"', f"threshold = {threshold}",
+             f'action = "{action}"'] + [f"{k} = {v}" for k, v in fields.items()]
+    return "\n[[watchdog.rules]]\n" + "\n".join(lines) + "\n"
+
+
+def _watchdog_state(run_dir, step):
+    """The rule state saved in checkpoint ``step``."""
+    import torch
+
+    return torch.load(run_dir / "checkpoints" / f"step-{step}" / "extra.pt", weights_only=True)["watchdog"]["state"]
+
+
 def _kinds(run_dir):
     return [(e["kind"], e["step"]) for e in events.read_events(run_dir)]
 
@@ -145,25 +159,15 @@ def test_rollback_of_a_stopped_run_and_of_a_running_one(tmp_path, random_tiny):
 
 @pytest.mark.slow
 def test_set_grad_clip_tightens_both_clips_and_is_kept_in_checkpoints(tmp_path, random_tiny):
-    spec = write_spec(tmp_path / "exp.toml", random_tiny, extra="""
-[[watchdog.rules]]
-name = "grad_norm_clip"
-metric = "actor/grad_norm"
-condition = "gt"
-threshold = 0.0
-action = "set_grad_clip"
-grad_clip = 0.001
-max_count = 1
-""")
+    spec = write_spec(tmp_path / "exp.toml", random_tiny, extra=_rule(
+        "grad_norm_clip", "actor/grad_norm", "set_grad_clip", grad_clip=0.001, max_count=1))
     run = compile_run(spec, tmp_path / "runs", BASE + ["trainer.total_steps=4"])
     assert wait_all(launch_ranks(run, 2, "a0")) == [0, 0], logs_of(run)
     (event,) = [e for e in events.read_events(run) if e["kind"] == "watchdog.set_grad_clip"]
     assert event["step"] == 1 and event["grad_clip"] == 0.001
     assert "0.001 (actor), 0.001 (critic)" in event["message"]
-    import torch
-
-    extra = torch.load(run / "checkpoints" / "step-4" / "extra.pt", weights_only=True)
-    assert extra["watchdog"]["state"]["grad_clip"] == 0.001 and extra["watchdog"]["state"]["fired"] == {"grad_norm_clip": 1}
+    state = _watchdog_state(run, 4)
+    assert state["grad_clip"] == 0.001 and state["fired"] == {"grad_norm_clip": 1}
 
 
 @pytest.mark.slow
@@ -194,25 +198,15 @@ def test_a_rollback_with_no_checkpoint_before_the_anomaly_pauses_with_that_reaso
     assert (run / "checkpoints" / "step-2" / "COMMITTED").exists()
     assert [(e["kind"], e["rule"]) for e in events.read_events(run)] == [("watchdog.pause", "kl_rollback"),
                                                                          ("watchdog.suppressed", "kl_raise_coef")]
-    import torch
-
-    state = torch.load(run / "checkpoints" / "step-2" / "extra.pt", weights_only=True)["watchdog"]["state"]
-    assert state["lr_scale"] == 1.0  # the rollback that could not happen cut no lr
+    assert _watchdog_state(run, 2)["lr_scale"] == 1.0  # the rollback that could not happen cut no lr
 
 
 @pytest.mark.slow
 def test_a_requeue_rule_checkpoints_and_exits_for_the_scheduler_and_does_not_fire_again(tmp_path, random_tiny):
     from hpcppo import exitcodes
 
-    spec = write_spec(tmp_path / "exp.toml", random_tiny, extra="""
-[[watchdog.rules]]
-name = "slow_node_requeue"
-metric = "perf/tokens_per_s"
-condition = "gt"
-threshold = 0.0
-action = "requeue"
-max_count = 1
-""")
+    spec = write_spec(tmp_path / "exp.toml", random_tiny, extra=_rule(
+        "slow_node_requeue", "perf/tokens_per_s", "requeue", max_count=1))
     run = compile_run(spec, tmp_path / "runs", BASE + ["trainer.total_steps=4", "checkpoint.save_every=0"])
     assert wait_all(launch_ranks(run, 2, "a0")) == [exitcodes.REQUEUE] * 2, logs_of(run)
     assert (run / "checkpoints" / "step-1" / "COMMITTED").exists()
