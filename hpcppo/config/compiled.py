@@ -21,6 +21,7 @@ from hpcppo.config.load import (expand_path_text, experiment_from_data, load_exp
 from hpcppo.config.plan import RunPlan
 from hpcppo.config.resolve import resolve
 from hpcppo.config.site import Site
+from hpcppo.config.watchdog import check_rule_metrics
 from hpcppo.errors import ConfigError, PathError
 
 __all__ = ["Compiled", "JobSection", "compile_config", "compile_preflight", "check_experiment_paths", "to_toml",
@@ -91,6 +92,7 @@ def compile_config(spec: str | os.PathLike[str], site: str | os.PathLike[str] = 
                                                            site_file=str(site_file), cwd=cwd)
     if check_paths:
         check_experiment_paths(experiment)
+    check_rule_metrics(experiment.watchdog, file=str(spec_path))
     plan = resolve(site_obj, experiment)
     job = JobSection(kind="train", collective_timeout_s=experiment.trainer.collective_timeout_s)
     return Compiled(site=site_obj, experiment=experiment, plan=plan, provenance=_merge_prov(exp_prov, site_prov),

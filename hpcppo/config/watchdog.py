@@ -6,9 +6,9 @@ import math
 
 import attrs
 
-from hpcppo.config.fields import FieldValueError, opt
+from hpcppo.config.fields import FieldValueError, did_you_mean, opt
 
-__all__ = ["Rule", "WatchdogSection", "default_rules", "RULE_ACTIONS", "RULE_CONDITIONS"]
+__all__ = ["Rule", "WatchdogSection", "default_rules", "check_rule_metrics", "RULE_ACTIONS", "RULE_CONDITIONS"]
 
 RULE_CONDITIONS = ("gt", "lt", "nonfinite", "drop_frac")
 RULE_ACTIONS = ("raise_kl_coef", "rollback", "pause", "set_grad_clip", "restart_critic", "requeue")
@@ -106,3 +106,19 @@ class WatchdogSection:
                 raise FieldValueError("rules", f"two rules are named {rule.name!r}; rule names must be unique")
             seen.add(rule.name)
         object.__setattr__(self, "rules", merged)
+
+
+def check_rule_metrics(section: WatchdogSection, *, file: str | None = None) -> None:
+    """A rule whose metric the trainer never logs would never fire: a typo must fail at compile time, not leave a
+    run unprotected. Raises ``ConfigError`` naming the rule, the metric and the closest column."""
+    from hpcppo.errors import ConfigError
+    from hpcppo.metrics import schema  # the trainer's column list (no torch)
+
+    if not section.enable:
+        return
+    for rule in section.rules:
+        if not schema.is_trainer_column(rule.metric):
+            known = schema.trainer_columns()
+            raise ConfigError(f"rule {rule.name!r}: metric {rule.metric!r} is not logged by the trainer"
+                              f"{did_you_mean(rule.metric, known)}; metrics: {', '.join(known)}, "
+                              f"{schema.VALIDATION_PREFIX}<data_source>", file=file, key="watchdog.rules")

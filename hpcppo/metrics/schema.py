@@ -114,6 +114,23 @@ STANDARD_COLUMNS: tuple[str, ...] = (
     "val/score",
 )
 
+#: Columns a trainer adds when its configuration produces them (the KL loss only with actor.use_kl_loss).
+OPTIONAL_COLUMNS: tuple[str, ...] = ("actor/kl_loss",)
+#: Per-data-source validation scores: ``val/score/<data_source>``.
+VALIDATION_PREFIX = "val/score/"
+
+
+def trainer_columns(val_sources: Sequence[str] = ()) -> list[str]:
+    """Every column the trainer declares for a run with these validation data sources."""
+    return [*STANDARD_COLUMNS, *OPTIONAL_COLUMNS, *(VALIDATION_PREFIX + s for s in val_sources)]
+
+
+def is_trainer_column(name: str) -> bool:
+    """Whether the trainer can log ``name`` (a rule watching anything else would never fire)."""
+    return name in STANDARD_COLUMNS or name in OPTIONAL_COLUMNS or (
+        name.startswith(VALIDATION_PREFIX) and len(name) > len(VALIDATION_PREFIX))
+
+
 #: Column dtype for strings stored as fixed-length UTF-8 (see module docstring for why not variable length).
 COLUMN_NAME_BYTES = 256
 

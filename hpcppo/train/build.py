@@ -23,14 +23,13 @@ from hpcppo.distributed.checkpoint import CheckpointManager
 from hpcppo.distributed.env import DistEnv, broadcast_object
 from hpcppo.distributed.fsdp import apply_activation_checkpointing, apply_fsdp
 from hpcppo.distributed.mesh import build_mesh
-from hpcppo.metrics import STANDARD_COLUMNS, MetricsWriter
+from hpcppo.metrics import MetricsWriter
+from hpcppo.metrics.schema import trainer_columns
 from hpcppo.rollout import RolloutEngine, SamplingParams, build_engine
 from hpcppo.train.optim import LRSchedule, build_optimizer
 from hpcppo.train.signals import PreemptionFlag
 
 log = logging.getLogger("hpcppo.train")
-
-EXTRA_COLUMNS = ("actor/kl_loss",)
 
 
 @dataclass
@@ -195,7 +194,7 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
 
     ckpt = CheckpointManager(run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last, rank=env.rank,
                              world_size=env.world_size)
-    columns = list(STANDARD_COLUMNS) + list(EXTRA_COLUMNS) + [f"val/score/{s}" for s in val_sources]
+    columns = trainer_columns(val_sources)
     metrics = None
     # Every rank learns the attempt from rank 0, which counts the metrics files before it creates its own.
     attempt = broadcast_object(len(list((run_dir / "metrics").glob("attempt-*.h5"))) if env.rank == 0 else None)

@@ -393,6 +393,10 @@ CORPUS = [
     pytest.param(_override("..=1"), ConfigError, ("command line (-o): '..' is not a dotted key",), id="override-dotdot"),
     pytest.param(_override("actor..lr=1"), ConfigError, ("'actor..lr' is not a dotted key",), id="override-empty-part"),
     pytest.param(_override(".=1"), ConfigError, ("'.' is not a dotted key",), id="override-dot"),
+    pytest.param(_spec_with('metric = "kl/actor_ref"\ncondition = "gt"\nthreshold = 2.0',
+                            'metric = "kl/actorref"\ncondition = "gt"\nthreshold = 2.0'), ConfigError,
+                 ("exp.toml: watchdog.rules: rule 'kl_pause': metric 'kl/actorref' is not logged by the trainer "
+                  "(did you mean 'kl/actor_ref'?)",), id="rule-watching-a-metric-never-logged"),
 ]
 
 
