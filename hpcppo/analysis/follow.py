@@ -131,14 +131,13 @@ class RunReader:
 
     def refresh(self) -> bool:
         """Read the log again if a file changed; True when it did."""
-        from hpcppo.analysis.logs import run_events
-        from hpcppo.metrics import load
+        from hpcppo.metrics import events, load
 
         sig = self._stat()
         if sig == self._signature:
             return False
         self.rows = load(self.run_dir)
-        self._events = run_events(self.run_dir)
+        self._events = events(self.run_dir)
         self._signature = sig
         return True
 

@@ -7,7 +7,6 @@
   the rank logs.
 * ``hpcppo runs``: :func:`run_rows` is every run under a runs root, newest first, with its job state and how
   far its training got (step of total, last reward and KL from the metric log).
-* :func:`run_events`: the run's events (the plot marks them, the live view prints them).
 
 No torch, no matplotlib here.
 """
@@ -51,15 +50,6 @@ def open_run(text: str, runs_root: Callable[[], Path]) -> Any:
     if target.run_dir is None:
         raise PathError(f"{text}: not a run directory", hint="a run id, or a directory with resolved.toml")
     return RunDir(target.run_dir)
-
-
-# ----------------------------------------------------------------------------- events
-def run_events(run: str | os.PathLike[str]) -> pd.DataFrame:
-    """Every event of ``run`` (a run directory or one metric file), oldest first: :func:`hpcppo.metrics.events`
-    (the HDF5 log's and ``events.jsonl``'s, an action recorded in both counted once)."""
-    from hpcppo.metrics import events
-
-    return events(run)
 
 
 # ----------------------------------------------------------------------------- runs

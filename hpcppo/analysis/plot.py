@@ -148,10 +148,10 @@ def _event_x(event: pd.Series, rows: pd.DataFrame, x: str) -> float | None:
 
 
 def _marks(run: str | os.PathLike[str], rows: pd.DataFrame, x: str) -> list[tuple[str, float]]:
-    from hpcppo.analysis.logs import run_events
+    from hpcppo.metrics import events
 
     marks: list[tuple[str, float]] = []
-    for _, event in run_events(run).iterrows():
+    for _, event in events(run).iterrows():
         category = _MARK_OF_KIND.get(str(event["kind"]).rsplit(".", 1)[-1])
         if category is None:
             continue
