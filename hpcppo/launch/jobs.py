@@ -94,16 +94,11 @@ def submit_run(crun: CompiledRun) -> str:
     :func:`compile_run` just made is removed: it holds only copies of the user's inputs, and a run
     that never reached the scheduler must not show up in ``hpcppo status``.
     """
-    from hpcppo.launch import submit
-
-    plan = crun.compiled.plan
     with crun.run.lock("submit"):
         if crun.run.read_record().get("attempts"):
             raise RunStateError(f"run {crun.run.run_id} was submitted already", hint=f"hpcppo resume {crun.run.run_id}")
         try:
-            if crun.compiled.site.scheduler == "slurm":
-                return submit.submit_slurm(crun.run, plan.nodes, plan.ranks_per_node)
-            return submit.submit_local(crun.run, plan.world_size, plan.time_limit_s / 60)
+            return _submit(crun.run, crun.compiled)
         except HpcppoError as exc:
             if not getattr(exc, "keep_run_dir", False):
                 discard_unsubmitted(crun.run)
@@ -119,7 +114,6 @@ def resume_run(run: RunDir) -> str:
     and then resumes): there is nothing else to resume. ``RunBusyError`` while another command changes the run.
     """
     from hpcppo import config, control
-    from hpcppo.launch import submit
 
     with run.lock("resume"):
         st = run_status(run)
@@ -138,11 +132,17 @@ def resume_run(run: RunDir) -> str:
                                                 f"trainer.total_steps")
         for marker in ("PAUSE", "PAUSED"):
             (run.control / marker).unlink(missing_ok=True)
-        compiled = config.load_resolved(run.resolved)
-        plan = compiled.plan
-        if compiled.site.scheduler == "slurm":
-            return submit.submit_slurm(run, plan.nodes, plan.ranks_per_node)
-        return submit.submit_local(run, plan.world_size, plan.time_limit_s / 60)
+        return _submit(run, config.load_resolved(run.resolved))
+
+
+def _submit(run: RunDir, compiled: Any) -> str:
+    """Submit the run's ``job.sbatch`` to its site's scheduler as a new attempt; returns the job id."""
+    from hpcppo.launch import submit
+
+    plan = compiled.plan
+    if compiled.site.scheduler == "slurm":
+        return submit.submit_slurm(run, plan.nodes, plan.ranks_per_node)
+    return submit.submit_local(run, plan.world_size, plan.time_limit_s / 60)
 
 
 def _just_submitted(st: Status) -> bool:
