@@ -76,11 +76,10 @@ def make_view(state: str, rows: pd.DataFrame, total: int | None, elapsed_s: floa
 
 
 def clock(seconds: float | None) -> str:
-    """``H:MM:SS``, ``-`` when unknown."""
-    if seconds is None:
-        return "-"
-    s = int(max(0.0, seconds))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+    """``H:MM:SS`` as ``hpcppo status`` writes it (never below 0), ``-`` when unknown."""
+    from hpcppo.launch.status import format_elapsed
+
+    return format_elapsed(None if seconds is None else max(0.0, seconds))
 
 
 def _num(value: float | None, fmt: str = ".4g") -> str:

@@ -237,9 +237,10 @@ def fmt(value: float | None) -> str:
 
 
 def duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    h, rest = divmod(seconds, 3600)
-    return f"{h}:{rest // 60:02d}:{rest % 60:02d}"
+    """``H:MM:SS`` as ``hpcppo status`` writes it, to the nearest second."""
+    from hpcppo.launch.status import format_elapsed
+
+    return format_elapsed(round(seconds))
 
 
 def steps_text(summary: dict[str, Any]) -> str:
