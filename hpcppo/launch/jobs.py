@@ -24,7 +24,7 @@ from hpcppo.errors import HpcppoError, RunIdError, RunStateError
 from hpcppo.fsutil import atomic_write_text
 from hpcppo.launch import render as _render
 from hpcppo.launch.rundir import RESOLVED, SCRIPT, SPEC, RunDir, RunIdTakenError, create_run_dir, new_run_id
-from hpcppo.launch.status import FINAL_STATES, Status, run_status
+from hpcppo.launch.status import FINAL_STATES, Status, parse_time, run_status
 
 RUN_ID_TRIES = 8
 """Fresh run ids drawn before giving up when each one is taken (4 hex digits per second: a collision is rare)."""
@@ -116,10 +116,8 @@ def resume_run(run: RunDir) -> str:
     from hpcppo import config, control
 
     with run.lock("resume"):
-        st = run_status(run)
-        if st["state"] == "UNREADABLE":
-            raise RunStateError(st["reason"])
-        if st["state"] not in FINAL_STATES | {"NOT_SUBMITTED", "UNKNOWN"} or _just_submitted(st):
+        st = _status_to_decide_on(run)
+        if not _stopped(st):
             raise RunStateError(f"run {run.run_id} is {st['state']} (job {st['job_id']}); it can be resumed once it "
                                 f"has stopped", hint=f"hpcppo cancel {run.run_id}")
         if ((st["state"] == "COMPLETED" or st.get("steps_done"))
@@ -145,17 +143,21 @@ def _submit(run: RunDir, compiled: Any) -> str:
     return submit.submit_local(run, plan.world_size, plan.time_limit_s / 60)
 
 
-def _just_submitted(st: Status) -> bool:
-    """An UNKNOWN job submitted moments ago: accounting and the controller may not answer for it yet."""
-    if st["state"] != "UNKNOWN" or not st.get("submitted_at"):
+def _status_to_decide_on(run: RunDir) -> Status:
+    """The run's status; ``RunStateError`` when its ``run.json`` cannot be read (nothing can be decided)."""
+    st = run_status(run)
+    if st["state"] == "UNREADABLE":
+        raise RunStateError(st["reason"])
+    return st
+
+
+def _stopped(st: Status) -> bool:
+    """Whether the run's job has stopped (or never ran), so a new attempt may start: a final state, NOT_SUBMITTED,
+    or UNKNOWN unless it was submitted moments ago (accounting and the controller may not answer for it yet)."""
+    if st["state"] not in FINAL_STATES | {"NOT_SUBMITTED", "UNKNOWN"}:
         return False
-    try:
-        submitted = _dt.datetime.fromisoformat(st["submitted_at"])
-    except ValueError:
-        return False
-    if submitted.tzinfo is None:
-        submitted = submitted.replace(tzinfo=_dt.timezone.utc)
-    return (_dt.datetime.now(_dt.timezone.utc) - submitted).total_seconds() < JUST_SUBMITTED_S
+    submitted = parse_time(st.get("submitted_at")) if st["state"] == "UNKNOWN" else None
+    return submitted is None or (_dt.datetime.now(_dt.timezone.utc) - submitted).total_seconds() >= JUST_SUBMITTED_S
 
 
 def discard_unsubmitted(run: RunDir) -> bool:
@@ -180,12 +182,10 @@ def cancel_run(run: RunDir) -> dict[str, Any]:
     was sent. ``RunStateError`` when the run was never submitted.
     """
     with run.lock("cancel"):
-        return _cancel_locked(run, run_status(run))
+        return _cancel_locked(run, _status_to_decide_on(run))
 
 
 def _cancel_locked(run: RunDir, st: Status) -> dict[str, Any]:
-    if st["state"] == "UNREADABLE":
-        raise RunStateError(st["reason"])
     if st["state"] == "NOT_SUBMITTED":
         raise RunStateError(f"run {run.run_id} was never submitted; nothing to cancel")
     job_id = str(st["job_id"])
@@ -247,11 +247,9 @@ def _rollback_locked(run: RunDir, *, to_step: int | None, lr_scale: float | None
         listed = ", ".join(map(str, committed[-20:])) if committed else "none"
         raise RunStateError(f"run {run.run_id} has no committed checkpoint{where}; committed checkpoints: "
                             f"{'..., ' if len(committed) > 20 else ''}{listed}")
-    st = run_status(run)
-    if st["state"] == "UNREADABLE":
-        raise RunStateError(st["reason"])
+    st = _status_to_decide_on(run)
     request = control.submit_request(run.path, "rollback", to_step=to_step, lr_scale=lr_scale)
-    if st["state"] not in FINAL_STATES | {"NOT_SUBMITTED", "UNKNOWN"} or _just_submitted(st):
+    if not _stopped(st):
         return Rollback(request=request, checkpoint=eligible[-1], state=st["state"], job_id=st["job_id"],
                         resubmitted=False)
     try:

@@ -79,7 +79,8 @@ Status = dict[str, Any]
 
 
 # ----------------------------------------------------------------------------- runs
-def _parse_time(text: str | None) -> _dt.datetime | None:
+def parse_time(text: str | None) -> _dt.datetime | None:
+    """An ISO 8601 time of ``run.json`` (naive: UTC); None when missing or malformed."""
     if not text:
         return None
     try:
@@ -131,7 +132,7 @@ def statuses(runs: Sequence[RunDir]) -> list[Status]:
         attempts = records[r.run_id].get("attempts", [])
         if attempts and metas[r.run_id]["scheduler"] == "slurm":
             last = attempts[-1]
-            slurm_jobs[str(last["job_id"])] = _parse_time(last.get("submitted_at"))
+            slurm_jobs[str(last["job_id"])] = parse_time(last.get("submitted_at"))
     infos: dict[str, Any] = {}
     query_error = None
     if slurm_jobs:
@@ -184,7 +185,7 @@ def _one_status(run: RunDir, meta: dict[str, Any], record: dict[str, Any], infos
     last = attempts[-1]
     status["job_id"] = str(last["job_id"])
     status["submitted_at"] = last.get("submitted_at")
-    submitted = _parse_time(last.get("submitted_at"))
+    submitted = parse_time(last.get("submitted_at"))
     cancel_requested = last.get("cancel_requested_at")
     record_code: int | None = None
     if meta["scheduler"] == "slurm":
@@ -213,7 +214,7 @@ def _one_status(run: RunDir, meta: dict[str, Any], record: dict[str, Any], infos
         if submitted is not None:
             end = _dt.datetime.now(_dt.timezone.utc).timestamp() if local["state"] == "RUNNING" else local["ended_at"]
             if end is None and cancel_requested:
-                end = (_parse_time(cancel_requested) or submitted).timestamp()
+                end = (parse_time(cancel_requested) or submitted).timestamp()
             if end is not None:
                 status["elapsed_s"] = max(0.0, end - submitted.timestamp())
         at_limit = _near(status["elapsed_s"], meta["time_limit_s"], LOCAL_SIGNAL_DELAY_S)
