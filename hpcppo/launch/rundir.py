@@ -91,7 +91,7 @@ class RunDir:
         if path.parent != root:  # belt and braces: never leave the runs root
             raise RunIdError(f"run id {run_id!r} escapes the runs root {root}")
         if not (path / RESOLVED).is_file():
-            known = sorted(p.name for p in root.iterdir() if (p / RESOLVED).is_file()) if root.is_dir() else []
+            known = [r.run_id for r in list_runs(root)]
             hint = f"runs under {root}: {', '.join(known[-10:])}" if known else f"no runs under {root}"
             raise RunIdError(f"no run {run_id!r}", hint=hint)
         return cls(path)
