@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 import pandas as pd
 
+from hpcppo.analysis.logs import last_value, number_text, total_steps
 from hpcppo.errors import HpcppoError, RunStateError
 
 DETACHED = "detached from {run}: the job goes on (hpcppo follow {run} to watch it again, hpcppo cancel {run} to stop it)"
@@ -46,13 +47,6 @@ class View:
     tokens_per_s: float | None
 
 
-def _last(frame: pd.DataFrame, column: str) -> float | None:
-    if column not in frame:
-        return None
-    values = frame[column].dropna()
-    return float(values.iloc[-1]) if len(values) else None
-
-
 def eta_s(rows: pd.DataFrame, total: int | None) -> float | None:
     """Seconds left at the step rate of the newest attempt's last rows (``None`` until it can be measured)."""
     if total is None or not len(rows):
@@ -71,8 +65,8 @@ def eta_s(rows: pd.DataFrame, total: int | None) -> float | None:
 def make_view(state: str, rows: pd.DataFrame, total: int | None, elapsed_s: float | None) -> View:
     """The view of the current history ``rows`` (as :func:`hpcppo.metrics.load` returns them)."""
     step = int(rows["step"].iloc[-1]) if len(rows) else None
-    return View(state, step, total, elapsed_s, eta_s(rows, total), _last(rows, "reward/mean"),
-                _last(rows, "kl/actor_ref"), _last(rows, "kl/coef"), _last(rows, "perf/tokens_per_s"))
+    return View(state, step, total, elapsed_s, eta_s(rows, total), last_value(rows, "reward/mean"),
+                last_value(rows, "kl/actor_ref"), last_value(rows, "kl/coef"), last_value(rows, "perf/tokens_per_s"))
 
 
 def clock(seconds: float | None) -> str:
@@ -82,13 +76,9 @@ def clock(seconds: float | None) -> str:
     return format_elapsed(None if seconds is None else max(0.0, seconds))
 
 
-def _num(value: float | None, fmt: str = ".4g") -> str:
-    return "-" if value is None else format(value, fmt)
-
-
 def metrics_text(v: View) -> str:
-    return (f"reward {_num(v.reward)}  kl {_num(v.kl)}  kl_coef {_num(v.kl_coef)}  "
-            f"tok/s {_num(v.tokens_per_s, ',.0f')}")
+    return (f"reward {number_text(v.reward)}  kl {number_text(v.kl)}  kl_coef {number_text(v.kl_coef)}  "
+            f"tok/s {number_text(v.tokens_per_s, ',.0f')}")
 
 
 def steps_text(v: View) -> str:
@@ -256,7 +246,6 @@ def follow(run: Any, *, out: TextIO | None = None, live: bool | None = None, pol
     Raises:
         RunStateError: the run was never submitted.
     """
-    from hpcppo.analysis.logs import total_steps
     from hpcppo.launch import status
 
     out = out or sys.stdout

@@ -73,7 +73,8 @@ def total_steps(run: Any) -> int | None:
     return targets.total_steps(targets.resolved_data(targets.Target(run.run_id, run.path, run.path)))
 
 
-def _last(frame: pd.DataFrame, column: str) -> float | None:
+def last_value(frame: pd.DataFrame, column: str) -> float | None:
+    """The last value of ``column`` that is not NaN (``None``: no such column, or no value yet)."""
     if column not in frame:
         return None
     values = frame[column].dropna()
@@ -97,7 +98,8 @@ def progress(run: Any) -> dict[str, Any]:
     except HpcppoError as exc:
         return out | {"error": str(exc)}
     out.update(step=int(frame["step"].iloc[-1]), last_row_time=float(frame["time"].iloc[-1]),
-               reward=_last(frame, "reward/mean"), kl=_last(frame, "kl/actor_ref"), kl_coef=_last(frame, "kl/coef"))
+               reward=last_value(frame, "reward/mean"), kl=last_value(frame, "kl/actor_ref"),
+               kl_coef=last_value(frame, "kl/coef"))
     return out
 
 
@@ -168,8 +170,9 @@ def format_age(seconds: float | None) -> str:
     return f"{int(seconds)}s"
 
 
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4g}"
+def number_text(value: float | None, fmt: str = ".4g") -> str:
+    """A number in a table or a status line, ``-`` when unknown."""
+    return "-" if value is None else format(value, fmt)
 
 
 RUN_COLUMNS = ("run", "state", "step", "reward", "kl", "site", "job", "age")
@@ -185,7 +188,7 @@ def run_row_cells(row: dict[str, Any]) -> tuple[str, ...]:
         step = "-"
     else:
         step = f"{row['step']}/{row['total_steps'] if row['total_steps'] is not None else '?'}"
-    return (row["run_id"], state_text(row), step, _num(row["reward"]), _num(row["kl"]), row["site"],
+    return (row["run_id"], state_text(row), step, number_text(row["reward"]), number_text(row["kl"]), row["site"],
             str(row["job_id"] or "-"), format_age(row["age_s"]))
 
 
