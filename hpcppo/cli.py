@@ -115,19 +115,21 @@ def _runs_root(args: argparse.Namespace) -> Path:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from hpcppo import events
+    from hpcppo.errors import RunRecordError
     from hpcppo.launch import status
     from hpcppo.launch.rundir import RunDir
 
     root = _runs_root(args)
     if args.run:
         run = RunDir.open(root, args.run)
-        st = status.run_status(run)
+        st, attempts = status.run_detail(run)
+        if st["state"] == "UNREADABLE":
+            raise RunRecordError(st["reason"])
         recent = events.read_events(run.path, last=10)
         if args.json:
-            print(json.dumps(st | {"attempt_records": run.read_record().get("attempts", []), "events": recent},
-                             indent=2, default=str))
+            print(json.dumps(st | {"attempt_records": attempts, "events": recent}, indent=2, default=str))
         else:
-            print(status.format_run(st, run.read_record().get("attempts", []), recent))
+            print(status.format_run(st, attempts, recent))
         return 0
     return cmd_runs(args)
 

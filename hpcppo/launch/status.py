@@ -119,6 +119,11 @@ def statuses(runs: Sequence[RunDir]) -> list[Status]:
     attempt in ``run.json``, so it outlives the scheduler's memory of the job. A run whose ``run.json`` is
     unreadable is ``UNREADABLE`` with the reason, and does not stop the others from being listed.
     """
+    return [st for st, _ in _statuses(runs)]
+
+
+def _statuses(runs: Sequence[RunDir]) -> list[tuple[Status, dict[str, Any]]]:
+    """:func:`statuses`, each with the ``run.json`` record it was decided on (a final state it saw written in)."""
     metas = {r.run_id: _run_meta(r) for r in runs}
     records: dict[str, dict[str, Any]] = {}
     unreadable: dict[str, str] = {}
@@ -151,7 +156,7 @@ def statuses(runs: Sequence[RunDir]) -> list[Status]:
             st.update(state="UNREADABLE", reason=unreadable[r.run_id], source="run.json")
         else:
             _remember_final_state(r, records[r.run_id], st)
-        out.append(st)
+        out.append((st, records[r.run_id]))
     return out
 
 
@@ -312,21 +317,28 @@ def slurm_attempt_key(run: RunDir, job_id: str, restarts: int | None) -> str:
 
 
 def _remember_final_state(run: RunDir, record: dict[str, Any], status: Status) -> None:
-    """Write a final state the scheduler reported into the run's last attempt (best effort: a run
-    directory we may not write, e.g. a colleague's, is only read)."""
+    """Write a final state the scheduler reported into the run's last attempt, on disk and in ``record`` (best
+    effort: a run directory we may not write, e.g. a colleague's, is only read)."""
     attempts = record.get("attempts", [])
     if (not attempts or status["source"] in (None, "none", "run.json") or status["state"] not in FINAL_STATES
             or attempts[-1].get("state") == status["state"]):  # fmt: skip
         return
-    seen = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    seen = {"state": status["state"], "state_seen_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     try:
-        run.update_attempt(status["job_id"], state=status["state"], state_seen_at=seen)
+        if run.update_attempt(status["job_id"], **seen):
+            attempts[-1].update(seen)
     except OSError:
         pass
 
 
 def run_status(run: RunDir) -> Status:
     return statuses([run])[0]
+
+
+def run_detail(run: RunDir) -> tuple[Status, list[dict[str, Any]]]:
+    """:func:`run_status` and the attempts of ``run.json`` it was decided on: one read of the record for both."""
+    st, record = _statuses([run])[0]
+    return st, record.get("attempts", [])
 
 
 def all_statuses(runs_root: Path) -> list[Status]:
