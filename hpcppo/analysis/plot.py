@@ -54,13 +54,9 @@ class Smoothing:
     def apply(self, y: np.ndarray) -> np.ndarray:
         """``y`` (finite values only) smoothed."""
         if self.kind == "ema" and self.value > 0 and len(y):
-            a = self.value
-            out = np.empty(len(y))
-            acc = 0.0
-            for i, v in enumerate(y):  # runs are short (thousands of rows): a plain loop is fast enough
-                acc = a * acc + (1 - a) * v
-                out[i] = acc / (1 - a ** (i + 1))
-            return out
+            from hpcppo.analysis.summary import ema
+
+            return ema(y, self.value)
         if self.kind == "window" and self.value > 1:
             return pd.Series(y).rolling(int(self.value), min_periods=1).mean().to_numpy()
         return y

@@ -60,10 +60,21 @@ LAST_EVENTS = 10
 BLOCK_ROWS = 1 << 16  # rows scanned at a time: the bool temporaries stay small whatever the log's length
 
 
+def ema(values: np.ndarray, weight: float = SMOOTH) -> np.ndarray:
+    """The bias-corrected exponential moving average (TensorBoard's smoothing) at each of ``values``:
+    ``sum(w^k x[i-k]) / sum(w^k)`` over ``k <= i``, so the first values are not pulled towards 0."""
+    out = np.empty(len(values))
+    num = den = 0.0
+    for i, v in enumerate(np.asarray(values, dtype=np.float64).tolist()):
+        num = weight * num + v
+        den = weight * den + 1.0
+        out[i] = num / den
+    return out
+
+
 def ema_last(values: np.ndarray, weight: float = SMOOTH) -> float:
-    """The bias-corrected exponential moving average of ``values`` (NaNs skipped) at its last value:
-    ``sum(w^k x[-1-k]) / sum(w^k)``. Only the last values count (``w^k`` < 1e-18 beyond them), so only they
-    are read, from the end."""
+    """:func:`ema` of ``values`` (NaNs skipped) at its last value. Only the last values count (``w^k`` < 1e-18
+    beyond them), so only they are read, from the end."""
     horizon = int(math.ceil(math.log(1e-18) / math.log(weight))) if 0.0 < weight < 1.0 else 1
     tail = np.zeros(0)
     n = len(values)
@@ -76,9 +87,7 @@ def ema_last(values: np.ndarray, weight: float = SMOOTH) -> float:
         span *= 4
     if tail.size == 0:
         return math.nan
-    tail = tail[-horizon:]
-    w = weight ** np.arange(tail.size - 1, -1, -1, dtype=np.float64)
-    return float(np.dot(w, tail) / w.sum())
+    return float(ema(tail[-horizon:], weight)[-1])
 
 
 def metric_stats(frame: pd.DataFrame, names: Sequence[str], goals: Sequence[str | None]) -> dict[str, dict[str, Any]]:
