@@ -48,7 +48,7 @@ _RESERVED = ("time", "kind", "step", "attempt", "source", "message")
 _KIND_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 
 
-def _jsonable(value: Any, where: str) -> Any:
+def _jsonable(value: Any) -> Any:
     """Plain JSON values; non-finite floats as strings; numpy-like scalars through ``.item()``; other objects
     as ``str(value)``."""
     if value is None or isinstance(value, (bool, str)):
@@ -62,15 +62,15 @@ def _jsonable(value: Any, where: str) -> Any:
             return "inf" if value > 0 else "-inf"
         return float(value)
     if isinstance(value, Mapping):
-        return {str(k): _jsonable(v, f"{where}.{k}") for k, v in value.items()}
+        return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_jsonable(v) for v in value]
     if isinstance(value, os.PathLike):
         return os.fspath(value)
     item = getattr(value, "item", None)  # numpy / torch scalars, without importing either
     if callable(item):
         try:
-            return _jsonable(item(), where)
+            return _jsonable(item())
         except (TypeError, ValueError):
             pass
     # Anything else is kept as its text: an audit record must not make the trainer fail.
@@ -115,7 +115,7 @@ def append_event(run_dir: str | os.PathLike[str], *, kind: str, step: int | None
         "source": source,
         "message": message,
     }
-    record.update({str(k): _jsonable(v, str(k)) for k, v in details.items()})
+    record.update({str(k): _jsonable(v) for k, v in details.items()})
     line = (json.dumps(record, allow_nan=False, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
     path = Path(run_dir) / EVENTS_FILE
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)  # RDWR: one pread of the last byte
