@@ -240,7 +240,7 @@ def _rollback_locked(run: RunDir, *, to_step: int | None, lr_scale: float | None
     from hpcppo import control
     from hpcppo.distributed import layout
 
-    committed = layout.list_committed(layout.checkpoints_root(run.path))
+    committed = layout.list_committed(run.checkpoints)
     eligible = [s for s in committed if to_step is None or s <= to_step]
     if not eligible:
         where = "" if to_step is None else f" at or before step {to_step}"
