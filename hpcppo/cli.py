@@ -439,9 +439,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from hpcppo.analysis import plot
-    from hpcppo.analysis.targets import resolve_targets
 
-    runs = resolve_targets(args.runs, lambda: _runs_root(args))
+    runs = _metric_targets(args)
     metrics = plot.parse_metrics(args.metric)
     out = Path(args.out) if args.out else Path(f"{runs[0].name}.png")
     plot.plot_runs(runs, metrics, out, x=args.x, smooth=args.smooth, title=args.title)
