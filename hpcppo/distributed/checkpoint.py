@@ -326,8 +326,7 @@ class CheckpointManager:
         aside = None
         if final.exists():
             # Same step saved again (after a rollback): the old copy stays whole until the new one is in place.
-            aside = self.root / f"step-{step}.old-{token}"
-            os.rename(final, aside)
+            aside = layout.set_aside(self.root, step, "old", token)
         os.rename(tmp, final)
         layout.fsync_dir(self.root)
         layout.write_marker(final, marker)

@@ -34,9 +34,7 @@ from hpcppo.fsutil import atomic_write_bytes, fsync_dir  # noqa: F401  (fsync_di
 
 MARKER = "COMMITTED"
 _STEP_RE = re.compile(r"^step-(\d+)$")
-_AUX_RE = re.compile(r"^step-(\d+)\.(tmp|old)-[0-9a-f]+$")
-_ABANDONED_RE = re.compile(r"^step-(\d+)\.abandoned-[0-9a-f]+$")
-_CORRUPT_RE = re.compile(r"^step-(\d+)\.corrupt-[0-9a-f]+$")
+_ASIDE_RE = re.compile(r"^step-\d+\.(?P<kind>[a-z]+)-[0-9a-f]+$")  # step-<N>.<kind>-<hex> (the list above)
 CHECKSUM = "crc32"
 _CHUNK = 8 << 20
 
@@ -62,6 +60,12 @@ def parse_step(name: str) -> int | None:
     """The step of a final checkpoint directory name, else None. ``parse_step("step-40") == 40``."""
     m = _STEP_RE.match(name)
     return int(m.group(1)) if m else None
+
+
+def _aside_kind(name: str) -> str | None:
+    """``"tmp"`` for ``step-4.tmp-ab12``: what the directory is besides a checkpoint, else None."""
+    m = _ASIDE_RE.match(name)
+    return m.group("kind") if m else None
 
 
 def is_committed(path: str | os.PathLike[str]) -> bool:
@@ -96,17 +100,33 @@ def stale_dirs(root: str | os.PathLike[str]) -> list[Path]:
     for entry in sorted(root.iterdir()):
         if not entry.is_dir():
             continue
-        if _AUX_RE.match(entry.name) or (parse_step(entry.name) is not None and not is_committed(entry)):
+        if _aside_kind(entry.name) in ("tmp", "old") or (parse_step(entry.name) is not None
+                                                         and not is_committed(entry)):
             out.append(entry)
     return out
 
 
-def abandoned_dirs(root: str | os.PathLike[str]) -> list[Path]:
-    """Checkpoints set aside by ``abandon_after``."""
+def set_aside(root: str | os.PathLike[str], step: int, kind: str, tag: str | None = None) -> Path:
+    """Rename checkpoint ``step`` to ``step-<N>.<kind>-<tag>`` (``tag``: random hex by default); return the new path.
+
+    The rename only: making it durable (``fsync_dir(root)``) is the caller's, once for all its renames.
+    """
+    aside = Path(root) / f"step-{step}.{kind}-{tag or os.urandom(4).hex()}"
+    os.rename(step_dir(root, step), aside)
+    return aside
+
+
+def set_aside_dirs(root: str | os.PathLike[str], kind: str) -> list[Path]:
+    """The checkpoints ``set_aside`` as ``kind`` under ``root``, sorted."""
     root = Path(root)
     if not root.is_dir():
         return []
-    return sorted(e for e in root.iterdir() if e.is_dir() and _ABANDONED_RE.match(e.name))
+    return sorted(e for e in root.iterdir() if e.is_dir() and _aside_kind(e.name) == kind)
+
+
+def abandoned_dirs(root: str | os.PathLike[str]) -> list[Path]:
+    """Checkpoints set aside by ``abandon_after``."""
+    return set_aside_dirs(root, "abandoned")
 
 
 def abandon_after(root: str | os.PathLike[str], step: int) -> list[int]:
@@ -119,7 +139,7 @@ def abandon_after(root: str | os.PathLike[str], step: int) -> list[int]:
     root = Path(root)
     moved = [s for s in list_committed(root) if s > step]
     for s in moved:
-        os.rename(step_dir(root, s), root / f"step-{s}.abandoned-{os.urandom(4).hex()}")
+        set_aside(root, s, "abandoned")
     if moved:
         fsync_dir(root)
     return moved
@@ -210,15 +230,11 @@ def check_file(checkpoint_dir: str | os.PathLike[str], name: str, recorded: Mapp
 
 def set_aside_corrupt(root: str | os.PathLike[str], step: int) -> Path:
     """Rename damaged committed checkpoint ``step`` to ``step-<N>.corrupt-<hex>`` (kept, never pruned); return it."""
-    aside = Path(root) / f"step-{step}.corrupt-{os.urandom(4).hex()}"
-    os.rename(step_dir(root, step), aside)
+    aside = set_aside(root, step, "corrupt")
     fsync_dir(root)
     return aside
 
 
 def corrupt_dirs(root: str | os.PathLike[str]) -> list[Path]:
     """Checkpoints set aside by ``set_aside_corrupt``."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    return sorted(e for e in root.iterdir() if e.is_dir() and _CORRUPT_RE.match(e.name))
+    return set_aside_dirs(root, "corrupt")
