@@ -55,7 +55,7 @@ from typing import Any
 from hpcppo import exitcodes
 from hpcppo.distributed.layout import latest_committed
 from hpcppo.errors import RunRecordError
-from hpcppo.launch.rundir import RunDir, list_runs
+from hpcppo.launch.rundir import RunDir
 from hpcppo.launch.slurm import FINISHED_STATES
 
 SUBMITIT_DIR = "submitit"
@@ -339,10 +339,6 @@ def run_detail(run: RunDir) -> tuple[Status, list[dict[str, Any]]]:
     """:func:`run_status` and the attempts of ``run.json`` it was decided on: one read of the record for both."""
     st, record = _statuses([run])[0]
     return st, record.get("attempts", [])
-
-
-def all_statuses(runs_root: Path) -> list[Status]:
-    return statuses(list_runs(runs_root))
 
 
 def wait_for(run: RunDir, *, poll_s: float = 2.0, timeout_s: float | None = None,
