@@ -43,8 +43,7 @@ from typing import Any
 from hpcppo.errors import PathError, RunBusyError, RunIdError, RunRecordError
 from hpcppo.fsutil import atomic_write_json, fsync_dir
 
-RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}-\d{8}-\d{6}-[0-9a-f]{4}$")
-# Looser pattern for ids a user types: same alphabet, no separators, no dot-only names.
+# Ids a user types: the alphabet of new_run_id's ids, no separators, no dot-only names.
 _SAFE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 SPEC = "spec.toml"
