@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcppo.errors import RunStateError
-from hpcppo.fsutil import atomic_write_bytes, fsync_dir  # noqa: F401  (fsync_dir: part of this API)
+from hpcppo.fsutil import atomic_write_bytes, fsync_dir
 
 MARKER = "COMMITTED"
 _STEP_RE = re.compile(r"^step-(\d+)$")
@@ -145,14 +145,9 @@ def abandon_after(root: str | os.PathLike[str], step: int) -> list[int]:
     return moved
 
 
-def write_file_atomic(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a reader or a crash sees the old file or the whole new one."""
-    atomic_write_bytes(path, data)
-
-
 def write_marker(checkpoint_dir: str | os.PathLike[str], payload: dict[str, Any]) -> None:
     """Mark ``checkpoint_dir`` committed, atomically, with ``payload`` (JSON) describing it."""
-    write_file_atomic(Path(checkpoint_dir) / MARKER, (json.dumps(payload, sort_keys=True) + "\n").encode())
+    atomic_write_bytes(Path(checkpoint_dir) / MARKER, (json.dumps(payload, sort_keys=True) + "\n").encode())
 
 
 def read_marker(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any]:
