@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+import numpy as np
 import pandas as pd
 
 from hpcppo.analysis.logs import last_value, number_text, total_steps
@@ -31,6 +32,7 @@ from hpcppo.errors import HpcppoError, RunStateError
 DETACHED = "detached from {run}: the job goes on (hpcppo follow {run} to watch it again, hpcppo cancel {run} to stop it)"
 _ETA_WINDOW = 20  # rows of the current attempt the step rate is measured over
 _EARLIER_EVENTS = 5  # events already in the run when following starts, shown for context
+_SHOWN = ("reward/mean", "kl/actor_ref", "kl/coef", "perf/tokens_per_s")  # View's reward, kl, kl_coef, tokens_per_s
 
 
 # ----------------------------------------------------------------------------- what is shown (pure)
@@ -65,8 +67,7 @@ def eta_s(rows: pd.DataFrame, total: int | None) -> float | None:
 def make_view(state: str, rows: pd.DataFrame, total: int | None, elapsed_s: float | None) -> View:
     """The view of the current history ``rows`` (as :func:`hpcppo.metrics.load` returns them)."""
     step = int(rows["step"].iloc[-1]) if len(rows) else None
-    return View(state, step, total, elapsed_s, eta_s(rows, total), last_value(rows, "reward/mean"),
-                last_value(rows, "kl/actor_ref"), last_value(rows, "kl/coef"), last_value(rows, "perf/tokens_per_s"))
+    return View(state, step, total, elapsed_s, eta_s(rows, total), *(last_value(rows, c) for c in _SHOWN))
 
 
 def clock(seconds: float | None) -> str:
@@ -175,14 +176,22 @@ class PlainDisplay:
     def _rows(self, view: View, rows: pd.DataFrame) -> None:
         if not len(rows):
             return
-        keys = list(zip(rows["attempt"].astype(int), rows["seq"].astype(int)))
-        new = [i for i, key in enumerate(keys) if self._row is None or key > self._row]
-        for i in new[:-1]:  # rows logged since the last look, but the newest: their own values, no clock
-            earlier = make_view(view.state, rows.iloc[: i + 1], view.total, None)
-            self.print(f"  {steps_text(earlier)}  {metrics_text(earlier)}")
-        if new:
+        attempt, seq = rows["attempt"].to_numpy(dtype=np.int64), rows["seq"].to_numpy(dtype=np.int64)
+        if self._row is None:
+            new = np.arange(len(rows))
+        else:
+            a, q = self._row
+            new = np.flatnonzero((attempt > a) | ((attempt == a) & (seq > q)))
+        if len(new) > 1:  # rows logged since the last look, but the newest: their own values, no clock
+            steps = rows["step"].to_numpy()
+            so_far = rows.reindex(columns=list(_SHOWN)).ffill().to_numpy(dtype=np.float64)  # each row's last values
+            for i in new[:-1]:
+                values = (None if np.isnan(x) else float(x) for x in so_far[i])
+                earlier = View(view.state, int(steps[i]), view.total, None, None, *values)
+                self.print(f"  {steps_text(earlier)}  {metrics_text(earlier)}")
+        if len(new):
             self.print(plain_line(view))
-            self._row = keys[-1]
+            self._row = (int(attempt[-1]), int(seq[-1]))
 
     def print(self, text: str) -> None:
         print(text, file=self.out, flush=True)
