@@ -352,8 +352,9 @@ class CheckpointManager:
         return state
 
     # ---------------------------------------------------------------- verify and load (collective)
-    def verify(self, step: int, *, shards: bool = False) -> None:
-        """Check committed checkpoint ``step`` against the manifest its commit recorded (collective).
+    def verify(self, step: int, *, shards: bool = False) -> dict[str, Any]:
+        """Check committed checkpoint ``step`` against the manifest its commit recorded (collective); return its
+        marker.
 
         Every file's size is compared (a ``stat``), and the CRC-32 of ``extra.pt``, the RNG files and DCP's
         ``.metadata`` (kilobytes); the shards' CRC-32 (a read of every shard) only with ``shards``. Each rank checks
@@ -363,12 +364,14 @@ class CheckpointManager:
         """
         path = self._committed_dir(step)
         with _agreed(f"verifying {path}"):
-            files = self._marker(path).get("files") or {}
+            marker = self._marker(path)
+            files = marker.get("files") or {}
             for name in sorted(files):
                 if _owner(name, self.world_size) == self.rank:
                     why = layout.check_file(path, name, files[name], checksum=shards or not _is_shard(name))
                     if why is not None:
                         raise CorruptCheckpointError(path, name, why)
+        return marker
 
     def load(self, step: int, *, models: Mapping[str, nn.Module], optimizers: Mapping[str, Optimizer],
              restore_rng: bool = True, verify_shards: bool = False) -> dict[str, Any]:
@@ -381,9 +384,8 @@ class CheckpointManager:
         ``verify`` (shards' checksums with ``verify_shards``) finds damage or a file cannot be read.
         """
         self._check_names(models, optimizers)
-        path = self._committed_dir(step)
-        self.verify(step, shards=verify_shards)
-        marker = self._marker(path)
+        marker = self.verify(step, shards=verify_shards)  # raises first when step is not committed
+        path = self.step_dir(step)
         empty = set(marker.get("empty_optimizers", [])) & set(optimizers)
         for kind, wanted in (("models", set(models)), ("optimizers", set(optimizers) - empty)):
             missing = sorted(wanted - set(marker.get(kind, [])))
