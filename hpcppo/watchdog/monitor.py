@@ -279,6 +279,7 @@ class Monitor:
         self.follower = LogFollower(self.run_dir, first_index=first_index, locking=settings.locking)
         self.trainers = TrainerProcesses(self.run_dir, job_attempt)
         self.parent = os.getppid()
+        self.record = self.run_dir / "control" / f"exit-code.{job_attempt}"  # rank 0's verdict (or ours)
         self._stop: int | None = None
         self._sleeping = False
 
@@ -316,7 +317,7 @@ class Monitor:
             if alive is False:
                 dead_since = dead_since if dead_since is not None else now
                 if now - dead_since >= DEAD_GRACE_S:
-                    return self.on_dead(st, now - dead_since)
+                    return self.on_dead(now - dead_since)
             else:
                 dead_since = None
             threshold = heartbeat_threshold_s(st.step_times, heartbeat_factor=self.s.heartbeat_factor,
@@ -347,7 +348,7 @@ class Monitor:
     # -- what it sees -------------------------------------------------------------------------------------
     def exit_record(self) -> str | None:
         try:
-            return (self.run_dir / "control" / f"exit-code.{self.job_attempt}").read_text().strip() or "?"
+            return self.record.read_text().strip() or "?"
         except OSError:
             return None
 
@@ -381,21 +382,22 @@ class Monitor:
             log.info("exit record %s of attempt %s: the job is ending; stopping (%s)", code, self.job_attempt, why)
             return 0
         if self.trainers.seen and not self.trainers.alive():
-            if not (self.s.scheduler == "local" and self.cancel_requested()):
-                st = self.follower.poll()  # the rows written since the last poll
-                self.event("trainer_dead", st.last_step, f"the trainer processes ended without an exit record "
-                           f"({why}); last step {st.last_step}", rows=st.rows)
+            self.trainer_dead(f"the trainer processes ended without an exit record ({why})")
         log.info("stopping (%s)", why)
         return 0
 
-    def on_dead(self, st: LogState, gone_s: float) -> int:
+    def on_dead(self, gone_s: float) -> int:
+        self.trainer_dead(f"no trainer process of attempt {self.job_attempt} for {gone_s:.0f} s and no exit record",
+                          gone_s=gone_s)
+        return 0
+
+    def trainer_dead(self, what: str, **details: Any) -> None:
+        """A ``trainer_dead`` event, unless the job was cancelled (local: recorded in run.json)."""
         if self.s.scheduler == "local" and self.cancel_requested():
             log.info("the job was cancelled; bye")
-            return 0
-        st = self.follower.poll()
-        self.event("trainer_dead", st.last_step, f"no trainer process of attempt {self.job_attempt} for "
-                   f"{gone_s:.0f} s and no exit record; last step {st.last_step}", rows=st.rows, gone_s=gone_s)
-        return 0
+            return
+        st = self.follower.poll()  # the rows written since the last poll
+        self.event("trainer_dead", st.last_step, f"{what}; last step {st.last_step}", rows=st.rows, **details)
 
     def on_hang(self, st: LogState, silence: float, threshold: float) -> int:
         restarts = sum(1 for e in read_events(self.run_dir, kinds=["hang"]) if e.get("action") in ("requeue", "restart"))
@@ -424,9 +426,8 @@ class Monitor:
         from hpcppo.fsutil import atomic_write_text
         from hpcppo.launch import slurm
 
-        record = self.run_dir / "control" / f"exit-code.{self.job_attempt}"
-        if not record.exists():  # a verdict of rank 0 written meanwhile wins
-            atomic_write_text(record, f"{code}\n")
+        if not self.record.exists():  # a verdict of rank 0 written meanwhile wins
+            atomic_write_text(self.record, f"{code}\n")
         job_id = os.environ.get("SLURM_JOB_ID") or self.job_attempt.split(".", 1)[0]
         try:
             steps = slurm.job_steps(job_id)
