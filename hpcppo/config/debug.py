@@ -33,14 +33,22 @@ class InjectSection:
                                         "(the watchdog process beside the trainer detects it).")
     hang_rank: int = opt(0, ge=0, help="The rank that hangs.")
     kill_rank_at_step: int = opt(0, ge=0, help="Rank kill_rank kills itself with SIGKILL at the start of this step.")
-    kill_rank: int = opt(0, ge=0, help="The rank that is killed.")
+    kill_rank: int = opt(0, ge=0, help="The rank that is killed (kill_rank_at_step, kill_in_checkpoint_at_step).")
+    kill_in_checkpoint_at_step: int = opt(0, ge=0, help="Rank kill_rank kills itself with SIGKILL in the middle of "
+                                                      "writing this step's checkpoint: after its shard and files "
+                                                      "are on disk, before the checkpoint is committed.")
+    kill_in_metrics_row_at_step: int = opt(0, ge=0, help="Rank 0 (the metrics writer) kills itself with SIGKILL "
+                                                       "in the middle of appending this step's row: the row's "
+                                                       "values are flushed to the HDF5 file, its commit mark "
+                                                       "(seq) is not.")
     attempt: int = opt(0, ge=0, help="The attempt in which hang and kill faults happen, numbered as the metrics "
                                      "files (0 = the first); the others run clean.")
 
     @property
     def any(self) -> bool:
         return any((self.nan_value_loss_at_step, self.kl_spike_at_step, self.reward_collapse_at_step,
-                    self.hang_at_step, self.kill_rank_at_step))
+                    self.hang_at_step, self.kill_rank_at_step, self.kill_in_checkpoint_at_step,
+                    self.kill_in_metrics_row_at_step))
 
 
 @attrs.frozen(kw_only=True)

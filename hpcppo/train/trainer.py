@@ -80,7 +80,8 @@ class Trainer(Recovery):
         self.engine_version = -1
         self.rules = RuleKeeper(self.cfg.watchdog.rules, enabled=self.cfg.watchdog.enable, rank=self.env.rank,
                                 run_dir=c.run_dir, metrics=c.metrics, attempt=c.attempt)
-        self.inject = FaultInjector(self.cfg.debug.inject, rank=self.env.rank, attempt=c.attempt)
+        self.inject = FaultInjector(self.cfg.debug.inject, rank=self.env.rank, attempt=c.attempt, ckpt=c.ckpt,
+                                    metrics=c.metrics)
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> int:
