@@ -82,5 +82,11 @@ class RunBusyError(RunStateError):
     exit_code = 9
 
 
+class StorageError(HpcppoError):
+    """A file system the run writes to refused a write: full, over quota, read-only, or gone."""
+
+    exit_code = 10
+
+
 class RunRecordError(RunStateError, ValueError):
     """A run's ``run.json`` cannot be read or is not a run record (a ``ValueError`` too, as the JSON error was)."""

@@ -21,15 +21,17 @@ the manifest existed have no ``"files"``: such checkpoints are trusted as they a
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import shutil
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hpcppo.errors import RunStateError
+from hpcppo.errors import RunStateError, StorageError
 from hpcppo.fsutil import atomic_write_bytes, fsync_dir
 
 MARKER = "COMMITTED"
@@ -104,6 +106,62 @@ def stale_dirs(root: str | os.PathLike[str]) -> list[Path]:
                                                          and not is_committed(entry)):
             out.append(entry)
     return out
+
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def failed_save(root: str | os.PathLike[str], step: int, exc: BaseException, *, remove: bool) -> StorageError:
+    """The one-line error of a checkpoint save that failed, after removing its partial directory (``remove``:
+    rank 0 only; every rank fails the save together, so nobody writes into it any more).
+
+    A full file system rarely says so by the time the error reaches us: DCP's writer raises torch's
+    ``enforce fail at inline_container.cc … unexpected pos`` when ``write`` came up short. So the verdict is the
+    ``errno`` of any ``OSError`` in the chain, or else the free space measured before the partial write is
+    removed, against the size of the newest committed checkpoint (the best estimate of what this one needs).
+    """
+    root = Path(root)
+    chain, cause = [], exc
+    while cause is not None and len(chain) < 16:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    codes = {e.errno for e in chain if isinstance(e, OSError)}
+    free = None
+    try:
+        st = os.statvfs(root)
+        free = st.f_bavail * st.f_frsize
+    except OSError:
+        pass
+    prev = latest_committed(root)
+    need = _dir_bytes(step_dir(root, prev)) if prev is not None else None
+    partial = sorted(root.glob(f"step-{step}.tmp-*")) if root.is_dir() else []
+    if remove:
+        for d in partial:
+            shutil.rmtree(d, ignore_errors=True)
+    full = bool(codes & set(_NO_SPACE)) or (free is not None and need is not None and free < need)
+    kept = (f"checkpoint step {prev} is intact and the run resumes from it" if prev is not None
+            else "no checkpoint is committed yet")
+    removed = "; the partial write was removed" if remove and partial else ""
+    if full:
+        return StorageError(
+            f"checkpoint step {step} could not be written under {root}: no space left on that file system "
+            f"({_mib(free or 0)} free when it failed"
+            + (f", the last checkpoint took {_mib(need)}" if need is not None else "") + f"){removed}; {kept}",
+            hint="free space there (or lower checkpoint.keep_last), then hpcppo resume RUN")
+    if codes & {errno.EROFS, errno.EACCES, errno.EPERM}:
+        what = "the file system is read-only or the directory is not writable"
+    else:
+        what = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}"
+    return StorageError(f"checkpoint step {step} could not be written under {root}: {what}{removed}; {kept}",
+                        hint="fix the file system, then hpcppo resume RUN")
 
 
 def set_aside(root: str | os.PathLike[str], step: int, kind: str, tag: str | None = None) -> Path:

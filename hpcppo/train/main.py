@@ -14,6 +14,7 @@ import traceback
 from pathlib import Path
 
 from hpcppo import exitcodes
+from hpcppo.errors import HpcppoError
 
 
 def _setup_logging(rank: int) -> None:
@@ -78,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(Path(argv[0]).resolve())
     except KeyboardInterrupt:
+        return exitcodes.FAILED
+    except HpcppoError as e:  # diagnosed (a full disk, a damaged checkpoint …): one line says what and what next
+        print(f"hpcppo: error: {e}", file=sys.stderr, flush=True)
         return exitcodes.FAILED
     except Exception:  # the job log must keep the whole story
         traceback.print_exc()
