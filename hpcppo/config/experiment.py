@@ -259,6 +259,11 @@ class CheckpointSection:
     keep_last: int = opt(3, ge=0, help="Committed checkpoints kept; 0 = keep all (the newest is never deleted).")
     save_on_preempt: bool = opt(True, help="Checkpoint when Slurm signals the time limit or preemption (USR2).")
     resume: str = opt("auto", choices=("auto", "never"), help="auto = continue from the newest committed checkpoint.")
+    # Off by default: the staged copy costs host memory the size of this rank's model + optimizer shards at every
+    # save, the write competes with training for CPU cores and I/O, and a kill during the write falls back one
+    # save further. Worth it where the write is long against a step (large models, slow shared filesystems).
+    async_save: bool = opt(False, help="Periodic checkpoints wait only for a copy of the state to host memory; the write "
+                           "and the commit overlap the next steps (the final and preemption saves stay synchronous).")
 
 
 @attrs.frozen(kw_only=True)

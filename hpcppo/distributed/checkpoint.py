@@ -15,6 +15,22 @@ Protocol of ``save`` (every rank calls it): write into ``step-<N>.tmp-<hex>/``; 
 writes the marker atomically, fsyncs, deletes the set-aside copy; barrier; rank 0 applies retention.
 A crash anywhere leaves the previous committed checkpoint as the latest.
 
+Background saves (``save(..., background=True)``, ``checkpoint.async_save``). The caller waits only for the
+staging: ``dcp.async_save`` copies every tensor of the state into new CPU tensors before it returns (the writer is
+a ``FileSystemWriter``, hence a ``BlockingAsyncStager``, and its ``stage`` is ``_create_cpu_state_dict`` +
+``_copy_state_dict``: torch 2.13 ``torch/distributed/checkpoint/state_dict_saver.py`` ``async_save`` and
+``staging.py`` ``BlockingAsyncStager.stage``), so the training step that follows may update the weights and the
+optimizer in place. RNG states and ``extra`` are serialised before it returns too. The returned DCP future
+resolves once ``save`` has run in DCP's writer thread: every rank's shards and ``.metadata`` written and, with
+``sync_files``, fsynced (``filesystem.py`` ``_write_files_from_queue`` and ``finish``). A thread of this manager then
+writes the small files, gathers the manifests and commits exactly as the synchronous path does. Every collective
+of that thread and of DCP's (the plan exchange) runs on a second gloo process group made for checkpoints only:
+collectives issued from two threads on one group could interleave and pair one rank's plan exchange with another
+rank's training all-reduce. At most one save is in flight: the next ``save``, every query (``latest_committed``,
+``list_committed``), ``load``, ``verify``, ``abandon_after``, ``set_aside`` and ``wait`` first wait for it and
+re-raise its failure. A kill during the background write leaves ``step-<N>.tmp-*`` without a marker: the previous
+committed checkpoint stays the newest, and retention removes the debris later.
+
 Damage. ``load`` checks every file's size and the small files' CRC-32 first (``verify``), and turns a file that
 cannot be read into ``CorruptCheckpointError`` naming it — on every rank alike, so that all ranks take the same
 decision. ``load_newest_intact`` (resume) also checks the shards' CRC-32 and falls back to the previous committed
@@ -30,10 +46,13 @@ import os
 import random
 import re
 import shutil
+import threading
 import time
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -60,6 +79,7 @@ from hpcppo.errors import RunStateError
 log = logging.getLogger(__name__)
 
 EXTRA_FILE = "extra.pt"
+_WORKER_PREFIX = "hpcppo-checkpoint"  # the thread that commits background saves
 DCP_DIR = "dcp"
 # Files named after the rank that wrote them: DCP's FileSystemWriter shards (``__<rank>_<n>.distcp``), RNG states.
 # Should DCP ever name its files otherwise, rank 0 digests and checks them all: slower, still right.
@@ -161,8 +181,17 @@ def _quiet_without_process_group() -> Iterator[None]:
         yield
 
 
+def _gather(obj: Any, group: Any) -> list[Any]:
+    """``all_gather_object`` on ``group`` (None: the default group, or this process alone without one)."""
+    if group is None:
+        return all_gather_object(obj)
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
 @contextlib.contextmanager
-def _agreed(what: str) -> Iterator[None]:
+def _agreed(what: str, group: Any = None) -> Iterator[None]:
     """Run a block on every rank, then raise on every rank if it failed on any (instead of a barrier).
 
     A rank that fails alone would otherwise leave the others waiting at the next collective until the timeout.
@@ -178,7 +207,7 @@ def _agreed(what: str) -> Iterator[None]:
     except Exception as exc:  # reported to every rank below, then re-raised here with its traceback
         error = exc
         report = repr(exc)
-    failures = [(r, e) for r, e in enumerate(all_gather_object(None if error is None else report)) if e]
+    failures = [(r, e) for r, e in enumerate(_gather(None if error is None else report, group)) if e]
     damage = [e for _, e in failures if isinstance(e, tuple)]
     if damage:
         raise CorruptCheckpointError(*damage[0]) from error
@@ -220,25 +249,44 @@ def _write_durable(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
+class _SaveJob(NamedTuple):
+    """What the commit of one save needs, all of it captured when ``save`` was called."""
+
+    step: int
+    tmp: Path
+    token: str
+    extra_bytes: bytes | None  # rank 0's
+    rng_bytes: bytes | None
+    marker: dict[str, Any]  # without "files": the manifest is gathered once the files are written
+    started: float  # time.perf_counter() when save was called
+
+
 class CheckpointManager:
     """Saves, finds, loads and prunes checkpoints under one ``root`` (``runs/<id>/checkpoints``).
 
     ``save`` and ``load`` are collective: every rank calls them with its own shards. The query methods are local
-    and cheap. Filesystem mutations outside the checkpoint being written happen on rank 0 only. One manager (one
-    job) writes a root at a time: retention runs only after this manager's save has committed.
-    ``keep_last=0`` keeps every checkpoint; ``keep_last=k`` keeps the newest ``k`` committed ones.
+    and cheap (they wait for a background save in flight). Filesystem mutations outside the checkpoint being written
+    happen on rank 0 only. One manager (one job) writes a root at a time: retention runs only after this manager's
+    save has committed. ``keep_last=0`` keeps every checkpoint; ``keep_last=k`` keeps the newest ``k`` committed ones.
+    ``timeout_s`` bounds each collective of a background save (on its own process group).
     """
 
     def __init__(self, root: str | os.PathLike[str], *, keep_last: int, rank: int | None = None,
-                 world_size: int | None = None):
+                 world_size: int | None = None, timeout_s: float = 1800):
         if keep_last < 0:
             raise ValueError(f"keep_last must be >= 0 (0 keeps all), got {keep_last}")
         self.root = Path(root)
         self.keep_last = keep_last
         self.rank = get_rank() if rank is None else rank
         self.world_size = get_world_size() if world_size is None else world_size
+        self.timeout_s = timeout_s
         self._saving = False
-        self.last_save_s: float | None = None
+        self._pending: Future[None] | None = None  # the background save in flight
+        self._pending_step: int | None = None
+        self._worker: ThreadPoolExecutor | None = None
+        self._group: Any = None  # the checkpoint-only gloo process group of background saves
+        self.last_save_s: float | None = None  # call to commit (for a background save: measured when it commits)
+        self.last_blocking_s: float | None = None  # call to return: what the training loop waited for
         self.last_checksum_s: float | None = None  # of the last save: digesting this rank's shards after DCP wrote them
         self.last_load_s: float | None = None
 
@@ -247,15 +295,35 @@ class CheckpointManager:
         return layout.step_dir(self.root, step)
 
     def list_committed(self) -> list[int]:
+        self.wait()
         return layout.list_committed(self.root)
 
     def latest_committed(self) -> int | None:
+        self.wait()
         return layout.latest_committed(self.root)
+
+    @property
+    def pending_step(self) -> int | None:
+        """The step of the background save in flight (None when none is)."""
+        return self._pending_step if self._pending is not None else None
+
+    def wait(self) -> None:
+        """Block until the background save in flight (if any) has committed; re-raise its failure (once), on every
+        rank alike (its thread agreed on failures like the synchronous path). A no-op from that thread itself."""
+        pending = self._pending
+        if pending is None or threading.current_thread().name.startswith(_WORKER_PREFIX):
+            return
+        self._pending = None
+        pending.result()
 
     # ---------------------------------------------------------------- save (collective)
     def save(self, step: int, *, models: Mapping[str, nn.Module], optimizers: Mapping[str, Optimizer],
-             extra: Mapping[str, Any], save_rng: bool = True) -> Path:
+             extra: Mapping[str, Any], save_rng: bool = True, background: bool = False) -> Path:
         """Write checkpoint ``step`` atomically and return its directory (see the module docstring).
+
+        With ``background`` it returns once the state is staged (copied to host memory) and the write and the
+        commit go on in a thread: the directory returned is committed only after ``wait`` (or the next save or
+        query) returns. A save in flight is waited for first, whatever ``background`` says.
 
         ``optimizers[name]`` belongs to ``models[name]``; a model without an optimizer (e.g. the reference) is
         saved alone. An optimizer that has never stepped (the actor during critic warm-up) is recorded as empty
@@ -263,6 +331,7 @@ class CheckpointManager:
         that later resumes from it (every rank has the same state keys). ``extra`` is rank 0's and must survive ``torch.load(weights_only=True)`` (checked up front, on
         every rank, so a bad value raises ``TypeError`` everywhere before any collective starts).
         """
+        self.wait()
         self._check_names(models, optimizers)
         stepped = {name: opt for name, opt in optimizers.items() if opt.state}
         final = self.step_dir(step)  # validates the step before anything is written
@@ -275,37 +344,73 @@ class CheckpointManager:
             if self.rank == 0:
                 tmp.mkdir(parents=True)
             barrier()
+            job = _SaveJob(step, tmp, token, extra_bytes if self.rank == 0 else None,
+                           check_weights_only(rng_state(), "rng state") if save_rng else None,
+                           {"step": step, "world_size": self.world_size, "models": sorted(models),
+                            "optimizers": sorted(stepped), "empty_optimizers": sorted(set(optimizers) - set(stepped)),
+                            "rng": save_rng}, t0)
+            state, writer = self._state(models, stepped), FileSystemWriter(tmp / DCP_DIR, sync_files=True)
+            upload = None
             with _quiet_without_process_group():  # DCP agrees on failures across ranks by itself
-                dcp.save(self._state(models, stepped), no_dist=not dist.is_initialized(),
-                         storage_writer=FileSystemWriter(tmp / DCP_DIR, sync_files=True))
-            with _agreed(f"writing {tmp}"):  # every rank's files are on disk before rank 0 publishes them
-                files = self._write_own_files(tmp, extra_bytes if self.rank == 0 else None, save_rng)
-            manifest = {name: record for part in all_gather_object(files) for name, record in part.items()}
-            with _agreed(f"committing {final}"):  # nobody returns (and maybe exits) before the commit
+                if background:  # returns once `state` is copied to new CPU tensors (module docstring)
+                    upload = dcp.async_save(state, storage_writer=writer, process_group=self._background_group(),
+                                            no_dist=not dist.is_initialized())
+                else:
+                    dcp.save(state, storage_writer=writer, no_dist=not dist.is_initialized())
+        except BaseException:
+            self._saving = False
+            raise
+        if upload is None:
+            self._commit(job, None, None)
+            self.last_blocking_s = time.perf_counter() - t0
+        else:
+            self.last_blocking_s = time.perf_counter() - t0
+            if self._worker is None:
+                self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=_WORKER_PREFIX)
+            self._pending = self._worker.submit(self._commit, job, upload, self._group)
+            self._pending_step = step
+        return final
+
+    def _background_group(self) -> Any:
+        """The gloo group of background saves, made at the first one (``new_group`` is collective, as is ``save``).
+        None without a process group."""
+        if self._group is None and dist.is_initialized():
+            self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout_s))
+        return self._group
+
+    def _commit(self, job: _SaveJob, upload: Future[Any] | None, group: Any) -> None:
+        """Everything after DCP's write: this rank's small files and digests, the manifest, rank 0's publication,
+        retention. Runs in the caller's thread (synchronous save, ``group`` None: the default group) or in this
+        manager's worker (background: after ``upload``, DCP's future, and on the checkpoint-only ``group``)."""
+        step, tmp = job.step, job.tmp
+        try:
+            if upload is not None:
+                upload.result()  # DCP's CheckpointException when any rank failed: raised on every rank
+            with _agreed(f"writing {tmp}", group):  # every rank's files are on disk before rank 0 publishes them
+                files = self._write_own_files(tmp, job.extra_bytes, job.rng_bytes)
+            manifest = {name: record for part in _gather(files, group) for name, record in part.items()}
+            with _agreed(f"committing {self.step_dir(step)}", group):  # nobody returns before the commit
                 if self.rank == 0:
-                    self._publish(step, tmp, token, {
-                        "step": step, "world_size": self.world_size, "models": sorted(models),
-                        "optimizers": sorted(stepped), "empty_optimizers": sorted(set(optimizers) - set(stepped)),
-                        "rng": save_rng, "time": time.time(), "files": dict(sorted(manifest.items())),
-                    })
+                    self._publish(step, tmp, job.token,
+                                  job.marker | {"time": time.time(), "files": dict(sorted(manifest.items()))})
         finally:
             self._saving = False
-        self.last_save_s = time.perf_counter() - t0
+        self.last_save_s = time.perf_counter() - job.started
         if self.rank == 0:
             self.prune()
-        log.info("checkpoint step %d saved in %.2f s (checksums of this rank's shards: %.2f s)", step,
-                 self.last_save_s, self.last_checksum_s)
-        return self.step_dir(step)
+        log.info("checkpoint step %d saved in %.2f s%s (checksums of this rank's shards: %.2f s)", step,
+                 self.last_save_s, "" if upload is None else f", {self.last_blocking_s:.2f} s of it blocking",
+                 self.last_checksum_s)
 
-    def _write_own_files(self, tmp: Path, extra_bytes: bytes | None, save_rng: bool) -> dict[str, dict[str, Any]]:
+    def _write_own_files(self, tmp: Path, extra_bytes: bytes | None,
+                         rng_bytes: bytes | None) -> dict[str, dict[str, Any]]:
         """Write this rank's small files; return the manifest entries of every file this rank wrote.
 
         The small files are digested from the bytes in memory; the DCP shards are read back once DCP has written
         them (its writer has no hook to digest while writing), from the page cache while it still holds them.
         """
         files = {}
-        if save_rng:
-            rng_bytes = check_weights_only(rng_state(), "rng state")
+        if rng_bytes is not None:
             _write_durable(tmp / _rng_file(self.rank), rng_bytes)
             files[_rng_file(self.rank)] = layout.file_record(rng_bytes)
         if extra_bytes is not None:
@@ -362,6 +467,7 @@ class CheckpointManager:
         on every rank alike. Files the manifest does not list are ignored; a checkpoint written before manifests
         existed passes.
         """
+        self.wait()
         path = self._committed_dir(step)
         with _agreed(f"verifying {path}"):
             marker = self._marker(path)
@@ -420,6 +526,7 @@ class CheckpointManager:
         nothing is committed. Raises ``NoIntactCheckpointError`` when every committed checkpoint is damaged, and
         then moves nothing: a run that silently started again at step 0 would lose its progress unnoticed.
         """
+        self.wait()
         damaged: list[CorruptCheckpointError] = []
         committed = broadcast_object(self.list_committed() if self.rank == 0 else None)  # one list for all ranks
         for step in reversed(committed):
@@ -440,6 +547,7 @@ class CheckpointManager:
 
         Kept for a post-mortem: retention never deletes it. Every rank returns the new path.
         """
+        self.wait()
         return Path(broadcast_object(str(layout.set_aside_corrupt(self.root, step)) if self.rank == 0 else None))
 
     def _committed_dir(self, step: int) -> Path:
@@ -465,6 +573,7 @@ class CheckpointManager:
         Rank 0 renames them ``step-<N>.abandoned-<hex>`` (see ``layout.abandon_after``); every rank returns the
         same list of steps once the renames are durable.
         """
+        self.wait()
         moved = layout.abandon_after(self.root, step) if self.rank == 0 else None
         return broadcast_object(moved)
 
@@ -477,7 +586,7 @@ class CheckpointManager:
         """
         if self._saving or self.rank != 0:
             return []
-        committed = self.list_committed()
+        committed = layout.list_committed(self.root)  # not self.list_committed(): it may run in the save's thread
         doomed = [self.step_dir(s) for s in committed[:-self.keep_last]] if self.keep_last else []
         if self.keep_last:  # keep_last=0 keeps everything, abandoned branches included
             doomed += layout.abandoned_dirs(self.root)

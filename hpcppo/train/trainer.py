@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from hpcppo import algos, control, exitcodes
+from hpcppo.distributed import layout
 from hpcppo.distributed.env import all_reduce_host
 from hpcppo.distributed.weights import iter_full_params
 from hpcppo.models import compute_log_probs, compute_values
@@ -107,11 +108,11 @@ class Trainer(Recovery):
             if exit_code is not None:
                 return exit_code
             if self.should_save() and c.ckpt.latest_committed() != self.step:  # a rollback has just saved
-                self.save_checkpoint()
+                self.save_checkpoint(background=self.cfg.checkpoint.async_save)
             exit_code = self.at_boundary()
             if exit_code is not None:
                 return exit_code
-        if self.c.ckpt.latest_committed() != self.step:
+        if self.c.ckpt.latest_committed() != self.step:  # waits for a background save in flight
             self.save_checkpoint()
         return exitcodes.DONE
 
@@ -353,11 +354,17 @@ class Trainer(Recovery):
         optims = {"actor": c.actor_optim} | ({"critic": c.critic_optim} if c.critic is not None else {})
         return models, optims
 
-    def save_checkpoint(self) -> None:
+    def save_checkpoint(self, background: bool = False) -> None:
+        """Checkpoint the current step; ``background``: wait only for the staging, the write overlaps the next step
+        (committed when ``c.ckpt`` next waits: the next save, a query of the committed steps, the end of ``train``)."""
         c = self.c
         models, optims = self.checkpointed()
         start = time.perf_counter()
-        c.ckpt.save(self.step, models=models, optimizers=optims, extra=self.checkpoint_extra())
+        try:
+            c.ckpt.save(self.step, models=models, optimizers=optims, extra=self.checkpoint_extra(),
+                        background=background)
+        except Exception as exc:  # every rank fails a save together (DCP and the checkpoint agree on failures)
+            raise layout.failed_save(c.ckpt.root, self.step, exc, remove=self.env.rank == 0) from exc
         self.last_checkpoint_s = time.perf_counter() - start
         if c.metrics is not None:
             c.metrics.fsync()
