@@ -129,10 +129,14 @@ def failed_save(root: str | os.PathLike[str], step: int, exc: BaseException, *, 
     removed, against the size of the newest committed checkpoint (the best estimate of what this one needs).
     """
     root = Path(root)
-    chain, cause = [], exc
-    while cause is not None and len(chain) < 16:
-        chain.append(cause)
-        cause = cause.__cause__ or cause.__context__
+    chain, todo = [], [exc]
+    while todo and len(chain) < 64:  # causes, contexts, and the per-rank failures a DCP CheckpointException holds
+        e = todo.pop()
+        chain.append(e)
+        todo += [c for c in (e.__cause__, e.__context__) if c is not None]
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, Mapping):
+            todo += [f for f in failures.values() if isinstance(f, BaseException)]
     codes = {e.errno for e in chain if isinstance(e, OSError)}
     free = None
     try:
@@ -147,6 +151,7 @@ def failed_save(root: str | os.PathLike[str], step: int, exc: BaseException, *, 
         for d in partial:
             shutil.rmtree(d, ignore_errors=True)
     full = bool(codes & set(_NO_SPACE)) or (free is not None and need is not None and free < need)
+    resume = f"hpcppo resume {root.parent.name}" if root.name == "checkpoints" else "hpcppo resume RUN"
     kept = (f"checkpoint step {prev} is intact and the run resumes from it" if prev is not None
             else "no checkpoint is committed yet")
     removed = "; the partial write was removed" if remove and partial else ""
@@ -155,13 +160,13 @@ def failed_save(root: str | os.PathLike[str], step: int, exc: BaseException, *, 
             f"checkpoint step {step} could not be written under {root}: no space left on that file system "
             f"({_mib(free or 0)} free when it failed"
             + (f", the last checkpoint took {_mib(need)}" if need is not None else "") + f"){removed}; {kept}",
-            hint="free space there (or lower checkpoint.keep_last), then hpcppo resume RUN")
+            hint=f"free space there (or lower checkpoint.keep_last), then {resume}")
     if codes & {errno.EROFS, errno.EACCES, errno.EPERM}:
         what = "the file system is read-only or the directory is not writable"
     else:
         what = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}"
     return StorageError(f"checkpoint step {step} could not be written under {root}: {what}{removed}; {kept}",
-                        hint="fix the file system, then hpcppo resume RUN")
+                        hint=f"fix the file system, then {resume}")
 
 
 def set_aside(root: str | os.PathLike[str], step: int, kind: str, tag: str | None = None) -> Path:
