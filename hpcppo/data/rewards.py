@@ -7,10 +7,14 @@ Every reward function is called exactly as verl calls them, with keyword argumen
 so a ``compute_score`` written for verl works here unchanged (a dict with a ``"score"`` key is accepted too, as
 verl does). :func:`build_reward_fn` turns a spec into such a function:
 
-- ``"auto"``: dispatch on ``data_source`` — ``openai/gsm8k`` -> :func:`gsm8k_compute_score`, ``hpcppo/arith`` ->
-  ``hpcppo.data.synthetic:compute_score`` (imported on first use); an unknown data_source raises, listing the
-  known ones. Options per built-in go in as ``gsm8k={"method": "flexible"}``.
-- ``"gsm8k"`` / ``"arith"``: that built-in for every row, options as keyword arguments.
+- ``"auto"``: dispatch on ``data_source`` with verl's names — ``openai/gsm8k`` -> :func:`gsm8k_compute_score`,
+  ``lighteval/MATH``, ``DigitalLearningGmbH/MATH-lighteval``, ``HuggingFaceH4/MATH-500`` -> ``math``,
+  ``math_dapo``, ``math``, ``math_dapo_reasoning``, ``aime*`` -> ``math_dapo`` (both in
+  :mod:`hpcppo.data.math_reward`), ``hpcppo/arith`` -> ``hpcppo.data.synthetic:compute_score``; each is imported on
+  first use. An unknown data_source raises, naming ``data.reward_fn`` and listing the known ones. Options per
+  built-in go in as ``gsm8k={"method": "flexible"}``.
+- ``"gsm8k"`` / ``"arith"`` / ``"math"`` / ``"math_dapo"``: that built-in for every row, options as keyword
+  arguments.
 - ``"package.module:function"`` or ``"path/to/file.py:function"``: user code, options as keyword arguments. It is
   loaded and its signature checked at build time, so a typo fails before the job spends GPU time.
 
@@ -32,6 +36,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from hpcppo.data.math_reward import MATH_DAPO_DATA_SOURCES, MATH_DAPO_PREFIX, MATH_DATA_SOURCES
 from hpcppo.errors import ConfigError, HpcppoError, PathError
 
 
@@ -45,16 +50,22 @@ class RewardFunctionError(HpcppoError):
 GSM8K_CLIP_CHARS = 300  # verl looks only at the tail: the final answer is at the end, and regexes stay cheap
 GSM8K_METHODS = ("strict", "flexible")
 
-# A number as people write it: an optional minus that is not glued to a preceding word or number (so "3-4" reads
-# as 3 and 4, not 3 and -4), an optional currency sign, thousands separators only in groups of three (so "1,2,3"
-# is three numbers, not 123), an optional decimal part. A trailing period ("18.") is not part of the number.
-# ASCII digits only: re's \d also matches other scripts' digits, which Decimal would then silently accept.
+# strict is verl's rule to the letter (verl/utils/reward_score/gsm8k.py, volcengine/verl b178a3c): "####", exactly
+# one space, then a run of digits, dots and commas with an optional leading minus; the last such run wins, its
+# commas are dropped, and it must then equal the ground truth *as a string*. So "####18" (no space) and "#### $18"
+# find no answer (0.0); "#### 18.00" and "#### 18." find one that is not "18" (format_score). Reward curves are
+# then comparable with verl's.
+_STRICT_RE = re.compile(r"#### (-?[0-9.,]+)")
+
+# flexible reads numbers as people write them: an optional minus that is not glued to a preceding word or number
+# (so "3-4" reads as 3 and 4, not 3 and -4), an optional currency sign, thousands separators only in groups of
+# three (so "1,2,3" is three numbers, not 123), an optional decimal part. A trailing period ("18.") is not part of
+# the number. ASCII digits only: re's \d also matches other scripts' digits, which Decimal would then accept.
 _NUMBER = (
     r"(?P<neg>(?<![0-9A-Za-z])-)?(?:\$(?P<neg2>-)?)?"
     r"(?P<digits>(?:[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)(?:\.[0-9]+)?|\.[0-9]+)"
 )
 _NUMBER_RE = re.compile(_NUMBER)
-_STRICT_RE = re.compile(r"####[ \t]*" + _NUMBER)
 _PLAIN_NUMBER_RE = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)")
 
 
@@ -64,16 +75,21 @@ def _match_to_text(match: re.Match[str]) -> str:
 
 
 def extract_gsm8k_answer(solution_str: str, method: str = "strict") -> str | None:
-    """The answer a completion gives, normalised (no commas, no ``$``), or None if it gives none.
+    """The answer a completion gives, or None if it gives none. Only the last :data:`GSM8K_CLIP_CHARS` characters
+    are read.
 
-    Only the last :data:`GSM8K_CLIP_CHARS` characters are read. ``strict``: the number of the last
-    ``#### <number>``; ``flexible``: the last number anywhere.
+    ``strict`` (verl's): the text after the last ``"#### "`` made of ``-``, digits, ``.`` and ``,``, commas removed
+    and otherwise as written (``"18.00"``, ``"1.2.3"``). ``flexible``: the last number anywhere, normalised (no
+    commas, no ``$``, no trailing period).
     """
     if method not in GSM8K_METHODS:
         raise ConfigError(f"unknown method {method!r}; allowed: {', '.join(GSM8K_METHODS)}", key="method")
     tail = solution_str[-GSM8K_CLIP_CHARS:]
+    if method == "strict":
+        found = _STRICT_RE.findall(tail)
+        return found[-1].replace(",", "") if found else None
     last = None
-    for last in (_STRICT_RE if method == "strict" else _NUMBER_RE).finditer(tail):
+    for last in _NUMBER_RE.finditer(tail):
         pass
     return None if last is None else _match_to_text(last)
 
@@ -87,7 +103,8 @@ def _as_decimal(text: str) -> Decimal | None:
 
 
 def answers_match(answer: str, ground_truth: str) -> bool:
-    """Numeric equality ("18.00" == "18", "1,000" == "1000"), else equality of the stripped strings."""
+    """flexible's comparison: numeric equality ("18.00" == "18", "1,000" == "1000"), else equality of the stripped
+    strings."""
     a, g = _as_decimal(answer), _as_decimal(str(ground_truth))
     if a is not None and g is not None:
         return a == g
@@ -105,11 +122,15 @@ def gsm8k_compute_score(
     score: float = 1.0,
 ) -> float:
     """verl's GSM8K rule: ``score`` if the extracted answer equals the ground truth, ``format_score`` if an answer
-    was found but is wrong, 0.0 if none was found. Compares numerically (verl compares strings)."""
+    was found but is wrong, 0.0 if none was found.
+
+    ``strict`` compares strings, as verl does (``"18.00"`` is not ``"18"``); ``flexible`` compares numbers.
+    """
     answer = extract_gsm8k_answer(solution_str, method)
     if answer is None:
         return 0.0
-    return float(score) if answers_match(answer, ground_truth) else float(format_score)
+    correct = answer == ground_truth if method == "strict" else answers_match(answer, ground_truth)
+    return float(score) if correct else float(format_score)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -119,9 +140,30 @@ def gsm8k_compute_score(
 BUILTINS: dict[str, str] = {
     "gsm8k": "hpcppo.data.rewards:gsm8k_compute_score",
     "arith": "hpcppo.data.synthetic:compute_score",
+    "math": "hpcppo.data.math_reward:math_compute_score",
+    "math_dapo": "hpcppo.data.math_reward:math_dapo_compute_score",
 }
-#: data_source -> built-in name, used by "auto"
-DATA_SOURCES: dict[str, str] = {"openai/gsm8k": "gsm8k", "hpcppo/arith": "arith"}
+#: data_source -> built-in name, used by "auto" (verl's default_compute_score names)
+DATA_SOURCES: dict[str, str] = {
+    "openai/gsm8k": "gsm8k",
+    "hpcppo/arith": "arith",
+    **dict.fromkeys(MATH_DATA_SOURCES, "math"),
+    **dict.fromkeys(MATH_DAPO_DATA_SOURCES, "math_dapo"),
+}
+#: data_source prefix -> built-in name (verl: every data_source starting with "aime" is scored as math_dapo)
+DATA_SOURCE_PREFIXES: dict[str, str] = {MATH_DAPO_PREFIX: "math_dapo"}
+
+
+def builtin_for(data_source: str) -> str | None:
+    """The built-in that "auto" scores ``data_source`` with, or None."""
+    if data_source in DATA_SOURCES:
+        return DATA_SOURCES[data_source]
+    return next((b for p, b in DATA_SOURCE_PREFIXES.items() if str(data_source).startswith(p)), None)
+
+
+def known_data_sources() -> str:
+    """The data sources "auto" knows, as error messages list them."""
+    return ", ".join([*DATA_SOURCES, *(f"{p}* (any name starting with {p!r})" for p in DATA_SOURCE_PREFIXES)])
 _CALL_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
 # The spec keys these errors are about (a test checks that every key an error names exists).
 REWARD_KEY = "data.reward_fn"
@@ -245,6 +287,16 @@ def _builtin(name: str, kwargs: Mapping[str, Any]) -> RewardFn:
     return RewardFn(name, load_function(BUILTINS[name]), kwargs)
 
 
+def unknown_data_source(data_source: str, file: str | None = None) -> ConfigError:
+    """The error for a data_source "auto" has no scorer for: names the key that fixes it and the known sources."""
+    close = difflib.get_close_matches(str(data_source), list(DATA_SOURCES), n=1)
+    own = f"or set {REWARD_KEY} = \"module:function\" (or \"path/to/file.py:function\") to score it yourself"
+    return ConfigError(
+        f"no built-in reward for data_source {data_source!r} ({REWARD_KEY} = \"auto\"); known data sources: "
+        f"{known_data_sources()}", key=REWARD_KEY, file=file,
+        hint=f"did you mean {close[0]!r}? {own}" if close else own)
+
+
 class AutoRewardFn:
     """Dispatch on ``data_source`` to the built-ins (:data:`DATA_SOURCES`); each is loaded on first use."""
 
@@ -262,13 +314,9 @@ class AutoRewardFn:
 
     def resolve(self, data_source: str) -> RewardFn:
         """The built-in that scores ``data_source`` (loading it on first use)."""
-        builtin = DATA_SOURCES.get(data_source)
+        builtin = builtin_for(data_source)
         if builtin is None:
-            close = difflib.get_close_matches(str(data_source), list(DATA_SOURCES), n=1)
-            raise ConfigError(
-                f"no built-in reward for data_source {data_source!r}; known data sources: "
-                f"{', '.join(DATA_SOURCES)}", key=REWARD_KEY,
-                hint=f"did you mean {close[0]!r}?" if close else f"give your own as {REWARD_KEY} = 'module:function'")
+            raise unknown_data_source(data_source)
         if builtin not in self._fns:
             self._fns[builtin] = _builtin(builtin, self.options.get(builtin, {}))
         return self._fns[builtin]

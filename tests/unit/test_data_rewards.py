@@ -70,10 +70,12 @@ def test_realistic_completions_strict_vs_flexible():
         prose = f"{body}\nSo the answer is {int(gold):,}."
         assert score(prose, gold, method="strict") == 0.0
         assert score(prose, gold, method="flexible") == 1.0
-        # Formats verl's string comparison misses: "18.00", "$18", "1,000" and a final period.
-        for shown in (f"{gold}.00", f"${gold}", f"{int(gold):,}", f"{gold}."):
-            assert score(f"{body}\n#### {shown}", gold, method="strict") == 1.0, shown
-            assert score(f"{body}\n#### {shown}", gold, method="flexible") == 1.0, shown
+        # strict is verl's string rule: thousands commas are dropped, "18.00" and "18." are answers that are not
+        # "18" (format_score), "$18" is no answer at all (0); flexible reads every one of them as the number.
+        for shown, strict in ((f"{int(gold):,}", 1.0), (f"{gold}.00", 0.5), (f"{gold}.", 0.5), (f"${gold}", 0.0)):
+            text = f"{body}\n#### {shown}"
+            assert score(text, gold, method="strict", format_score=0.5) == strict, shown
+            assert score(text, gold, method="flexible", format_score=0.5) == 1.0, shown
         # A wrong final answer: format_score in strict mode (the format was right), 0 by default.
         wrong = f"{body}\n#### {int(gold) + 1}"
         assert score(wrong, gold) == 0.0
@@ -102,9 +104,21 @@ def test_verl_conventions_kept():
     [
         ("#### 18", "18", "18"),
         ("#### -5", "-5", "-5"),
-        ("#### $-5", "-5", "-5"),
+        ("#### $-5", None, "-5"),  # verl's character class has no "$"
+        ("#### $18", None, "18"),
         ("The total is -$5.", None, "-5"),
-        ("####18", "18", "18"),
+        ("####18", None, "18"),  # verl wants exactly one space after ####
+        ("####  18", None, "18"),
+        ("####\t18", None, "18"),
+        ("##### 18", "18", "18"),
+        ("#### 18.00", "18.00", "18.00"),  # kept as written: strict compares strings
+        ("#### 18.", "18.", "18"),
+        ("#### 1.2.3", "1.2.3", ".3"),
+        ("#### 1,2,3", "123", "3"),  # verl drops every comma
+        ("#### 5-3", "5", "3"),
+        ("#### --5", None, "-5"),
+        ("#### -", None, None),
+        ("#### 17\n#### 18", "18", "18"),
         ("#### 1,000,000 dollars", "1000000", "1000000"),
         ("#### .5", ".5", ".5"),
         ("3-4", None, "4"),  # subtraction, not a negative number
@@ -114,7 +128,7 @@ def test_verl_conventions_kept():
         ("####", None, None),
         ("", None, None),
         ("$", None, None),
-        ("#### ,.,", None, None),
+        ("#### ,.,", ".", None),  # verl: the run ",.," minus its commas
     ],
 )
 def test_extraction_on_tricky_strings(text, strict, flexible):
@@ -122,16 +136,20 @@ def test_extraction_on_tricky_strings(text, strict, flexible):
     assert extract_gsm8k_answer(text, "flexible") == flexible
 
 
-def test_numeric_comparison_and_ground_truth_normalisation():
-    assert score("#### 18.0", "18") == 1.0
-    assert score("#### 18", "18.00") == 1.0
-    assert score("#### 1000", "1,000") == 1.0
-    assert score("#### 18", "$18") == 1.0
-    assert score("#### 0", "-0") == 1.0
-    assert score("#### 18.5", "18") == 0.0
-    assert score("#### 180", "18") == 0.0
-    # A ground truth that is not a number falls back to string equality of the extracted answer.
+def test_strict_compares_strings_as_verl_and_flexible_compares_numbers():
+    for text, gt in (("#### 18.0", "18"), ("#### 18", "18.00"), ("#### 1000", "1,000"), ("#### 18", "$18"),
+                     ("#### 0", "-0"), ("The answer: 18.0", "18")):
+        assert score(text, gt, method="strict", format_score=0.5) == (0.0 if "####" not in text else 0.5), text
+        assert score(text, gt, method="flexible", format_score=0.5) == 1.0, text
+    for text in ("#### 18.5", "#### 180", "#### -18"):
+        assert score(text, "18", format_score=0.5) == 0.5
+        assert score(text, "18", method="flexible", format_score=0.5) == 0.5
+    # verl compares with ==: a ground truth stored as a number never equals the extracted string.
+    assert score("#### 18", 18, format_score=0.5) == 0.5
+    assert score("#### 18", 18, method="flexible") == 1.0
+    # A ground truth that is not a number: string equality of the extracted answer in both modes.
     assert score("#### 18", "eighteen") == 0.0
+    assert score("#### 1,000", "1000") == 1.0  # commas go before the comparison
 
 
 @settings(max_examples=300, deadline=None)
@@ -150,10 +168,14 @@ def test_appended_final_answer_is_found_after_any_text(prefix, n):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(min_value=0, max_value=10**12), st.sampled_from(["{n}", "{n:,}", "${n:,}", "{n}.00", "{n}."]))
-def test_number_formats_match(n, fmt):
-    assert score("#### " + fmt.format(n=n), str(n)) == 1.0
-    assert score("#### " + fmt.format(n=n), str(n + 1)) == 0.0
+@given(st.integers(min_value=-10**12, max_value=10**12),
+       st.sampled_from([("{n}", 1.0), ("{n:,}", 1.0), ("${n:,}", 0.0), ("{n}.00", 0.5), ("{n}.", 0.5)]))
+def test_number_formats_strict_as_verl_flexible_numeric(n, case):
+    fmt, strict = case
+    text = "#### " + fmt.format(n=n)
+    assert score(text, str(n), format_score=0.5) == strict
+    assert score(text, str(n + 1), format_score=0.5) == (0.0 if strict == 0.0 else 0.5)
+    assert score(text, str(n), method="flexible") == 1.0
 
 
 # --------------------------------------------------------------------------------------------- dispatch
@@ -162,9 +184,12 @@ def test_auto_dispatches_by_data_source_and_lists_known_ones():
     fn = build_reward_fn("auto")
     assert fn("openai/gsm8k", "#### 3", "3", {"split": "test"}) == 1.0
     with pytest.raises(ConfigError) as err:
-        fn("lighteval/MATH", "\\boxed{3}", "3", None)
+        fn("my/dataset", "\\boxed{3}", "3", None)
     msg = str(err.value)
-    assert "'lighteval/MATH'" in msg and "openai/gsm8k" in msg and "hpcppo/arith" in msg
+    assert msg.startswith("data.reward_fn: no built-in reward for data_source 'my/dataset'")
+    for known in ("openai/gsm8k", "hpcppo/arith", "lighteval/MATH", "HuggingFaceH4/MATH-500", "math_dapo", "aime*"):
+        assert known in msg
+    assert 'set data.reward_fn = "module:function"' in msg
     with pytest.raises(ConfigError, match="did you mean 'openai/gsm8k'"):
         fn("openai/gsm8", "#### 3", "3", None)
 
@@ -317,10 +342,11 @@ def test_score_batch_with_plain_function_and_unknown_source():
 
 def test_reward_errors_name_the_spec_keys():
     with pytest.raises(ConfigError) as err:
-        build_reward_fn("auto")("lighteval/MATH", "3", "3", None)
+        build_reward_fn("auto")("lighteval/MATHS", "3", "3", None)
     assert err.value.key == "data.reward_fn"
-    assert str(err.value).startswith("data.reward_fn: no built-in reward for data_source 'lighteval/MATH'")
-    assert str(err.value).endswith("(give your own as data.reward_fn = 'module:function')")
+    assert str(err.value).startswith("data.reward_fn: no built-in reward for data_source 'lighteval/MATHS'")
+    assert str(err.value).endswith("(did you mean 'lighteval/MATH'? or set data.reward_fn = \"module:function\" "
+                                   "(or \"path/to/file.py:function\") to score it yourself)")
     with pytest.raises(ConfigError) as err:
         build_reward_fn("auto", gsm8k={"method": "loose"})
     assert str(err.value) == "data.gsm8k_method: unknown method 'loose'; allowed: strict, flexible"
