@@ -164,7 +164,8 @@ def failed_save(root: str | os.PathLike[str], step: int, exc: BaseException, *, 
     if codes & {errno.EROFS, errno.EACCES, errno.EPERM}:
         what = "the file system is read-only or the directory is not writable"
     else:
-        what = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}"
+        last = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
+        what = f"{type(exc).__name__}: {last}"
     return StorageError(f"checkpoint step {step} could not be written under {root}: {what}{removed}; {kept}",
                         hint=f"fix the file system, then {resume}")
 

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 from hpcppo.launch import jobs
@@ -84,3 +85,38 @@ def wait_all(procs: list[subprocess.Popen], timeout: float = 300) -> list[int]:
 
 def logs_of(run_dir: Path) -> str:
     return "\n".join(f"==> {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted((run_dir / "logs").glob("*.log")))
+
+
+# Columns that depend on wall time or on which attempt ran a step, not on the numbers trained.
+VOLATILE = ("time", "attempt", "branch", "seq")
+
+
+def comparable(df):
+    """A metrics frame indexed by step without the columns that may differ between two exact runs."""
+    keep = [c for c in df.columns if c not in VOLATILE and not c.startswith(("time/", "perf/"))]
+    return df[keep].set_index("step").sort_index()
+
+
+def final_weights(run_dir: Path, step: int) -> dict:
+    """Actor and critic weights of checkpoint ``step`` of a run, loaded on one process."""
+    from hpcppo.config import load_resolved
+    from hpcppo.distributed.checkpoint import CheckpointManager
+    from hpcppo.models import build_actor, build_critic
+
+    path = load_resolved(run_dir / "resolved.toml").experiment.model.path
+    actor, critic = build_actor(path), build_critic(path)
+    CheckpointManager(run_dir / "checkpoints", keep_last=0, rank=0, world_size=1).load(
+        step, models={"actor": actor, "critic": critic}, optimizers={}, restore_rng=False)
+    return ({f"actor.{k}": v for k, v in actor.state_dict().items()}
+            | {f"critic.{k}": v for k, v in critic.state_dict().items()})
+
+
+def wait_for_commit(run_dir: Path, step: int, procs: list[subprocess.Popen], timeout: float = 240) -> None:
+    marker = run_dir / "checkpoints" / f"step-{step}" / "COMMITTED"
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        if any(p.poll() is not None for p in procs):
+            raise AssertionError("a rank exited before the checkpoint:\n" + logs_of(run_dir))
+        if time.monotonic() > deadline:
+            raise AssertionError("no checkpoint in time:\n" + logs_of(run_dir))
+        time.sleep(0.05)

@@ -13,8 +13,8 @@ import torch
 
 from hpcppo import metrics as hmetrics
 
-from _harness import compile_run, launch_ranks, logs_of, wait_all, write_spec
-from test_resume import _comparable, _final_weights, _wait_for_commit
+from _harness import (comparable, compile_run, final_weights, launch_ranks, logs_of, wait_all, wait_for_commit,
+                      write_spec)
 
 OFFLOAD = ["actor.fsdp.optimizer_offload=true", "critic.fsdp.optimizer_offload=true"]
 # 3 steps; a checkpoint after step 2 (while the state sits on the host) and the final one after step 3.
@@ -29,7 +29,7 @@ def test_offloaded_optimizer_state_trains_and_resumes_like_the_plain_run(tmp_pat
     procs = {plain: launch_ranks(plain, 2, "a0"), offloaded: launch_ranks(offloaded, 2, "a0")}
     # As soon as the offloaded run has committed step 2, resume it in a fresh run with the flag on (overlapping
     # the rest of the other runs keeps the test short): its step 3 must equal the straight runs' step 3.
-    _wait_for_commit(offloaded, 2, procs[offloaded])
+    wait_for_commit(offloaded, 2, procs[offloaded])
     resumed = compile_run(spec, tmp_path / "runs", SHORT + OFFLOAD)
     shutil.copytree(offloaded / "checkpoints" / "step-2", resumed / "checkpoints" / "step-2")
     procs[resumed] = launch_ranks(resumed, 2, "a0")
@@ -39,9 +39,9 @@ def test_offloaded_optimizer_state_trains_and_resumes_like_the_plain_run(tmp_pat
     a, b = hmetrics.load(plain), hmetrics.load(offloaded)
     assert list(b["step"]) == [1, 2, 3]
     assert b["critic/vf_loss"].notna().all() and b["actor/pg_loss"].notna().all()  # both optimizers stepped
-    ca, cb = _comparable(a), _comparable(b)
+    ca, cb = comparable(a), comparable(b)
     assert ca.equals(cb), (ca - cb).abs().max().sort_values().tail(10)
-    wa, wb = _final_weights(plain, 3), _final_weights(offloaded, 3)
+    wa, wb = final_weights(plain, 3), final_weights(offloaded, 3)
     assert wa.keys() == wb.keys()
     for key in wa:
         assert torch.equal(wa[key], wb[key]), key
@@ -52,8 +52,8 @@ def test_offloaded_optimizer_state_trains_and_resumes_like_the_plain_run(tmp_pat
     assert "critic optimizer state offloaded to host memory" in log
     c = hmetrics.load(resumed)
     assert list(c["step"]) == [3]
-    cc, ca3 = _comparable(c), ca.loc[[3], _comparable(c).columns]
+    cc, ca3 = comparable(c), ca.loc[[3], comparable(c).columns]
     assert cc.equals(ca3), (cc - ca3).abs().max().sort_values().tail(10)
-    wc = _final_weights(resumed, 3)
+    wc = final_weights(resumed, 3)
     for key in wa:
         assert torch.equal(wa[key], wc[key]), key

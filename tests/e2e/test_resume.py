@@ -1,5 +1,6 @@
-"""Checkpoint/resume: 6 steps straight equal 3 steps + kill -9 + resume + 3 steps; a 2-rank checkpoint
-resumes on 1 rank; a preemption signal checkpoints and exits with the requeue code; export loads."""
+"""Checkpoint/resume beyond the fault matrix (``test_faults.py``): a 2-rank checkpoint resumes on 1 rank; a
+preemption signal while the models load; export loads; a pause and a resume through the CLI; checkpoints during
+the critic's warm-up change nothing."""
 
 from __future__ import annotations
 
@@ -13,73 +14,8 @@ import torch
 from hpcppo import exitcodes
 from hpcppo import metrics as hmetrics
 
-from _harness import compile_run, launch_ranks, logs_of, wait_all, write_spec
-
-# Columns that depend on wall time or on which attempt ran a step, not on the numbers trained.
-VOLATILE = ("time", "attempt", "branch", "seq")
-
-
-def _comparable(df):
-    keep = [c for c in df.columns if c not in VOLATILE and not c.startswith(("time/", "perf/"))]
-    return df[keep].set_index("step").sort_index()
-
-
-def _final_weights(run_dir, step):
-    from hpcppo.distributed.checkpoint import CheckpointManager
-    from hpcppo.models import build_actor, build_critic
-
-    compiled_model = run_dir / "resolved.toml"
-    from hpcppo.config import load_resolved
-
-    path = load_resolved(compiled_model).experiment.model.path
-    actor, critic = build_actor(path), build_critic(path)
-    CheckpointManager(run_dir / "checkpoints", keep_last=0, rank=0, world_size=1).load(
-        step, models={"actor": actor, "critic": critic}, optimizers={}, restore_rng=False)
-    return {f"actor.{k}": v for k, v in actor.state_dict().items()} | {f"critic.{k}": v for k, v in critic.state_dict().items()}
-
-
-def _wait_for_commit(run_dir, step, procs, timeout=240):
-    marker = run_dir / "checkpoints" / f"step-{step}" / "COMMITTED"
-    deadline = time.monotonic() + timeout
-    while not marker.exists():
-        if any(p.poll() is not None for p in procs):
-            raise AssertionError("a rank exited before the checkpoint:\n" + logs_of(run_dir))
-        if time.monotonic() > deadline:
-            raise AssertionError("no checkpoint in time:\n" + logs_of(run_dir))
-        time.sleep(0.05)
-
-
-@pytest.mark.slow
-def test_kill_and_resume_equals_straight_run(tmp_path, random_tiny):
-    spec = write_spec(tmp_path / "exp.toml", random_tiny)
-    straight = compile_run(spec, tmp_path / "runs")
-    assert wait_all(launch_ranks(straight, 2, "a0")) == [0, 0], logs_of(straight)
-
-    resumed = compile_run(spec, tmp_path / "runs")
-    procs = launch_ranks(resumed, 2, "a0")
-    _wait_for_commit(resumed, 3, procs)
-    for p in procs:
-        p.send_signal(signal.SIGKILL)
-    wait_all(procs)
-    # The killed attempt's metric log is readable without repair, with at least steps 1-3.
-    killed = hmetrics.load(resumed)
-    assert set(range(1, 4)) <= set(killed["step"])
-    assert wait_all(launch_ranks(resumed, 2, "a1")) == [0, 0], logs_of(resumed)
-
-    a, b = hmetrics.load(straight), hmetrics.load(resumed)
-    assert list(b["step"]) == [1, 2, 3, 4, 5, 6]
-    assert sorted(set(b["attempt"])) == [0, 1]
-    assert (b.set_index("step").loc[[4, 5, 6], "attempt"] == 1).all()
-    # Same numbers, to the bit, for every metric of every step.
-    ca, cb = _comparable(a), _comparable(b)
-    assert ca.equals(cb), (ca - cb).abs().max().sort_values().tail(10)
-    events = hmetrics.load_events(resumed)
-    assert "resume" in set(events["kind"])
-
-    wa, wb = _final_weights(straight, 6), _final_weights(resumed, 6)
-    assert wa.keys() == wb.keys()
-    for key in wa:
-        assert torch.equal(wa[key], wb[key]), key
+from _harness import (comparable, compile_run, final_weights, launch_ranks, logs_of, wait_all, wait_for_commit,
+                      write_spec)
 
 
 @pytest.mark.slow
@@ -95,24 +31,6 @@ def test_two_rank_checkpoint_resumes_on_one_rank(tmp_path, random_tiny):
     assert list(df["step"]) == [4, 5]
     assert (one / "checkpoints" / "step-5" / "COMMITTED").exists()
     assert "resumed from checkpoint step 3" in logs_of(one)
-
-
-@pytest.mark.slow
-def test_preemption_signal_checkpoints_and_asks_for_requeue(tmp_path, random_tiny):
-    spec = write_spec(tmp_path / "exp.toml", random_tiny)
-    run = compile_run(spec, tmp_path / "runs", ["trainer.total_steps=200", "checkpoint.save_every=0"])
-    procs = launch_ranks(run, 2, "a0")
-    deadline = time.monotonic() + 240
-    while not list((run / "metrics").glob("*.h5")) or len(hmetrics.load(run)) < 2:
-        assert time.monotonic() < deadline, logs_of(run)
-        assert all(p.poll() is None for p in procs), logs_of(run)
-        time.sleep(0.2)
-    procs[1].send_signal(signal.SIGUSR2)  # one rank is enough: the ranks agree at the step boundary
-    assert wait_all(procs) == [exitcodes.REQUEUE] * 2, logs_of(run)
-    steps = sorted(int(p.name.split("-")[1]) for p in (run / "checkpoints").iterdir() if (p / "COMMITTED").exists())
-    assert len(steps) == 1 and steps[0] < 200
-    assert (run / "control" / "exit-code.a0").read_text().strip() == str(exitcodes.REQUEUE)
-    assert "preempted" in set(hmetrics.load_events(run)["kind"])
 
 
 @pytest.mark.slow
@@ -150,7 +68,7 @@ def test_export_loads_with_from_pretrained(tmp_path, random_tiny):
     assert main(["export", run.name, "--runs-root", str(run.parent), "--out", str(out)]) == 0
     model = AutoModelForCausalLM.from_pretrained(out)
     tok = AutoTokenizer.from_pretrained(out)
-    weights = _final_weights(run, 2)
+    weights = final_weights(run, 2)
     for name, value in model.state_dict().items():
         assert torch.equal(value, weights[f"actor.{name}"]), name
     ids = tok("1+2=", return_tensors="pt").input_ids
@@ -200,7 +118,7 @@ def test_checkpoints_during_critic_warmup_change_nothing(tmp_path, random_tiny):
     often = compile_run(spec, tmp_path / "runs", common + ["checkpoint.save_every=1"])
     plain_procs = launch_ranks(plain, 2, "a0")
     procs = launch_ranks(often, 2, "a0")
-    _wait_for_commit(often, 2, procs)
+    wait_for_commit(often, 2, procs)
     for p in procs:
         p.send_signal(signal.SIGKILL)
     wait_all(procs)
@@ -208,6 +126,6 @@ def test_checkpoints_during_critic_warmup_change_nothing(tmp_path, random_tiny):
     assert wait_all(launch_ranks(often, 2, "a1")) == [0, 0], logs_of(often)
     assert wait_all(plain_procs) == [0, 0], logs_of(plain)
     assert read_marker(often / "checkpoints" / "step-4")["optimizers"] == ["actor", "critic"]
-    ca, cb = _comparable(hmetrics.load(plain)), _comparable(hmetrics.load(often))
+    ca, cb = comparable(hmetrics.load(plain)), comparable(hmetrics.load(often))
     assert list(cb.index) == [1, 2, 3, 4]
     assert ca.equals(cb), (ca - cb).abs().max().sort_values().tail(10)

@@ -1,0 +1,208 @@
+"""The fault matrix: every way a run can be cut short, on the local default (2 ranks, gloo), against one straight
+run of the same spec. Each row stages its fault in attempt 0, then attempt 1 resumes, and the same invariants are
+asserted for every row:
+
+* attempt 0 ended the way the fault says (the exit code of each rank; nothing hangs);
+* no metrics row is lost or duplicated: the run's view holds steps 1..6 exactly once, the steps up to the checkpoint
+  resumed from come from attempt 0 and the rest from attempt 1;
+* the resume is exact: every metric of every step and the final weights of actor and critic equal the straight
+  run's, bit for bit;
+* no half-written checkpoint directory survives, and the log names the checkpoint the run resumed from.
+
+Rows (``FAULTS``): kill -9 of every rank mid-step; of one rank (the other learns it from gloo); of a rank while it
+writes a checkpoint; of the metrics writer mid-row; a full disk during a checkpoint (a size-limited tmpfs mounted
+over the checkpoint directory); a preemption signal; a pause request; the newest checkpoint corrupted while the run
+was down (the resume falls back to the previous one).
+
+The other rows of issue 13 live where their machinery is: a truncated or damaged metrics file
+(``tests/unit/test_metrics_damaged.py``), a time-limit stop reported as TIMEOUT and two concurrent resumes starting
+one job (``tests/e2e/test_status_timeout.py``, ``tests/unit/test_run_lock.py``, ``tests/slurm/test_status_slurm.py``),
+export of a damaged checkpoint (``tests/e2e/test_corrupt_checkpoint.py``) and the bad-input corpus
+(``tests/unit/test_cli_errors.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+import pytest
+
+from hpcppo import exitcodes
+from hpcppo import metrics as hmetrics
+
+from _harness import comparable, compile_run, final_weights, launch_ranks, logs_of, wait_all, write_spec
+
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory, random_tiny) -> Path:
+    """The reference: the spec run once, uninterrupted."""
+    tmp = tmp_path_factory.mktemp("straight")
+    run = compile_run(write_spec(tmp / "exp.toml", random_tiny), tmp / "runs")
+    assert wait_all(launch_ranks(run, 2, "a0")) == [0, 0], logs_of(run)
+    return run
+
+
+def _rows(run: Path) -> int:
+    return len(hmetrics.load(run)) if list((run / "metrics").glob("*.h5")) else 0
+
+
+def _when_rows(n: int, act: Callable[[Path, list[subprocess.Popen]], None]):
+    """A ``during`` action: once ``n`` rows are flushed, ``act(run, procs)``."""
+
+    def during(run: Path, procs: list[subprocess.Popen]) -> None:
+        deadline = time.monotonic() + 240
+        while _rows(run) < n:
+            assert time.monotonic() < deadline, "no progress:\n" + logs_of(run)
+            assert all(p.poll() is None for p in procs), "a rank exited early:\n" + logs_of(run)
+            time.sleep(0.05)
+        act(run, procs)
+
+    return during
+
+
+def _kill_all(run, procs):
+    for p in procs:
+        p.send_signal(signal.SIGKILL)
+
+
+def _preempt(run, procs):
+    procs[1].send_signal(signal.SIGUSR2)  # Slurm signals every task; one is enough, the ranks agree at the boundary
+
+
+def _pause(run, procs):
+    (run / "control" / "PAUSE").write_text("operator: fault matrix")
+
+
+def _exit_record_says_requeue(run):
+    assert (run / "control" / "exit-code.a0").read_text().strip() == str(exitcodes.REQUEUE)
+
+
+def _clear_pause(run):
+    for marker in ("PAUSE", "PAUSED"):  # what `hpcppo resume` does before it submits the next attempt
+        (run / "control" / marker).unlink(missing_ok=True)
+
+
+def _row_five_is_torn(run):
+    """The writer died inside row 5: the file's datasets hold 5 rows, the reader keeps the 4 committed ones."""
+    from hpcppo.metrics import h5io
+
+    with h5io.open_swmr(run / "metrics" / "attempt-0000.h5", locking=False) as f:
+        assert f["step"].shape[0] >= 5 and f["values"].shape[0] >= 5 and f["step"][4] == 5
+    assert list(hmetrics.load(run)["step"]) == [1, 2, 3, 4]
+
+
+def _corrupt_newest(run):
+    extra = run / "checkpoints" / "step-4" / "extra.pt"
+    extra.write_bytes(os.urandom(extra.stat().st_size))
+
+
+@attrs.frozen
+class Fault:
+    overrides: tuple[str, ...] = ()
+    during: Callable | None = None  # acts on attempt 0 while it runs
+    codes: Callable[[list[int]], bool] = lambda codes: codes != [0, 0]
+    between: Callable[[Path], None] | None = None  # checks, then acts on, the stopped run before attempt 1
+    resumed_from: tuple[int, ...] = (3,)  # the checkpoint attempt 1 may start from
+    log: str = ""  # in attempt 0's logs
+    event: str = ""  # an event kind the run records
+
+
+KILLED = -signal.SIGKILL
+FAULTS = {
+    "kill_every_rank_mid_step": Fault(during=_when_rows(4, _kill_all), codes=lambda c: c == [KILLED, KILLED]),
+    "kill_one_rank_mid_step": Fault(
+        overrides=("debug.inject.kill_rank_at_step=5", "debug.inject.kill_rank=1"),
+        codes=lambda c: c[1] == KILLED and c[0] not in (0, KILLED), log="rank 1 kills itself at step 5"),
+    "kill_a_rank_writing_a_checkpoint": Fault(
+        overrides=("debug.inject.kill_in_checkpoint_at_step=6", "debug.inject.kill_rank=0"),
+        codes=lambda c: c[0] == KILLED and c[1] not in (0, KILLED), log="kills itself while writing checkpoint"),
+    "kill_the_metrics_writer_mid_row": Fault(
+        overrides=("debug.inject.kill_in_metrics_row_at_step=5",),
+        codes=lambda c: c[0] == KILLED and c[1] not in (0, KILLED), between=_row_five_is_torn,
+        log="appending the metrics row of step 5"),
+    "full_disk_during_a_checkpoint": Fault(codes=lambda c: all(x not in (0, KILLED) for x in c),
+                                           log="no space left on that file system"),
+    "preemption_signal": Fault(during=_when_rows(4, _preempt), codes=lambda c: c == [exitcodes.REQUEUE] * 2,
+                               between=_exit_record_says_requeue, resumed_from=(4, 5, 6), event="preempted"),
+    "pause_request": Fault(during=_when_rows(4, _pause), codes=lambda c: c == [exitcodes.PAUSED] * 2,
+                           between=_clear_pause, resumed_from=(4, 5, 6), event="paused"),
+    "newest_checkpoint_corrupt": Fault(
+        overrides=("checkpoint.save_every=2",), during=_when_rows(5, _kill_all),
+        codes=lambda c: c == [KILLED, KILLED], between=_corrupt_newest, resumed_from=(2,), event="checkpoint.corrupt"),
+}
+
+
+def _checkpoint_bytes(run: Path, step: int) -> int:
+    return sum(p.stat().st_size for p in (run / "checkpoints" / f"step-{step}").rglob("*") if p.is_file())
+
+
+def _mount_small_tmpfs(path: Path, size: int) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    if proc.returncode != 0:  # needs root (CI runs as root); the other rows do not depend on it
+        pytest.skip(f"cannot mount a size-limited tmpfs here: {proc.stderr.decode().strip()}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(FAULTS))
+def test_fault_then_resume_is_exact(name, tmp_path, random_tiny, straight):
+    fault = FAULTS[name]
+    spec = write_spec(tmp_path / "exp.toml", random_tiny)
+    run = compile_run(spec, tmp_path / "runs", list(fault.overrides))
+    ckpt_root = run / "checkpoints"
+    mounted = False
+    try:
+        if name == "full_disk_during_a_checkpoint":
+            # Room for the first checkpoint (step 3) and not the second (step 6): keep_last = 0 keeps both.
+            size = _checkpoint_bytes(straight, 3)
+            _mount_small_tmpfs(ckpt_root, int(size * 1.5))
+            mounted = True
+        procs = launch_ranks(run, 2, "a0")
+        if fault.during:
+            fault.during(run, procs)
+        codes = wait_all(procs, timeout=300)
+        first = logs_of(run)
+        assert fault.codes(codes), (codes, first)
+        assert fault.log in first, first
+        if mounted:
+            # The failed save left nothing behind that eats the space: the partial directory is gone.
+            assert sorted(p.name for p in ckpt_root.iterdir()) == ["step-3"], list(ckpt_root.iterdir())
+            subprocess.run(["mount", "-o", f"remount,size={size * 4}", str(ckpt_root)], check=True)
+        if fault.between:
+            fault.between(run)
+        assert wait_all(launch_ranks(run, 2, "a1")) == [0, 0], logs_of(run)
+    finally:
+        if mounted:
+            kept = tmp_path / "checkpoints-kept"
+            shutil.copytree(ckpt_root, kept)
+            subprocess.run(["umount", str(ckpt_root)], check=False)
+            shutil.rmtree(ckpt_root)
+            kept.rename(ckpt_root)
+    logs = logs_of(run)
+    resumed = [k for k in fault.resumed_from if f"resumed from checkpoint step {k}" in logs]
+    assert len(resumed) == 1, logs
+    start = resumed[0]
+
+    df = hmetrics.load(run)
+    assert list(df["step"]) == list(range(1, STEPS + 1)), df[["step", "attempt"]]
+    assert df["attempt"].tolist() == [0] * start + [1] * (STEPS - start)
+    ref, got = comparable(hmetrics.load(straight)), comparable(df)
+    assert ref.equals(got), (ref - got).abs().max().sort_values().tail(10)
+    want, have = final_weights(straight, STEPS), final_weights(run, STEPS)
+    assert want.keys() == have.keys()
+    assert all(want[k].equal(have[k]) for k in want), [k for k in want if not want[k].equal(have[k])]
+
+    # Nothing half-written survives; a damaged checkpoint is kept aside for inspection, not deleted.
+    assert not [p for p in ckpt_root.iterdir() if ".tmp-" in p.name or ".old-" in p.name], list(ckpt_root.iterdir())
+    assert bool(list(ckpt_root.glob("step-4.corrupt-*"))) == (name == "newest_checkpoint_corrupt")
+    kinds = set(hmetrics.load_events(run)["kind"])
+    assert "resume" in kinds and (not fault.event or fault.event in kinds), kinds
