@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from hpcppo import algos, control, exitcodes
 from hpcppo.distributed import layout
@@ -363,7 +364,9 @@ class Trainer(Recovery):
         try:
             c.ckpt.save(self.step, models=models, optimizers=optims, extra=self.checkpoint_extra(),
                         background=background)
-        except Exception as exc:  # every rank fails a save together (DCP and the checkpoint agree on failures)
+        # Every rank fails a save together (DCP and the checkpoint agree on failures). DCP's CheckpointException
+        # derives from BaseException (torch/distributed/checkpoint/api.py), so `except Exception` misses it.
+        except (Exception, CheckpointException) as exc:
             raise layout.failed_save(c.ckpt.root, self.step, exc, remove=self.env.rank == 0) from exc
         self.last_checkpoint_s = time.perf_counter() - start
         if c.metrics is not None:
