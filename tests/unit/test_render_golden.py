@@ -164,3 +164,26 @@ def test_rendered_rendezvous_block_runs(tmp_path):
     assert addr == "gpu07"
     # the batch script and the trainer (hpcppo.distributed.env) derive the same port from the job id
     assert int(port) == port_from_job_id("4242424") == render.PORT_BASE + 4242424 % render.PORT_SPAN
+
+
+def _srun_command(text: str) -> str:
+    """The rendered trainer srun command (from ``srun \\`` through its last continued line)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("srun \\"))
+    end = next(i for i in range(start, len(lines)) if not lines[i].endswith("\\"))
+    return "\n".join(lines[start:end + 1])
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("cpus", ["12", None])
+def test_srun_passes_cpus_per_task(name, cpus, monkeypatch, tmp_path):
+    # Slurm >= 22.05: srun does not inherit sbatch's --cpus-per-task. Run the rendered srun line with a recording
+    # srun function in place of Slurm's: the trainers' step must ask for the job's cores per task itself.
+    command = _srun_command(_render(name, monkeypatch))
+    script = f'srun() {{ printf "%s\\n" "$@" > "{tmp_path}/args"; }}\nHPCPPO_LOG_DIR=/tmp\n{command}\n'
+    env = {"PATH": os.environ["PATH"]} | ({"SLURM_CPUS_PER_TASK": cpus} if cpus else {})
+    proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    args = (tmp_path / "args").read_text().splitlines()
+    assert f"--cpus-per-task={cpus or 1}" in args, args
+    assert not any(a.startswith("--gpu-bind") for a in args), "ranks pick cuda:<local rank>; a GPU bind breaks that"
