@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -494,3 +495,19 @@ def test_a_collision_at_the_rename_is_retried(tmp_path, monkeypatch):
     assert (runs / "arith-tiny-20260101-000000-aaaa" / "spec.toml").read_text() == "theirs"
     assert sorted(p.name for p in runs.iterdir()) == ["arith-tiny-20260101-000000-aaaa",
                                                       "arith-tiny-20260101-000000-bbbb"]
+
+
+# The corpus above calls hpcppo.cli.main in-process; these go through the installed console script, as a user
+# does, so an error escaping main (or printed twice, or a warning on stderr) would show here too.
+@pytest.mark.parametrize("setup", [_binary_spec, _override("..=1"), _override("actor.lr=inf"), _run_json_not_json],
+                         ids=["binary-spec", "override-dotdot", "lr-inf", "run-json-not-json"])
+def test_the_console_script_prints_one_line(setup, tmp_path, monkeypatch):
+    argv = setup(tmp_path, monkeypatch)
+    argv += ["--runs-root", str(tmp_path / "runs")]
+    before = _tree(tmp_path)
+    script = Path(sys.executable).with_name("hpcppo")
+    proc = subprocess.run([str(script), *argv], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode not in (0, 1) and len(lines) == 1 and lines[0].startswith("hpcppo: error: "), proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert _tree(tmp_path) == before
