@@ -4,6 +4,7 @@ verl's preprocessing scripts write one Parquet row per prompt with these columns
 
     data_source   string
     prompt        list<struct<role: string, content: string>>     (chat messages; column name = prompt_key)
+                  or string                                        (plain text: one user message)
     ability       string                                           (optional)
     reward_model  struct<style: string, ground_truth: string>
     extra_info    struct<...>                                      (optional, e.g. split/index/answer/question)
@@ -37,7 +38,10 @@ GSM8K_EXTRA_INFO_TYPE = pa.struct(
 )
 REQUIRED_COLUMNS = ("data_source", "reward_model")  # plus the prompt column (prompt_key)
 OPTIONAL_COLUMNS = ("ability", "extra_info")
-TRUNCATION_MODES = ("error", "left", "right")
+TRUNCATION_MODES = ("error", "left", "right", "middle")
+#: files that are not Parquet but look like prompt data: named in the error, with how to convert them
+NOT_PARQUET_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".arrow")
+PROMPT_TYPES = "list<struct<role: string, content: string>> (chat messages) or string (plain text)"
 
 
 def prompt_schema(prompt_key: str = "prompt", extra_info_type: pa.DataType = GSM8K_EXTRA_INFO_TYPE) -> pa.Schema:
@@ -140,7 +144,8 @@ def _check_row_for_write(row: Mapping[str, Any], i: int, prompt_key: str, path: 
 # Reading
 
 
-def _expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Path]:
+def expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """Files named by ``paths``: a directory stands for its ``*.parquet`` files, sorted by name."""
     items = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
     if not items:
         raise ConfigError("no prompt files given")
@@ -163,7 +168,22 @@ def _is_string(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t)
 
 
-def _validate_schema(schema: pa.Schema, file: str, prompt_key: str) -> None:
+def is_text_prompt(schema: pa.Schema, prompt_key: str) -> bool:
+    """Whether the prompt column holds plain text (wrapped as one user message) rather than chat messages."""
+    return _is_string(schema.field(prompt_key).type)
+
+
+def check_not_parquet_suffix(path: Path) -> None:
+    """A ConfigError for a file whose name says it is not Parquet (``.jsonl`` ...), saying what is required."""
+    if path.suffix.lower() in NOT_PARQUET_SUFFIXES:
+        raise ConfigError(f"{path.suffix} files are not read: prompt files must be Parquet in verl's schema "
+                          "(data_source, prompt, reward_model, optionally ability and extra_info)", file=str(path),
+                          hint="convert it, e.g. pandas.read_json(path, lines=True).to_parquet(...) with those "
+                               "columns, or tools/prepare_gsm8k.py for GSM8K")
+
+
+def validate_schema(schema: pa.Schema, file: str, prompt_key: str) -> None:
+    """ConfigError naming ``file`` unless ``schema`` has verl's required columns with usable types."""
     required = (REQUIRED_COLUMNS[0], prompt_key, *REQUIRED_COLUMNS[1:])
     missing = [c for c in required if c not in schema.names]
     if missing:
@@ -180,11 +200,15 @@ def _validate_schema(schema: pa.Schema, file: str, prompt_key: str) -> None:
     if not _is_string(schema.field("data_source").type):
         raise bad("data_source", "string")
     ptype = schema.field(prompt_key).type
-    if not (pa.types.is_list(ptype) or pa.types.is_large_list(ptype)) or not pa.types.is_struct(ptype.value_type):
-        raise bad(prompt_key, "list<struct<role: string, content: string>>")
-    names = {ptype.value_type.field(i).name: ptype.value_type.field(i).type for i in range(ptype.value_type.num_fields)}
-    if not all(k in names and _is_string(names[k]) for k in ("role", "content")):
-        raise bad(prompt_key, "list<struct<role: string, content: string>>")
+    if _is_string(ptype):
+        pass  # plain text: one user message
+    elif not (pa.types.is_list(ptype) or pa.types.is_large_list(ptype)) or not pa.types.is_struct(ptype.value_type):
+        raise bad(prompt_key, PROMPT_TYPES)
+    else:
+        value_type = ptype.value_type
+        names = {value_type.field(i).name: value_type.field(i).type for i in range(value_type.num_fields)}
+        if not all(k in names and _is_string(names[k]) for k in ("role", "content")):
+            raise bad(prompt_key, PROMPT_TYPES)
     rtype = schema.field("reward_model").type
     if not pa.types.is_struct(rtype) or rtype.get_field_index("ground_truth") < 0:
         raise bad("reward_model", "struct<style: string, ground_truth: ...>")
@@ -205,17 +229,28 @@ def read_prompts(
     for a schema problem: a missing column, a wrong type, an empty prompt, a null data_source.
     """
     records: list[PromptRecord] = []
-    for path in _expand_paths(paths):
+    for path in expand_paths(paths):
         file = str(path)
-        try:
-            table = pq.read_table(path)
+        schema = read_schema(path)
+        validate_schema(schema, file, prompt_key)
+        wanted = ["data_source", prompt_key, "reward_model"] + [c for c in OPTIONAL_COLUMNS if c in schema.names]
+        try:  # only the columns we use: verl files may carry large others
+            table = pq.read_table(path, columns=wanted)
         except (OSError, pa.ArrowException) as exc:
             raise PathError(f"{file}: not a readable Parquet file ({exc})") from exc
-        _validate_schema(table.schema, file, prompt_key)
-        wanted = ["data_source", prompt_key, "reward_model"] + [c for c in OPTIONAL_COLUMNS if c in table.schema.names]
-        for row, values in enumerate(table.select(wanted).to_pylist()):
+        for row, values in enumerate(table.to_pylist()):
             records.append(_record_from_row(values, prompt_key, file, row))
     return records
+
+
+def read_schema(path: Path) -> pa.Schema:
+    """The Arrow schema of a Parquet file (its footer only); PathError if it is not Parquet, ConfigError if its
+    name says it is JSONL/CSV."""
+    check_not_parquet_suffix(path)
+    try:
+        return pq.read_schema(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise PathError(f"{path}: not a readable Parquet file ({exc})") from exc
 
 
 def _record_from_row(values: dict[str, Any], prompt_key: str, file: str, row: int) -> PromptRecord:
@@ -223,8 +258,10 @@ def _record_from_row(values: dict[str, Any], prompt_key: str, file: str, row: in
     if not values["data_source"]:
         raise ConfigError(f"{where}: data_source is null or empty", file=file)
     messages = values[prompt_key]
+    if isinstance(messages, str) and messages:
+        messages = [{"role": "user", "content": messages}]  # a plain-text prompt is one user message
     if not messages:
-        raise ConfigError(f"{where}: column {prompt_key!r} is null or an empty list of messages", file=file)
+        raise ConfigError(f"{where}: column {prompt_key!r} is null, empty or an empty list of messages", file=file)
     for m in messages:
         if m is None or m.get("role") is None or m.get("content") is None:
             raise ConfigError(f"{where}: a message in {prompt_key!r} has a null role or content: {m!r}", file=file)
@@ -256,6 +293,33 @@ class PromptItem:
     record: PromptRecord
 
 
+OVERLONG_FIXES = ('raise data.max_prompt_length, set data.filter_overlong_prompts = true (drops them) or '
+                  'data.truncation = "left", "right" or "middle" (cuts them)')
+
+
+def render_prompt(tokenizer: Any, messages: Sequence[Mapping[str, str]], uses_chat_template: bool) -> str:
+    """The text that is tokenised for a prompt: the chat template with the generation prompt (verl's rule), or,
+    for a tokenizer without one, the messages' contents joined by a newline."""
+    if uses_chat_template:
+        return tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    return "\n".join(m["content"] for m in messages)
+
+
+def truncate_ids(ids: list[int], max_length: int, truncation: str) -> list[int]:
+    """verl's cut of an over-long prompt (verl/utils/torch_functional.py ``postprocess_data``): left keeps the end,
+    right the start, middle the first ``max_length // 2`` and the last ``max_length - max_length // 2`` tokens."""
+    if len(ids) <= max_length:
+        return ids
+    if truncation == "left":
+        return ids[-max_length:]
+    if truncation == "right":
+        return ids[:max_length]
+    if truncation == "middle":
+        head = max_length // 2
+        return ids[:head] + ids[len(ids) - (max_length - head):]
+    raise ValueError(f"truncate_ids: truncation {truncation!r} does not cut")
+
+
 class PromptDataset:
     """Prompts tokenised once, up front, with the tokenizer's chat template.
 
@@ -267,8 +331,10 @@ class PromptDataset:
     special tokens (the template already has them) — what verl does. Without one (base models), the messages'
     contents joined by a newline, tokenised *with* the tokenizer's special tokens (e.g. a BOS).
 
-    Prompts longer than ``max_prompt_length`` tokens: ``truncation="error"`` raises a :class:`ConfigError` naming
-    the file, row and length; ``"left"`` keeps the last tokens, ``"right"`` the first.
+    Prompts longer than ``max_prompt_length`` tokens: with ``filter_overlong_prompts`` they are dropped (counted in
+    ``filtered``; verl filters before it truncates, so truncation never applies then); otherwise
+    ``truncation="error"`` raises a :class:`ConfigError` naming the file, row and length, and ``"left"``,
+    ``"right"``, ``"middle"`` cut them (:func:`truncate_ids`, counted in ``truncated``).
     """
 
     def __init__(
@@ -277,7 +343,8 @@ class PromptDataset:
         tokenizer: Any,
         *,
         max_prompt_length: int,
-        truncation: Literal["error", "left", "right"] = "error",
+        truncation: Literal["error", "left", "right", "middle"] = "error",
+        filter_overlong_prompts: bool = False,
         apply_chat_template: bool | None = None,
     ) -> None:
         if truncation not in TRUNCATION_MODES:
@@ -291,36 +358,48 @@ class PromptDataset:
         elif apply_chat_template and not has_template:
             raise ConfigError("apply_chat_template is true but the tokenizer has no chat_template",
                               key="apply_chat_template", hint="set it to false to join the messages' contents")
-        self.records = list(records)
         self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
         self.truncation = truncation
         self.uses_chat_template = bool(apply_chat_template)
         self.truncated = 0  # how many prompts were cut (reported by the trainer)
-        self._ids = [self._tokenize(r) for r in self.records]
+        self.filtered = 0  # how many prompts filter_overlong_prompts dropped
+        kept: list[PromptRecord] = []
+        self._ids: list[list[int]] = []
+        for record in records:
+            ids = self._tokenize(record)
+            if len(ids) > max_prompt_length and filter_overlong_prompts:
+                self.filtered += 1
+                continue
+            kept.append(record)
+            self._ids.append(self._fit(ids, record))
+        self.records = kept
+        if records and not kept:
+            raise ConfigError(f"every one of the {len(records)} prompts is longer than max_prompt_length="
+                              f"{max_prompt_length}, and filter_overlong_prompts drops them all",
+                              file=records[0].source, key="data.max_prompt_length")
 
     def prompt_text(self, record: PromptRecord) -> str:
         """The exact text that is tokenised for ``record``."""
-        if self.uses_chat_template:
-            return self.tokenizer.apply_chat_template(record.prompt, add_generation_prompt=True, tokenize=False)
-        return "\n".join(m["content"] for m in record.prompt)
+        return render_prompt(self.tokenizer, record.prompt, self.uses_chat_template)
 
     def _tokenize(self, record: PromptRecord) -> list[int]:
         text = self.prompt_text(record)
         ids = list(self.tokenizer(text, add_special_tokens=not self.uses_chat_template)["input_ids"])
         if not ids:
             raise ConfigError(f"row {record.row}: prompt tokenises to zero tokens", file=record.source)
-        n = len(ids)
-        if n > self.max_prompt_length:
-            if self.truncation == "error":
-                raise ConfigError(
-                    f"row {record.row}: prompt has {n} tokens, more than max_prompt_length={self.max_prompt_length}",
-                    file=record.source,
-                    hint='raise data.max_prompt_length or set data.truncation = "left" or "right"',
-                )
-            self.truncated += 1
-            ids = ids[-self.max_prompt_length:] if self.truncation == "left" else ids[: self.max_prompt_length]
         return ids
+
+    def _fit(self, ids: list[int], record: PromptRecord) -> list[int]:
+        n = len(ids)
+        if n <= self.max_prompt_length:
+            return ids
+        if self.truncation == "error":
+            raise ConfigError(
+                f"row {record.row}: prompt has {n} tokens, more than max_prompt_length={self.max_prompt_length}",
+                file=record.source, hint=OVERLONG_FIXES)
+        self.truncated += 1
+        return truncate_ids(ids, self.max_prompt_length, self.truncation)
 
     def __len__(self) -> int:
         return len(self.records)

@@ -96,8 +96,9 @@ def test_prompt_key_and_optional_columns(tmp_path):
 @pytest.mark.parametrize(
     ("table_rows", "message"),
     [
-        ([{"data_source": "s", "prompt": "plain text", "reward_model": {"ground_truth": "1"}}],
-         "column 'prompt' has type string, expected list<struct<role: string, content: string>>"),
+        ([{"data_source": "s", "prompt": 5, "reward_model": {"ground_truth": "1"}}],
+         "column 'prompt' has type int64, expected list<struct<role: string, content: string>> (chat messages) or "
+         "string (plain text)"),
         ([{"data_source": "s", "prompt": [{"text": "x"}], "reward_model": {"ground_truth": "1"}}],
          "column 'prompt' has type list<"),
         ([{"data_source": 3, "prompt": [{"role": "u", "content": "x"}], "reward_model": {"ground_truth": "1"}}],
@@ -106,7 +107,7 @@ def test_prompt_key_and_optional_columns(tmp_path):
          "column 'reward_model' has type string, expected struct"),
         ([{"data_source": "s", "prompt": [{"role": "u", "content": "x"}], "reward_model": {"ground_truth": "1"}},
           {"data_source": "s", "prompt": [], "reward_model": {"ground_truth": "1"}}],
-         "row 1: column 'prompt' is null or an empty list"),
+         "row 1: column 'prompt' is null, empty or an empty list"),
         ([{"data_source": "s", "prompt": [{"role": "u", "content": "x"}], "reward_model": {"ground_truth": None}}],
          "row 0: reward_model.ground_truth is null"),
         ([{"data_source": "s", "prompt": [{"role": "u", "content": "x"}], "reward_model": {"ground_truth": "1"}},
@@ -220,8 +221,12 @@ def test_truncation_modes():
     assert left[0].input_ids == ids(tok, "d e f g") and right[0].input_ids == [1] + ids(tok, "a b c")
     assert left[1].input_ids == right[1].input_ids == [1] + ids(tok, "a b")
     assert left.truncated == right.truncated == 1
-    with pytest.raises(ConfigError, match="truncation: unknown truncation 'middle'; allowed: error, left, right"):
-        PromptDataset(recs, tok, max_prompt_length=4, truncation="middle")
+    # verl's middle: the first max//2 tokens and the last max - max//2.
+    middle = PromptDataset(recs, tok, max_prompt_length=5, truncation="middle")
+    assert middle[0].input_ids == [1] + ids(tok, "a e f g") and middle.truncated == 1
+    with pytest.raises(ConfigError, match="truncation: unknown truncation 'center'; allowed: error, left, right, "
+                                          "middle"):
+        PromptDataset(recs, tok, max_prompt_length=4, truncation="center")
     with pytest.raises(ConfigError, match="max_prompt_length: must be a positive integer"):
         PromptDataset(recs, tok, max_prompt_length=0)
 
