@@ -212,6 +212,73 @@ def detect_env(environ: Mapping[str, str] = os.environ, *, device_type: DeviceTy
                    source="single", **common)
 
 
+LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def launcher_vars(env: DistEnv) -> dict[str, str]:
+    """``env`` as the torchrun-style variables a library launched "externally" reads.
+
+    vLLM's ``distributed_executor_backend="external_launcher"`` takes its rank from ``os.environ["RANK"]`` and
+    ``os.environ["LOCAL_RANK"]`` and initialises with ``env://`` (``MASTER_ADDR``/``MASTER_PORT``):
+    ``ExecutorWithExternalLauncher._distributed_args`` in vllm/v1/executor/uniproc_executor.py (read at vLLM commit
+    01e4fce, the 0.3x layout; the V0 executor of 0.10 reads ``RANK`` the same way). Under ``srun`` only the
+    ``SLURM_*`` variables exist, so the engine would die with ``KeyError: 'RANK'``.
+    """
+    return {"RANK": str(env.rank), "LOCAL_RANK": str(env.local_rank), "WORLD_SIZE": str(env.world_size),
+            "LOCAL_WORLD_SIZE": str(env.local_world_size), "MASTER_ADDR": env.master_addr,
+            "MASTER_PORT": str(env.master_port)}
+
+
+def export_launcher_vars(env: DistEnv, environ: Any = None) -> dict[str, str]:
+    """Write :func:`launcher_vars` into ``environ`` (``os.environ`` by default) and return them. A value already
+    there that disagrees is an error: two launchers describing different jobs must not be papered over."""
+    target = os.environ if environ is None else environ
+    wanted = launcher_vars(env)
+    for key, value in wanted.items():
+        old = target.get(key)
+        if old not in (None, "", value) and key not in ("MASTER_ADDR", "MASTER_PORT"):
+            raise ConfigError(f"the environment says {key}={old} but this process is {key}={value} "
+                              f"({env.source} variables)", key=key)
+        target[key] = value
+    return wanted
+
+
+@attrs.frozen
+class RolloutGroups:
+    """Where a rank sits in the rollout's tensor-parallel layout.
+
+    vLLM builds its tensor-parallel groups from *consecutive* ranks (``initialize_model_parallel`` reshapes
+    ``arange(world_size)`` with the TP size as the innermost dimension, vllm/distributed/parallel_state.py), so
+    ranks ``[k*tp, (k+1)*tp)`` form one engine. Every rank of a group must submit the same prompts with the same
+    seeds; different groups (``dp_rank``) generate for different prompts.
+    """
+
+    tp_size: int
+    dp_size: int
+    dp_rank: int
+    tp_rank: int
+
+    @property
+    def is_tp_leader(self) -> bool:
+        """The first rank of its group: the one whose copy of a group-wide result counts."""
+        return self.tp_rank == 0
+
+
+def rollout_groups(rank: int, world_size: int, tp_size: int) -> RolloutGroups:
+    """:class:`RolloutGroups` of ``rank``; ``tp_size`` must divide ``world_size``.
+
+    >>> rollout_groups(5, 8, 2)
+    RolloutGroups(tp_size=2, dp_size=4, dp_rank=2, tp_rank=1)
+    """
+    if tp_size < 1 or world_size % tp_size:
+        raise ConfigError(f"tensor_parallel_size {tp_size} does not divide the world size {world_size}",
+                          key="rollout.tensor_parallel_size")
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"rank {rank} is outside world size {world_size}")
+    return RolloutGroups(tp_size=tp_size, dp_size=world_size // tp_size, dp_rank=rank // tp_size,
+                         tp_rank=rank % tp_size)
+
+
 def init_distributed(env: DistEnv, *, timeout_s: float = 1800) -> None:
     """Join the default process group described by ``env`` (idempotent: a second call is a no-op).
 
@@ -277,11 +344,20 @@ def collective_device() -> torch.device:
 
     torch binds each backend to device types: ``nccl`` moves only CUDA tensors (a CPU tensor fails with "No
     backend type associated with device type cpu"), gloo CPU tensors. NCCL groups are created bound to
-    ``cuda:<local_rank>`` (``init_distributed``), which is the current device.
+    ``cuda:<local_rank>`` (``init_distributed``), which is the current device. A group with a CPU backend
+    (gloo, or ``cpu:gloo,cuda:nccl``) keeps host numbers on the CPU.
     """
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    if not dist.is_initialized():
+        return torch.device("cpu")
+    # The device types the group has a backend for: ["cuda"] for "nccl" or "cuda:gloo", ["cpu", "cuda"] for
+    # "cpu:gloo,cuda:nccl" (torch/distributed/distributed_c10d.py, _device_capability, torch 2.13). Host numbers
+    # stay on the CPU wherever the group can move them from there.
+    capability = set(dist.distributed_c10d._device_capability())
+    if "cpu" in capability or not capability:
+        return torch.device("cpu")
+    if "cuda" in capability:
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cuda")
+    return torch.device(sorted(capability)[0])
 
 
 _REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}

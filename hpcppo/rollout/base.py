@@ -16,8 +16,8 @@ Conventions every engine follows (the trainer and ``hpcppo.models`` rely on them
   ``compute_log_probs(..., temperature=T)`` returns, so with top-k/top-p off the two agree to float precision.
   Greedy decoding (``temperature == 0``) reports log-probs at temperature 1. They are 0 on padding.
 * **Seeding**: ``SamplingParams.seed`` seeds the engine's own generator, so a given seed reproduces the same
-  samples whatever the global RNG state. The trainer passes a distinct seed per step and rank (see
-  :func:`derive_seed`); ``seed=None`` draws one from torch's global RNG (so ``torch.manual_seed`` still decides).
+  samples whatever the global RNG state. The trainer passes a distinct seed per step and rollout data-parallel
+  group (see :func:`derive_seed`; the ranks of one tensor-parallel group share it); ``seed=None`` draws one from torch's global RNG (so ``torch.manual_seed`` still decides).
 """
 
 from __future__ import annotations
@@ -90,6 +90,35 @@ class SamplingParams:
     def logprob_temperature(self) -> float:
         """The temperature the reported log-probs use: the sampling temperature, or 1 for greedy decoding."""
         return 1.0 if self.greedy else float(self.temperature)
+
+
+def stop_token_ids(*sources: Any) -> tuple[int, ...]:
+    """Every end-of-sequence id named by ``sources`` (each an id, a list of ids, or None), first-seen order.
+
+    vLLM stops at the tokenizer's EOS *and* the ``eos_token_id`` of the model's ``generation_config`` (its
+    ``SamplingParams.update_from_generation_config`` adds them to the stop ids): Qwen2.5-Instruct ends turns with
+    ``<|im_end|>`` (the tokenizer's) and generation_config lists ``<|endoftext|>`` too. Both engines and
+    :func:`batch_from_lists` must use the same union, or a response vLLM ended at ``<|endoftext|>`` would be
+    treated as unfinished (and the HF engine would run on past it to ``max_new_tokens``).
+    """
+    out: list[int] = []
+    for source in sources:
+        if source is None:
+            continue
+        for value in ([source] if isinstance(source, int) else source):
+            if value is not None and int(value) not in out:
+                out.append(int(value))
+    return tuple(out)
+
+
+def generation_config_eos(model_path: Any) -> Any:
+    """The ``eos_token_id`` (an id or a list) of the model's ``generation_config.json``, or None without one."""
+    try:
+        from transformers import GenerationConfig
+
+        return GenerationConfig.from_pretrained(str(model_path)).eos_token_id
+    except (OSError, ValueError):
+        return None
 
 
 def derive_seed(base_seed: int, step: int, rank: int, branch: int = 0) -> int:

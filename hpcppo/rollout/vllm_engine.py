@@ -4,22 +4,45 @@ Design (verl's "hybrid engine" without Ray):
 
 * One ``vllm.LLM`` per trainer process, created with ``distributed_executor_backend="external_launcher"``: vLLM
   runs inside our torchrun/srun process and reuses its ``torch.distributed`` world instead of spawning workers.
-  With ``tensor_parallel_size = k``, consecutive groups of k ranks form one engine and must pass *identical*
-  prompts and seeds; different groups generate for different prompts (data parallel). With k = 1 (the default)
-  every rank generates for its own share, like the HF engine.
-* ``enable_sleep_mode=True``: between rollouts :meth:`sleep` offloads the weights to host memory and discards
-  the KV cache (level 1), so the FSDP update gets the GPU memory back; :meth:`wake_up` restores them.
-* Weights stream parameter by parameter from ``hpcppo.distributed.weights.iter_full_params`` into the model's own
-  ``load_weights`` (which handles vLLM's fused QKV / gate-up layouts and tied embeddings), see
-  :func:`_inference_model` — the single place that reaches into vLLM internals.
-* Log-probs: ``logprobs_mode="processed_logprobs"`` reports ``log_softmax`` of the logits *after* temperature (and
-  after top-k/top-p), matching ``hpcppo.rollout.base``'s convention — exactly so when top-k/top-p are off. With
-  top-k/top-p on, vLLM's values are those of the truncated distribution; the trainer recomputes old log-probs
-  with the actor anyway (as verl does), so ``rollout_log_probs`` then serve diagnostics only.
+  That executor reads ``RANK``/``LOCAL_RANK`` (and ``MASTER_ADDR``/``MASTER_PORT`` for ``env://``) from the
+  environment; under ``srun`` they do not exist, so the engine exports them from the detected ``DistEnv`` first
+  (``hpcppo.distributed.env.export_launcher_vars``). With ``tensor_parallel_size = k``, consecutive groups of k
+  ranks form one engine and must pass *identical* prompts and seeds (the trainer shards by
+  ``hpcppo.distributed.env.rollout_groups``); different groups generate for different prompts.
+* The per-step memory dance, as verl's colocated rollout does it (empty_cache on both sides because vLLM's
+  ``CuMemAllocator`` pool cannot reuse blocks PyTorch's caching allocator holds, and vice versa)::
 
-Targets vLLM >= 0.10.2 (V1 engine; ``logprobs_mode`` appeared in 0.10.2) up to the 0.3x series. vLLM pins its
-own torch/transformers, so it is never installed in the CPU development environment; this module imports it
-lazily and is exercised by the GPU tests. Only :func:`_to_rollout_batch` is pure and unit-tested on CPU.
+      wake_up()          empty_cache -> LLM.wake_up(tags=["weights"])
+      sync_weights(..)   load_weights in buckets (training dtype) -> LLM.reset_prefix_cache()
+                         -> LLM.wake_up(tags=["kv_cache"])
+      generate(..)
+      sleep()            LLM.sleep(level=2) -> empty_cache
+
+  Level 2 discards the weights instead of copying them to host memory, because the next step streams fresh ones
+  anyway; :attr:`weights_dropped` tells the trainer that a sync is due even if the actor did not change.
+  ``load_format="dummy"`` skips reading the checkpoint at start-up for the same reason (N ranks would each read
+  the whole model from the shared file system); generating before the first sync is refused.
+  The prefix cache is reset after every sync: its blocks were computed with the old weights (vLLM enables it by
+  default, and with ``rollout.free_cache_engine = false`` nothing else would drop them).
+* Weights stream from ``hpcppo.distributed.weights.iter_full_params`` into the model's own ``load_weights`` (which
+  handles vLLM's fused QKV / gate-up layouts and tied embeddings), in buckets of at most ``sync_bucket_bytes``;
+  see :func:`_inference_model`, the single place that reaches into vLLM internals.
+* Stop tokens: vLLM adds the model's ``generation_config`` EOS ids to ``stop_token_ids`` itself; the trainer
+  passes the same union (``hpcppo.rollout.base.stop_token_ids``) so both engines end, mask and score a response at
+  the same token.
+* Log-probs: ``logprobs_mode="processed_logprobs"`` reports ``log_softmax`` of the logits after temperature,
+  matching ``hpcppo.rollout.base``'s convention exactly when top-k/top-p are off. Whether vLLM's values also see
+  the top-k/top-p truncation depends on the version and the model runner: the V1 sampler of 0.10
+  (vllm/v1/sample/sampler.py) takes them after top-k/top-p; the issue filed for this module reports that 0.33's
+  default runner takes them before; the model-runner-v2 sampler read here (vllm/v1/worker/gpu/sample/sampler.py,
+  ``Sampler.sample`` returns the logits after ``apply_top_k_top_p``) takes them after. With top-k/top-p on, treat
+  ``rollout_log_probs`` as diagnostics only: the trainer recomputes old log-probs with the actor anyway (as verl
+  does), so no loss depends on them.
+
+Targets vLLM 0.27-0.33 (the releases that pin torch 2.13/2.14, see pyproject.toml). vLLM pins its own
+torch/transformers, so it is never installed in the CPU development environment; this module imports it lazily.
+On CPU it runs against ``tests/_fakes/recording_vllm`` (a recording stand-in, no proof that vLLM works); the GPU
+tests run it for real.
 """
 
 from __future__ import annotations
@@ -103,6 +126,37 @@ def prompt_seed(seed: int | None, prompt: int, n: int) -> int | None:
     return None if seed is None else (seed + prompt * n) % (2**63 - 1)
 
 
+SYNC_BUCKET_BYTES = 512 * 2**20
+"""Default bound on the bytes handed to one ``load_weights`` call (verl's ``update_weights_bucket_megabytes``
+default is 512 too): large enough to amortise the per-call overhead, small enough to be a fraction of the memory
+the woken weights need."""
+
+
+def _empty_cache() -> None:
+    """Return PyTorch's cached CUDA blocks to the driver, so vLLM's allocator can map them (no-op on CPU)."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def weight_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]],
+                   max_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Consecutive ``(name, tensor)`` pairs grouped so that each group holds at most ``max_bytes`` (a tensor
+    larger than that travels alone). Lazy: at most one bucket is alive, so the stream stays bounded."""
+    if max_bytes < 1:
+        raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in named_tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > max_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
 class VLLMRolloutEngine:
     """A colocated vLLM engine in this process (see the module docstring)."""
 
@@ -118,9 +172,19 @@ class VLLMRolloutEngine:
         max_model_len: int | None = None,
         trust_remote_code: bool = False,
         enable_sleep_mode: bool = True,
+        sleep_level: int = 2,
+        load_format: str = "dummy",
+        sync_bucket_bytes: int = SYNC_BUCKET_BYTES,
+        dist_env: Any = None,
         **llm_kwargs: Any,
     ):
+        if sleep_level not in (1, 2):
+            raise ValueError(f"sleep_level must be 1 (offload weights) or 2 (discard them), got {sleep_level}")
         vllm = _import_vllm()
+        if dist_env is not None:
+            from hpcppo.distributed.env import export_launcher_vars
+
+            export_launcher_vars(dist_env)
         # external_launcher runs the engine core in-process; say so explicitly (vLLM also forces it). vllm.envs
         # reads variables lazily, so setting it after the import still takes effect.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -135,6 +199,7 @@ class VLLMRolloutEngine:
             seed=seed,
             trust_remote_code=trust_remote_code,
             logprobs_mode="processed_logprobs",
+            load_format=load_format,
         )
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
@@ -142,13 +207,36 @@ class VLLMRolloutEngine:
         self._vllm = vllm
         self._llm: Any = vllm.LLM(**kwargs)
         self._sleep_mode = enable_sleep_mode
-        self._sleeping = False
+        self._sleep_level = sleep_level
+        self._bucket_bytes = int(sync_bucket_bytes)
+        self._dtype = dtype
+        # What is on the GPU: the weights' memory, the KV cache, and whether the weights hold the model
+        # (False after a dummy load or a level-2 sleep, until the next sync).
+        self._weights_mapped = True
+        self._kv_mapped = True
+        self._weights_valid = kwargs["load_format"] != "dummy"
 
     @property
     def llm(self) -> Any:
         if self._llm is None:
             raise RuntimeError("this rollout engine was closed")
         return self._llm
+
+    @property
+    def weights_dropped(self) -> bool:
+        """True when the engine holds no usable weights (dummy load, level-2 sleep): the next step must sync."""
+        return not self._weights_valid
+
+    @property
+    def sync_dtype(self) -> torch.dtype | None:
+        """The dtype to gather the actor's weights in (the engine's): bf16 traffic instead of fp32 masters."""
+        from hpcppo.models import as_torch_dtype
+
+        try:
+            value = as_torch_dtype(self._dtype)
+        except ValueError:
+            return None
+        return value if isinstance(value, torch.dtype) else None
 
     def _sampling_params(self, sampling: SamplingParams, seed: int | None) -> Any:
         return self._vllm.SamplingParams(
@@ -163,10 +251,23 @@ class VLLMRolloutEngine:
             detokenize=False,  # the trainer decodes what it needs; skipping it saves CPU time per step
         )
 
+    def _wake(self, *, weights: bool, kv: bool) -> None:
+        """Map what is asked for and not mapped yet; empty_cache first so vLLM can take PyTorch's cached blocks."""
+        tags = ([] if self._weights_mapped or not weights else ["weights"]) + (
+            [] if self._kv_mapped or not kv else ["kv_cache"])
+        if not tags:
+            return
+        _empty_cache()
+        self.llm.wake_up(tags=tags)
+        self._weights_mapped = self._weights_mapped or "weights" in tags
+        self._kv_mapped = self._kv_mapped or "kv_cache" in tags
+
     def generate(self, prompts: PromptInput, sampling: SamplingParams) -> RolloutBatch:
         """Sample ``sampling.n`` responses per prompt; tensors on CPU (see ``hpcppo.rollout.base``)."""
-        if self._sleeping:
-            raise RuntimeError("the vLLM engine is asleep: call wake_up() before generate()")
+        if not self._weights_valid:
+            raise RuntimeError("the vLLM engine holds no weights (dummy load or level-2 sleep): call sync_weights() "
+                               "before generate()")
+        self._wake(weights=True, kv=True)
         rows = prompt_lists(prompts)
         # vLLM seeds the n samples of a request seed, seed+1, ...: give each prompt its own block of seeds, or
         # two copies of one prompt in a batch (sampling with replacement) would get identical samples.
@@ -176,52 +277,69 @@ class VLLMRolloutEngine:
                                  pad_token_id=sampling.pad_token_id)
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Stream ``(hf_name, full_tensor)`` pairs into vLLM's ``load_weights``; returns the bytes received.
+        """Stream ``(hf_name, full_tensor)`` pairs into vLLM's ``load_weights`` in bounded buckets; returns the
+        bytes received. Then resets the prefix cache (computed with the old weights) and maps the KV cache.
 
         Each tensor is moved to this GPU as it passes (a no-op for tensors gathered there). Raises ``KeyError``
         if the model did not load every parameter it has (vLLM itself rejects unknown names).
         """
+        from hpcppo.distributed.weights import clean_name
+
+        self._wake(weights=True, kv=False)  # KV cache stays unmapped while the weights arrive: a lower peak
         model = _inference_model(self.llm)
         device = next(model.parameters()).device
         received = 0
+        loaded: set[str] | None = set()
 
-        def counted() -> Iterator[tuple[str, torch.Tensor]]:
+        def moved(stream: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
             nonlocal received
-            from hpcppo.distributed.weights import clean_name
-
-            for name, tensor in named_tensors:
+            for name, tensor in stream:
                 received += tensor.numel() * tensor.element_size()
                 yield clean_name(name), tensor.to(device, non_blocking=True)
 
-        loaded = model.load_weights(counted())
+        for bucket in weight_buckets(named_tensors, self._bucket_bytes):
+            names = model.load_weights(moved(bucket))
+            if names is None:
+                loaded = None
+            elif loaded is not None:
+                loaded |= set(names)
         if loaded is not None:
             expected = {n for n, _ in model.named_parameters()}
-            missing = sorted(expected - set(loaded))
+            missing = sorted(expected - loaded)
             if missing:
                 raise KeyError(f"sync_weights: vLLM did not load {len(missing)} parameters: {missing[:5]}")
+        self._weights_valid = True
+        self.llm.reset_prefix_cache()
+        self._wake(weights=True, kv=True)
         return received
 
-    def sleep(self, level: int = 1) -> None:
-        """Level 1: offload weights to host memory and drop the KV cache. Level 2 drops the weights too (a
-        :meth:`sync_weights` must follow :meth:`wake_up`). A no-op when the engine was built without sleep mode
-        (vLLM refuses ``sleep`` then), so the trainer's loop is the same either way."""
-        if self._sleep_mode and not self._sleeping:
-            self.llm.sleep(level=level)
-            self._sleeping = True
+    def sleep(self, level: int | None = None) -> None:
+        """Level 1: offload weights to host memory and drop the KV cache. Level 2 (the default here) drops the
+        weights too, so a :meth:`sync_weights` must come before the next :meth:`generate`. Then returns the freed
+        cached blocks to the driver for the update. A no-op when the engine was built without sleep mode (vLLM
+        refuses ``sleep`` then), so the trainer's loop is the same either way."""
+        if not self._sleep_mode or not (self._weights_mapped or self._kv_mapped):
+            return
+        level = self._sleep_level if level is None else level
+        self.llm.sleep(level=level)
+        self._weights_mapped = self._kv_mapped = False
+        if level >= 2:
+            self._weights_valid = False
+        _empty_cache()
 
     def wake_up(self, tags: Sequence[str] | None = None) -> None:
-        """Restore memory; ``tags=["weights"]`` then ``["kv_cache"]`` lowers the peak while syncing weights."""
-        if not self._sleeping:
+        """Map the weights' memory again (``tags=None``); the KV cache follows at the end of :meth:`sync_weights`
+        (or in :meth:`generate`), which keeps the peak low while weights stream in. Explicit ``tags``
+        (``"weights"``, ``"kv_cache"``) map just those."""
+        if not self._sleep_mode:
             return
-        if tags is None:
-            self.llm.wake_up()
-        else:
-            self.llm.wake_up(tags=list(tags))
-        if tags is None or "kv_cache" in tags:
-            self._sleeping = False
+        wanted = set(tags) if tags is not None else {"weights"}
+        unknown = wanted - {"weights", "kv_cache"}
+        if unknown:
+            raise ValueError(f"unknown wake_up tags {sorted(unknown)}; allowed: kv_cache, weights")
+        self._wake(weights="weights" in wanted, kv="kv_cache" in wanted)
 
     def close(self) -> None:
         """Drop the engine (vLLM frees its memory when the ``LLM`` is garbage collected)."""
         self._llm = None
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        _empty_cache()

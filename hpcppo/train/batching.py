@@ -43,6 +43,22 @@ def to_training_batch(out: Any, prompts: Sequence[Any], device: torch.device) ->
     return batch
 
 
+def tp_share(batch: Mapping[str, Any], tp_rank: int, tp_size: int) -> dict[str, Any]:
+    """This rank's consecutive ``1/tp_size`` of the rows its tensor-parallel group generated together.
+
+    The ranks of a rollout TP group submit the same prompts and receive the same batch; the update is data
+    parallel over *all* ranks, so each keeps a distinct share (rank ``tp_rank`` of the group keeps slice
+    ``tp_rank``). ``tp_size == 1`` returns the batch itself.
+    """
+    if tp_size == 1:
+        return dict(batch)
+    rows = batch["response_mask"].shape[0]
+    if rows % tp_size:
+        raise ValueError(f"{rows} rollout rows cannot be split over a tensor-parallel group of {tp_size}")
+    share = rows // tp_size
+    return {k: v[tp_rank * share: (tp_rank + 1) * share] for k, v in batch.items()}
+
+
 def place_scores(scores: Sequence[float], response_mask: torch.Tensor) -> torch.Tensor:
     """``[b, R]`` token-level scores: each sequence's score on its last response token (verl's convention)."""
     out = torch.zeros(response_mask.shape, dtype=torch.float32, device=response_mask.device)
@@ -107,10 +123,40 @@ def _to_float(t: torch.Tensor | float) -> float:
     return float(t)
 
 
+def norm_device(total_norm: Any) -> torch.device | None:
+    """Where a sharded total grad norm must be reduced: its mesh's device when the norm sits elsewhere, else None.
+
+    With FSDP2 ``cpu_offload`` the gradients (and so the per-shard norm, a ``Partial`` DTensor) live in host memory
+    while the mesh is a CUDA/NCCL one; reducing it there fails like any CPU tensor on an NCCL group. verl moves the
+    norm to the GPU before clipping (``fsdp2_clip_grad_norm_`` in verl/utils/fsdp_utils.py); so do we.
+    """
+    mesh = getattr(total_norm, "device_mesh", None)
+    if mesh is None or total_norm.device.type == mesh.device_type:
+        return None
+    if mesh.device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(mesh.device_type)
+
+
+def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` with the total norm reduced on the mesh's device (see :func:`norm_device`).
+
+    The same two steps as torch's own function (``get_total_norm`` then ``clip_grads_with_norm_``,
+    torch/nn/utils/clip_grad.py), so the numbers are identical where nothing moves.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads)
+    device = norm_device(total)
+    if device is not None:
+        total = total.to(device)
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total
+
+
 def clip_and_step(model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> float:
     """Clip the global grad norm, step unless it is not finite (then skip, as verl does); zero the grads."""
     params = [p for p in model.parameters() if p.grad is not None]
-    norm = _to_float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
+    norm = _to_float(clip_grad_norm(params, max_norm)) if params else 0.0
     if math.isfinite(norm):
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)

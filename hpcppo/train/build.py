@@ -20,12 +20,13 @@ from hpcppo.data.dataset import PromptDataset, read_prompts
 from hpcppo.data.rewards import build_reward_fn, score_batch
 from hpcppo.data.sampler import ShardedEpochSampler
 from hpcppo.distributed.checkpoint import CheckpointManager
-from hpcppo.distributed.env import DistEnv, broadcast_object
+from hpcppo.distributed.env import DistEnv, RolloutGroups, broadcast_object, rollout_groups
 from hpcppo.distributed.fsdp import apply_activation_checkpointing, apply_fsdp
 from hpcppo.distributed.mesh import build_mesh
 from hpcppo.metrics import MetricsWriter
 from hpcppo.metrics.schema import trainer_columns
 from hpcppo.rollout import RolloutEngine, SamplingParams, build_engine
+from hpcppo.rollout.base import generation_config_eos, stop_token_ids
 from hpcppo.train.optim import LRSchedule, build_optimizer
 from hpcppo.train.signals import PreemptionFlag
 
@@ -68,6 +69,9 @@ class Components:
     # offload already keeps it there, and the step runs on the CPU.
     actor_optim_offload: bool = False
     critic_optim_offload: bool = False
+    # This rank's place in the rollout's tensor-parallel groups: prompts, seeds and validation shards follow
+    # dp_rank; each rank of a group trains on its tp_rank-th share of the group's batch.
+    groups: RolloutGroups = field(default_factory=lambda: RolloutGroups(tp_size=1, dp_size=1, dp_rank=0, tp_rank=0))
 
     def close(self) -> None:
         self.preempt.restore()
@@ -89,7 +93,8 @@ def _dtype(name: str, default: str) -> torch.dtype:
 def build_datasets(data: DataSection, tokenizer: Any) -> tuple[PromptDataset, PromptDataset | None]:
     def dataset(files: list[str]) -> PromptDataset:
         return PromptDataset(read_prompts(files, prompt_key=data.prompt_key), tokenizer,
-                             max_prompt_length=data.max_prompt_length, truncation=data.truncation)
+                             max_prompt_length=data.max_prompt_length, truncation=data.truncation,
+                             filter_overlong_prompts=data.filter_overlong_prompts)
 
     return dataset(list(data.train_files)), (dataset(list(data.val_files)) if data.val_files else None)
 
@@ -102,6 +107,21 @@ def build_score_fn(data: DataSection) -> Callable[..., list[float]]:
         return score_batch(fn, sources, texts, truths, extras)
 
     return score
+
+
+def build_sampler(num_items: int, plan: RunPlan, env: DistEnv, *, seed: int,
+                  shuffle: bool) -> tuple[ShardedEpochSampler, RolloutGroups]:
+    """The prompt sampler of this rank and its place in the rollout groups.
+
+    Prompts are split over the rollout's data-parallel groups (``plan.dp_size`` = world / tensor_parallel_size),
+    not over ranks: the ranks of one vLLM tensor-parallel group must submit the same prompts.
+    """
+    groups = rollout_groups(env.rank, env.world_size, plan.tensor_parallel_size)
+    if groups.dp_size != plan.dp_size:
+        raise RuntimeError(f"the run was planned for {plan.dp_size} rollout groups, this job has {groups.dp_size}")
+    sampler = ShardedEpochSampler(num_items, batch_size=plan.prompts_per_step, dp_rank=groups.dp_rank,
+                                  dp_size=groups.dp_size, seed=seed, shuffle=shuffle)
+    return sampler, groups
 
 
 def _sharded(model: nn.Module, mesh: Any, fsdp: FsdpSection, model_dtype: str, *, frozen: bool = False,
@@ -142,8 +162,7 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
         tokenizer.pad_token = tokenizer.eos_token
     train_data, val_data = build_datasets(cfg.data, tokenizer)
     val_sources = sorted({r.data_source for r in val_data.records}) if val_data is not None else []
-    sampler = ShardedEpochSampler(len(train_data), batch_size=plan.prompts_per_step, dp_rank=env.rank,
-                                  dp_size=env.world_size, seed=cfg.seed, shuffle=cfg.data.shuffle)
+    sampler, groups = build_sampler(len(train_data), plan, env, seed=cfg.seed, shuffle=cfg.data.shuffle)
     total_steps = plan.total_steps or plan.total_epochs * sampler.steps_per_epoch
 
     mesh = build_mesh(env.device_type, env.world_size, env.num_nodes, hsdp=plan.hsdp)
@@ -178,8 +197,9 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
                                schedule=cc.lr_schedule, min_lr_ratio=cc.min_lr_ratio)
 
     ro = cfg.rollout
-    engine = build_engine(ro.engine, **_engine_kwargs(cfg, plan, device))
-    eos = tokenizer.eos_token_id
+    engine = build_engine(ro.engine, **_engine_kwargs(cfg, plan, device, env))
+    # Every stop id the engines honour (the tokenizer's EOS and generation_config's, as vLLM uses both).
+    eos = stop_token_ids(tokenizer.eos_token_id, generation_config_eos(model_cfg.path))
     sampling = SamplingParams(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, n=ro.n, temperature=ro.temperature,
                               top_p=ro.top_p, top_k=ro.top_k, max_new_tokens=cfg.data.max_response_length)
     val_sampling = SamplingParams(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, n=1,
@@ -213,6 +233,7 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
         attempt=attempt, preempt=preempt if preempt is not None else PreemptionFlag(),
         actor_optim_offload=_offloads_optimizer(cfg.actor.fsdp),
         critic_optim_offload=critic is not None and _offloads_optimizer(cfg.critic.fsdp),
+        groups=groups,
     )
 
 
@@ -220,7 +241,7 @@ def _offloads_optimizer(fsdp: FsdpSection) -> bool:
     return fsdp.optimizer_offload and not fsdp.param_offload
 
 
-def _engine_kwargs(cfg: Experiment, plan: RunPlan, device: torch.device) -> dict[str, Any]:
+def _engine_kwargs(cfg: Experiment, plan: RunPlan, device: torch.device, env: DistEnv) -> dict[str, Any]:
     ro = cfg.rollout
     if ro.engine == "hf":
         return dict(model_path=cfg.model.path, dtype=cfg.model.dtype, device=device,
@@ -229,4 +250,5 @@ def _engine_kwargs(cfg: Experiment, plan: RunPlan, device: torch.device) -> dict
                 tensor_parallel_size=ro.tensor_parallel_size,
                 gpu_memory_utilization=ro.gpu_memory_utilization, enforce_eager=ro.enforce_eager,
                 enable_sleep_mode=ro.free_cache_engine, seed=cfg.seed,
-                max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length)
+                max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+                dist_env=env)  # exported as RANK/LOCAL_RANK/... before vLLM's external launcher reads them

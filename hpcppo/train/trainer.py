@@ -149,20 +149,26 @@ class Trainer(Recovery):
         with self.timer("weight_sync"):
             c.engine.wake_up()
             self.sync_engine()
-        indices = c.sampler.next_batch()
+        indices = c.sampler.next_batch()  # this rollout group's prompts (the same on every rank of the group)
         prompts = [c.train_data[i] for i in indices]
-        # A per-(seed, step, rank, branch) seed: a resumed run samples exactly what an uninterrupted run would.
-        seed = derive_seed(self.cfg.seed, self.step, self.env.rank, self.branch)
+        # A per-(seed, step, rollout group, branch) seed: a resumed run samples exactly what an uninterrupted run
+        # would, and the ranks of one tensor-parallel group sample alike (with tp = 1 the group is the rank).
+        seed = derive_seed(self.cfg.seed, self.step, c.groups.dp_rank, self.branch)
         with self.timer("generate"):
             out = c.engine.generate([p.input_ids for p in prompts], dataclasses.replace(c.sampling, seed=seed))
             c.engine.sleep()
-        return batching.to_training_batch(out, prompts, c.device)
+        # The update is data parallel over all ranks: each rank of the group trains on its own share.
+        return batching.tp_share(batching.to_training_batch(out, prompts, c.device), c.groups.tp_rank,
+                                 c.groups.tp_size)
 
     def sync_engine(self) -> None:
         """Stream the actor's weights into the rollout engine unless it already has this version
         (e.g. during critic warm-up the actor does not change). Collective: every rank decides alike."""
-        if self.engine_version != self.actor_version:
-            self.c.engine.sync_weights(iter_full_params(self.c.actor))
+        engine = self.c.engine
+        # An engine that discards its weights while asleep (vLLM, sleep level 2) needs them again every step.
+        if self.engine_version != self.actor_version or getattr(engine, "weights_dropped", False):
+            # Gathered in the engine's dtype where it has one (bf16 traffic for vLLM); the HF engine takes fp32.
+            engine.sync_weights(iter_full_params(self.c.actor, dtype=getattr(engine, "sync_dtype", None)))
             self.engine_version = self.actor_version
 
     def score(self, batch: Batch) -> Batch:
@@ -265,9 +271,12 @@ class Trainer(Recovery):
         c.engine.wake_up()
         self.sync_engine()
         sums = [[0.0, 0.0] for _ in c.val_sources]
-        mine = list(range(self.env.rank, len(c.val_data), self.env.world_size))
+        g = c.groups
+        # Sharded over rollout groups: the ranks of a tensor-parallel group decode the same prompts with the same
+        # seed, and only the group's first rank counts the scores.
+        mine = list(range(g.dp_rank, len(c.val_data), g.dp_size))
         # Sampled validation (val_temperature > 0) draws from its own seeded stream, never the global RNG.
-        sampling = dataclasses.replace(c.val_sampling, seed=derive_seed(self.cfg.seed, self.step, self.env.rank,
+        sampling = dataclasses.replace(c.val_sampling, seed=derive_seed(self.cfg.seed, self.step, g.dp_rank,
                                                                         self.branch) ^ VALIDATION_SEED_SALT)
         for start in range(0, len(mine), 64):
             prompts = [c.val_data[i] for i in mine[start : start + 64]]
@@ -278,8 +287,8 @@ class Trainer(Recovery):
                                 [r.extra_info for r in records])
             for r, s in zip(records, scores):
                 row = sums[c.val_sources.index(r.data_source)]
-                row[0] += s
-                row[1] += 1
+                row[0] += s if g.is_tp_leader else 0.0
+                row[1] += 1 if g.is_tp_leader else 0
         c.engine.sleep()
         flat = all_reduce_host([x for row in sums for x in row], "sum")
         totals = [(flat[2 * i], flat[2 * i + 1]) for i in range(len(c.val_sources))]

@@ -1,0 +1,120 @@
+"""A RECORDING STAND-IN for the ``vllm`` package: not vLLM, and never proof that vLLM works.
+
+It has the few names ``hpcppo.rollout.vllm_engine`` touches (``LLM``, ``SamplingParams``; on ``LLM``: ``generate``,
+``sleep``, ``wake_up``, ``reset_prefix_cache`` and the in-process model path with ``load_weights``) and records
+every call in :data:`CALLS`, so CPU tests can check what hpcppo *asks of* vLLM: the environment at construction,
+the constructor arguments, the order of sleep / wake / weight sync / cache reset / generate calls, the prompts and
+seeds each rank submits, the dtype and bucketing of streamed weights. Whether vLLM honours those requests is only
+shown by the GPU tests (tests/gpu/test_vllm_engine.py).
+
+Install it for a test with ``sys.modules["vllm"] = recording_vllm`` (and :func:`reset`). Generation is a
+deterministic function of (prompt, seed): a response of 1..max_tokens pseudo-random tokens that ends, when it ends
+early, with the *last* of the request's ``stop_token_ids`` (as vLLM stops at a generation_config EOS id).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import nn
+
+CALLS: list[tuple[Any, ...]] = []
+"""Every call, in order: ``(name, details...)``."""
+
+LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+VOCAB = 64
+
+
+def reset() -> None:
+    CALLS.clear()
+
+
+def names() -> list[str]:
+    """The call names only, in order."""
+    return [c[0] for c in CALLS]
+
+
+class SamplingParams:
+    """Keeps its keyword arguments as attributes (vLLM's has many more; hpcppo passes these)."""
+
+    def __init__(self, **kwargs: Any):
+        self.kwargs = kwargs
+        for k, v in kwargs.items():
+            setattr(self, k, v)
+
+
+@dataclass
+class Logprob:
+    logprob: float
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    token_ids: list[int]
+    logprobs: list[dict[int, Logprob]]
+
+
+@dataclass
+class RequestOutput:
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+
+
+class _Model(nn.Module):
+    """Stands in for vLLM's model: ``load_weights`` records what arrives (names, dtypes, bucket sizes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.anchor = nn.Parameter(torch.zeros(1))  # gives the model a device
+
+    def load_weights(self, weights: Any) -> set[str]:
+        got = [(name, tensor.dtype, tuple(tensor.shape), tensor.numel() * tensor.element_size())
+               for name, tensor in weights]
+        CALLS.append(("load_weights", got))
+        return {name for name, *_ in got} | {"anchor"}
+
+
+def _respond(prompt: list[int], seed: int | None, index: int, params: SamplingParams) -> CompletionOutput:
+    rng = random.Random(f"{prompt}:{seed}:{index}")
+    stops = list(params.stop_token_ids)
+    length = rng.randint(1, params.max_tokens)
+    tokens = [rng.randrange(VOCAB) for _ in range(length)]
+    tokens = [t for t in tokens if t not in stops] or [1]
+    if len(tokens) < params.max_tokens and stops:
+        tokens.append(stops[-1])
+    tokens = tokens[: params.max_tokens]
+    return CompletionOutput(index=index, token_ids=tokens,
+                            logprobs=[{t: Logprob(-0.01 * (j + 1))} for j, t in enumerate(tokens)])
+
+
+class LLM:
+    def __init__(self, **kwargs: Any):
+        env = {k: os.environ.get(k) for k in LAUNCHER_VARS}
+        CALLS.append(("LLM", kwargs, env))
+        self.kwargs = kwargs
+        model = _Model()
+        runner = SimpleNamespace(model=model)
+        self.llm_engine = SimpleNamespace(
+            model_executor=SimpleNamespace(driver_worker=SimpleNamespace(worker=SimpleNamespace(model_runner=runner))))
+
+    def generate(self, prompts: list[dict[str, list[int]]], params: list[SamplingParams], use_tqdm: bool = True):
+        rows = [list(p["prompt_token_ids"]) for p in prompts]
+        CALLS.append(("generate", rows, [p.seed for p in params], [list(p.stop_token_ids) for p in params]))
+        return [RequestOutput(prompt_token_ids=row, outputs=[_respond(row, p.seed, i, p) for i in range(p.n)])
+                for row, p in zip(rows, params)]
+
+    def sleep(self, level: int = 1) -> None:
+        CALLS.append(("sleep", level))
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        CALLS.append(("wake_up", None if tags is None else list(tags)))
+
+    def reset_prefix_cache(self) -> bool:
+        CALLS.append(("reset_prefix_cache",))
+        return True
