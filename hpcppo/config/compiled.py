@@ -67,10 +67,9 @@ def check_experiment_paths(experiment: Experiment) -> None:
             what = "does not exist" if not Path(value).exists() else "is not a directory"
             raise PathError(f"{key}: {value} {what} (a Hugging Face model directory is expected)")
     for key, values in (("data.train_files", d.train_files), ("data.val_files", d.val_files)):
-        for i, value in enumerate(values):
-            if not Path(value).is_file():
-                what = "does not exist" if not Path(value).exists() else "is not a file"
-                raise PathError(f"{key}[{i}]: {value} {what}")
+        for i, value in enumerate(values):  # a file, or a directory of *.parquet (hpcppo.data.check looks inside)
+            if not Path(value).exists():
+                raise PathError(f"{key}[{i}]: {value} does not exist")
 
 
 def compile_config(spec: str | os.PathLike[str], site: str | os.PathLike[str] = "local",
@@ -92,6 +91,9 @@ def compile_config(spec: str | os.PathLike[str], site: str | os.PathLike[str] = 
                                                            site_file=str(site_file), cwd=cwd)
     if check_paths:
         check_experiment_paths(experiment)
+        from hpcppo.data.check import check_experiment_data  # pyarrow: only when the data is checked
+
+        check_experiment_data(experiment)  # schema, data sources, reward_fn, prompt lengths, rows per batch
     check_rule_metrics(experiment.watchdog, file=str(spec_path))
     plan = resolve(site_obj, experiment)
     job = JobSection(kind="train", collective_timeout_s=experiment.trainer.collective_timeout_s)

@@ -80,13 +80,21 @@ class ModelSection:
 class DataSection:
     """``[data]``: prompt datasets (Parquet in verl's schema) and the reward."""
 
-    train_files: list[str] = opt(help="Parquet files of training prompts (relative to the spec file).", path=True)
-    val_files: list[str] = opt(factory=list, path=True, help="Parquet files of validation prompts; [] = no validation.")
-    prompt_key: str = opt("prompt", help="Column holding the prompt (chat messages or text).")
-    max_prompt_length: int = opt(512, ge=1, help="Longest prompt in tokens.")
+    train_files: list[str] = opt(help="Parquet files of training prompts, or directories of them (their *.parquet, "
+                                      "sorted by name); relative to the spec file.", path=True)
+    val_files: list[str] = opt(factory=list, path=True, help="Parquet files (or directories) of validation prompts; "
+                                                             "[] = no validation.")
+    prompt_key: str = opt("prompt", help="Column holding the prompt: chat messages (list of {role, content}), or "
+                                         "plain text, which becomes one user message.")
+    max_prompt_length: int = opt(512, ge=1, help="Longest prompt in tokens (after the chat template).")
     max_response_length: int = opt(512, ge=1, help="Most tokens generated per response.")
-    truncation: str = opt("error", choices=("error", "left", "right"),
-                          help="What to do with a prompt longer than max_prompt_length: fail, or cut on that side.")
+    truncation: str = opt("error", choices=("error", "left", "right", "middle"),
+                          help="A prompt longer than max_prompt_length: error = fail (at compile when the tokenizer "
+                               "is local), left = keep its end, right = keep its start, middle = keep both ends "
+                               "(max//2 first tokens + the rest from the end), as verl's data.truncation.")
+    filter_overlong_prompts: bool = opt(False, help="Drop prompts longer than max_prompt_length when loading "
+                                                    "(before truncation applies), as verl's "
+                                                    "data.filter_overlong_prompts; compile reports how many.")
     shuffle: bool = opt(True, help="Shuffle the training prompts each epoch (seeded).")
     reward_fn: str = opt("auto", check=_check_reward_fn,
                          help="\"auto\" = dispatch on each row's data_source, or \"module:function\" for your own scorer.")
@@ -243,7 +251,8 @@ class TrainerSection:
     train_batch_size: int = opt(256, ge=1, help="Prompts per step.")
     total_steps: int = opt(0, ge=0, help="Steps to train; 0 = total_epochs x steps per epoch.")
     total_epochs: int = opt(1, ge=1, help="Epochs over the training prompts when total_steps = 0.")
-    test_freq: int = opt(0, ge=0, help="Validate every N steps; 0 = never.")
+    test_freq: int = opt(0, ge=-1, help="Validate every N steps; 0 or -1 = never (verl's trainer.test_freq: -1 is "
+                                        "its default and means never).")
     val_before_train: bool = opt(False, help="Validate once before the first step.")
     log_every: int = opt(1, ge=1, help="Print a progress line every N steps (metrics are recorded every step).")
     deterministic: bool = opt(False, help="Deterministic algorithms (torch.use_deterministic_algorithms); slower.")
@@ -255,7 +264,9 @@ class TrainerSection:
 class CheckpointSection:
     """``[checkpoint]``: saving and resuming."""
 
-    save_every: int = opt(0, ge=0, help="Checkpoint every N steps; 0 = only at the end and on preemption.")
+    save_every: int = opt(0, ge=-1, help="Checkpoint every N steps and at the end; 0 = only at the end; -1 = never, "
+                                         "not even at the end (verl's trainer.save_freq = -1). Preemption "
+                                         "checkpoints follow save_on_preempt either way.")
     keep_last: int = opt(3, ge=0, help="Committed checkpoints kept; 0 = keep all (the newest is never deleted).")
     save_on_preempt: bool = opt(True, help="Checkpoint when Slurm signals the time limit or preemption (USR2).")
     resume: str = opt("auto", choices=("auto", "never"), help="auto = continue from the newest committed checkpoint.")

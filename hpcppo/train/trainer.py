@@ -113,7 +113,8 @@ class Trainer(Recovery):
             exit_code = self.at_boundary()
             if exit_code is not None:
                 return exit_code
-        if self.c.ckpt.latest_committed() != self.step:  # waits for a background save in flight
+        committed = self.c.ckpt.latest_committed()  # waits for a background save in flight
+        if committed != self.step and self.cfg.checkpoint.save_every >= 0:  # -1: no final one (verl's save_freq)
             self.save_checkpoint()
         return exitcodes.DONE
 
@@ -132,7 +133,7 @@ class Trainer(Recovery):
             metrics |= self.update_critic(batch)
         if self.step > self.cfg.critic.warmup_updates:
             metrics |= self.update_actor(batch)
-        if self.cfg.trainer.test_freq and self.step % self.cfg.trainer.test_freq == 0:
+        if self.cfg.trainer.test_freq > 0 and self.step % self.cfg.trainer.test_freq == 0:  # 0 and -1: never
             metrics |= self.validate()
         metrics |= {f"time/{k}_s": v for k, v in self.timer.times.items()}
         step_time = time.perf_counter() - start
@@ -341,7 +342,7 @@ class Trainer(Recovery):
 
     def should_save(self) -> bool:
         every = self.cfg.checkpoint.save_every
-        return bool(every) and self.step % every == 0
+        return every > 0 and self.step % every == 0  # 0: only the final one; -1: none (verl's save_freq)
 
     def checkpoint_extra(self) -> dict[str, Any]:
         c = self.c

@@ -156,7 +156,12 @@ def test_home_is_expanded(tmp_path, monkeypatch):
 def _real_paths(tmp_path: Path) -> Path:
     (tmp_path / "models" / "actor").mkdir(parents=True)
     (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "train.parquet").write_bytes(b"PAR1")
+    # compile reads the data (hpcppo.data.check): a real verl-schema file with one batch of rows.
+    from hpcppo.data.dataset import write_prompts_parquet
+
+    write_prompts_parquet([{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"q{i}"}],
+                            "reward_model": {"style": "rule", "ground_truth": str(i)}} for i in range(8)],
+                          tmp_path / "data" / "train.parquet")
     return write(tmp_path, BASE + "[trainer]\ntrain_batch_size = 8\n[actor]\nppo_mini_batch_size = 8\n"
                                   "ppo_micro_batch_size_per_gpu = 1\n")
 
