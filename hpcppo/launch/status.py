@@ -252,6 +252,11 @@ def _paused_reason(run: RunDir) -> str | None:
     return None
 
 
+# Final Slurm states that say the job's hardware went away under it, whatever the trainers recorded on the way out.
+_LOST_HARDWARE = {"NODE_FAIL": "a node of the job failed", "BOOT_FAIL": "a node of the job failed to boot",
+                  "OUT_OF_MEMORY": "the job ran out of memory"}
+
+
 def verdict(scheduler_state: str, scheduler_reason: str | None, record: int | None, *, scheduler: str = "slurm",
             cancel_requested: str | None = None, at_time_limit: bool = False, steps_done: bool = False,
             kind: str = "train", time_limit: str | None = None,
@@ -275,6 +280,8 @@ def verdict(scheduler_state: str, scheduler_reason: str | None, record: int | No
             return "CANCELLED", f"{when}; checkpointed on the way out"
         if scheduler_state == "TIMEOUT" or at_time_limit:
             return "TIMEOUT", f"{limit}: checkpointed before it"
+        if scheduler_state in _LOST_HARDWARE:  # Slurm signals a dead node's tasks too: why it stopped is the node
+            return scheduler_state, f"{scheduler_reason or _LOST_HARDWARE[scheduler_state]}; checkpointed on the way out"
         if scheduler == "slurm" and scheduler_state != "PREEMPTED":
             return "PREEMPTED", "checkpointed on a preemption signal; the job was not requeued"
         return "PREEMPTED", "checkpointed on a preemption signal"

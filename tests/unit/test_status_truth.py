@@ -43,6 +43,9 @@ JOB = "4242"
         ("TIMEOUT", 75, {}, "TIMEOUT", "checkpointed before it"),
         ("PREEMPTED", 75, {}, "PREEMPTED", "checkpointed"),
         ("CANCELLED", 75, {}, "CANCELLED", "checkpointed on the way out"),
+        # a node failure signals the tasks on the way down: the hardware is why, the checkpoint is a bonus
+        ("NODE_FAIL", 75, {}, "NODE_FAIL", "a node of the job failed; checkpointed on the way out"),
+        ("OUT_OF_MEMORY", 75, {}, "OUT_OF_MEMORY", "ran out of memory; checkpointed"),
         ("COMPLETED", 75, {"scheduler": "local"}, "PREEMPTED", "preemption signal"),
         ("COMPLETED", 75, {"scheduler": "local", "at_time_limit": True}, "TIMEOUT", "checkpointed before it"),
         ("COMPLETED", 75, {"scheduler": "local", "cancel_requested": "2026-01-01T00:00:00+00:00"}, "CANCELLED",
