@@ -133,7 +133,7 @@ def norm_device(total_norm: Any) -> torch.device | None:
     mesh = getattr(total_norm, "device_mesh", None)
     if mesh is None or total_norm.device.type == mesh.device_type:
         return None
-    if mesh.device_type == "cuda":
+    if mesh.device_type == "cuda" and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device(mesh.device_type)
 
