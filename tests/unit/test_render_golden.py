@@ -134,7 +134,7 @@ def test_script_anatomy(name):
 
 def test_container_variants():
     pyxis = (GOLDEN / "h100-cluster.sbatch").read_text()
-    assert "--container-image=registry.kestrel.example/rl/hpcppo:0.1-cu124" in pyxis
+    assert "--container-image=registry.kestrel.example/rl/hpcppo:0.1-cu130" in pyxis
     assert "--container-mounts=/data:/data,/home:/home,/scratch:/scratch" in pyxis
     assert "apptainer" not in pyxis
     app = (GOLDEN / "h100-cluster-apptainer.sbatch").read_text()
