@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
                       LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
     dist_env.init_distributed(dist_env.detect_env(device_type="cpu"), timeout_s=300)
-    cfg = Qwen2Config(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=max(1, args.hidden // 64),
-                      num_key_value_heads=max(1, args.hidden // 128), intermediate_size=args.hidden * 11 // 4,
+    cfg = Qwen2Config(hidden_size=args.hidden, num_hidden_layers=args.layers,
+                      num_attention_heads=max(1, args.hidden // 64), num_key_value_heads=max(1, args.hidden // 128), intermediate_size=args.hidden * 11 // 4,
                       vocab_size=args.vocab, tie_word_embeddings=False)
     model = Qwen2ForCausalLM(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                 ws = time.perf_counter() - t0
                 os.unlink(Path(tmp) / "probe.bin")
                 if r:  # round 0 warms up
-                    sync_b.append(sb), async_b.append(ab), async_total.append(at), write_s.append(ws), train_s.append(ts)
+                    for values, x in ((sync_b, sb), (async_b, ab), (async_total, at), (write_s, ws), (train_s, ts)):
+                        values.append(x)
     finally:
         dist_env.destroy_distributed()
     print(f"== checkpoint blocking time: Qwen2 {n / 1e6:.1f}M params + AdamW state, {nbytes / 1e6:.1f} MB per "
@@ -99,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  background save, call to commit:               {spread(async_total)}")
     print(f"  training stand-in during the write (AdamW):    {spread(train_s)}")
     print(f"  plain write + fsync of {nbytes / 1e6:.1f} MB:              {spread(write_s)}")
-    print(f"  blocking, background / synchronous (medians):  {statistics.median(async_b) / statistics.median(sync_b):.3f}")
+    ratio = statistics.median(async_b) / statistics.median(sync_b)
+    print(f"  blocking, background / synchronous (medians):  {ratio:.3f}")
     return 0
 
 

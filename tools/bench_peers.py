@@ -232,7 +232,8 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     flops = {"cleanrl/hpcppo": tokens * (2 * n_a + 2 * n_a + 2 * n_c + 6 * n_a + 6 * n_c)}
     if trl:
         p = params["trl"]
-        flops["trl"] = tokens * (2 * p["actor"] + 2 * p["critic"] + 2 * p["reward_model"] + 6 * (p["actor"] + p["critic"]))
+        forwards = 2 * (p["critic"] + p["reward_model"] + p["actor"])  # ref (= actor's size), values, reward model
+        flops["trl"] = tokens * (forwards + 6 * (p["actor"] + p["critic"]))
     return {"threads": args.threads, "rounds": {"warmup": w, "measured": args.steps}, "params": params,
             "iterations_s": iters, "iteration_s": {k: spread(v) for k, v in iters.items()}, "phases_s": phases,
             "ratios": ratios, "flops_after_generate": flops, "trl": trl is not None,

@@ -42,5 +42,6 @@ def test_bench_peers_quick_runs_interleaved_and_reports(tmp_path: Path) -> None:
     # identical models: the same parameter counts on both sides (untied embeddings, vocab 64)
     assert r["params"]["hpcppo"] == r["params"]["cleanrl"]
     assert r["params"]["hpcppo"]["actor"] == 312448
-    for section in ("seconds, median [min-max]", "ratios of iterations measured in the same round", "FLOPs per iteration"):
+    for section in ("seconds, median [min-max]", "ratios of iterations measured in the same round",
+                    "FLOPs per iteration"):
         assert section in text, section
