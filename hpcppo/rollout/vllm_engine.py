@@ -265,8 +265,8 @@ class VLLMRolloutEngine:
     def generate(self, prompts: PromptInput, sampling: SamplingParams) -> RolloutBatch:
         """Sample ``sampling.n`` responses per prompt; tensors on CPU (see ``hpcppo.rollout.base``)."""
         if not self._weights_valid:
-            raise RuntimeError("the vLLM engine holds no weights (dummy load or level-2 sleep): call sync_weights() "
-                               "before generate()")
+            raise RuntimeError("the vLLM engine has no weights (dummy load, or asleep at level 2): call "
+                               "sync_weights() before generate()")
         self._wake(weights=True, kv=True)
         rows = prompt_lists(prompts)
         # vLLM seeds the n samples of a request seed, seed+1, ...: give each prompt its own block of seeds, or

@@ -206,14 +206,21 @@ def scenario_vllm(out_dir: Path, model_dir: str) -> dict[str, Any]:
     r: dict[str, Any] = {"eos": eos, "pad": pad, "prompt_ids": prompts["input_ids"],
                          "prompt_mask": prompts["attention_mask"]}
 
+    # load_format="dummy" (the default): random weights until the first sync, as in training.
     engine = VLLMRolloutEngine(model_dir, gpu_memory_utilization=0.2, dtype="bfloat16", enforce_eager=True, seed=0,
-                               max_model_len=64)
+                               max_model_len=64, dist_env=env)
     hf = load_causal_lm(model_dir, dtype="float32").to(device).eval()
     perturbed = load_causal_lm(model_dir, dtype="float32").to(device).eval()
     with torch.no_grad():
         perturbed.get_input_embeddings().weight.mul_(0.5)  # tied: the LM head changes with it
 
     sample = SamplingParams(eos_token_id=eos, pad_token_id=pad, n=2, temperature=1.0, max_new_tokens=8, seed=1234)
+    try:
+        engine.generate(prompts, sample)
+        r["dummy_generate_error"] = ""
+    except RuntimeError as exc:
+        r["dummy_generate_error"] = str(exc)
+    r["first_sync_bytes"] = engine.sync_weights(iter_full_params(hf, dtype=engine.sync_dtype))
     b1 = engine.generate(prompts, sample)
     r["b1"], r["b1_hf"] = _fields(b1), _log_probs(hf, b1, 1.0)
     r["b1_again"] = _fields(engine.generate(prompts, sample))
@@ -239,7 +246,7 @@ def scenario_vllm(out_dir: Path, model_dir: str) -> dict[str, Any]:
     torch.cuda.synchronize()
     r["free_awake"] = torch.cuda.mem_get_info()[0]
     r["total_memory"] = torch.cuda.mem_get_info()[1]
-    engine.sleep()
+    engine.sleep()  # level 2: weights discarded with the KV cache
     torch.cuda.synchronize()
     r["free_asleep"] = torch.cuda.mem_get_info()[0]
     try:
@@ -247,8 +254,14 @@ def scenario_vllm(out_dir: Path, model_dir: str) -> dict[str, Any]:
         r["asleep_generate_error"] = ""
     except RuntimeError as exc:
         r["asleep_generate_error"] = str(exc)
+    # The trainer's step: wake_up (weights) -> sync in bf16 (prefix cache reset, KV cache mapped) -> generate
     engine.wake_up()
+    engine.sync_weights(iter_full_params(hf, dtype=engine.sync_dtype))
     r["g2"] = _fields(engine.generate(prompts, greedy))
+    # Level 1 keeps the weights in host memory: no sync needed after waking.
+    engine.sleep(level=1)
+    engine.wake_up()
+    r["g3"] = _fields(engine.generate(prompts, greedy))
 
     # The low-peak path: weights back first, sync while the KV cache is still released, then the cache.
     engine.sleep()
@@ -267,7 +280,46 @@ def scenario_vllm(out_dir: Path, model_dir: str) -> dict[str, Any]:
     return r
 
 
-SCENARIOS = {"nccl": scenario_nccl, "fsdp": scenario_fsdp, "vllm": scenario_vllm}
+def scenario_vllm_tp2(out_dir: Path, model_dir: str) -> dict[str, Any]:
+    """Two ranks, one vLLM engine with tensor_parallel_size=2 (external launcher): the trainer's step twice.
+
+    ``RANK``/``LOCAL_RANK`` are removed after the process group exists, as under srun (which sets only SLURM_*):
+    the engine must export them again from the detected environment before vLLM reads them. Both ranks submit the
+    same prompts and seed (one TP group) and must receive the same samples.
+    """
+    from hpcppo.distributed.env import all_gather_object
+    from hpcppo.distributed.weights import iter_full_params
+    from hpcppo.data import synthetic
+    from hpcppo.models import load_causal_lm
+    from hpcppo.rollout.base import SamplingParams
+    from hpcppo.rollout.vllm_engine import VLLMRolloutEngine
+    from hpcppo.tiny import build_tokenizer, encode_prompts
+
+    env = _init()
+    device = _device(env)
+    for key in ("RANK", "LOCAL_RANK"):
+        os.environ.pop(key, None)
+    tokenizer = build_tokenizer()
+    prompts = encode_prompts(tokenizer, synthetic.generate_rows(4, seed=5, split="val", max_operand=19))
+    hf = load_causal_lm(model_dir, dtype="float32").to(device).eval()
+    engine = VLLMRolloutEngine(model_dir, tensor_parallel_size=2, gpu_memory_utilization=0.2, dtype="bfloat16",
+                               enforce_eager=True, seed=0, max_model_len=64, dist_env=env)
+    r: dict[str, Any] = {"rank_env": os.environ.get("RANK", "")}
+    sample = SamplingParams(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, n=2,
+                            temperature=1.0, max_new_tokens=8, seed=77)
+    for step in range(2):
+        engine.wake_up()
+        engine.sync_weights(iter_full_params(hf, dtype=engine.sync_dtype))
+        batch = engine.generate(prompts, sample)
+        engine.sleep()
+        r[f"b{step}"], r[f"b{step}_hf"] = _fields(batch), _log_probs(hf, batch, 1.0)
+    responses = all_gather_object(r["b0"]["response_ids"].tolist())
+    r["same_across_ranks"] = torch.tensor(int(all(x == responses[0] for x in responses)))
+    engine.close()
+    return r
+
+
+SCENARIOS = {"nccl": scenario_nccl, "fsdp": scenario_fsdp, "vllm": scenario_vllm, "vllm_tp2": scenario_vllm_tp2}
 
 
 def main(argv: list[str]) -> int:

@@ -123,9 +123,32 @@ def test_sleep_frees_memory_and_wake_up_restores_the_engine(vllm_run):
     # gpu_memory_utilization=0.2 reserves ~20% of the card, almost all of it KV cache for a 0.5M-param model
     assert freed > 0.05 * r["total_memory"], f"sleep() freed {freed / 2**30:.2f} GiB of {r['total_memory'] / 2**30:.0f}"
     assert "asleep" in r["asleep_generate_error"], "generate() on a sleeping engine must raise"
-    g1, g2 = r["g1"], r["g2"]
-    assert torch.equal(g1["response_ids"], g2["response_ids"]), "greedy output changed across sleep/wake_up"
-    assert torch.allclose(g1["rollout_log_probs"], g2["rollout_log_probs"], atol=1e-5)
+    g1 = r["g1"]
+    for key, how in (("g2", "level-2 sleep, wake_up, sync"), ("g3", "level-1 sleep, wake_up")):
+        assert torch.equal(g1["response_ids"], r[key]["response_ids"]), f"greedy output changed across {how}"
+        assert torch.allclose(g1["rollout_log_probs"], r[key]["rollout_log_probs"], atol=1e-5), how
+
+
+def test_dummy_load_refuses_to_generate_and_syncs_in_bf16(vllm_run):
+    r = vllm_run
+    assert "no weights" in r["dummy_generate_error"], "a dummy-loaded engine must not sample from random weights"
+    assert r["first_sync_bytes"] * 2 == r["param_bytes"], "weights must travel in the engine's bf16, not fp32"
+
+
+def test_tensor_parallel_2_ranks_generate_alike(warm_tiny, tmp_path):
+    """Two GPUs, one TP=2 engine started without RANK/LOCAL_RANK in the environment (as under srun): the engine
+    exports them from the detected environment; both ranks of the group get the same samples, each step syncs
+    after a level-2 sleep, and log-probs match the HF model."""
+    from _gpu_launch import require_gpus
+
+    require_gpus(2)
+    require_vllm()
+    results = run_scenario("vllm_tp2", 2, tmp_path, str(warm_tiny["model"]), timeout_s=480)
+    for rank, r in enumerate(results):
+        assert r["rank_env"] == str(rank), "RANK was not exported for vLLM's external launcher"
+        assert int(r["same_across_ranks"]) == 1, "the ranks of one TP group received different samples"
+        for step in (0, 1):
+            _assert_close(r[f"b{step}"], r[f"b{step}_hf"], f"TP=2 rank {rank} step {step}")
 
 
 def test_close_releases_the_engine(vllm_run):

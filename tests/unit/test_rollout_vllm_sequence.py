@@ -82,7 +82,7 @@ def test_engine_arguments_dummy_load_and_sleep_mode(fake_vllm):
 
 def test_one_step_calls_in_verl_order(fake_vllm):
     engine = VLLMRolloutEngine("/models/m", sync_bucket_bytes=2**30)
-    with pytest.raises(RuntimeError, match="holds no weights"):  # dummy weights are never sampled from
+    with pytest.raises(RuntimeError, match="has no weights"):  # dummy weights are never sampled from
         engine.generate([[5, 6]], SAMPLING)
     engine.sleep()  # a fresh engine has everything mapped; from then on each step wakes what it needs
     fake_vllm.reset()
