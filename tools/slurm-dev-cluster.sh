@@ -3,6 +3,16 @@
 # two emulated compute nodes (n1, n2, one slurmd each), a controller, accounting through slurmdbd
 # and a private MariaDB (so `sacct` works as on a real site), and munge.
 #
+# GPU-shaped partitions without GPUs: four more emulated nodes declare the example GPU sites' hardware
+# (128 CPUs, 1-2 TB, 8 GPUs each) under SlurmdParameters=config_overrides; their GPUs are character devices
+# with /dev/null's numbers in $STATE_DIR/dev (gres.conf needs File=: with Count= alone slurmd reports 0 GPUs
+# and the node goes INVALID). Slurm allocates them and sets CUDA_VISIBLE_DEVICES; the work runs on the CPU.
+#   debug   n1,n2  default partition, the real hardware (sites/local-slurm.toml)
+#   gpu     g1,g2  like sites/a100-cluster.toml: Feature=a100, Gres=gpu:a100:8, AllowAccounts=proj-rlhf,
+#                  AllowQos=normal, MaxTime=2-00:00:00 (also sites/local-slurm-gpu.toml)
+#   hopper  h1,h2  like sites/h100-cluster.toml: Gres=gpu:h100:8, AllowAccounts=rl-team, AllowQos=high,
+#                  MaxTime=1-00:00:00 (the QOS "high" is created in the accounting database)
+#
 # Usage (as root):  tools/slurm-dev-cluster.sh start|stop|status|accounting-off|accounting-on
 #
 #   start           install missing packages, configure, start what is not running, wait until both
@@ -25,11 +35,13 @@ STATE_DIR=${HPCPPO_DEV_CLUSTER_DIR:-/var/tmp/hpcppo-dev-cluster}
 CLUSTER_NAME=hpcppo
 PARTITION=debug
 NODES=(n1 n2)
-NODE_PORT_BASE=17000 # node nK listens on 17000+K
+GPU_NODES=(g1 g2 h1 h2) # GPU-shaped; see the header
+NODE_PORT_BASE=17000    # the K-th node of NODES then GPU_NODES (from 1) listens on 17000+K
 CTLD_PORT=16817      # not the default 6817/6819, so a site install on the same box cannot clash
 DBD_PORT=16819
 ETC_DIR=/etc/slurm
 SLURM_CONF_PATH=$ETC_DIR/slurm.conf
+GRES_CONF_PATH=$ETC_DIR/gres.conf
 DBD_CONF_PATH=$ETC_DIR/slurmdbd.conf
 MARKER="# Managed by hpcppo tools/slurm-dev-cluster.sh; rewritten on every start."
 PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
@@ -43,6 +55,7 @@ DB_DATA=$DB_DIR/data
 DB_SOCK=$DB_DIR/mysqld.sock
 DB_PIDFILE=$DB_DIR/mariadbd.pid
 DB_PASSFILE=$STATE_DIR/etc/slurmdbd-db-password
+DEV_DIR=$STATE_DIR/dev # the fake GPUs: nvidia0..7, character devices 1:3 like /dev/null
 MUNGE_PIDFILE=$MUNGE_DIR/munged.pid
 CTLD_PIDFILE=$RUN_DIR/slurmctld.pid
 DBD_PIDFILE=$RUN_DIR/slurmdbd.pid
@@ -224,15 +237,61 @@ AccountingStorageHost=localhost
 AccountingStoragePort=$DBD_PORT
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
+# The GPU-shaped nodes declare more than this machine has; their GPUs are listed in gres.conf.
+SlurmdParameters=config_overrides
+GresTypes=gpu
+# Refuse at submission a job its partition would never run (MaxTime, AllowAccounts, AllowQos...), as
+# production sites do; with NO such a job is accepted and pends forever, and sbatch --test-only says yes.
+EnforcePartLimits=ALL
+# GPUs in sacct's AllocTRES (gres/gpu=16), as GPU sites account them.
+AccountingStorageTRES=gres/gpu
 EOF
     for i in "${!NODES[@]}"; do
         node=${NODES[$i]}
         printf 'NodeName=%s NodeHostname=%s NodeAddr=127.0.0.1 Port=%d %s State=UNKNOWN\n' \
             "$node" "$host" $((NODE_PORT_BASE + i + 1)) "$hw"
     done
+    # GPU-shaped nodes: declared hardware, not this machine's (config_overrides); sized so that the
+    # a100 site's 8 x 12 CPUs and 8 x 120G and the h100 site's 8 x 16 CPUs and 8 x 200G fit one node.
+    local gpu_hw='CPUs=128 Boards=1 SocketsPerBoard=2 CoresPerSocket=64 ThreadsPerCore=1'
+    for i in "${!GPU_NODES[@]}"; do
+        node=${GPU_NODES[$i]}
+        printf 'NodeName=%s NodeHostname=%s NodeAddr=127.0.0.1 Port=%d %s %s State=UNKNOWN\n' \
+            "$node" "$host" $((NODE_PORT_BASE + ${#NODES[@]} + i + 1)) "$gpu_hw" "$(gpu_node_shape "$node")"
+    done
     local IFS=,
     printf 'PartitionName=%s Nodes=%s Default=YES MaxTime=02:00:00 DefaultTime=01:00:00 State=UP\n' \
         "$PARTITION" "${NODES[*]}"
+    echo 'PartitionName=gpu Nodes=g1,g2 Default=NO MaxTime=2-00:00:00 DefaultTime=01:00:00 AllowAccounts=proj-rlhf AllowQos=normal State=UP'
+    echo 'PartitionName=hopper Nodes=h1,h2 Default=NO MaxTime=1-00:00:00 DefaultTime=01:00:00 AllowAccounts=rl-team AllowQos=high State=UP'
+}
+
+# gpu_node_shape NODE: the node's memory, features and GRES (the example GPU sites' hardware).
+gpu_node_shape() {
+    case $1 in
+    g*) echo 'RealMemory=1031000 Feature=a100 Gres=gpu:a100:8' ;; # 1 TB, 8x A100 (a DGX A100)
+    h*) echo 'RealMemory=2063000 Gres=gpu:h100:8' ;;              # 2 TB, 8x H100 (a DGX H100)
+    esac
+}
+
+render_gres_conf() {
+    cat <<EOF
+$MARKER
+# The GPU-shaped nodes' GPUs: character devices with /dev/null's numbers (see the header of the script).
+NodeName=g[1-2] Name=gpu Type=a100 File=$DEV_DIR/nvidia[0-7]
+NodeName=h[1-2] Name=gpu Type=h100 File=$DEV_DIR/nvidia[0-7]
+EOF
+}
+
+ensure_fake_gpus() {
+    local i dev
+    mkdir -p "$DEV_DIR"
+    for i in 0 1 2 3 4 5 6 7; do
+        dev=$DEV_DIR/nvidia$i
+        [[ -c $dev ]] && continue
+        rm -f "$dev"
+        mknod -m 0666 "$dev" c 1 3 || die "mknod $dev failed (the GPU-shaped nodes need character devices)"
+    done
 }
 
 render_dbd_conf() {
@@ -271,21 +330,27 @@ configure() {
     host=$(short_hostname)
     mkdir -p "$STATE_DIR/etc" "$RUN_DIR" "$LOG_DIR" "$STATE_DIR/slurmctld" "$ETC_DIR"
     chmod 0755 "$STATE_DIR"
-    ensure_hosts "$host" "${NODES[@]}"
+    ensure_hosts "$host" "${NODES[@]}" "${GPU_NODES[@]}"
+    ensure_fake_gpus
     if [[ ! -s $DB_PASSFILE ]]; then
         (umask 077 && od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$DB_PASSFILE")
     fi
     check_foreign_conf "$SLURM_CONF_PATH"
     check_foreign_conf "$DBD_CONF_PATH"
+    check_foreign_conf "$GRES_CONF_PATH"
     hw=$(hardware_line)
     if render_slurm_conf "$host" "$hw" | write_if_changed "$SLURM_CONF_PATH" 0644; then
+        changed+=(slurm)
+    fi
+    # A GRES change needs slurmctld and the slurmd restarted, like slurm.conf's (scontrol reconfigure is not enough).
+    if render_gres_conf | write_if_changed "$GRES_CONF_PATH" 0644; then
         changed+=(slurm)
     fi
     # slurmdbd refuses a slurmdbd.conf readable by others (it holds the database password).
     if render_dbd_conf | write_if_changed "$DBD_CONF_PATH" 0600; then
         changed+=(dbd)
     fi
-    cp -p "$SLURM_CONF_PATH" "$DBD_CONF_PATH" "$STATE_DIR/etc/"
+    cp -p "$SLURM_CONF_PATH" "$DBD_CONF_PATH" "$GRES_CONF_PATH" "$STATE_DIR/etc/"
     printf '%s\n' "${changed[@]}"
 }
 
@@ -348,6 +413,21 @@ start_slurmdbd() {
         sacctmgr -i add cluster "$CLUSTER_NAME" >/dev/null
         log "registered cluster $CLUSTER_NAME in the accounting database"
     fi
+    # The GPU-shaped partitions allow the example sites' accounts and QOS only: create them, with root a
+    # member of both accounts (without an association Slurm swaps a job's account for the user's default,
+    # root, which AllowAccounts then refuses). slurmctld resolves AllowQos names in the database.
+    if ! sacctmgr -n -P show qos format=name | grep -qx high; then
+        sacctmgr -i add qos high >/dev/null
+        log "created QOS high in the accounting database"
+    fi
+    local account
+    for account in proj-rlhf rl-team; do
+        if ! sacctmgr -n -P show assoc cluster="$CLUSTER_NAME" user=root account="$account" format=account | grep -qx "$account"; then
+            sacctmgr -i add account "$account" cluster="$CLUSTER_NAME" >/dev/null 2>&1 || true # may exist already
+            sacctmgr -i add user root account="$account" cluster="$CLUSTER_NAME" >/dev/null
+            log "created account $account (user root) in the accounting database"
+        fi
+    done
 }
 
 start_accounting() {
@@ -366,7 +446,7 @@ start_slurm() {
         slurmctld 9>&-
         log "started slurmctld"
     fi
-    for node in "${NODES[@]}"; do
+    for node in "${NODES[@]}" "${GPU_NODES[@]}"; do
         mkdir -p "$STATE_DIR/slurmd-$node"
         if ! is_running "$RUN_DIR/slurmd-$node.pid" slurmd; then
             slurmd -N "$node" 9>&-
@@ -377,19 +457,20 @@ start_slurm() {
 
 stop_slurm() {
     local node
-    for node in "${NODES[@]}"; do
+    for node in "${NODES[@]}" "${GPU_NODES[@]}"; do
         stop_pidfile "$RUN_DIR/slurmd-$node.pid" slurmd "slurmd $node"
     done
     stop_pidfile "$CTLD_PIDFILE" slurmctld slurmctld
 }
 
-# Short node states from sinfo, one "name state" per line ("idle", "alloc", "mix", "idle*", "down"...).
-node_states() { sinfo -h -N -p "$PARTITION" -o '%N %t'; }
+# Short node states from sinfo, one "name state" per line ("idle", "alloc", "mix", "idle*", "down"...),
+# for the nodes of every partition.
+node_states() { sinfo -h -N -o '%N %t' | sort -u; }
 
 nodes_ready() {
     local states node st
     states=$(node_states 2>/dev/null) || return 1
-    for node in "${NODES[@]}"; do
+    for node in "${NODES[@]}" "${GPU_NODES[@]}"; do
         st=$(awk -v n="$node" '$1 == n {print $2}' <<<"$states")
         case $st in idle | alloc | mix | comp) ;; *) return 1 ;; esac
     done
@@ -399,7 +480,8 @@ resume_stuck_nodes() {
     # A node left drained/down by an earlier run (e.g. killed mid-job) would never become idle.
     local node st
     while read -r node st; do
-        case $st in drain | drng | down | fail | failg)
+        # inval: a node whose GRES its slurmd reported short (e.g. started before the fake devices existed).
+        case $st in drain | drng | down | fail | failg | inval)
             scontrol update NodeName="$node" State=RESUME 2>/dev/null && log "resumed node $node (was $st)"
             ;;
         esac
@@ -424,7 +506,7 @@ wait_ready() {
 
 summary() {
     printf 'Slurm dev cluster "%s" (state in %s, config %s)\n' "$CLUSTER_NAME" "$STATE_DIR" "$SLURM_CONF_PATH"
-    sinfo -N -p "$PARTITION" -o '%10N %10P %8t %5c %10m' 2>/dev/null || true
+    sinfo -N -o '%10N %10P %8t %5c %10m %8f %G' 2>/dev/null || true
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -475,7 +557,7 @@ cmd_status() {
     report mariadb "$DB_PIDFILE" mariadbd
     report slurmdbd "$DBD_PIDFILE" slurmdbd
     report slurmctld "$CTLD_PIDFILE" slurmctld
-    for node in "${NODES[@]}"; do
+    for node in "${NODES[@]}" "${GPU_NODES[@]}"; do
         report "slurmd $node" "$RUN_DIR/slurmd-$node.pid" slurmd
     done
     if nodes_ready; then printf '  %-12s ready\n' nodes; else

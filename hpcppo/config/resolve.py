@@ -59,7 +59,7 @@ def _layout(site: Site, exp: Experiment) -> tuple[int, int, int, str]:
         if res.procs_per_node not in (0, gpus):
             raise ResolveError(f"resources.procs_per_node={res.procs_per_node}: on GPU site {site.name!r} there is one "
                                f"rank per GPU ({gpus}); leave procs_per_node = 0 and set resources.gpus_per_node")
-        return res.nodes, gpus, gpus, "cuda"
+        return res.nodes, gpus, gpus, site.device  # "cpu" where slurm.compute_device = "cpu"
     if site.scheduler == "local":
         ranks = res.procs_per_node or site.local.procs_per_node
     else:

@@ -80,6 +80,11 @@ class SlurmSection:
                            help="How GPUs are requested: --gpus-per-node=N or --gres=<gres_name>:N.")
     gres_name: str = opt("gpu", pattern=r"[A-Za-z0-9_:.-]+",
                          help="GRES name when gpu_request = \"gres\" (e.g. \"gpu\" or \"gpu:h100\").")
+    compute_device: str = opt(
+        "auto", choices=("auto", "cpu"),
+        help="What the ranks compute on: auto = CUDA with NCCL when gpus_per_node > 0, else CPU with gloo; cpu = CPU "
+             "ranks over gloo although the job requests GPUs like a GPU site (a dev cluster whose GPUs are fake "
+             "devices: the GPU sites' job shape and srun line, no GPU underneath).")
     cpus_per_task: int = opt(1, ge=1, help="CPU cores per rank (--cpus-per-task).")
     mem_per_task: str = opt("", check=_check_mem,
                             help="Memory per rank, Slurm size (e.g. \"120G\"); \"\" = the partition default.")
@@ -198,6 +203,14 @@ class Site:
     def gpus_per_node(self) -> int:
         """GPUs per node for this site's scheduler (0 = CPU site)."""
         return self.slurm.gpus_per_node if self.scheduler == "slurm" else self.local.gpus_per_node
+
+    @property
+    def device(self) -> str:
+        """What the ranks compute on: "cuda" on a GPU site, "cpu" on a CPU site or where
+        ``slurm.compute_device = "cpu"`` (GPUs requested, CPU compute)."""
+        if self.gpus_per_node == 0 or (self.scheduler == "slurm" and self.slurm.compute_device == "cpu"):
+            return "cpu"
+        return "cuda"
 
     @property
     def max_time(self) -> str:

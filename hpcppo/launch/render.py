@@ -93,7 +93,7 @@ def slurm_directives(site: Site, exp: Experiment, plan: RunPlan, run_dir: Path) 
         "chdir": str(run_dir),
         "signal": f"USR2@{s.signal_lead_s}",
     }
-    if plan.device == "cuda":
+    if plan.gpus_per_node:  # also with site.slurm.compute_device = "cpu": the GPU sites' request, CPU compute
         if s.gpu_request == "gres":
             d["gres"] = f"{s.gres_name}:{plan.ranks_per_node}"
         else:
