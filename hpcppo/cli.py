@@ -324,6 +324,25 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return _damage_code([s["damaged"] for s in result["summaries"]])
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from hpcppo import config
+    from hpcppo.planning import report
+    from hpcppo.planning.estimate import estimate
+
+    # Not refused here when it does not fit: the table shows what is over, compile refuses.
+    compiled = config.compile_config(Path(args.spec), args.site, args.override, check_paths=False, check_memory=False)
+    budget = estimate(compiled.site, compiled.experiment, compiled.plan)
+    if args.json:
+        print(json.dumps(report.as_json(budget, site=compiled.site.name, spec=args.spec), indent=2, allow_nan=False))
+    else:
+        from rich.console import Console
+
+        console = Console(width=max(120, Console().width))
+        for part in report.render(budget, site=compiled.site.name, spec=args.spec):
+            console.print(part)
+    return 0
+
+
 def cmd_config_show(args: argparse.Namespace) -> int:
     from hpcppo import config
 
@@ -494,6 +513,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="stop before submitting")
     p.add_argument("--no-wait", dest="wait", action="store_false", help="return after submitting")
     p.set_defaults(func=cmd_preflight, wait=True)
+
+    p = sub.add_parser("plan", help="per-GPU memory budget and step-time / GPU-hour estimate of a spec on a site, "
+                                    "each constant with its source (docs/plan.md)")
+    p.add_argument("spec", help="experiment spec (TOML)")
+    p.add_argument("--site", default=DEFAULT_SITE, help=f"site profile name or path (default: {DEFAULT_SITE})")
+    p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. -o actor.fsdp.param_offload=true (repeatable)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("status", help="list runs, or one run in detail")
     p.add_argument("run", nargs="?", help="run id")

@@ -73,12 +73,14 @@ def check_experiment_paths(experiment: Experiment) -> None:
 
 
 def compile_config(spec: str | os.PathLike[str], site: str | os.PathLike[str] = "local",
-                   overrides: Iterable[str] = (), *, check_paths: bool = True, cwd: Path | None = None) -> Compiled:
+                   overrides: Iterable[str] = (), *, check_paths: bool = True, cwd: Path | None = None,
+                   check_memory: bool = True) -> Compiled:
     """Load the site (name or path) and the spec, apply ``-o key=value`` overrides, resolve the plan.
 
     ``check_paths=False`` skips the existence check of model and data paths (for ``config show`` on a
     login node where they exist only on the cluster); submission keeps it on. Relative paths in
-    overrides are relative to ``cwd`` (default: the current directory).
+    overrides are relative to ``cwd`` (default: the current directory). ``check_memory`` refuses a colocation
+    that cannot fit a GPU of the site (hpcppo.planning.check_colocation; ``hpcppo plan`` shows the budget).
     """
     spec_path = Path(spec)
     try:
@@ -96,6 +98,10 @@ def compile_config(spec: str | os.PathLike[str], site: str | os.PathLike[str] = 
         check_experiment_data(experiment)  # schema, data sources, reward_fn, prompt lengths, rows per batch
     check_rule_metrics(experiment.watchdog, file=str(spec_path))
     plan = resolve(site_obj, experiment)
+    if check_memory:
+        from hpcppo.planning import check_colocation
+
+        check_colocation(site_obj, experiment, plan)
     job = JobSection(kind="train", collective_timeout_s=experiment.trainer.collective_timeout_s)
     return Compiled(site=site_obj, experiment=experiment, plan=plan, provenance=_merge_prov(exp_prov, site_prov),
                     job=job, spec_path=str(spec_path.resolve()), site_path=str(Path(site_file).resolve()),

@@ -1,0 +1,446 @@
+"""Per-GPU memory budget and step-time estimate of a colocated run, from the compiled config alone (no torch).
+
+The arithmetic follows what the trainer does (hpcppo/train/build.py, hpcppo/distributed/fsdp.py,
+hpcppo/train/optim.py, hpcppo/models.py):
+
+* actor, critic and reference are loaded in float32 and FSDP2-sharded over the mesh's ``shard`` dimension (all ranks,
+  or the ranks of a node with HSDP); ``param_dtype`` (model.dtype unless set) is only the compute dtype of gathered
+  layers. Per parameter and shard: 4 B master weights, 4 B gradients (FSDP2 keeps sharded grads in the parameter's
+  dtype; ``zero_grad(set_to_none=True)`` frees them after each optimizer step), 8 B for AdamW's two moments: the
+  16 B/param of the ZeRO paper's mixed-precision Adam, with a different split.
+* ``param_offload``: shards, gradients and optimizer state live on the host (FSDP2's CPUOffloadPolicy); only gathered
+  layers are on the GPU. ``optimizer_offload``: the moments are on the host between updates and come back before the
+  update's first optimizer step (OptimizerStateOffload). ``reference.offload``: the reference's shards on the host.
+* Gathered while a model computes: FSDP's root unit (embeddings, LM head, final norm) for the whole forward/backward,
+  the running and the prefetched layer, and in backward one layer's unsharded gradients.
+* Activations: one micro-batch of ``max_prompt_length + max_response_length`` tokens; the log-prob path materialises
+  ``[micro, response + 1, vocab]`` logits in the compute dtype, a float32 copy and float32 temporaries (logsumexp, and
+  the entropy's softmax in the update), which is usually the peak.
+* vLLM takes ``gpu_memory_utilization`` x the device memory while awake (a per-instance limit); its weights (model.dtype,
+  split over tensor parallelism) and profiling activations come out of that share and the rest is KV cache. With
+  ``rollout.free_cache_engine`` the engine sleeps (level 2) during the update and frees its share.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpcppo.config.experiment import Experiment, FsdpSection
+from hpcppo.config.plan import RunPlan
+from hpcppo.config.site import Site
+from hpcppo.planning.catalog import ASSUMPTIONS, GIB, GPUS, KNOWN_MODELS, Constant, GpuSpec, ModelShape
+
+__all__ = ["Item", "Phase", "Budget", "model_shape", "estimate", "dtype_bytes"]
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+MASTER_BYTES = 4  # build.py loads every model in float32; FSDP's param_dtype is only the compute dtype
+ADAM_BYTES = 8  # exp_avg + exp_avg_sq, float32 like the master weights
+
+
+def dtype_bytes(name: str) -> int:
+    return _DTYPE_BYTES[name]
+
+
+@dataclass
+class Item:
+    """One block of GPU memory."""
+
+    what: str
+    bytes: int
+
+
+@dataclass
+class Phase:
+    """What is on one GPU at the peak of one phase of a step."""
+
+    name: str
+    items: list[Item]
+
+    @property
+    def total(self) -> int:
+        return sum(i.bytes for i in self.items)
+
+
+@dataclass
+class Budget:
+    """The planner's result. ``problems`` are reasons the run cannot fit (``compile`` refuses on the first);
+    ``warnings`` are worth reading but do not stop it."""
+
+    model: ModelShape | None
+    model_note: str
+    gpu: GpuSpec | None
+    world_size: int
+    shard_size: int
+    phases: list[Phase] = field(default_factory=list)
+    kv: dict[str, Any] = field(default_factory=dict)
+    time: dict[str, float] = field(default_factory=dict)
+    constants: list[Constant] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def peak(self) -> Phase | None:
+        return max(self.phases, key=lambda p: p.total) if self.phases else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": asdict(self.model) | {"params": self.model.params} if self.model else None,
+            "model_note": self.model_note,
+            "gpu": self.gpu.kind if self.gpu else None,
+            "gpu_memory_bytes": self.gpu.memory_bytes if self.gpu else None,
+            "world_size": self.world_size,
+            "shard_size": self.shard_size,
+            "phases": [{"name": p.name, "total_bytes": p.total, "items": [asdict(i) for i in p.items]}
+                       for p in self.phases],
+            "peak_phase": self.peak.name if self.peak else None,
+            "kv_cache": self.kv,
+            "time": self.time,
+            "constants": [asdict(c) for c in self.constants],
+            "problems": self.problems,
+            "warnings": self.warnings,
+        }
+
+
+# ------------------------------------------------------------------------------------------------ model shape
+def _from_config_json(path: Path) -> ModelShape:
+    cfg = json.loads(path.read_text())
+    cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
+    heads = int(cfg["num_attention_heads"])
+    return ModelShape(
+        name=path.parent.name, hidden=int(cfg["hidden_size"]), layers=int(cfg["num_hidden_layers"]), heads=heads,
+        kv_heads=int(cfg.get("num_key_value_heads") or heads), intermediate=int(cfg["intermediate_size"]),
+        vocab=int(cfg["vocab_size"]), tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        head_dim=int(cfg.get("head_dim") or 0),
+        attention_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")), source=str(path))
+
+
+def _known(name: str) -> ModelShape | None:
+    key = name.lower()
+    for suffix in ("-instruct", "-chat", "-base"):
+        key = key.removesuffix(suffix)
+    return KNOWN_MODELS.get(key)
+
+
+def model_shape(path: str) -> tuple[ModelShape | None, str]:
+    """The shape of the model at ``path``: its config.json when it is here, else the known architecture its
+    directory (or hub) name names. ``(None, why)`` when neither."""
+    config = Path(path) / "config.json"
+    try:
+        if config.is_file():
+            return _from_config_json(config), f"from {config}"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return None, f"{config} is not a usable decoder config ({type(exc).__name__}: {exc})"
+    shape = _known(os.path.basename(os.path.normpath(path)))
+    if shape is not None:
+        return shape, f"{shape.name} from the known table ({shape.source}); {config} is not here"
+    known = ", ".join(m.name for m in KNOWN_MODELS.values())
+    return None, f"no {config} here and {os.path.basename(path)!r} is not a known architecture ({known})"
+
+
+# ------------------------------------------------------------------------------------------------ memory
+@dataclass
+class _Trained:
+    """GPU bytes of one trained model (actor or critic) on one rank."""
+
+    params: int
+    grads: int
+    optim: int
+    optim_between_updates: int  # 0 when optimizer_offload keeps the moments on the host between updates
+
+
+def _trained(n: int, shard: int, fsdp: FsdpSection) -> _Trained:
+    if fsdp.param_offload:
+        return _Trained(0, 0, 0, 0)
+    params, grads, optim = (math.ceil(n * b / shard) for b in (MASTER_BYTES, MASTER_BYTES, ADAM_BYTES))
+    return _Trained(params, grads, optim, 0 if fsdp.optimizer_offload else optim)
+
+
+def _gathered(m: ModelShape, n_layer_params: int, pbytes: int, rbytes: int, *, reshard: bool, backward: bool) -> int:
+    layers = 2 if reshard else m.layers  # running + prefetched, or all of them kept from forward to backward
+    out = m.root_params * pbytes + layers * n_layer_params * pbytes
+    if backward:
+        out += n_layer_params * (pbytes + rbytes)  # one layer's unsharded grads, and their reduce-dtype copy
+    return out
+
+
+def _layer_acts(m: ModelShape, tokens: int, abytes: int, *, checkpointing: bool) -> int:
+    one = tokens * m.activation_elems_per_token_layer() * abytes
+    if checkpointing:
+        return m.layers * tokens * m.hidden * abytes + one  # layer inputs + one layer recomputed in backward
+    return m.layers * one
+
+
+def _logits(m: ModelShape, micro: int, response: int, abytes: int, *, update: bool) -> int:
+    # compute-dtype logits, a float32 copy, a float32 logsumexp temporary; the update also takes the entropy,
+    # whose softmax (float32) is kept for backward (hpcppo/models.py forward_log_probs, algos/losses.py).
+    per = abytes + 8 + (4 if update else 0)
+    return micro * (response + 1) * m.vocab * per
+
+
+def _gib(b: float) -> str:
+    return f"{b / GIB:.1f} GiB"
+
+
+def estimate(site: Site, exp: Experiment, plan: RunPlan) -> Budget:
+    """The memory budget per GPU and the time estimate of one step. Never raises for a model it cannot size:
+    the budget then has no phases and says why in ``model_note``."""
+    gpu = GPUS.get(site.gpu) if site.gpu else None
+    shard = plan.mesh_shape[-1]
+    shape, note = model_shape(exp.model.path)
+    budget = Budget(model=shape, model_note=note, gpu=gpu, world_size=plan.world_size, shard_size=shard)
+    if gpu is not None:
+        budget.constants.extend(gpu.constants())
+    budget.constants.extend(ASSUMPTIONS.values())
+    if shape is None:
+        return budget
+    critic_shape = shape
+    if exp.model.critic_path and plan.needs_critic:
+        critic_shape = model_shape(exp.model.critic_path)[0] or shape
+    _memory(budget, exp, plan, shape, critic_shape)
+    if gpu is not None:
+        _judge(budget, exp, plan)
+        _time(budget, exp, plan, shape, critic_shape, gpu)
+    return budget
+
+
+def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape) -> None:
+    gpu, shard = budget.gpu, budget.shard_size
+    ro, data = exp.rollout, exp.data
+    L, R = plan.max_sequence_length, data.max_response_length
+    mbytes = dtype_bytes(exp.model.dtype)
+    pbytes, rbytes = dtype_bytes(plan.actor_param_dtype), dtype_bytes(exp.actor.fsdp.reduce_dtype)
+    cpbytes, crbytes = dtype_bytes(plan.critic_param_dtype), dtype_bytes(exp.critic.fsdp.reduce_dtype)
+    ckpt = exp.model.gradient_checkpointing
+    reserve = int(ASSUMPTIONS["framework reserve"].value * GIB)
+
+    actor = _trained(m.params, shard, exp.actor.fsdp)
+    critic = _trained(cm.critic_params, shard, exp.critic.fsdp) if plan.needs_critic else _Trained(0, 0, 0, 0)
+    ref = 0 if (not plan.needs_reference or exp.reference.offload) else math.ceil(m.params * MASTER_BYTES / shard)
+
+    vllm_share = 0
+    vllm_asleep = 0
+    if ro.engine == "vllm" and gpu is not None:
+        vllm_share = int(ro.gpu_memory_utilization * gpu.memory_bytes)
+        graphs = 0 if ro.enforce_eager else int(ASSUMPTIONS["vLLM CUDA graphs"].value * GIB)
+        vllm_asleep = graphs if ro.free_cache_engine else vllm_share
+        _kv_cache(budget, exp, plan, m, vllm_share, graphs, mbytes)
+
+    def resident(skip: str = "") -> list[Item]:
+        items = [Item("framework reserve (CUDA context, NCCL)", reserve)]
+        if actor.params and skip != "actor":
+            items.append(Item("actor params (fp32 shard)", actor.params))
+        if actor.optim_between_updates and skip != "actor":
+            items.append(Item("actor AdamW moments (fp32 shard)", actor.optim_between_updates))
+        if critic.params and skip != "critic":
+            items.append(Item("critic params (fp32 shard)", critic.params))
+        if critic.optim_between_updates and skip != "critic":
+            items.append(Item("critic AdamW moments (fp32 shard)", critic.optim_between_updates))
+        if ref:
+            items.append(Item("reference params (fp32 shard)", ref))
+        return items
+
+    phases = []
+    if ro.engine == "vllm":
+        phases.append(Phase("rollout (vLLM awake)", resident() + [Item("vLLM share (gpu_memory_utilization)", vllm_share)]))
+    else:
+        hf_cache = plan.prompts_per_rank * ro.n * L * m.kv_bytes_per_token(mbytes)
+        phases.append(Phase("rollout (hf generate)", resident() + [
+            Item("gathered layers (compute dtype)", _gathered(m, m.layer_params, pbytes, rbytes, reshard=True, backward=False)),
+            Item("KV cache of the batch", hf_cache)]))
+    asleep = [Item("vLLM while asleep" if ro.free_cache_engine else "vLLM share (no sleep mode)", vllm_asleep)] \
+        if vllm_asleep else []
+
+    lm = plan.logprob_micro_batch_per_rank
+    fwd = resident() + asleep + [
+        Item("gathered layers (compute dtype)", _gathered(m, m.layer_params, pbytes, rbytes, reshard=True, backward=False)),
+        # Without autograd nothing is kept across layers: the MLP's gate, up and product, plus the residual stream.
+        Item(f"one layer's working set ({lm} x {L} tokens)", lm * L * (2 * m.hidden + 3 * m.intermediate) * pbytes),
+        Item(f"log-prob logits ({lm} x {R + 1} x {m.vocab})", _logits(m, lm, R, pbytes, update=False))]
+    phases.append(Phase("old log-probs / reference / values", fwd))
+
+    am = plan.actor_micro_batch_per_rank
+    optimizer_steps = plan.actor_optimizer_steps_per_step
+    # With optimizer_offload the moments come back before the first optimizer step and stay for the update's later
+    # mini-batches; with a single optimizer step they are never beside the activations.
+    actor_optim_with_acts = actor.optim if (actor.optim_between_updates or optimizer_steps > 1) else 0
+    update = resident(skip="actor") + asleep + [
+        Item("actor params (fp32 shard)", actor.params), Item("actor grads (fp32 shard)", actor.grads),
+        Item("actor AdamW moments (fp32 shard)", actor_optim_with_acts),
+        Item("gathered layers + one layer's grads",
+             _gathered(m, m.layer_params, pbytes, rbytes, reshard=exp.actor.fsdp.reshard_after_forward, backward=True)),
+        Item(f"activations ({am} x {L} tokens{', checkpointed' if ckpt else ''})",
+             _layer_acts(m, am * L, pbytes, checkpointing=ckpt)),
+        Item(f"policy logits + entropy ({am} x {R + 1} x {m.vocab})", _logits(m, am, R, pbytes, update=True))]
+    phases.append(Phase("actor update", [i for i in update if i.bytes]))
+
+    if plan.needs_critic:
+        cmb = plan.critic_micro_batch_per_rank
+        c_optim = critic.optim if (critic.optim_between_updates or plan.critic_ppo_epochs * plan.mini_batches_per_epoch_critic > 1) else 0
+        cupdate = resident(skip="critic") + asleep + [
+            Item("critic params (fp32 shard)", critic.params), Item("critic grads (fp32 shard)", critic.grads),
+            Item("critic AdamW moments (fp32 shard)", c_optim),
+            Item("gathered layers + one layer's grads", _gathered(cm, cm.layer_params, cpbytes, crbytes,
+                                                                 reshard=exp.critic.fsdp.reshard_after_forward,
+                                                                 backward=True)),
+            Item(f"activations ({cmb} x {L} tokens{', checkpointed' if ckpt else ''})",
+                 _layer_acts(cm, cmb * L, cpbytes, checkpointing=ckpt))]
+        phases.append(Phase("critic update", [i for i in cupdate if i.bytes]))
+    budget.phases = [Phase(p.name, [i for i in p.items if i.bytes]) for p in phases]
+
+
+def _kv_cache(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, share: int, graphs: int,
+              mbytes: int) -> None:
+    tp = plan.tensor_parallel_size
+    weights = math.ceil(m.params * mbytes / tp)
+    batched = int(ASSUMPTIONS["vLLM batched tokens"].value)
+    profile = batched * m.activation_elems_per_token_layer() * mbytes // tp + 256 * m.vocab * 4
+    kv_bytes = share - weights - profile - graphs
+    kv_heads_per_gpu = max(1, m.kv_heads // tp)  # vLLM replicates KV heads when tp > kv_heads
+    per_token = 2 * m.layers * kv_heads_per_gpu * m.hd * mbytes
+    max_len = plan.max_sequence_length
+    seqs = plan.prompts_per_rank * exp.rollout.n
+    tokens = max(0, kv_bytes) // per_token
+    concurrent = min(seqs, tokens // max_len)
+    budget.kv = {
+        "vllm_share_bytes": share, "weights_bytes": weights, "profile_activation_bytes": profile,
+        "cuda_graphs_bytes": graphs, "kv_cache_bytes": kv_bytes, "kv_bytes_per_token_per_gpu": per_token,
+        "kv_bytes_per_token_model": m.kv_bytes_per_token(mbytes), "kv_tokens": tokens, "max_model_len": max_len,
+        "sequences_per_engine": seqs, "concurrent_sequences": concurrent,
+        "waves": math.ceil(seqs / concurrent) if concurrent else 0,
+    }
+
+
+# ------------------------------------------------------------------------------------------------ judgement
+def _fixes(exp: Experiment, plan: RunPlan, phase: str) -> list[str]:
+    a, ro = exp.actor, exp.rollout
+    out: list[str] = []
+    if phase.startswith("rollout") and ro.engine == "vllm":
+        out.append(f"lower rollout.gpu_memory_utilization (now {ro.gpu_memory_utilization})")
+    if not a.fsdp.optimizer_offload and not a.fsdp.param_offload:
+        out.append("actor.fsdp.optimizer_offload = true")
+    if not a.fsdp.param_offload:
+        out.append("actor.fsdp.param_offload = true")
+    if plan.needs_reference and not exp.reference.offload:
+        out.append("reference.offload = true")
+    if phase == "actor update":
+        if not exp.model.gradient_checkpointing:
+            out.append("model.gradient_checkpointing = true")
+        if plan.actor_micro_batch_per_rank > 1:
+            out.append(f"a smaller actor.ppo_micro_batch_size_per_gpu (now {plan.actor_micro_batch_per_rank})")
+    if phase == "critic update" and not exp.critic.fsdp.param_offload:
+        out.append("critic.fsdp.param_offload = true")
+    if phase.startswith("old log-probs") and plan.logprob_micro_batch_per_rank > 1:
+        out.append(f"a smaller rollout.micro_batch_size_per_gpu (now {plan.logprob_micro_batch_per_rank})")
+    if not phase.startswith("rollout") and ro.engine == "vllm" and not ro.free_cache_engine:
+        out.append("rollout.free_cache_engine = true (vLLM sleeps during the update)")
+    out.append(f"more GPUs (resources.nodes, now {plan.nodes}) to shard over")
+    return out
+
+
+def _judge(budget: Budget, exp: Experiment, plan: RunPlan) -> None:
+    gpu = budget.gpu
+    assert gpu is not None
+    for phase in budget.phases:
+        over = phase.total - gpu.memory_bytes
+        if over > 0:
+            big = sorted(phase.items, key=lambda i: -i.bytes)[:3]
+            budget.problems.append(
+                f"{phase.name} needs {_gib(phase.total)} per GPU, {_gib(over)} over the {gpu.kind}'s "
+                f"{_gib(gpu.memory_bytes)} (largest: {', '.join(f'{i.what} {_gib(i.bytes)}' for i in big)}); "
+                f"change: {'; or '.join(_fixes(exp, plan, phase.name))}")
+    kv = budget.kv
+    if kv:
+        if kv["kv_tokens"] < kv["max_model_len"]:
+            budget.problems.append(
+                f"vLLM's share ({_gib(kv['vllm_share_bytes'])} = rollout.gpu_memory_utilization "
+                f"{exp.rollout.gpu_memory_utilization} x {_gib(gpu.memory_bytes)}) leaves {_gib(max(0, kv['kv_cache_bytes']))}"
+                f" of KV cache after {_gib(kv['weights_bytes'])} of weights: {kv['kv_tokens']} tokens, fewer than one "
+                f"sequence of max_model_len {kv['max_model_len']}; change: raise rollout.gpu_memory_utilization, or "
+                f"rollout.tensor_parallel_size (now {plan.tensor_parallel_size}), or shorten data.max_response_length")
+        elif kv["concurrent_sequences"] < kv["sequences_per_engine"]:
+            budget.warnings.append(
+                f"vLLM's KV cache holds {kv['concurrent_sequences']} of the {kv['sequences_per_engine']} sequences per "
+                f"engine at max_model_len {kv['max_model_len']}: generation runs in {kv['waves']} waves (raise "
+                f"rollout.gpu_memory_utilization or rollout.tensor_parallel_size for fewer)")
+
+
+# ------------------------------------------------------------------------------------------------ time
+def _time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape, gpu: GpuSpec) -> None:
+    A = {k: c.value for k, c in ASSUMPTIONS.items()}
+    P, R, L = exp.data.max_prompt_length, exp.data.max_response_length, plan.max_sequence_length
+    tp, world, shard = plan.tensor_parallel_size, plan.world_size, budget.shard_size
+    mbytes = dtype_bytes(exp.model.dtype)
+    peak = gpu.bf16_flops if mbytes == 2 else gpu.bf16_flops / 16  # fp32 without TF32 tensor cores: ~1/16
+    t: dict[str, float] = {}
+
+    # Generation, per engine (one TP group), worst case: every response runs to max_response_length.
+    seqs = plan.prompts_per_rank * exp.rollout.n
+    waves = max(1, budget.kv.get("waves", 1) or 1)
+    per_wave = seqs / waves
+    kv_tok = budget.kv.get("kv_bytes_per_token_per_gpu") or m.kv_bytes_per_token(mbytes) / tp
+    weights_gpu = m.params * mbytes / tp
+    step_bytes = weights_gpu + per_wave * (P + R / 2) * kv_tok  # weights + the KV cache read once per decode step
+    t["decode_s"] = waves * R * step_bytes / (gpu.hbm_bytes_s * A["decode bandwidth use"])
+    t["prefill_s"] = 2 * m.params * seqs * P / (tp * peak * A["prefill MFU"])
+    t["generate_s"] = t["decode_s"] + t["prefill_s"]
+    t["generated_tokens_per_s"] = plan.samples_per_step * R / t["generate_s"]
+
+    # Forwards and updates at MFU; 6N per token to train (8N with activation checkpointing: one more forward).
+    tokens = plan.samples_per_step * L
+    train_factor = 8 if exp.model.gradient_checkpointing else 6
+    flops = 2 * m.params * tokens  # old log-probs
+    if plan.needs_reference:
+        flops += 2 * m.params * tokens
+    if plan.needs_critic:
+        flops += 2 * cm.critic_params * tokens + train_factor * cm.critic_params * tokens * plan.critic_ppo_epochs
+    flops += train_factor * m.params * tokens * plan.actor_ppo_epochs
+    t["update_flops"] = flops
+    t["forward_and_update_s"] = flops / (world * peak * A["train MFU"])
+
+    # Weight sync: every rank all-gathers the actor in the engine dtype over the FSDP shard group.
+    link = gpu.nvlink_bytes_s if (plan.hsdp or plan.nodes == 1) else gpu.network_bytes_s
+    sync_bytes = m.params * mbytes
+    t["weight_sync_bytes"] = sync_bytes
+    t["weight_sync_s"] = sync_bytes * (shard - 1) / shard / (link * A["collective efficiency"]) if exp.rollout.engine == "vllm" else 0.0
+
+    # Host <-> device traffic of the offloads, over each GPU's PCIe link.
+    pcie = gpu.pcie_bytes_s
+    host = 0.0
+    for fsdp, n, micro_batches in (
+            (exp.actor.fsdp, m.params, plan.actor_ppo_epochs * plan.samples_per_rank / plan.actor_micro_batch_per_rank),
+            (exp.critic.fsdp, cm.critic_params,
+             plan.critic_ppo_epochs * plan.samples_per_rank / max(1, plan.critic_micro_batch_per_rank))):
+        if fsdp is exp.critic.fsdp and not plan.needs_critic:
+            continue
+        shard_bytes = n * MASTER_BYTES / shard
+        if fsdp.param_offload:  # shards up for forward and for backward, gradients down, per micro-batch
+            host += micro_batches * 3 * shard_bytes
+        elif fsdp.optimizer_offload:
+            host += 2 * n * ADAM_BYTES / shard
+    if plan.needs_reference and exp.reference.offload:
+        host += math.ceil(plan.samples_per_rank / plan.logprob_micro_batch_per_rank) * m.params * MASTER_BYTES / shard
+    t["offload_bytes_per_gpu"] = host
+    t["offload_s"] = host / pcie
+    t["step_s"] = t["generate_s"] + t["forward_and_update_s"] + t["weight_sync_s"] + t["offload_s"]
+
+    # A checkpoint: fp32 weights and AdamW moments of actor and critic, written once (DCP deduplicates replicas).
+    state = 12 * m.params + (12 * cm.critic_params if plan.needs_critic else 0)
+    t["checkpoint_bytes"] = state
+    t["checkpoint_s"] = state / (plan.nodes * A["checkpoint write per node"] * 1e9)
+    if plan.total_steps:
+        t["total_steps"] = plan.total_steps
+        t["gpu_hours"] = plan.total_steps * t["step_s"] * world / 3600
+    t["gpu_hours_per_100_steps"] = 100 * t["step_s"] * world / 3600
+    budget.time = t
+    lead = plan.signal_lead_s
+    if lead and exp.checkpoint.save_on_preempt and lead < t["step_s"] + t["checkpoint_s"]:
+        budget.warnings.append(
+            f"slurm.signal_lead_s = {lead} s is shorter than an estimated step + checkpoint "
+            f"({t['step_s']:.0f} s + {t['checkpoint_s']:.0f} s): the USR2 checkpoint may not finish before the time "
+            f"limit and the job would end in TIMEOUT, which Slurm does not requeue; raise it to at least "
+            f"{math.ceil(1.5 * (t['step_s'] + t['checkpoint_s']))} (-o site.slurm.signal_lead_s=...)")

@@ -1,0 +1,110 @@
+"""A :class:`~hpcppo.planning.estimate.Budget` as rich tables (``hpcppo plan``) or as JSON (``--json``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hpcppo.planning.catalog import GIB
+from hpcppo.planning.estimate import Budget
+
+__all__ = ["render", "as_json"]
+
+
+def _gib(b: float) -> str:
+    return f"{b / GIB:,.1f}"
+
+
+def _duration(s: float) -> str:
+    if s < 120:
+        return f"{s:,.1f} s"
+    if s < 7200:
+        return f"{s / 60:,.1f} min"
+    return f"{s / 3600:,.1f} h"
+
+
+def as_json(budget: Budget, *, site: str, spec: str) -> dict[str, Any]:
+    return {"site": site, "spec": spec, **budget.to_dict()}
+
+
+def render(budget: Budget, *, site: str, spec: str) -> list[Any]:
+    """Renderables for a rich Console, top to bottom: memory per phase, KV cache, time, constants, verdict."""
+    from rich.table import Table
+    from rich.text import Text
+
+    out: list[Any] = []
+    m, gpu = budget.model, budget.gpu
+    head = f"{spec} on {site}: {budget.world_size} GPUs, FSDP shards over {budget.shard_size}"
+    out.append(Text(head, style="bold"))
+    out.append(Text(f"model: {budget.model_note}" + (f"; {m.params / 1e9:.2f}B parameters" if m else "")))
+    if gpu is None:
+        out.append(Text("GPU kind unknown (the site has no `gpu` key, or it is a CPU site): memory is shown without a "
+                        "capacity, and no time is estimated", style="yellow"))
+    if m is None:
+        return out
+
+    cap = gpu.memory_bytes if gpu else None
+    for phase in budget.phases:
+        title = f"{phase.name}: {_gib(phase.total)} GiB" + (f" of {_gib(cap)} GiB" if cap else "") + " per GPU"
+        over = cap is not None and phase.total > cap
+        table = Table(title=title, title_style="bold red" if over else "bold", title_justify="left")
+        table.add_column("on each GPU")
+        table.add_column("GiB", justify="right")
+        for item in sorted(phase.items, key=lambda i: -i.bytes):
+            table.add_row(item.what, _gib(item.bytes))
+        out.append(table)
+
+    kv = budget.kv
+    if kv:
+        table = Table(title="vLLM share", title_style="bold", title_justify="left")
+        table.add_column("per GPU")
+        table.add_column("value", justify="right")
+        table.add_row("share (gpu_memory_utilization x memory)", f"{_gib(kv['vllm_share_bytes'])} GiB")
+        table.add_row("weights (model.dtype / tensor parallel)", f"{_gib(kv['weights_bytes'])} GiB")
+        table.add_row("profiling activations", f"{_gib(kv['profile_activation_bytes'])} GiB")
+        table.add_row("CUDA graphs", f"{_gib(kv['cuda_graphs_bytes'])} GiB")
+        table.add_row("KV cache", f"{_gib(max(0, kv['kv_cache_bytes']))} GiB")
+        table.add_row("KV bytes per token (model / this GPU)",
+                      f"{kv['kv_bytes_per_token_model']:,} / {kv['kv_bytes_per_token_per_gpu']:,}")
+        table.add_row("KV cache tokens", f"{kv['kv_tokens']:,}")
+        table.add_row("sequences per engine at max_model_len",
+                      f"{kv['concurrent_sequences']:,} of {kv['sequences_per_engine']:,} "
+                      f"({kv['waves']} wave{'s' if kv['waves'] != 1 else ''})")
+        out.append(table)
+
+    t = budget.time
+    if t:
+        table = Table(title="one step, worst case (every response max_response_length long)", title_style="bold",
+                      title_justify="left")
+        table.add_column("phase")
+        table.add_column("estimate", justify="right")
+        table.add_row("generation (prefill + decode)", _duration(t["generate_s"]))
+        table.add_row("  generated tokens/s (whole job)", f"{t['generated_tokens_per_s']:,.0f}")
+        table.add_row("forwards + updates at MFU", _duration(t["forward_and_update_s"]))
+        table.add_row(f"  FLOPs", f"{t['update_flops']:.3g}")
+        table.add_row(f"weight sync ({t['weight_sync_bytes'] / 1e9:,.1f} GB all-gathered)", _duration(t["weight_sync_s"]))
+        table.add_row(f"offload traffic ({t['offload_bytes_per_gpu'] / 1e9:,.1f} GB per GPU over PCIe)",
+                      _duration(t["offload_s"]))
+        table.add_row("step", _duration(t["step_s"]), style="bold")
+        table.add_row(f"checkpoint ({t['checkpoint_bytes'] / 1e9:,.0f} GB)", _duration(t["checkpoint_s"]))
+        table.add_row("GPU-hours per 100 steps", f"{t['gpu_hours_per_100_steps']:,.1f}")
+        if "gpu_hours" in t:
+            table.add_row(f"GPU-hours for {int(t['total_steps']):,} steps", f"{t['gpu_hours']:,.1f}", style="bold")
+        out.append(table)
+
+    table = Table(title="constants", title_style="bold", title_justify="left")
+    table.add_column("constant")
+    table.add_column("value", justify="right")
+    table.add_column("source", overflow="fold")
+    for c in budget.constants:
+        table.add_row(c.name, f"{c.value:g} {c.unit}", c.source)
+    out.append(table)
+
+    for problem in budget.problems:
+        out.append(Text(f"does not fit: {problem}", style="bold red"))
+    for warning in budget.warnings:
+        out.append(Text(f"warning: {warning}", style="yellow"))
+    if gpu is not None and not budget.problems:
+        peak = budget.peak
+        assert peak is not None
+        out.append(Text(f"fits: peak {_gib(peak.total)} of {_gib(gpu.memory_bytes)} GiB ({peak.name})", style="green"))
+    return out
