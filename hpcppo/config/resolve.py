@@ -85,7 +85,8 @@ def _check_time(site: Site, exp: Experiment) -> tuple[int, int]:
 def _check_rollout(site: Site, exp: Experiment, ranks_per_node: int, device: str) -> None:
     ro = exp.rollout
     if ro.engine == "vllm" and device != "cuda":
-        raise ResolveError(f"rollout.engine='vllm' needs GPUs, and site {site.name!r} has none; use rollout.engine='hf'")
+        has = "computes on the CPU (slurm.compute_device = 'cpu')" if site.gpus_per_node else "has none"
+        raise ResolveError(f"rollout.engine='vllm' needs GPUs, and site {site.name!r} {has}; use rollout.engine='hf'")
     if ro.tensor_parallel_size > 1 and ro.engine != "vllm":
         raise ResolveError(f"rollout.tensor_parallel_size={ro.tensor_parallel_size} needs rollout.engine='vllm' "
                            f"(the hf engine has no tensor parallelism); use 1")
