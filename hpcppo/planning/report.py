@@ -46,7 +46,8 @@ def render(budget: Budget, *, site: str, spec: str) -> list[Any]:
     for phase in budget.phases:
         title = f"{phase.name}: {_gib(phase.total)} GiB" + (f" of {_gib(cap)} GiB" if cap else "") + " per GPU"
         over = cap is not None and phase.total > cap
-        table = Table(title=title, title_style="bold red" if over else "bold", title_justify="left")
+        out.append(Text(title, style="bold red" if over else "bold"))
+        table = Table()
         table.add_column("on each GPU")
         table.add_column("GiB", justify="right")
         for item in sorted(phase.items, key=lambda i: -i.bytes):
@@ -55,7 +56,8 @@ def render(budget: Budget, *, site: str, spec: str) -> list[Any]:
 
     kv = budget.kv
     if kv:
-        table = Table(title="vLLM share", title_style="bold", title_justify="left")
+        out.append(Text("vLLM share", style="bold"))
+        table = Table()
         table.add_column("per GPU")
         table.add_column("value", justify="right")
         table.add_row("share (gpu_memory_utilization x memory)", f"{_gib(kv['vllm_share_bytes'])} GiB")
@@ -73,8 +75,8 @@ def render(budget: Budget, *, site: str, spec: str) -> list[Any]:
 
     t = budget.time
     if t:
-        table = Table(title="one step, worst case (every response max_response_length long)", title_style="bold",
-                      title_justify="left")
+        out.append(Text("one step, worst case (every response max_response_length long)", style="bold"))
+        table = Table()
         table.add_column("phase")
         table.add_column("estimate", justify="right")
         table.add_row("generation (prefill + decode)", _duration(t["generate_s"]))
@@ -91,7 +93,8 @@ def render(budget: Budget, *, site: str, spec: str) -> list[Any]:
             table.add_row(f"GPU-hours for {int(t['total_steps']):,} steps", f"{t['gpu_hours']:,.1f}", style="bold")
         out.append(table)
 
-    table = Table(title="constants", title_style="bold", title_justify="left")
+    out.append(Text("constants", style="bold"))
+    table = Table()
     table.add_column("constant")
     table.add_column("value", justify="right")
     table.add_column("source", overflow="fold")
