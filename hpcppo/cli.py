@@ -11,6 +11,7 @@ import argparse
 import json
 import math
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from hpcppo import __version__
 from hpcppo.errors import HpcppoError
 
 DEFAULT_SITE = "local"
+_default_showwarning = warnings.showwarning
 # The rule itself is hpcppo.config.runs_root.
 RUNS_ROOT_HELP = "directory of run directories (default: $HPCPPO_RUNS_ROOT, else the site's paths.runs_root)"
 
@@ -343,6 +345,26 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_import_verl(args: argparse.Namespace) -> int:
+    from hpcppo.config import verl_import
+
+    if args.table:
+        sys.stdout.write(verl_import.render_doc())
+        return 0
+    if args.input is None:
+        raise HpcppoError("give a verl command line or YAML file (or - for stdin), or --table")
+    stdin_text = sys.stdin.read() if args.input == "-" else None
+    imp, problem = verl_import.import_verl(args.input, Path(args.out), force=args.force, name=args.name,
+                                           stdin_text=stdin_text)
+    for line in verl_import.format_report(imp):
+        print(f"hpcppo: {line}", file=sys.stderr)
+    print(f"wrote {args.out}: {len(imp.values)} keys from verl, {len(imp.report)} settings not translated "
+          f"(listed above and at the end of the file)", file=sys.stderr)
+    if problem:  # a cross-field check the single values could not see: written anyway, to be edited
+        _err(f"{args.out} does not load yet: {problem}")
+    return 0
+
+
 def cmd_config_show(args: argparse.Namespace) -> int:
     from hpcppo import config
 
@@ -657,6 +679,16 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("key")
     q.set_defaults(func=cmd_config_explain)
 
+    p = sub.add_parser("import-verl", help="translate a verl command line (python3 -m verl.trainer.main_ppo ...) or "
+                                           "verl YAML into an exp.toml; reports every key not translated (docs/verl.md)")
+    p.add_argument("input", nargs="?", help="shell script / command line file, verl YAML file, or - for stdin")
+    p.add_argument("-o", "--out", default="exp.toml", help="experiment spec to write (default: %(default)s)")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.add_argument("--name", default=None, help="experiment name (default: trainer.experiment_name, else the input's "
+                                                "file name)")
+    p.add_argument("--table", action="store_true", help="print the verl key mapping (docs/verl.md) and exit")
+    p.set_defaults(func=cmd_import_verl)
+
     p = sub.add_parser("tools", help="project tools")
     tsub = p.add_subparsers(dest="tools_command", required=True, metavar="TOOL")
     q = tsub.add_parser("make-model", help="build the tiny offline model, tokenizer and arithmetic data (idempotent: "
@@ -675,9 +707,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warning(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
+                  line: str | None = None) -> None:
+    """verl key names accepted under their hpcppo names: one line on stderr, like the errors."""
+    from hpcppo.config.verl import VerlNameWarning
+
+    if issubclass(category, VerlNameWarning):
+        print(f"hpcppo: warning: {message}", file=sys.stderr)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    warnings.showwarning = _show_warning
     try:
         return int(args.func(args) or 0)
     except HpcppoError as exc:

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import re
 import typing
 from typing import Any
 
 import attrs
 
+from hpcppo.config import verl
 from hpcppo.config.compiled import Compiled
 from hpcppo.config.convert import is_section, section_fields, type_text
 from hpcppo.config.experiment import Experiment
@@ -92,6 +94,11 @@ def explain(key: str) -> str:
     for i, part in enumerate(parts):
         fields = section_fields(current)
         if part not in fields:
+            pointer = verl.describe(key) if not prefix else None
+            if pointer is not None:  # a verl name: say what it is here, then explain that key
+                entry = verl.lookup(key)
+                target = entry.hpcppo if entry is not None else _single_target(key)
+                return pointer + (f"\n\n{explain(target)}" if target else "")
             shown = prefix + ".".join(parts[: i + 1])
             extra = "" if prefix or i else " (site keys start with 'site.', derived ones with 'plan.')"
             raise ConfigError(f"unknown key{did_you_mean(part, fields)}; known keys here: {', '.join(fields)}{extra}",
@@ -104,6 +111,12 @@ def explain(key: str) -> str:
             current = nxt
     assert attribute is not None
     return _describe(key, attribute)
+
+
+def _single_target(key: str) -> str:
+    """The one hpcppo key a partial verl name (``actor.optim.lr``) points at, else ""."""
+    found = re.findall(r"in hpcppo this is `([^`]+)`", verl.hint(key) or "")
+    return found[0] if len(found) == 1 else ""
 
 
 def _rule_text(rule: Rule) -> str:

@@ -20,6 +20,7 @@ import getpass
 import os
 import re
 import tomllib
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ import attrs
 from hpcppo.config.convert import is_section, read_toml, section_fields, structure, type_text
 from hpcppo.config.experiment import Experiment
 from hpcppo.config.fields import FieldValueError, did_you_mean, fmt_value
+from hpcppo.config import verl
 from hpcppo.config.site import Site
 from hpcppo.errors import ConfigError, SiteNotFoundError
 
@@ -64,6 +66,25 @@ _resolve_all(Experiment)
 _resolve_all(Site)
 
 
+def _experiment_sections(cls: type = Experiment) -> set[type]:
+    out = {cls}
+    for attribute in section_fields(cls).values():
+        if is_section(attribute):
+            out |= _experiment_sections(attribute.type)
+    return out
+
+
+_EXPERIMENT_SECTIONS = _experiment_sections()
+
+
+def _unknown(key: str, dotted: str, fields: dict[str, attrs.Attribute], cls: type) -> str:
+    """The message for an unknown key: a verl name's hpcppo key first (the mapping knows what was meant), else the
+    closest key by spelling."""
+    pointer = verl.hint(dotted) if cls in _EXPERIMENT_SECTIONS else None
+    suggestion = f" ({pointer})" if pointer else did_you_mean(key, fields)
+    return f"unknown key{suggestion}; known keys here: {', '.join(fields)}"
+
+
 def lookup_field(cls: type, dotted: str, *, label: str | None = None, shown_prefix: str = "") -> attrs.Attribute:
     """The field a dotted key names, or ConfigError with did-you-mean among that section's keys."""
     parts = dotted.split(".")
@@ -72,8 +93,7 @@ def lookup_field(cls: type, dotted: str, *, label: str | None = None, shown_pref
         fields = section_fields(current)
         if part not in fields:
             where = shown_prefix + ".".join(parts[: i + 1])
-            raise ConfigError(f"unknown key{did_you_mean(part, fields)}; known keys here: {', '.join(fields)}",
-                              file=label, key=where)
+            raise ConfigError(_unknown(part, dotted if cls is Experiment else "", fields, cls), file=label, key=where)
         attribute = fields[part]
         if i < len(parts) - 1:
             if not is_section(attribute):
@@ -139,8 +159,7 @@ def _merge(cls: type, base: dict[str, Any], layer: Layer, data: dict[str, Any], 
         dotted = prefix + key
         shown = shown_prefix + dotted
         if key not in fields:
-            raise ConfigError(f"unknown key{did_you_mean(key, fields)}; known keys here: {', '.join(fields)}",
-                              file=layer.label, key=shown)
+            raise ConfigError(_unknown(key, dotted, fields, cls), file=layer.label, key=shown)
         attribute = fields[key]
         if is_section(attribute):
             if not isinstance(value, dict):
@@ -235,7 +254,19 @@ def parse_overrides(overrides: Iterable[str]) -> tuple[dict[str, Any], dict[str,
             attribute = lookup_field(Site, bare, label=OVERRIDE_LABEL, shown_prefix=SITE_PREFIX)
             _set_nested(site, bare, _convert_override(attribute, key, raw))
         else:
-            attribute = lookup_field(Experiment, key, label=OVERRIDE_LABEL)
+            try:
+                attribute = lookup_field(Experiment, key, label=OVERRIDE_LABEL)
+            except ConfigError:
+                # A verl key that means one hpcppo key with a value of its own (actor_rollout_ref.actor.clip_ratio)
+                # is applied under the hpcppo name with a warning: the spec and resolved.toml stay in hpcppo's
+                # terms. Any other verl key is refused with the pointer lookup_field put in the message.
+                translated = verl.translate_override(key, raw)
+                if translated is None:
+                    raise
+                target, value, message = translated
+                warnings.warn(message, verl.VerlNameWarning, stacklevel=2)
+                _set_nested(exp, target, value)
+                continue
             _set_nested(exp, key, _convert_override(attribute, key, raw))
     return exp, site
 

@@ -717,7 +717,8 @@ def translate_override(key: str, raw: str) -> tuple[str, Any, str] | None:
         value = translate(e, parse_value(raw), {})
     except (Untranslatable, Ignored):
         return None
-    return e.hpcppo, value, f"-o {key}={raw}: verl's name; in hpcppo this is {e.hpcppo} (applied as {e.hpcppo})"
+    shown = "[" + ", ".join(map(repr, value)) + "]" if isinstance(value, list) else repr(value)
+    return e.hpcppo, value, f"-o {key}={raw} is verl's name; in hpcppo this is {e.hpcppo}: applied as {e.hpcppo} = {shown}"
 
 
 def verl_names_for(hpcppo_key: str) -> list[str]:

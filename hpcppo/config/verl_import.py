@@ -23,7 +23,6 @@ from typing import Any
 import tomli_w
 
 from hpcppo.config import verl
-from hpcppo.config.convert import is_section, section_fields
 from hpcppo.config.experiment import Experiment
 from hpcppo.config.load import _check_leaf, experiment_from_data, leaf_keys, lookup_field
 from hpcppo.errors import ConfigError, HpcppoError, PathError
