@@ -76,6 +76,7 @@ class Budget:
     gpu: GpuSpec | None
     world_size: int
     shard_size: int
+    device: str = "cuda"
     phases: list[Phase] = field(default_factory=list)
     kv: dict[str, Any] = field(default_factory=dict)
     time: dict[str, float] = field(default_factory=dict)
@@ -94,6 +95,7 @@ class Budget:
             "gpu": self.gpu.kind if self.gpu else None,
             "gpu_memory_bytes": self.gpu.memory_bytes if self.gpu else None,
             "world_size": self.world_size,
+            "device": self.device,
             "shard_size": self.shard_size,
             "phases": [{"name": p.name, "total_bytes": p.total, "items": [asdict(i) for i in p.items]}
                        for p in self.phases],
@@ -192,7 +194,8 @@ def estimate(site: Site, exp: Experiment, plan: RunPlan) -> Budget:
     gpu = GPUS.get(site.gpu) if site.gpu else None
     shard = plan.mesh_shape[-1]
     shape, note = model_shape(exp.model.path)
-    budget = Budget(model=shape, model_note=note, gpu=gpu, world_size=plan.world_size, shard_size=shard)
+    budget = Budget(model=shape, model_note=note, gpu=gpu, world_size=plan.world_size, shard_size=shard,
+                    device=plan.device)
     if gpu is not None:
         budget.constants.extend(gpu.constants())
     budget.constants.extend(ASSUMPTIONS.values())
@@ -216,7 +219,7 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
     pbytes, rbytes = dtype_bytes(plan.actor_param_dtype), dtype_bytes(exp.actor.fsdp.reduce_dtype)
     cpbytes, crbytes = dtype_bytes(plan.critic_param_dtype), dtype_bytes(exp.critic.fsdp.reduce_dtype)
     ckpt = exp.model.gradient_checkpointing
-    reserve = int(ASSUMPTIONS["framework reserve"].value * GIB)
+    reserve = int(ASSUMPTIONS["framework reserve"].value * GIB) if plan.device == "cuda" else 0
 
     actor = _trained(m.params, shard, exp.actor.fsdp)
     critic = _trained(cm.critic_params, shard, exp.critic.fsdp) if plan.needs_critic else _Trained(0, 0, 0, 0)

@@ -14,6 +14,14 @@ def _gib(b: float) -> str:
     return f"{b / GIB:,.1f}"
 
 
+def _size(b: float) -> str:
+    return f"{b / GIB:,.1f} GiB" if b >= GIB / 10 else f"{b / 2**20:,.1f} MiB"
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+
+
 def _duration(s: float) -> str:
     if s < 120:
         return f"{s:,.1f} s"
@@ -33,9 +41,10 @@ def render(budget: Budget, *, site: str, spec: str) -> list[Any]:
 
     out: list[Any] = []
     m, gpu = budget.model, budget.gpu
-    head = f"{spec} on {site}: {budget.world_size} GPUs, FSDP shards over {budget.shard_size}"
+    ranks = "GPUs" if budget.device == "cuda" else "CPU ranks"
+    head = f"{spec} on {site}: {budget.world_size} {ranks}, FSDP shards over {budget.shard_size}"
     out.append(Text(head, style="bold"))
-    out.append(Text(f"model: {budget.model_note}" + (f"; {m.params / 1e9:.2f}B parameters" if m else "")))
+    out.append(Text(f"model: {budget.model_note}" + (f"; {_count(m.params)} parameters" if m else "")))
     if gpu is None:
         out.append(Text("GPU kind unknown (the site has no `gpu` key, or it is a CPU site): memory is shown without a "
                         "capacity, and no time is estimated", style="yellow"))
@@ -44,14 +53,15 @@ def render(budget: Budget, *, site: str, spec: str) -> list[Any]:
 
     cap = gpu.memory_bytes if gpu else None
     for phase in budget.phases:
-        title = f"{phase.name}: {_gib(phase.total)} GiB" + (f" of {_gib(cap)} GiB" if cap else "") + " per GPU"
+        title = f"{phase.name}: {_size(phase.total)}" + (f" of {_gib(cap)} GiB" if cap else "") + \
+            (" per GPU" if budget.device == "cuda" else " per rank")
         over = cap is not None and phase.total > cap
         out.append(Text(title, style="bold red" if over else "bold"))
         table = Table()
-        table.add_column("on each GPU")
-        table.add_column("GiB", justify="right")
+        table.add_column("on each GPU" if budget.device == "cuda" else "on each rank")
+        table.add_column("size", justify="right")
         for item in sorted(phase.items, key=lambda i: -i.bytes):
-            table.add_row(item.what, _gib(item.bytes))
+            table.add_row(item.what, _size(item.bytes))
         out.append(table)
 
     kv = budget.kv

@@ -101,6 +101,8 @@ def test_login_node_commands_do_not_import_torch(setup):
         ["config", "show", str(ARITH), "--site", "local-slurm"],
         ["config", "show", str(ARITH), "--toml"],
         ["config", "explain", "actor.clip_ratio_c"],
+        ["plan", str(ARITH), "--site", "local"],
+        ["plan", str(REPO / "examples" / "gsm8k-qwen2.5-7b.toml"), "--site", "a100-cluster", "--json"],
         ["config", "explain", "site.slurm.partition"],
         ["rollback", slurm_run, "--to", "5", *root],  # job 4242 runs: a request in its control inbox
         ["watchdog", "replay", local_run, *root],
