@@ -268,11 +268,12 @@ class CheckpointManager:
     and cheap (they wait for a background save in flight). Filesystem mutations outside the checkpoint being written
     happen on rank 0 only. One manager (one job) writes a root at a time: retention runs only after this manager's
     save has committed. ``keep_last=0`` keeps every checkpoint; ``keep_last=k`` keeps the newest ``k`` committed ones.
-    ``timeout_s`` bounds each collective of a background save (on its own process group).
+    ``timeout_s`` bounds each collective of a background save (on its own process group); None: the default
+    group's timeout (the job's ``collective_timeout_s``).
     """
 
     def __init__(self, root: str | os.PathLike[str], *, keep_last: int, rank: int | None = None,
-                 world_size: int | None = None, timeout_s: float = 1800):
+                 world_size: int | None = None, timeout_s: float | None = None):
         if keep_last < 0:
             raise ValueError(f"keep_last must be >= 0 (0 keeps all), got {keep_last}")
         self.root = Path(root)
@@ -375,8 +376,16 @@ class CheckpointManager:
         """The gloo group of background saves, made at the first one (``new_group`` is collective, as is ``save``).
         None without a process group."""
         if self._group is None and dist.is_initialized():
-            self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout_s))
+            self._group = dist.new_group(backend="gloo", timeout=self._timeout())
         return self._group
+
+    def _timeout(self) -> timedelta:
+        if self.timeout_s is not None:
+            return timedelta(seconds=self.timeout_s)
+        try:  # the default group's own timeout; private in torch 2.13 (ProcessGroupGloo.options._timeout)
+            return dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu")).options._timeout
+        except Exception:  # no CPU backend on the default group (NCCL only): torch's default for gloo groups
+            return timedelta(minutes=30)
 
     def _commit(self, job: _SaveJob, upload: Future[Any] | None, group: Any) -> None:
         """Everything after DCP's write: this rank's small files and digests, the manifest, rank 0's publication,

@@ -260,3 +260,13 @@ def test_a_kill_during_the_background_write_leaves_the_previous_checkpoint_newes
     opt.step()
     assert mgr.load(1, models={"m": model}, optimizers={"m": opt}, verify_shards=True)["step"] == 1
     assert mgr.prune() == debris and not debris[0].exists()  # retention removes the debris
+
+
+def _timeout_worker(rank: int, world: int, root: str) -> list[float]:
+    # _spawn gives the default group a 60 s timeout; the checkpoint group follows it unless told otherwise
+    return [CheckpointManager(root, keep_last=0)._timeout().total_seconds(),
+            CheckpointManager(root, keep_last=0, timeout_s=7)._timeout().total_seconds()]
+
+
+def test_the_background_group_takes_the_jobs_collective_timeout(tmp_path):
+    assert run_distributed(_timeout_worker, 1, str(tmp_path)) == [[60.0, 7.0]]
