@@ -30,9 +30,12 @@ Times are medians [min-max] over the measured rounds; ratios are per round, then
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import logging
 import os
+import pstats
 import statistics
 import subprocess
 import sys
@@ -140,7 +143,7 @@ class TRLPeer:
                 self.proc.wait()
 
 
-def make_trainer_class(peers: list[Any]):
+def make_trainer_class(peers: list[Any], profiler: cProfile.Profile | None, warmup: int):
     from hpcppo.train.trainer import Trainer
 
     class BenchTrainer(Trainer):
@@ -157,8 +160,12 @@ def make_trainer_class(peers: list[Any]):
                 return
             self.iter_times.append(time.perf_counter() - self._mark)
             self.rows.append(dict(metrics))
+            if profiler is not None:
+                profiler.disable()
             for peer in peers:  # B then C: the round goes on outside the trainer's window
                 peer()
+            if profiler is not None and step >= warmup:
+                profiler.enable()
             self._mark = time.perf_counter()
 
     return BenchTrainer
@@ -200,7 +207,8 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         comps = build_components(compiled, env, run_dir)
         torch.set_num_threads(args.threads)
         peers = ([trl.step] if trl else []) + [clean.iteration]
-        trainer = make_trainer_class(peers)(comps)
+        profiler = cProfile.Profile() if args.profile else None
+        trainer = make_trainer_class(peers, profiler, args.warmup)(comps)
         try:
             code = trainer.train()
         finally:
@@ -215,6 +223,12 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                               "critic": sum(p.numel() for p in clean.critic.parameters())}}
     finally:
         dist_env.destroy_distributed()
+    if profiler is not None:
+        out = io.StringIO()
+        stats = pstats.Stats(profiler, stream=out)
+        stats.sort_stats("cumulative").print_stats(45)
+        stats.sort_stats("tottime").print_stats(25)
+        print("== cProfile of hpcppo's measured steps (the peers' iterations excluded)\n" + out.getvalue())
     w = args.warmup
     iters = {"hpcppo": trainer.iter_times[w:], "cleanrl": clean.iter_times[w:]}
     phases = {"hpcppo": {ph: spread([r[f"time/{ph}_s"] for r in trainer.rows[w:] if f"time/{ph}_s" in r])
@@ -277,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads for all three")
     ap.add_argument("--quick", action="store_true", help="1 warm-up + 2 rounds on 1 thread (smoke test)")
     ap.add_argument("--no-trl", action="store_true", help="leave the TRL peer out even when .venv-trl exists")
+    ap.add_argument("--profile", action="store_true",
+                    help="cProfile hpcppo's measured steps (slows its Python; read the ratios from a run without it)")
     ap.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     ap.add_argument("--keep", type=Path, help="work in this directory and keep it")
     args = ap.parse_args(argv)
