@@ -163,10 +163,20 @@ def _trained(n: int, shard: int, fsdp: FsdpSection) -> _Trained:
 
 
 def _gathered(m: ModelShape, n_layer_params: int, pbytes: int, rbytes: int, *, reshard: bool, backward: bool) -> int:
+    """Unsharded parameters (and, in backward, gradients) while a model computes.
+
+    The root unit (embeddings, LM head, final norm) is gathered from the model's pre-forward to its post-forward
+    and again over the whole backward; hpcppo passes ``reshard_after_forward`` explicitly, so torch 2.13 does not
+    keep the root gathered between them (``auto_reshard_after_forward`` is only set for ``None``:
+    torch/distributed/fsdp/_fully_shard/_fully_shard.py and _fsdp_state.py ``_lazy_init``). Its unsharded
+    gradients (the LM head's first, the embedding's last) wait for the root's reduce-scatter at the end of backward.
+    Reduce-scatter outputs are cast back to the parameter's dtype, so sharded grads are float32
+    (``foreach_reduce`` in _fsdp_collectives.py)."""
     layers = 2 if reshard else m.layers  # running + prefetched, or all of them kept from forward to backward
     out = m.root_params * pbytes + layers * n_layer_params * pbytes
     if backward:
-        out += n_layer_params * (pbytes + rbytes)  # one layer's unsharded grads, and their reduce-dtype copy
+        # one layer's and the root's unsharded grads, and the reduce-dtype copy of the larger of them
+        out += (n_layer_params + m.root_params) * pbytes + max(n_layer_params, m.root_params) * rbytes
     return out
 
 
@@ -228,6 +238,10 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
     vllm_share = 0
     vllm_asleep = 0
     if ro.engine == "vllm" and gpu is not None:
+        # vLLM v1's Worker.init_device (vllm/v1/worker/gpu_worker.py): requested = total memory x
+        # gpu_memory_utilization, refused at start-up when less is free, so it is a per-instance share of the whole
+        # device, not of what training leaves. LLM.sleep(level=2) (vllm/entrypoints/llm.py) discards weights and KV
+        # cache; what stays is outside its CuMem pool (CUDA graphs), counted as "vLLM while asleep".
         vllm_share = int(ro.gpu_memory_utilization * gpu.memory_bytes)
         graphs = 0 if ro.enforce_eager else int(ASSUMPTIONS["vLLM CUDA graphs"].value * GIB)
         vllm_asleep = graphs if ro.free_cache_engine else vllm_share
@@ -303,7 +317,8 @@ def _kv_cache(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, sha
     batched = int(ASSUMPTIONS["vLLM batched tokens"].value)
     profile = batched * m.activation_elems_per_token_layer() * mbytes // tp + 256 * m.vocab * 4
     kv_bytes = share - weights - profile - graphs
-    kv_heads_per_gpu = max(1, m.kv_heads // tp)  # vLLM replicates KV heads when tp > kv_heads
+    # vLLM's ModelConfig.get_num_kv_heads: max(1, kv_heads // tp), i.e. KV heads are replicated when tp > kv_heads.
+    kv_heads_per_gpu = max(1, m.kv_heads // tp)
     per_token = 2 * m.layers * kv_heads_per_gpu * m.hd * mbytes
     max_len = plan.max_sequence_length
     seqs = plan.prompts_per_rank * exp.rollout.n
