@@ -426,6 +426,17 @@ def _time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: Mod
     t["weight_sync_bytes"] = sync_bytes
     t["weight_sync_s"] = sync_bytes * (shard - 1) / shard / (link * A["collective efficiency"]) if exp.rollout.engine == "vllm" else 0.0
 
+    # HSDP: each optimizer step all-reduces the gradient shards (reduce dtype) across the replicas (nodes), over the
+    # network (ring all-reduce: 2 (r - 1) / r of the bytes). Sharding collectives inside a node overlap compute.
+    replicas = plan.mesh_shape[0] if plan.hsdp else 1
+    grad_sync = 0.0
+    if replicas > 1:
+        for fsdp, n, opt_steps in ((exp.actor.fsdp, m.params, plan.actor_optimizer_steps_per_step),
+                                   (exp.critic.fsdp, cm.critic_params,
+                                    plan.critic_ppo_epochs * plan.mini_batches_per_epoch_critic)):
+            grad_sync += opt_steps * 2 * (replicas - 1) / replicas * n * dtype_bytes(fsdp.reduce_dtype) / shard
+    t["replica_grad_sync_s"] = grad_sync / (gpu.network_bytes_s * A["collective efficiency"])
+
     # Host <-> device traffic of the offloads, over each GPU's PCIe link.
     pcie = gpu.pcie_bytes_s
     host = 0.0
@@ -444,7 +455,8 @@ def _time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: Mod
         host += math.ceil(plan.samples_per_rank / plan.logprob_micro_batch_per_rank) * m.params * MASTER_BYTES / shard
     t["offload_bytes_per_gpu"] = host
     t["offload_s"] = host / pcie
-    t["step_s"] = t["generate_s"] + t["forward_and_update_s"] + t["weight_sync_s"] + t["offload_s"]
+    t["step_s"] = (t["generate_s"] + t["forward_and_update_s"] + t["weight_sync_s"] + t["replica_grad_sync_s"]
+                   + t["offload_s"])
 
     # A checkpoint: fp32 weights and AdamW moments of actor and critic, written once (DCP deduplicates replicas).
     state = 12 * m.params + (12 * cm.critic_params if plan.needs_critic else 0)
