@@ -1,0 +1,184 @@
+"""Issue 11, item 3: a ~100M-parameter model on 1 and 2 ranks, each figure against its own bound in the same process.
+
+    .venv/bin/python tools/bench_scale.py                       # 1 and 2 ranks, 3 measured rounds each (~minutes)
+    .venv/bin/python tools/bench_scale.py --worlds 1 --rounds 2 --layers 4
+
+Per rank, in rounds (every figure of a round measured side by side with its bound):
+  update      forward to log-probs + backward + grad clip + AdamW step on the FSDP2-wrapped model (hpcppo's
+              ``forward_log_probs``, ``apply_fsdp``), FLOPs = 6 x N x tokens of this rank (attention scores not
+              counted) against the float32 ``torch.mm`` peak of this process on the same threads (bound: >= 50%);
+  weight sync ``HFEngine.sync_weights(iter_full_params(actor))`` (the trainer's path) against a tensor copy of the
+              same bytes (bound: >= 1/3);
+  checkpoint  ``CheckpointManager.save`` (synchronous) of model + AdamW state against a plain write + fsync of the
+              same bytes per rank, all ranks at once (bound: >= 50%); ``load`` of it against a plain read of those
+              bytes (both from the page cache: a resume right after a save; the bound is the same 50%).
+Ranks are processes with gloo on CPU, sharing the machine's cores (threads per rank = cores / ranks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+from _bench_train_workload import free_port  # noqa: E402
+
+
+def _time(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    threads = max(1, (os.cpu_count() or 1) // world)
+    torch.set_num_threads(threads)
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from hpcppo.distributed import env as dist_env
+    from hpcppo.distributed.checkpoint import CheckpointManager
+    from hpcppo.distributed.fsdp import apply_fsdp
+    from hpcppo.distributed.mesh import build_mesh
+    from hpcppo.distributed.weights import iter_full_params
+    from hpcppo.models import forward_log_probs
+    from hpcppo.rollout.hf import HFRolloutEngine
+
+    dist_env.init_distributed(dist_env.detect_env(device_type="cpu"), timeout_s=1200)
+    cfg = Qwen2Config(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
+                      num_key_value_heads=max(1, args.hidden // 256), intermediate_size=args.hidden * 8 // 3,
+                      vocab_size=args.vocab, tie_word_embeddings=False, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg)
+    engine = HFRolloutEngine(Qwen2ForCausalLM(cfg))
+    n = sum(p.numel() for p in model.parameters())
+    apply_fsdp(model, build_mesh("cpu", world, 1, hsdp=False), param_dtype=None, reduce_dtype=None, cpu_offload=False,
+               reshard_after_forward=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    rows, width, resp = args.rows, args.width, args.width // 2
+    g = torch.Generator().manual_seed(rank)
+    ids = torch.randint(0, args.vocab, (rows, width), generator=g)
+    att, pos = torch.ones_like(ids), torch.arange(width).expand(rows, width)
+    a, b, c = (torch.randn(1024, 1024) for _ in range(3))
+    root = Path(out) / "ckpt"
+    mgr = CheckpointManager(root, keep_last=1)
+
+    def update() -> None:
+        lp, _ = forward_log_probs(model, ids, att, pos, resp)
+        lp.mean().backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def peak() -> float:
+        torch.mm(a, b, out=c)
+        return min(_time(lambda: torch.mm(a, b, out=c)) for _ in range(3))
+
+    sync_bytes = n * 4
+    src, dst = torch.ones(sync_bytes, dtype=torch.uint8), torch.empty(sync_bytes, dtype=torch.uint8)
+    rec: dict[str, list[float]] = {}
+    update()  # warm-up, and creates the AdamW state the checkpoint holds
+    step = 0
+    for r in range(args.rounds + 1):
+        step += 1
+        m = {"update_s": _time(update), "mm_s": peak(),
+             "sync_s": _time(lambda: engine.sync_weights(iter_full_params(model))),
+             "copy_s": _time(lambda: dst.copy_(src))}
+        dist_env.barrier()
+        m["save_s"] = _time(lambda: mgr.save(step, models={"m": model}, optimizers={"m": opt}, extra={"step": step}))
+        own = sum(p.stat().st_size for p in (mgr.step_dir(step)).rglob("*") if p.is_file()) // world
+        m["load_s"] = _time(lambda: mgr.load(step, models={"m": model}, optimizers={"m": opt}))
+        data = os.urandom(own)
+        probe = Path(out) / f"probe-{rank}.bin"
+        dist_env.barrier()
+
+        def write() -> None:
+            with open(probe, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+
+        m["write_s"] = _time(write)
+        dist_env.barrier()
+        m["read_s"] = _time(lambda: probe.read_bytes())
+        probe.unlink()
+        m["own_bytes"] = own
+        if r:
+            for k, v in m.items():
+                rec.setdefault(k, []).append(v)
+    tokens = rows * width
+    res = {"n": n, "threads": threads, "tokens": tokens, "sync_bytes": sync_bytes, "raw": rec}
+    with open(Path(out) / f"rank-{rank}.json", "w") as f:
+        json.dump(res, f)
+    dist_env.destroy_distributed(sync_timeout_s=600)
+
+
+def spread(v: list[float]) -> str:
+    return f"{statistics.median(v):8.3f} [{min(v):.3f}-{max(v):.3f}]"
+
+
+def report(world: int, ranks: list[dict]) -> dict:
+    r0 = ranks[0]
+    n, tokens, raw = r0["n"], r0["tokens"], r0["raw"]
+    flops = 6 * n * tokens  # per rank: every rank updates on its own tokens
+    fr = {
+        "update_vs_peak": [(flops / u) / (2 * 1024**3 / p) for u, p in zip(raw["update_s"], raw["mm_s"])],
+        "sync_vs_copy": [c / s for s, c in zip(raw["sync_s"], raw["copy_s"])],
+        "save_vs_write": [w / s for s, w in zip(raw["save_s"], raw["write_s"])],
+        "load_vs_read": [rd / ld for ld, rd in zip(raw["load_s"], raw["read_s"])],
+    }
+    print(f"\n== {world} rank(s): Qwen2 {n / 1e6:.1f}M params, fp32, FSDP2 over {world}, {r0['threads']} threads per "
+          f"rank, {tokens} tokens per rank per update, rank 0's figures, median [min-max] over {len(raw['update_s'])} "
+          f"rounds")
+    print(f"  update (fwd+bwd+clip+AdamW)  {spread(raw['update_s'])} s = "
+          f"{flops / statistics.median(raw['update_s']) / 1e9:.1f} GFLOP/s; matmul peak "
+          f"{2 * 1024**3 / statistics.median(raw['mm_s']) / 1e9:.1f} GFLOP/s")
+    print(f"  weight sync ({r0['sync_bytes'] / 1e6:.0f} MB)          {spread(raw['sync_s'])} s; tensor copy "
+          f"{spread(raw['copy_s'])} s")
+    mb = statistics.median(raw["own_bytes"]) / 1e6
+    print(f"  checkpoint save              {spread(raw['save_s'])} s; write+fsync of this rank's {mb:.0f} MB "
+          f"{spread(raw['write_s'])} s")
+    print(f"  checkpoint load              {spread(raw['load_s'])} s; read of the same bytes {spread(raw['read_s'])} s")
+    bounds = {"update_vs_peak": 0.5, "sync_vs_copy": 1 / 3, "save_vs_write": 0.5, "load_vs_read": 0.5}
+    for k, v in fr.items():
+        verdict = "met" if statistics.median(v) >= bounds[k] else "NOT met"
+        print(f"  {k:<28} {spread(v)}  (target >= {bounds[k]:.2f}: {verdict})")
+    return {"params": n, "fractions": fr, "raw": raw}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--worlds", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--hidden", type=int, default=768)
+    ap.add_argument("--layers", type=int, default=10)
+    ap.add_argument("--vocab", type=int, default=16000)
+    ap.add_argument("--rows", type=int, default=4)
+    ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    results = {}
+    for world in args.worlds:
+        with tempfile.TemporaryDirectory(prefix="bench-scale-") as out:
+            mp.start_processes(_worker, args=(world, free_port(), args, out), nprocs=world, join=True,
+                               start_method="spawn")
+            ranks = [json.loads((Path(out) / f"rank-{r}.json").read_text()) for r in range(world)]
+        results[world] = report(world, ranks)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
