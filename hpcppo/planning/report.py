@@ -92,7 +92,7 @@ def render(budget: Budget, *, site: str, spec: str) -> list[Any]:
         table.add_row("generation (prefill + decode)", _duration(t["generate_s"]))
         table.add_row("  generated tokens/s (whole job)", f"{t['generated_tokens_per_s']:,.0f}")
         table.add_row("forwards + updates at MFU", _duration(t["forward_and_update_s"]))
-        table.add_row(f"  FLOPs", f"{t['update_flops']:.3g}")
+        table.add_row("  FLOPs", f"{t['update_flops']:.3g}")
         table.add_row(f"weight sync ({t['weight_sync_bytes'] / 1e9:,.1f} GB all-gathered)", _duration(t["weight_sync_s"]))
         if t["replica_grad_sync_s"]:
             table.add_row("HSDP gradient all-reduce across nodes", _duration(t["replica_grad_sync_s"]))
