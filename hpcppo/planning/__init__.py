@@ -33,6 +33,11 @@ def check_colocation(site: Any, experiment: Any, plan: Any) -> Budget | None:
     if site.device != "cuda":
         return None
     budget = estimate(site, experiment, plan)
+    if budget.model is None:
+        log.warning("hpcppo: warning: GPU memory not checked: %s", budget.model_note)
+    elif budget.gpu is None:
+        log.warning("hpcppo: warning: GPU memory not checked: site %r has no gpu key (allowed: %s)", site.name,
+                    ", ".join(GPU_KINDS))
     if budget.problems:
         raise ResolveError(budget.problems[0])
     for warning in budget.warnings:

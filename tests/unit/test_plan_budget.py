@@ -294,6 +294,17 @@ def test_an_unknown_gpu_kind_is_one_line_naming_the_allowed_values(tmp_path):
     assert "gpu" in msg and "a100-80gb" in msg and "h100-80gb" in msg and "\n" not in msg
 
 
+def test_a_gpu_site_that_cannot_be_judged_says_so(tmp_path, caplog):
+    path = q32b_grpo(tmp_path, offload=False)
+    with caplog.at_level(logging.WARNING, logger="hpcppo.planning"):
+        compile_config(path, "h100-cluster", ["site.gpu="], check_paths=False)
+        compile_config(path, "h100-cluster", ["model.path=somewhere/my-own-model"], check_paths=False)
+    notes = [r.getMessage() for r in caplog.records if "GPU memory not checked" in r.getMessage()]
+    assert len(notes) == 2
+    assert "site 'h100-cluster' has no gpu key (allowed: a100-40gb, a100-80gb" in notes[0]
+    assert "'my-own-model' is not a known architecture" in notes[1]
+
+
 def test_cpu_sites_are_not_judged(tmp_path):
     c = compile_config(REPO / "examples" / "arith-tiny.toml", "local", check_paths=False)
     assert check_colocation(c.site, c.experiment, c.plan) is None
