@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -166,3 +167,56 @@ def _logs(run: RunDir) -> str:
     for path in sorted(run.logs.rglob("*.log")) + sorted(run.logs.glob("slurm-*.out")):
         out.append(f"--- {path.name}\n{path.read_text(errors='replace')[-2000:]}")
     return "\n".join(out)
+
+
+def test_tp2_rollout_groups_across_two_gpu_shaped_nodes(slurm_cluster, tmp_path, submit_job, wait_for_state):
+    """TP=2 on 2 nodes x 8 ranks: the batch script hpcppo renders for local-slurm-gpu, its srun line unchanged, with
+    the trainer entry point swapped for ``tests/slurm/_tp_worker.py`` (the job entry point cannot run TP > 1 on CPU:
+    TP needs the vllm engine, which compile refuses without CUDA). The ranks of each TP group (consecutive ranks, as
+    vLLM builds them) submit identical prompts and seeds, the 8 groups different ones, each rank trains on its own
+    share, and RANK/LOCAL_RANK are exported from Slurm's variables before the engine is built. The engine is the
+    recording stand-in for vllm (tests/_fakes/recording_vllm), NOT vLLM."""
+    from hpcppo.launch import jobs
+
+    crun = jobs.compile_run(None, "local-slurm-gpu", [], runs_root=str(tmp_path / "runs"), kind="preflight", nodes=2)
+    text = crun.run.script.read_text()
+    entry = f" -u -m {render.ENTRY_MODULE} {shlex.quote(str(crun.run.path))}\n"
+    assert text.count(entry) == 1, text
+    out = tmp_path / "out"
+    out.mkdir()
+    worker = Path(__file__).resolve().parent / "_tp_worker.py"
+    script = text.replace(entry, f" -u {shlex.quote(str(worker))} {shlex.quote(str(out))} 2\n")
+    assert _srun_options(script) == _srun_options(text)
+    t0 = time.monotonic()
+    job_id, _ = submit_job(script)
+    info = wait_for_state(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}, 300)
+    elapsed = time.monotonic() - t0
+    assert info.state == "COMPLETED", (info, _logs(crun.run))
+    print(f"TP=2 rollout on 2 x 8 GPU-shaped ranks: {elapsed:.1f} s from submit to COMPLETED")
+
+    ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(16)]
+    hosts = [r["slurm"]["SLURMD_NODENAME"] for r in ranks]
+    assert hosts == ["g1"] * 8 + ["g2"] * 8
+    # Slurm's identity became the launcher variables vLLM's external launcher reads
+    assert [(r["env_at_init"]["RANK"], r["env_at_init"]["LOCAL_RANK"]) for r in ranks] == [
+        (r["slurm"]["SLURM_PROCID"], r["slurm"]["SLURM_LOCALID"]) for r in ranks]
+    assert [r["env_at_init"]["LOCAL_RANK"] for r in ranks] == [str(i % 8) for i in range(16)]
+    assert {(r["env_at_init"]["WORLD_SIZE"], r["env_at_init"]["LOCAL_WORLD_SIZE"]) for r in ranks} == {("16", "8")}
+    assert {r["env"]["source"] for r in ranks} == {"slurm"}
+    # 8 groups of 2 consecutive ranks; a group never spans the two nodes
+    assert [tuple(r["groups"]) for r in ranks] == [(i // 2, i % 2) for i in range(16)]
+    assert all(hosts[2 * g] == hosts[2 * g + 1] for g in range(8))
+    for g in range(8):
+        a, b = ranks[2 * g], ranks[2 * g + 1]
+        assert a["generate"] == b["generate"], g  # rollout and validation: same prompts, same seeds
+        assert a["rows"] != b["rows"], g  # but each rank trains on its own share
+    rollouts = [ranks[2 * g]["generate"][0] for g in range(8)]
+    prompts = [tuple(map(tuple, rows)) for rows, _ in rollouts]
+    assert len(set(prompts)) == 8  # the groups on g1 and on g2 decode different prompts
+    seeds = [s for _, group_seeds in rollouts for s in group_seeds]
+    assert len(set(seeds)) == len(seeds)  # and different seeds
+    trained = [{i for i, _ in ranks[2 * g]["rows"] + ranks[2 * g + 1]["rows"]} for g in range(8)]
+    assert all(len(t) == 1 for t in trained) and len(set.union(*trained)) == 8  # 8 prompts per step, 1 per group
+    # validation: every rank reports the same mean, each prompt counted once (only a group's first rank scores)
+    vals = {r["val"]["val/score"] for r in ranks}
+    assert vals == {sum(range(10)) / 10}, vals
