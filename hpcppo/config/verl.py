@@ -159,8 +159,9 @@ def _reward_path(value: Any, ctx: Mapping[str, Any]) -> Any:
 
 
 def _reward_name(value: Any, ctx: Mapping[str, Any]) -> Any:
-    raise Ignored("part of data.reward_fn (custom_reward_function.path:name)" if ctx.get("custom_reward_function.path")
-                  else "without custom_reward_function.path verl ignores it too")
+    if not ctx.get("custom_reward_function.path"):
+        raise Ignored("without custom_reward_function.path verl ignores it too")
+    return _reward_path(ctx["custom_reward_function.path"], ctx)
 
 
 def _val_temperature(value: Any, ctx: Mapping[str, Any]) -> Any:

@@ -202,6 +202,8 @@ VERL_DEFAULTS: tuple[tuple[str, Any], ...] = (
     ("actor_rollout_ref.actor.fsdp_config.fsdp_size", -1),
 )
 _PATH_KEYS = {k for k in leaf_keys(Experiment) if lookup_field(Experiment, k).metadata.get("path")}
+# One micro-batch here for what verl sizes per role (actor/ref log-probs, critic values).
+_SMALLEST_WINS = {"rollout.micro_batch_size_per_gpu"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 LABEL = "verl input"
 
@@ -279,12 +281,18 @@ def _apply(imp: Imported, s: Setting, ctx: dict[str, Any], cwd: Path, out_dir: P
     value = _paths(target, value, s, cwd, out_dir, imp)
     origin = f"verl's default {s.text} (not in the input)" if s.default else f"from verl {s.text}"
     if target in imp.values:
-        if imp.values[target] != value:
-            first = imp.sources[target]
-            imp.skip("conflict", s, f"{target} is already {_show(imp.values[target])} from {first.text}; hpcppo has "
-                                    f"one setting for both")
-        else:
+        first = imp.sources[target]
+        if imp.values[target] == value:
             imp.comments[target].append(origin)
+        elif target in _SMALLEST_WINS and value < imp.values[target]:
+            imp.skip("conflict", first, f"{target} takes the smaller {_show(value)} of {s.text}: hpcppo has one "
+                                        f"setting for both, and the smaller fits wherever verl's larger one did")
+            imp.values[target], imp.comments[target], imp.sources[target] = value, [origin], s
+        else:
+            why = ("the smaller is kept: it fits wherever verl's larger one did" if target in _SMALLEST_WINS
+                   else "the first is kept")
+            imp.skip("conflict", s, f"{target} is already {_show(imp.values[target])} from {first.text}; hpcppo has "
+                                    f"one setting for both ({why})")
         return
     imp.values[target] = value
     imp.comments[target] = [origin]
@@ -438,16 +446,26 @@ Batch sizes use verl's vocabulary: `ppo_mini_batch_size` counts prompts, the `*_
 per GPU. Kinds: a key of hpcppo; *not a verl key* (people type it; the right key is named); *ignored* (hpcppo gives
 the same result without it); *not supported* (hpcppo cannot honour it; the values it accepts are listed).
 
-When the input leaves one of these unset, the import writes verl's default, because hpcppo's differs: {defaults}.
-
-| verl key | hpcppo | note |
-|---|---|---|
+When the input leaves one of these unset, the import writes verl's default, because hpcppo's differs: {defaults}
+(`trainer.val_before_train` only when `data.val_files` is given, `fsdp_size` only on more than one node).
 """
+_TABLE_HEAD = "| verl key | hpcppo | note |\n|---|---|---|\n"
+
+
+def _group(key: str) -> str:
+    parts = key.split(".")
+    return ".".join(parts[:2]) if parts[0] in ("actor_rollout_ref", "critic") and len(parts) > 2 else parts[0]
 
 
 def render_doc() -> str:
-    """docs/verl.md: the mapping table, from the same entries the importer uses."""
+    """docs/verl.md: the mapping table, one section per verl config group, from the entries the importer uses."""
     defaults = ", ".join(f"`{k}={_show(v)}`" for k, v in VERL_DEFAULTS)
-    head = DOC_HEAD.format(commit=verl.VERL_COMMIT, defaults=defaults)
-    rows = [f"| {a} | {b} | {c.replace('|', '/')} |" for a, b, c in verl.table_rows()]
-    return head + "\n".join(rows) + "\n"
+    out = [DOC_HEAD.format(commit=verl.VERL_COMMIT, defaults=defaults)]
+    groups: dict[str, list[verl.Entry]] = {}
+    for e in verl.ENTRIES:
+        group = "keys verl does not have" if e.kind == verl.NOT_VERL else _group(e.verl)
+        groups.setdefault(group, []).append(e)
+    for group, entries in groups.items():
+        rows = [f"| {a} | {b} | {c.replace('|', '/')} |" for a, b, c in verl.table_rows(entries)]
+        out.append(f"\n## {group}\n\n" + _TABLE_HEAD + "\n".join(rows) + "\n")
+    return "".join(out)
