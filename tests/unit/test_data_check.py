@@ -18,6 +18,7 @@ from transformers import PreTrainedTokenizerFast
 from hpcppo.cli import main
 from hpcppo.config import compile_config
 from hpcppo.config.experiment import DataSection
+from hpcppo.data import check as check_mod
 from hpcppo.data.check import check_data
 from hpcppo.data.dataset import PromptDataset, read_prompts, write_prompts_parquet
 from hpcppo.data.gsm8k import convert_gsm8k
@@ -126,8 +127,9 @@ def test_overlong_prompts_fail_compile_with_the_count_the_longest_and_the_fixes(
     kept = PromptDataset(read_prompts(gsm8k["train"]), tok, max_prompt_length=limit, filter_overlong_prompts=True)
     assert kept.filtered == over and len(kept) == 7473 - over
     # ... and if that leaves less than a batch, compile says so.
-    with pytest.raises(ConfigError, match=r"trainer.train_batch_size: the training files have \d+ prompts after "
-                                          r"filter_overlong_prompts drops the over-long ones, fewer than one batch"):
+    with pytest.raises(ConfigError, match=r"trainer.train_batch_size: the training files have \d+ prompts (\(estimated "
+                                          r"from a sample\) )?after filter_overlong_prompts drops the over-long ones, "
+                                          r"fewer than one batch"):
         check_data(data([gsm8k["train"]], max_prompt_length=min(lengths) + 1, filter_overlong_prompts=True),
                    train_batch_size=4096, tokenizer_dir=str(bpe))
     # A truncation mode: a warning, no error.
@@ -291,3 +293,34 @@ def test_compile_with_the_data_check_imports_neither_torch_nor_transformers(tmp_
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == [0, [], True]
+
+
+@needs_gsm8k
+def test_a_large_file_is_sampled_and_the_count_is_labelled_an_estimate(bpe, gsm8k, monkeypatch):
+    lengths = trainer_lengths(bpe, [gsm8k["train"]])
+    limit = sorted(lengths)[len(lengths) // 2]
+    exact = sum(n > limit for n in lengths)
+    monkeypatch.setattr(check_mod, "SAMPLE_ROWS", 1000)
+    monkeypatch.setattr(check_mod, "BATCH_ROWS", 1500)  # several batches: row numbers must stay global
+    with pytest.raises(ConfigError) as err:
+        check_data(data([gsm8k["train"]], max_prompt_length=limit), train_batch_size=8, tokenizer_dir=str(bpe))
+    report = check_data(data([gsm8k["train"]], max_prompt_length=limit, truncation="right"), train_batch_size=8,
+                        tokenizer_dir=str(bpe))
+    (check,) = report.files["data.train_files"]
+    assert check.estimated and check.tokenized == 1000 and check.candidates > 1000
+    # 1,000 of ~7,000 rows: a binomial estimate of a ~50% share, well within 10% of the truth.
+    assert abs(check.too_long - exact) < 0.1 * exact
+    row, tokens = check.longest
+    assert lengths[row] == tokens > limit
+    assert str(err.value).startswith(f"{gsm8k['train']}: data.max_prompt_length: about {check.too_long} of 7473 "
+                                     f"prompts are longer than max_prompt_length={limit} tokens (counted on a sample "
+                                     f"of 1000 of the {check.candidates} rows long enough in bytes to be; the longest "
+                                     f"found: row {row}, {tokens} tokens)")
+    # Nothing over the limit in the sample: said, not claimed as a fact about every row.
+    monkeypatch.setattr(check_mod, "SAMPLE_ROWS", 10)
+    report = check_data(data([gsm8k["train"]], max_prompt_length=max(lengths)), train_batch_size=8,
+                        tokenizer_dir=str(bpe))
+    (check,) = report.files["data.train_files"]
+    assert check.estimated and check.too_long == 0 and check.tokenized == 10
+    assert report.notes == [f"{gsm8k['train']}: none of a sample of 10 of the {check.candidates} rows long enough in "
+                            f"bytes is over max_prompt_length={max(lengths)} tokens; the job checks every row"]
