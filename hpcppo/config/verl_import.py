@@ -240,9 +240,13 @@ def _paths(target: str, value: Any, s: Setting, cwd: Path, out_dir: Path, imp: I
     return rebased if isinstance(value, list) else rebased[0]
 
 
+def _unresolved(value: Any) -> bool:
+    return isinstance(value, str) and ("${" in value and value.strip().startswith("${") or value == "???")
+
+
 def _apply(imp: Imported, s: Setting, ctx: dict[str, Any], cwd: Path, out_dir: Path) -> None:
     e = verl.lookup(s.key)
-    if isinstance(s.value, str) and (s.value.startswith("${") or s.value == "???"):
+    if _unresolved(s.value):
         if not s.default:
             imp.skip("ignored", s, "a Hydra interpolation or a missing value: verl fills it from another key")
         return
@@ -310,7 +314,8 @@ def translate(settings: list[Setting], *, name: str | None = None, default_name:
         if s.key in last:
             imp.notes.append(f"{s.key} is given twice; the later {s.text} wins, as in verl")
         last[s.key] = s
-    ctx = {k: s.value for k, s in last.items()}
+    # An interpolation or Hydra's ??? is not a value: for the translation the key is unset.
+    ctx = {k: s.value for k, s in last.items() if not _unresolved(s.value)}
     for s in last.values():
         _apply(imp, s, ctx, cwd, out_dir)
     if verl.R + "name" not in ctx:

@@ -298,3 +298,52 @@ def test_table_flag_prints_the_doc(capsys):
 def test_keys_verl_does_not_have_name_the_right_one(key):
     text = verl.hint(key)
     assert text is not None and "not a verl key" in text and verl.lookup(key).hpcppo in text
+
+
+def test_the_table_knows_every_key_of_verls_own_config():
+    """verl's composed PPO configs (FSDP and Megatron), key by key: each is mapped, ignored or refused with a reason,
+    so that importing any verl config leaves no key unexplained."""
+    keys = [ln for ln in (INPUTS / "ppo_trainer_keys.txt").read_text().splitlines() if ln and not ln.startswith("#")]
+    assert len(keys) > 700
+    unknown = [k for k in keys if verl.lookup(k) is None]
+    assert unknown == []
+
+
+def _gsm8k_rows(n: int) -> list[dict]:
+    """Rows in the schema verl's examples/data_preprocess/gsm8k.py writes."""
+    return [{"data_source": "openai/gsm8k",
+             "prompt": [{"role": "user", "content": f"{i} + {i + 1} = ? Let's think step by step and output the final "
+                                                    "answer after \"####\"."}],
+             "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(2 * i + 1)},
+             "extra_info": {"split": "train", "index": i}} for i in range(n)]
+
+
+def test_the_gsm8k_example_compiles_with_its_data_and_model_checked(tmp_path, random_tiny):
+    """With the paths present (the model downloaded next to the spec under its hub id, GSM8K under $HOME as verl's
+    preprocessing writes it), compile checks them too: the data's schema, the scorer of openai/gsm8k, the prompt
+    lengths with the local tokenizer, a batch of 1024 prompts."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shutil.copytree(random_tiny["model"], tmp_path / "Qwen" / "Qwen2.5-7B")
+    home = tmp_path / "home"
+    (home / "data" / "gsm8k").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(_gsm8k_rows(1100)), home / "data" / "gsm8k" / "train.parquet")
+    pq.write_table(pa.Table.from_pylist(_gsm8k_rows(40)), home / "data" / "gsm8k" / "test.parquet")
+    out = tmp_path / "exp.toml"
+    env_home = {"HOME": str(home)}
+    code = "import sys; from hpcppo.cli import main; sys.exit(main(sys.argv[1:]))"
+    env = {**{k: v for k, v in os.environ.items() if k != "HPCPPO_RUNS_ROOT"}, **env_home}
+    r = subprocess.run([sys.executable, "-c", code, "import-verl", str(EXAMPLE), "-o", str(out)], cwd=tmp_path,
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and "looks like a Hugging Face hub id" not in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-c", code, "compile", str(out), "--site", "a100-cluster", "-q", "--runs-root",
+                        str(tmp_path / "runs")], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    # The same spec with one prompt too few for verl's batch of 1024 is refused at compile, before any queue.
+    pq.write_table(pa.Table.from_pylist(_gsm8k_rows(1000)), home / "data" / "gsm8k" / "train.parquet")
+    r = subprocess.run([sys.executable, "-c", code, "compile", str(out), "--site", "a100-cluster", "-q", "--runs-root",
+                        str(tmp_path / "runs")], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode != 0 and "trainer.train_batch_size" in r.stderr and r.stderr.count("\n") == 1, r.stderr
