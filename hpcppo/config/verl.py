@@ -164,16 +164,15 @@ def _reward_name(value: Any, ctx: Mapping[str, Any]) -> Any:
     return _reward_path(ctx["custom_reward_function.path"], ctx)
 
 
-def _val_temperature(value: Any, ctx: Mapping[str, Any]) -> Any:
-    if ctx.get(R + "val_kwargs.do_sample") is False:
-        raise Ignored("val_kwargs.do_sample = False: greedy validation (val_temperature 0)")
-    return value
+def _critic_warmup(value: Any, ctx: Mapping[str, Any]) -> Any:
+    # verl counts steps from 1 and updates the actor once `critic_warmup <= global_steps` (ray_trainer.py): N means
+    # N - 1 critic-only steps. hpcppo skips the actor while `step <= warmup_updates` (train/trainer.py).
+    return max(0, value - 1) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
-def _val_do_sample(value: Any, ctx: Mapping[str, Any]) -> Any:
-    if value is False:
-        return 0.0
-    raise Ignored("True: validation samples at val_kwargs.temperature (see that key)")
+def _top_k(value: Any, ctx: Mapping[str, Any]) -> Any:
+    # verl's HF rollout passes max(0, top_k) "to be compatible with vllm" (hf_rollout.py): 0 and -1 both mean off.
+    return -1 if value == 0 else value
 
 
 def _hsdp(value: Any, ctx: Mapping[str, Any]) -> Any:
@@ -437,7 +436,7 @@ def _build_entries() -> list[Entry]:
         m(R + "n", "rollout.n"),
         m(R + "temperature", "rollout.temperature"),
         m(R + "top_p", "rollout.top_p"),
-        m(R + "top_k", "rollout.top_k"),
+        m(R + "top_k", "rollout.top_k", "0 and -1 both mean off (-1 here)", _top_k),
         m(R + "gpu_memory_utilization", "rollout.gpu_memory_utilization"),
         m(R + "tensor_model_parallel_size", "rollout.tensor_parallel_size"),
         m(R + "enforce_eager", "rollout.enforce_eager"),
@@ -448,8 +447,11 @@ def _build_entries() -> list[Entry]:
           _per_gpu, context=True),
         m(R + "prompt_length", "data.max_prompt_length", "verl's default copies data.max_prompt_length"),
         m(R + "response_length", "data.max_response_length", "verl's default copies data.max_response_length"),
-        m(R + "val_kwargs.temperature", "rollout.val_temperature", "0 = greedy", _val_temperature),
-        m(R + "val_kwargs.do_sample", "rollout.val_temperature", "False -> 0 (greedy)", _val_do_sample),
+        m(R + "val_kwargs.temperature", "rollout.val_temperature", "0 = greedy"),
+        # verl's agent loop (rollout.mode = async, the default) validates at val_kwargs.temperature/top_p/top_k and
+        # never reads do_sample (experimental/agent_loop/agent_loop.py); only the HF rollout does.
+        ign(R + "val_kwargs.do_sample", "verl's vLLM rollout (mode async, its default) does not read it either: "
+                                        "validation samples at val_kwargs.temperature (0 = greedy)"),
         uns(R + "val_kwargs.n", "hpcppo validates one response per prompt", ok=(1,)),
         uns(R + "val_kwargs.top_p", "hpcppo validates with top_p 1", ok=(1, 1.0)),
         uns(R + "val_kwargs.top_k", "hpcppo validates without top-k", ok=(-1, 0)),
@@ -546,7 +548,8 @@ def _build_entries() -> list[Entry]:
         m("trainer.nnodes", "resources.nodes"),
         m("trainer.n_gpus_per_node", "resources.gpus_per_node"),
         m("trainer.experiment_name", "name", "characters outside letters, digits and _.- become -", run_name),
-        m("trainer.critic_warmup", "critic.warmup_updates"),
+        m("trainer.critic_warmup", "critic.warmup_updates", "N -> N - 1: verl updates the actor from step N on",
+          _critic_warmup),
         m("trainer.resume_mode", "checkpoint.resume", "auto -> auto, disable -> never", _resume),
         m("trainer.max_actor_ckpt_to_keep", "checkpoint.keep_last", "null -> 0 (keep all)", _keep),
         m("trainer.max_critic_ckpt_to_keep", "checkpoint.keep_last", "null -> 0 (keep all); one value for both",

@@ -108,13 +108,16 @@ def test_value_translations_follow_verl_semantics(tmp_path):
     imp = _translated("trainer.save_freq=0", "trainer.test_freq=-1", "trainer.nnodes=2", "trainer.n_gpus_per_node=8",
                       "actor_rollout_ref.actor.ppo_micro_batch_size=64", "trainer.resume_mode=disable",
                       "trainer.experiment_name='my run/v2'", "actor_rollout_ref.actor.fsdp_config.fsdp_size=8",
-                      "actor_rollout_ref.rollout.val_kwargs.do_sample=False", cwd=tmp_path)
+                      "actor_rollout_ref.rollout.val_kwargs.temperature=0.6",
+                      "actor_rollout_ref.rollout.top_k=0", "trainer.critic_warmup=5", cwd=tmp_path)
     v = imp.values
     assert v["checkpoint.save_every"] == -1  # verl saves only when save_freq > 0: 0 is never, not "at the end"
     assert v["trainer.test_freq"] == -1
     assert v["actor.ppo_micro_batch_size_per_gpu"] == 4  # 64 over 2 x 8 GPUs, as fsdp_workers.py divides it
     assert v["checkpoint.resume"] == "never" and v["name"] == "my-run-v2" and v["resources.hsdp"] == "on"
-    assert v["rollout.val_temperature"] == 0.0
+    # verl: the actor trains once critic_warmup <= global_steps (from 1): 4 critic-only steps, hpcppo's warmup_updates
+    assert v["critic.warmup_updates"] == 4
+    assert v["rollout.val_temperature"] == 0.6 and v["rollout.top_k"] == -1  # verl's 0 is "off" as -1 is
 
 
 def test_a_global_micro_batch_that_does_not_divide_is_reported_not_guessed(tmp_path):
