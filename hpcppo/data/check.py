@@ -50,7 +50,8 @@ SPECIAL_TOKENS_MARGIN = 8
 #: most rows tokenised per file; beyond, a uniform sample of the rows over the byte bound, and an estimate
 SAMPLE_ROWS = 5_000  # ~1-7 s of tokenisation on 2 cores; a share's estimate within ~1% (binomial)
 #: rows per pyarrow batch while streaming the prompt column (memory stays at one batch plus the sample)
-BATCH_ROWS = 65_536
+BATCH_ROWS = 16_384
+ENCODE_ROWS = 256  # prompts per encode_batch call
 NO_BOUND = 1 << 40
 
 
@@ -274,9 +275,12 @@ class PromptLengths:
 
     def count(self, messages_per_row: Sequence[Sequence[Mapping[str, str]]]) -> list[int]:
         """Exact token counts of these prompts (as :class:`~hpcppo.data.dataset.PromptDataset` tokenises them)."""
-        texts = [render_prompt(self.chat, m, self.uses_chat_template) for m in messages_per_row]
-        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=not self.uses_chat_template)
-        return [len(e.ids) for e in encodings]
+        counts: list[int] = []
+        for i in range(0, len(messages_per_row), ENCODE_ROWS):  # Encoding objects are heavy: keep only lengths
+            texts = [render_prompt(self.chat, m, self.uses_chat_template) for m in messages_per_row[i:i + ENCODE_ROWS]]
+            encodings = self.tokenizer.encode_batch(texts, add_special_tokens=not self.uses_chat_template)
+            counts.extend(len(e.ids) for e in encodings)
+        return counts
 
     def _template_bytes(self, roles: tuple[str, ...]) -> int:
         if roles not in self._overhead:
@@ -295,7 +299,8 @@ class PromptLengths:
         sample: list[tuple[int, Any]] = []
         seen = 0  # candidates so far
         start = 0
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS, columns=[prompt_key]):
+        # pre_buffer=False: one row group's column chunk in memory at a time, not the whole column.
+        for batch in pq.ParquetFile(path, pre_buffer=False).iter_batches(batch_size=BATCH_ROWS, columns=[prompt_key]):
             column = batch.column(0)
             if text_prompt:
                 content_bytes = pc.binary_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
