@@ -3,7 +3,9 @@
 - :mod:`hpcppo.data.dataset` — verl's Parquet schema (read/validate/write), :class:`PromptDataset` (chat template,
   truncation).
 - :mod:`hpcppo.data.sampler` — :class:`ShardedEpochSampler`, deterministic and resumable across dp sizes.
-- :mod:`hpcppo.data.rewards` — verl-signature reward functions: ``gsm8k``, the synthetic ``arith`` task, user code.
+- :mod:`hpcppo.data.rewards` — verl-signature reward functions: ``gsm8k``, the synthetic ``arith`` task, user code,
+  and dispatch on verl's ``data_source`` names; :mod:`hpcppo.data.math_reward` — MATH / DAPO scorers (math-verify).
+- :mod:`hpcppo.data.check` — what ``hpcppo compile`` checks of the data and the reward (no torch, no transformers).
 - :mod:`hpcppo.data.gsm8k` — the GSM8K JSONL -> Parquet converter (``tools/prepare_gsm8k.py``).
 
 Names are re-exported lazily so ``import hpcppo.data.rewards`` does not load pyarrow, and nothing here loads torch.
