@@ -234,7 +234,8 @@ def _paths(target: str, value: Any, s: Setting, cwd: Path, out_dir: Path, imp: I
     if target in ("model.path", "model.critic_path") and isinstance(value, str) and _HUB_ID.match(value) \
             and not (cwd / value).exists():
         imp.notes.append(f"{s.key}: {value} looks like a Hugging Face hub id; hpcppo loads a model directory: "
-                         f"download it (huggingface-cli download {value} --local-dir DIR) and set {target} = DIR")
+                         f"download it (huggingface-cli download {value} --local-dir DIR) and set {target} = DIR; as "
+                         f"written it names the directory {value} next to the spec")
         return value
     rebased = [_rebase(v, cwd, out_dir) if isinstance(v, str) else v for v in items]
     return rebased if isinstance(value, list) else rebased[0]
