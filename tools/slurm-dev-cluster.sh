@@ -11,13 +11,17 @@
 #   gpu     g1,g2  like sites/a100-cluster.toml: Feature=a100, Gres=gpu:a100:8, AllowAccounts=proj-rlhf,
 #                  AllowQos=normal, MaxTime=2-00:00:00 (also sites/local-slurm-gpu.toml)
 #   hopper  h1,h2  like sites/h100-cluster.toml: Gres=gpu:h100:8, AllowAccounts=rl-team, AllowQos=high,
-#                  MaxTime=1-00:00:00 (the QOS "high" is created in the accounting database)
+#                  MaxTime=1-00:00:00
+# start creates the QOS "high" and the accounts proj-rlhf and rl-team (root a member) in the accounting
+# database; EnforcePartLimits=ALL makes sbatch (and sbatch --test-only) refuse what a partition does not allow.
+# docs/slurm-dev.md describes the partitions and tests/slurm/test_gpu_shaped.py what is checked on them.
 #
 # Usage (as root):  tools/slurm-dev-cluster.sh start|stop|status|accounting-off|accounting-on
 #
-#   start           install missing packages, configure, start what is not running, wait until both
+#   start           install missing packages, configure, start what is not running, wait until all six
 #                   nodes respond (idle, or busy with someone's jobs) and sacct works, print a summary.
-#                   Idempotent and quick when up; restarts slurmctld/slurmd only when slurm.conf changed.
+#                   Idempotent and quick when up (1-3 s); restarts slurmctld/slurmd only when slurm.conf
+#                   or gres.conf changed.
 #   stop            stop the daemons this script started (found by their pid files, never by name).
 #   status          print what runs; exit 0 only when the cluster is usable (nodes up, sacct works).
 #   accounting-off  stop slurmdbd and MariaDB only (tests check sacct's no-accounting fallback).
@@ -324,7 +328,7 @@ ensure_hosts() {
     done
 }
 
-# Render both files; print "slurm" and/or "dbd" for each that changed.
+# Render the config files; print "slurm" (slurm.conf or gres.conf) and/or "dbd" for each that changed.
 configure() {
     local host hw changed=()
     host=$(short_hostname)
