@@ -169,14 +169,15 @@ def _gathered(m: ModelShape, n_layer_params: int, pbytes: int, rbytes: int, *, r
     and again over the whole backward; hpcppo passes ``reshard_after_forward`` explicitly, so torch 2.13 does not
     keep the root gathered between them (``auto_reshard_after_forward`` is only set for ``None``:
     torch/distributed/fsdp/_fully_shard/_fully_shard.py and _fsdp_state.py ``_lazy_init``). Its unsharded
-    gradients (the LM head's first, the embedding's last) wait for the root's reduce-scatter at the end of backward.
+    gradients wait for the root's reduce-scatter at the end of backward; the LM head's is made first, beside the
+    logits' gradients (the peak), the embedding's last, when the activations are gone, so only the former counts.
     Reduce-scatter outputs are cast back to the parameter's dtype, so sharded grads are float32
     (``foreach_reduce`` in _fsdp_collectives.py)."""
     layers = 2 if reshard else m.layers  # running + prefetched, or all of them kept from forward to backward
     out = m.root_params * pbytes + layers * n_layer_params * pbytes
     if backward:
-        # one layer's and the root's unsharded grads, and the reduce-dtype copy of the larger of them
-        out += (n_layer_params + m.root_params) * pbytes + max(n_layer_params, m.root_params) * rbytes
+        # one layer's unsharded grads and their reduce-dtype copy, and the LM head's unsharded grad
+        out += (n_layer_params + m.vocab * m.hidden) * pbytes + n_layer_params * rbytes
     return out
 
 
