@@ -62,4 +62,4 @@ python3 -m verl.trainer.main_ppo \
     trainer.nnodes=1 \
     trainer.save_freq=20 \
     trainer.test_freq=1 \
-    trainer.total_epochs=15 $@
+    trainer.total_epochs=15 "$@"

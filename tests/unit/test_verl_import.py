@@ -15,7 +15,7 @@ from hpcppo.cli import main
 from hpcppo.config import load_resolved, verl
 from hpcppo.config.experiment import Experiment
 from hpcppo.config.load import leaf_keys
-from hpcppo.config.verl_import import import_verl, read_command_line, read_yaml, translate
+from hpcppo.config.verl_import import read_command_line, read_yaml, translate
 
 REPO = Path(__file__).resolve().parents[2]
 INPUTS = Path(__file__).resolve().parent / "verl_inputs"
@@ -246,7 +246,7 @@ def test_the_gsm8k_example_imports_and_compiles_on_a100_cluster(tmp_path):
 
 
 def test_the_pasted_quickstart_and_the_yaml_fixture_compile(tmp_path):
-    for name, site in (("quickstart.sh", "a100-cluster"), ("grpo.yaml", "a100-cluster")):
+    for name, site in (("quickstart.txt", "a100-cluster"), ("grpo.yaml", "a100-cluster")):
         out = tmp_path / f"{name}.toml"
         r = run_cli("import-verl", str(INPUTS / name), "-o", str(out), cwd=tmp_path)
         assert r.returncode == 0 and "does not load" not in r.stderr, r.stderr
