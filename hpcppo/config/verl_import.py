@@ -412,6 +412,8 @@ def import_verl(source: str, out: Path, *, force: bool = False, name: str | None
         except (OSError, UnicodeDecodeError) as exc:
             raise PathError(f"{source}: cannot be read as text: {getattr(exc, 'strerror', None) or exc}") from None
         label, stem = source, path.stem
+    if out.is_dir():
+        raise PathError(f"{out} is a directory; give the file to write, e.g. {out / 'exp.toml'}")
     if out.exists() and not force:
         raise PathError(f"{out} exists; pass --force to replace it")
     if _looks_like_yaml(text, source):
@@ -427,7 +429,10 @@ def import_verl(source: str, out: Path, *, force: bool = False, name: str | None
     imp.notes[:0] = notes
     text_out = to_toml(imp, label)
     problem = _check(text_out, str(out), out_dir)
-    atomic_write_text(out, text_out)
+    try:
+        atomic_write_text(out, text_out)
+    except OSError as exc:
+        raise PathError(f"{out} cannot be written: {exc.strerror or exc}") from None
     return imp, problem
 
 

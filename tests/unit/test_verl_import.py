@@ -272,6 +272,12 @@ def test_stdin_force_and_unreadable_input(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exp.toml"]  # written in place, no temporary left
     r = run_cli("import-verl", str(tmp_path / "missing.sh"), "-o", str(tmp_path / "x.toml"), cwd=tmp_path)
     assert r.returncode == 5 and "missing.sh: no such file" in r.stderr and r.stderr.count("\n") == 1
+    r = run_cli("import-verl", str(EXAMPLE), "-o", str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 5 and "is a directory" in r.stderr and r.stderr.count("\n") == 1
+    (tmp_path / "a-file").write_text("")
+    r = run_cli("import-verl", str(EXAMPLE), "-o", str(tmp_path / "a-file" / "x.toml"), cwd=tmp_path)
+    assert r.returncode == 5 and "x.toml cannot be written" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    (tmp_path / "a-file").unlink()
     (tmp_path / "empty.sh").write_text("echo nothing here\n")
     r = run_cli("import-verl", str(tmp_path / "empty.sh"), "-o", str(tmp_path / "x.toml"), cwd=tmp_path)
     assert r.returncode == 2 and "no verl settings found" in r.stderr and not (tmp_path / "x.toml").exists()
