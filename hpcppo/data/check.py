@@ -101,7 +101,10 @@ def check_data(data: Any, *, train_batch_size: int, tokenizer_dir: str | None) -
     report = DataReport()
     auto = data.reward_fn == "auto"
     # Imports a user's function and checks its signature (a typo fails here); "auto" checks gsm8k_method.
-    build_reward_fn("auto", gsm8k={"method": data.gsm8k_method}) if auto else build_reward_fn(data.reward_fn)
+    if auto:
+        build_reward_fn("auto", gsm8k={"method": data.gsm8k_method})
+    else:
+        build_reward_fn(data.reward_fn)
     counter = PromptLengths.load(tokenizer_dir, data.max_prompt_length, report)
     report.lengths_checked = counter is not None
     for key, items in (("data.train_files", data.train_files), ("data.val_files", data.val_files)):
