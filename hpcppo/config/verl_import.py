@@ -437,9 +437,10 @@ def import_verl(source: str, out: Path, *, force: bool = False, name: str | None
 
 
 def format_report(imp: Imported) -> list[str]:
-    """The stderr report: every setting not translated and why, then the notes."""
+    """The stderr report: every setting not translated and why, then what to check by hand ($VAR left as written,
+    a hub id instead of a directory, Hydra options not followed ...)."""
     lines = [f"not translated [{kind}] {text}: {why}" for kind, text, why in imp.report]
-    return lines + [f"note: {n}" for n in imp.notes]
+    return lines + [f"warning: {n}" for n in imp.notes]
 
 
 # ------------------------------------------------------------------------------------------------ docs/verl.md

@@ -222,7 +222,9 @@ def test_the_gsm8k_example_imports_and_compiles_on_a100_cluster(tmp_path):
     out = tmp_path / "gsm8k.toml"
     r = run_cli("import-verl", str(EXAMPLE), "-o", str(out), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "wrote" in r.stderr and "[ignored] trainer.logger" in r.stderr and "Qwen/Qwen2.5-7B looks like" in r.stderr
+    assert "wrote" in r.stderr and "[ignored] trainer.logger" in r.stderr
+    assert "hpcppo: warning: actor_rollout_ref.model.path: Qwen/Qwen2.5-7B looks like a Hugging Face hub id" in r.stderr
+    assert "hpcppo: warning: data.train_files: $HOME/data/gsm8k/train.parquet left as written" in r.stderr
     # Every translated line names the verl setting it came from.
     lines = _spec_lines(out)
     assert lines and all("  # from verl " in ln or "  # verl's default " in ln for ln in lines), lines
@@ -356,3 +358,13 @@ def test_the_gsm8k_example_compiles_with_its_data_and_model_checked(tmp_path, ra
     r = subprocess.run([sys.executable, "-c", code, "compile", str(out), "--site", "a100-cluster", "-q", "--runs-root",
                         str(tmp_path / "runs")], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode != 0 and "trainer.train_batch_size" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_a_spec_that_does_not_load_is_written_and_the_problem_named(tmp_path):
+    """Each value is checked alone before it is written; what only the whole spec shows (no training file at all)
+    is named after writing, so the user edits one file instead of re-running the import."""
+    r = run_cli("import-verl", "-", "-o", str(tmp_path / "exp.toml"), cwd=tmp_path,
+                stdin="python3 -m verl.trainer.main_ppo data.train_files=[] actor_rollout_ref.model.path=/m\n")
+    assert r.returncode == 0 and (tmp_path / "exp.toml").is_file()
+    last = r.stderr.splitlines()[-1]
+    assert last.startswith("hpcppo: error: ") and "does not load yet" in last and "train_files" in last
