@@ -97,9 +97,13 @@ class DataSection:
                                                     "data.filter_overlong_prompts; compile reports how many.")
     shuffle: bool = opt(True, help="Shuffle the training prompts each epoch (seeded).")
     reward_fn: str = opt("auto", check=_check_reward_fn,
-                         help="\"auto\" = dispatch on each row's data_source, or \"module:function\" for your own scorer.")
+                         help="\"auto\" = dispatch on each row's data_source with verl's names (openai/gsm8k, "
+                              "lighteval/MATH, HuggingFaceH4/MATH-500, math_dapo, aime* ...; docs/data.md), or "
+                              "\"module:function\" / \"path/to/file.py:function\" for your own scorer.")
     gsm8k_method: str = opt("strict", choices=("strict", "flexible"),
-                            help="GSM8K answer extraction: strict (last '#### N') or flexible (last number).")
+                            help="GSM8K scoring: strict = verl's rule (the last '#### ' + number, compared as a "
+                                 "string: '18.00' is not '18'); flexible = the last number anywhere, compared "
+                                 "numerically.")
 
     def __attrs_post_init__(self) -> None:
         if not self.train_files:
