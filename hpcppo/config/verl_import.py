@@ -63,11 +63,13 @@ _ASSIGN = re.compile(r"^([A-Za-z_]\w*)=(.*)$", re.S)
 
 
 def _substitute(text: str, variables: dict[str, str]) -> str:
+    """The script's own variables substituted (``${NAME:-default}`` takes the default when the script does not set
+    NAME); anything else, ``$HOME`` say, stays as written."""
     def one(mo: re.Match[str]) -> str:
         name = mo.group(1) or mo.group(3)
         if name in variables:
             return variables[name]
-        return mo.group(0)
+        return mo.group(2) if mo.group(2) is not None else mo.group(0)
 
     return _VAR.sub(one, text)
 
@@ -79,7 +81,7 @@ def read_command_line(text: str) -> tuple[list[Setting], list[str]]:
     settings: list[Setting] = []
     notes: list[str] = []
     found_command = False
-    loose: list[list[str]] = []  # key=value lines without a main_ppo command (a bare list of overrides)
+    loose: list[tuple[int, list[str]]] = []  # key=value lines outside a main_ppo command
     for lineno, line in enumerate(joined.splitlines(), 1):
         try:
             tokens = shlex.split(line, comments=True)
@@ -95,7 +97,7 @@ def read_command_line(text: str) -> tuple[list[Setting], list[str]]:
             if len(tokens) == 1 and (a := _ASSIGN.match(tokens[0])) and not found_command:
                 variables[a.group(1)] = _substitute(a.group(2), variables)
             elif all("=" in t and "." in t.partition("=")[0] for t in tokens):
-                loose.append(tokens)
+                loose.append((lineno, tokens))
             elif not found_command and tokens[0] not in ("set", "cd", "ulimit", "source", "."):
                 notes.append(f"line {lineno}: not a verl setting, skipped: {line.strip()[:80]}")
             continue
@@ -109,8 +111,11 @@ def read_command_line(text: str) -> tuple[list[Setting], list[str]]:
                              f"[env.vars] sets job variables)")
         args = tokens[module + 1:]
         settings += _settings_from(args, variables, notes)
-    if not found_command:
-        for tokens in loose:
+    for lineno, tokens in loose:
+        if found_command:  # a line cut off from the command (a missing backslash): verl would not see it either
+            notes.append(f"line {lineno}: {' '.join(tokens)[:80]} is outside the verl command (a missing \\ at the "
+                         f"end of the line before?), not imported")
+        else:  # a bare list of overrides
             settings += _settings_from(tokens, variables, notes)
     return settings, notes
 

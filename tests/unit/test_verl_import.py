@@ -185,20 +185,21 @@ def test_a_pasted_script_is_read_as_the_shell_would_pass_it():
             "PYTHONUNBUFFERED=1 python3 -m verl.trainer.main_ppo \\\n"
             "   data.train_files=\"['$DATA/train.parquet', '$DATA/extra.parquet']\" \\\n"
             "   actor_rollout_ref.model.path=\"$MODEL\" \\\n"
-            "   +actor_rollout_ref.actor.optim.lr=${lr} \\\n"
+            "   +actor_rollout_ref.actor.optim.lr=${lr} data.prompt_key=${KEY:-question} \\\n"
             "   data.val_files=$HOME/test.parquet \\\n"
             "   --config-name=ppo_megatron_trainer \\\n"
             "   ~trainer.logger \\\n"
             "   trainer.total_epochs=2 $@ 2>&1 | tee log.txt\n"
+            "    trainer.nnodes=2\n"
             "python3 -m verl.trainer.main_ppo trainer.total_epochs=9\n")
     settings, notes = read_command_line(text)
     got = {s.key: s.value for s in settings}
     assert got == {"data.train_files": ["/lustre/gsm8k/train.parquet", "/lustre/gsm8k/extra.parquet"],
                    "actor_rollout_ref.model.path": "/models/qwen 7b", "actor_rollout_ref.actor.optim.lr": 3e-6,
-                   "data.val_files": "$HOME/test.parquet", "trainer.total_epochs": 2}
+                   "data.val_files": "$HOME/test.parquet", "trainer.total_epochs": 2, "data.prompt_key": "question"}
     joined = "\n".join(notes)
     for part in ("PYTHONUNBUFFERED=1", "--config-name=ppo_megatron_trainer", "~trainer.logger", "$@",
-                 "a second verl command"):
+                 "a second verl command", "trainer.nnodes=2 is outside the verl command"):
         assert part in joined, part
 
 
