@@ -184,14 +184,18 @@ def _gathered(m: ModelShape, n_layer_params: int, pbytes: int, rbytes: int, *, r
 def _layer_acts(m: ModelShape, tokens: int, abytes: int, *, checkpointing: bool) -> int:
     one = tokens * m.activation_elems_per_token_layer() * abytes
     if checkpointing:
-        return m.layers * tokens * m.hidden * abytes + one  # layer inputs + one layer recomputed in backward
+        # Layer inputs + one layer recomputed in backward, with its activation gradients: a quarter more than its
+        # saved tensors, as tests/unit/test_plan_activations.py measures.
+        return m.layers * tokens * m.hidden * abytes + one * 5 // 4
     return m.layers * one
 
 
 def _logits(m: ModelShape, micro: int, response: int, abytes: int, *, update: bool) -> int:
-    # compute-dtype logits, a float32 copy, a float32 logsumexp temporary; the update also takes the entropy,
-    # whose softmax (float32) is kept for backward (hpcppo/models.py forward_log_probs, algos/losses.py).
-    per = abytes + 8 + (4 if update else 0)
+    # Without autograd: compute-dtype logits, a float32 copy and a float32 logsumexp temporary (abytes + 8 per
+    # element). The update also takes the entropy (a float32 softmax kept for backward), and backward holds the float32
+    # copy, the softmax and the float32 gradients of the gather, logsumexp and entropy paths before they are summed
+    # (abytes + 16). Both measured on CPU by tests/unit/test_plan_activations.py (hpcppo/models.py forward_log_probs).
+    per = abytes + (16 if update else 8)
     return micro * (response + 1) * m.vocab * per
 
 
