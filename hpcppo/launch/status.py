@@ -257,6 +257,10 @@ _LOST_HARDWARE = {"NODE_FAIL": "a node of the job failed", "BOOT_FAIL": "a node 
                   "OUT_OF_MEMORY": "the job ran out of memory"}
 
 
+def _lost_hardware(state: str, scheduler_reason: str | None) -> str:
+    return _LOST_HARDWARE[state] + (f" ({scheduler_reason})" if scheduler_reason else "")
+
+
 def verdict(scheduler_state: str, scheduler_reason: str | None, record: int | None, *, scheduler: str = "slurm",
             cancel_requested: str | None = None, at_time_limit: bool = False, steps_done: bool = False,
             kind: str = "train", time_limit: str | None = None,
@@ -281,10 +285,12 @@ def verdict(scheduler_state: str, scheduler_reason: str | None, record: int | No
         if scheduler_state == "TIMEOUT" or at_time_limit:
             return "TIMEOUT", f"{limit}: checkpointed before it"
         if scheduler_state in _LOST_HARDWARE:  # Slurm signals a dead node's tasks too: why it stopped is the node
-            return scheduler_state, f"{scheduler_reason or _LOST_HARDWARE[scheduler_state]}; checkpointed on the way out"
+            return scheduler_state, f"{_lost_hardware(scheduler_state, scheduler_reason)}; checkpointed on the way out"
         if scheduler == "slurm" and scheduler_state != "PREEMPTED":
             return "PREEMPTED", "checkpointed on a preemption signal; the job was not requeued"
         return "PREEMPTED", "checkpointed on a preemption signal"
+    if scheduler_state in _LOST_HARDWARE and record in (exitcodes.FAILED, None):  # killed with the node, or not
+        return scheduler_state, _lost_hardware(scheduler_state, scheduler_reason)
     if record == exitcodes.FAILED:
         if scheduler_state in FINISHED_STATES - {"COMPLETED", "FAILED"}:
             return scheduler_state, scheduler_reason

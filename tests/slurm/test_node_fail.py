@@ -55,6 +55,7 @@ def test_a_node_failure_is_node_fail_and_the_resume_finishes(slurm_cluster, rand
         st = run_status(run)
         assert st["state"] == "NODE_FAIL" and st["resumable"], st
         ckpt = st["latest_checkpoint"]
+        # The trainers may or may not checkpoint in the seconds Slurm gives a downed node's tasks; either way:
         assert ckpt is not None and ckpt >= 2 and st["reason"].startswith("a node of the job failed"), st
         assert st["reason"].endswith(f"resumable, checkpoint {ckpt}"), st
     finally:
@@ -65,4 +66,8 @@ def test_a_node_failure_is_node_fail_and_the_resume_finishes(slurm_cluster, rand
     df = hmetrics.load(run.path)
     assert list(df["step"]) == list(range(1, 41)), logs_of(run.path)
     assert set(df["attempt"]) == {0, 1}
-    assert (df.set_index("step").loc[ckpt + 1:, "attempt"] == 1).all()
+    # Attempt 1 starts after a checkpoint no older than the one status named: the ranks on the surviving node may
+    # still commit one while Slurm already reports the job over (the tasks get SIGTERM, then KillWait seconds).
+    attempts = df["attempt"].tolist()
+    resumed_from = attempts.index(1)
+    assert attempts == [0] * resumed_from + [1] * (40 - resumed_from) and resumed_from >= ckpt, attempts

@@ -57,8 +57,8 @@ JOB = "4242"
         # 1: failed; Slurm's more precise failure wins
         ("FAILED", 1, {}, "FAILED", "rank 0 recorded a failure"),
         ("COMPLETED", 1, {}, "FAILED", "rank 0 recorded a failure"),
-        ("NODE_FAIL", 1, {}, "NODE_FAIL", None),
-        ("OUT_OF_MEMORY", 1, {}, "OUT_OF_MEMORY", None),
+        ("NODE_FAIL", 1, {}, "NODE_FAIL", "a node of the job failed"),
+        ("OUT_OF_MEMORY", 1, {}, "OUT_OF_MEMORY", "the job ran out of memory"),
         ("FAILED", 137, {}, "FAILED", "exit record 137"),
         # no record: the scheduler's state, checked against the run
         ("COMPLETED", None, {}, "FAILED", "without rank 0's exit record"),
@@ -66,7 +66,7 @@ JOB = "4242"
         ("COMPLETED", None, {"kind": "preflight"}, "COMPLETED", None),
         ("TIMEOUT", None, {"time_limit": "00:01:00"}, "TIMEOUT", "time limit 00:01:00: killed at it"),
         ("PREEMPTED", None, {}, "PREEMPTED", None),
-        ("NODE_FAIL", None, {}, "NODE_FAIL", None),
+        ("NODE_FAIL", None, {}, "NODE_FAIL", "a node of the job failed"),
         ("FAILED", None, {}, "FAILED", None),
         ("CANCELLED", None, {}, "CANCELLED", None),
         ("FAILED", None, {"scheduler": "local", "at_time_limit": True}, "TIMEOUT", "stopped by the local executor"),
@@ -198,7 +198,7 @@ def test_slurm_node_fail_and_purged_job(slurm_run):
     fake.answer("sacct", sacct_rows(("NODE_FAIL", t)))
     commit(run, 10)
     st = status.run_status(run)
-    assert (st["state"], st["reason"]) == ("NODE_FAIL", "resumable, checkpoint 10")
+    assert (st["state"], st["reason"]) == ("NODE_FAIL", "a node of the job failed; resumable, checkpoint 10")
     # the controller forgot the job and there is no accounting: run.json still knows
     fake.answer("sacct", "")
     fake.answer("squeue", "", rc=1)
