@@ -299,6 +299,10 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
              _layer_acts(m, am * L, pbytes, checkpointing=ckpt)),
         Item(f"policy logits + entropy ({am} x {R + 1} x {m.vocab})", _logits(m, am, R, pbytes, update=True))]
     phases.append(Phase("actor update", [i for i in update if i.bytes]))
+    if actor.optim and not actor_optim_with_acts:  # offloaded moments back for the one optimizer step
+        phases.append(Phase("actor optimizer step", resident(skip="actor") + asleep + [
+            Item("actor params (fp32 shard)", actor.params), Item("actor grads (fp32 shard)", actor.grads),
+            Item("actor AdamW moments (fp32 shard)", actor.optim)]))
 
     if plan.needs_critic:
         cmb = plan.critic_micro_batch_per_rank
@@ -312,6 +316,10 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
             Item(f"activations ({cmb} x {L} tokens{', checkpointed' if ckpt else ''})",
                  _layer_acts(cm, cmb * L, cpbytes, checkpointing=ckpt))]
         phases.append(Phase("critic update", [i for i in cupdate if i.bytes]))
+        if critic.optim and not c_optim:
+            phases.append(Phase("critic optimizer step", resident(skip="critic") + asleep + [
+                Item("critic params (fp32 shard)", critic.params), Item("critic grads (fp32 shard)", critic.grads),
+                Item("critic AdamW moments (fp32 shard)", critic.optim)]))
     budget.phases = [Phase(p.name, [i for i in p.items if i.bytes]) for p in phases]
 
 

@@ -236,6 +236,18 @@ def test_optimizer_offload_frees_the_moments_for_vllm(tmp_path):
     assert items(off, "actor update")["actor AdamW moments (fp32 shard)"] == freed
 
 
+def test_offloaded_moments_with_a_single_optimizer_step_meet_the_grads_not_the_activations(tmp_path):
+    # One mini-batch per step: OptimizerStateOffload brings the moments back only for the optimizer step, after the
+    # activations of the last micro-batch are gone; the step is then a phase of its own.
+    path = q7b_ppo(tmp_path, offload=False)
+    budget, _ = budget_of(path, "a100-cluster", ["actor.fsdp.optimizer_offload=true", "actor.ppo_mini_batch_size=1024"])
+    assert "actor AdamW moments (fp32 shard)" not in items(budget, "actor update")
+    step = items(budget, "actor optimizer step")
+    n = KNOWN_MODELS["qwen2.5-7b"].params
+    assert step["actor AdamW moments (fp32 shard)"] == math.ceil(8 * n / 8)
+    assert "actor grads (fp32 shard)" in step and not any(k.startswith(("activations", "policy")) for k in step)
+
+
 # ------------------------------------------------------------------------------------------ Qwen2.5-32B on 2 x 8 H100
 def test_qwen32b_on_2x8_h100_does_not_fit_without_offload_and_compile_says_what_to_change(tmp_path):
     path = q32b_grpo(tmp_path, offload=False)
