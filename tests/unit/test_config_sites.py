@@ -20,7 +20,7 @@ def test_shipped_sites_load():
     assert (dev.scheduler, dev.slurm.partition, dev.slurm.max_nodes, dev.slurm.gpus_per_node, dev.slurm.account,
             dev.slurm.max_time, dev.slurm.cpus_per_task) == ("slurm", "debug", 2, 0, "", "02:00:00", 1)
     assert (a100.slurm.gpus_per_node, a100.slurm.gpu_request, a100.slurm.constraint, a100.hdf5.locking,
-            a100.slurm.exclusive, a100.slurm.signal_lead_s) == (8, "gpus-per-node", "a100", False, True, 300)
+            a100.slurm.exclusive, a100.slurm.signal_lead_s) == (8, "gpus-per-node", "a100", False, True, 900)
     assert a100.env.modules and a100.env.nccl["NCCL_IB_HCA"] and a100.env.setup
     assert (h100.slurm.gpu_request, h100.container.runtime) == ("gres", "pyxis")
     assert h100.container.image and h100.container.mounts
