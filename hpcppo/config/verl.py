@@ -57,9 +57,8 @@ class Entry:
     section: str = field(default="", compare=False)
 
     def accepts(self, value: Any) -> bool:
-        return any(type(value) is type(ok) and value == ok or (value is None and ok is None) for ok in self.ok) or (
-            isinstance(value, (int, float)) and not isinstance(value, bool)
-            and any(isinstance(ok, (int, float)) and not isinstance(ok, bool) and value == ok for ok in self.ok))
+        """Whether ``value`` is one of ``ok`` (1 and 1.0 alike; True is not 1)."""
+        return any(value is ok if isinstance(value, bool) or isinstance(ok, bool) else value == ok for ok in self.ok)
 
 
 # ------------------------------------------------------------------------------------------------ value translation
