@@ -97,3 +97,13 @@ def test_cli_prints_the_warning_as_one_line(tmp_path, capsys):
                                 "this is actor.clip_ratio: applied as actor.clip_ratio = 0.3"]
     assert main(["config", "explain", "trainer.save_freq"]) == 0
     assert "in hpcppo this is `checkpoint.save_every`" in capsys.readouterr().out
+
+
+def test_a_verl_key_in_a_sites_defaults_gets_the_pointer(tmp_path):
+    site = tmp_path / "mysite.toml"
+    site.write_text('name = "mysite"\nscheduler = "local"\n[defaults.trainer]\nsave_freq = 10\n')
+    with pytest.raises(ConfigError) as info:
+        compile_config(ARITH, site, check_paths=False)
+    text = str(info.value)
+    assert "mysite.toml: defaults.trainer.save_freq: unknown key" in text
+    assert "in hpcppo this is `checkpoint.save_every`" in text
