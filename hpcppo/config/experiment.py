@@ -202,7 +202,8 @@ class CriticSection:
     ppo_micro_batch_size_per_gpu: int = opt(0, ge=0, help="Samples per critic forward/backward per rank; 0 = the actor's.")
     cliprange_value: float = opt(0.5, gt=0.0, help="Value clipping range around the old values.")
     loss_agg_mode: str = opt("token-mean", choices=_LOSS_AGG, help="How token value losses are aggregated.")
-    warmup_updates: int = opt(0, ge=0, help="Critic warm-up: the actor is not updated during the first N steps (verl critic_warmup).")
+    warmup_updates: int = opt(0, ge=0, help="Critic warm-up: the actor is not updated during the first N steps "
+                                             "(verl's critic_warmup = N + 1: verl counts steps from 1).")
     fsdp: FsdpSection = opt(factory=FsdpSection, help="FSDP2 options of the critic.")
 
 
