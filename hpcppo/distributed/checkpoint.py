@@ -26,9 +26,10 @@ resolves once ``save`` has run in DCP's writer thread: every rank's shards and `
 writes the small files, gathers the manifests and commits exactly as the synchronous path does. Every collective
 of that thread and of DCP's (the plan exchange) runs on a second gloo process group made for checkpoints only:
 collectives issued from two threads on one group could interleave and pair one rank's plan exchange with another
-rank's training all-reduce. At most one save is in flight: the next ``save``, every query (``latest_committed``,
-``list_committed``), ``load``, ``verify``, ``abandon_after``, ``set_aside`` and ``wait`` first wait for it and
-re-raise its failure. A kill during the background write leaves ``step-<N>.tmp-*`` without a marker: the previous
+rank's training all-reduce. At most one save is in flight: the next ``save``, ``load``, ``verify``,
+``abandon_after``, ``set_aside`` and ``wait`` first wait for it and re-raise its failure (``failed_step`` names its
+step); the queries (``latest_committed``, ``list_committed``) wait for it too but leave the failure to be raised by
+the next of those (the trainer handles failures where it calls ``save``). A kill during the background write leaves ``step-<N>.tmp-*`` without a marker: the previous
 committed checkpoint stays the newest, and retention removes the debris later.
 
 Damage. ``load`` checks every file's size and the small files' CRC-32 first (``verify``), and turns a file that
@@ -284,6 +285,8 @@ class CheckpointManager:
         self._saving = False
         self._pending: Future[None] | None = None  # the background save in flight
         self._pending_step: int | None = None
+        self._error: tuple[int | None, BaseException] | None = None  # a background save's, until wait raises it
+        self.failed_step: int | None = None  # the step of the background save whose failure wait last raised
         self._worker: ThreadPoolExecutor | None = None
         self._group: Any = None  # the checkpoint-only gloo process group of background saves
         self.last_save_s: float | None = None  # call to commit (for a background save: measured when it commits)
@@ -296,11 +299,11 @@ class CheckpointManager:
         return layout.step_dir(self.root, step)
 
     def list_committed(self) -> list[int]:
-        self.wait()
+        self._settle()
         return layout.list_committed(self.root)
 
     def latest_committed(self) -> int | None:
-        self.wait()
+        self._settle()
         return layout.latest_committed(self.root)
 
     @property
@@ -310,12 +313,26 @@ class CheckpointManager:
 
     def wait(self) -> None:
         """Block until the background save in flight (if any) has committed; re-raise its failure (once), on every
-        rank alike (its thread agreed on failures like the synchronous path). A no-op from that thread itself."""
+        rank alike (its thread agreed on failures like the synchronous path). ``failed_step`` then names its step.
+        A no-op from that thread itself."""
+        self._settle()
+        (self.failed_step, error), self._error = self._error or (None, None), None
+        if error is not None:
+            raise error
+
+    def _settle(self) -> None:
+        """Wait for the background save in flight; keep its failure for the next ``wait`` or ``save`` to raise.
+        The queries only settle: what is committed is the truth either way, and the failure is raised where the
+        caller handles save failures (the trainer wraps ``save``, not its queries)."""
         pending = self._pending
         if pending is None or threading.current_thread().name.startswith(_WORKER_PREFIX):
             return
         self._pending = None
-        pending.result()
+        try:
+            pending.result()
+        except BaseException as exc:  # DCP's CheckpointException is a BaseException
+            self._error = (self._pending_step, exc)
+            log.error("background checkpoint of step %s failed: %s", self._pending_step, layout.one_line(exc))
 
     # ---------------------------------------------------------------- save (collective)
     def save(self, step: int, *, models: Mapping[str, nn.Module], optimizers: Mapping[str, Optimizer],

@@ -377,7 +377,9 @@ class Trainer(Recovery):
         # Every rank fails a save together (DCP and the checkpoint agree on failures). DCP's CheckpointException
         # derives from BaseException (torch/distributed/checkpoint/api.py), so `except Exception` misses it.
         except (Exception, CheckpointException) as exc:
-            raise layout.failed_save(c.ckpt.root, self.step, exc, remove=self.env.rank == 0) from exc
+            # A background save's failure is raised by the next save: name the step that failed (failed_step).
+            step = self.step if c.ckpt.failed_step is None else c.ckpt.failed_step
+            raise layout.failed_save(c.ckpt.root, step, exc, remove=self.env.rank == 0) from exc
         self.last_checkpoint_s = time.perf_counter() - start
         if c.metrics is not None:
             c.metrics.fsync()

@@ -93,9 +93,12 @@ def test_a_failed_background_save_raises_at_the_next_wait_once_and_commits_nothi
 
     monkeypatch.setattr(ckpt, "_write_durable", full_disk)
     mgr.save(2, models={"m": model}, optimizers={"m": opt}, extra={"step": 2}, background=True)
-    with pytest.raises(OSError, match="No space left"):
-        mgr.wait()
+    assert mgr.latest_committed() == 1  # a query settles the failed save without raising it ...
+    with pytest.raises(OSError, match="No space left"):  # ... the next save (or wait) raises it, naming its step
+        mgr.save(9, models={"m": model}, optimizers={"m": opt}, extra={"step": 9})
+    assert mgr.failed_step == 2
     mgr.wait()  # raised once
+    assert mgr.failed_step is None
     monkeypatch.undo()
     assert mgr.list_committed() == [1]
     # the next save works and retention clears the debris of the failed one
