@@ -371,18 +371,31 @@ class Trainer(Recovery):
         c = self.c
         models, optims = self.checkpointed()
         start = time.perf_counter()
-        try:
+        with self.checkpoint_failures():
             c.ckpt.save(self.step, models=models, optimizers=optims, extra=self.checkpoint_extra(),
                         background=background)
-        # Every rank fails a save together (DCP and the checkpoint agree on failures). DCP's CheckpointException
-        # derives from BaseException (torch/distributed/checkpoint/api.py), so `except Exception` misses it.
-        except (Exception, CheckpointException) as exc:
-            # A background save's failure is raised by the next save: name the step that failed (failed_step).
-            step = self.step if c.ckpt.failed_step is None else c.ckpt.failed_step
-            raise layout.failed_save(c.ckpt.root, step, exc, remove=self.env.rank == 0) from exc
         self.last_checkpoint_s = time.perf_counter() - start
         if c.metrics is not None:
             c.metrics.fsync()
+
+    @contextlib.contextmanager
+    def checkpoint_failures(self) -> Iterator[None]:
+        """A failed save (this one, or a background one that the block waited for) as one line naming its step."""
+        c = self.c
+        try:
+            yield
+        # Every rank fails a save together (DCP and the checkpoint agree on failures). DCP's CheckpointException
+        # derives from BaseException (torch/distributed/checkpoint/api.py), so `except Exception` misses it.
+        except (Exception, CheckpointException) as exc:
+            # A background save's failure is raised by the next save or wait: name the step that failed.
+            step = self.step if c.ckpt.failed_step is None else c.ckpt.failed_step
+            raise layout.failed_save(c.ckpt.root, step, exc, remove=self.env.rank == 0) from exc
+
+    def settle_checkpoints(self) -> None:
+        """Let a background save in flight commit before a clean exit (every rank is at the same point, so its
+        collectives can finish); after an error nobody waits for peers that may be gone."""
+        with self.checkpoint_failures():
+            self.c.ckpt.wait()
 
     def restore_schedules(self, extra: dict[str, Any]) -> None:
         """KL controller and lr schedules from a checkpoint's ``extra``; the lr scale is the watchdog's."""
@@ -451,6 +464,8 @@ def run_training(compiled: Any, env: Any, run_dir: Path, *, preempt: Any = None)
     components = build_components(compiled, env, Path(run_dir), preempt=preempt)
     trainer = Trainer(components)
     try:
-        return trainer.train()
+        code = trainer.train()
+        trainer.settle_checkpoints()  # done, requeue or pause: a background save in flight commits first
+        return code
     finally:
         trainer.close()

@@ -47,3 +47,28 @@ def test_background_checkpoints_keep_the_numbers_and_survive_a_kill_mid_write(tm
     assert want.keys() == have.keys() and all(want[k].equal(have[k]) for k in want)
     # background saves of steps 2 and 4 (attempt 1) committed; the final one (6) was synchronous; no debris left
     assert sorted(p.name for p in ckpts.iterdir()) == ["step-2", "step-4", "step-6"], list(ckpts.iterdir())
+
+
+@pytest.mark.slow
+def test_a_clean_exit_lets_the_background_save_in_flight_commit(tmp_path, random_tiny):
+    """A preemption with save_on_preempt = false writes no checkpoint of its own, so a background save of the step
+    before may still be in flight when train() returns: the job commits it before exiting instead of dropping it."""
+    import signal
+    import time
+
+    from hpcppo import exitcodes
+
+    run = _run(tmp_path, random_tiny, "settle", ["checkpoint.async_save=true", "checkpoint.save_every=1",
+                                                 "checkpoint.save_on_preempt=false", "trainer.total_steps=200"])
+    procs = launch_ranks(run, 2, "a0")
+    deadline = time.monotonic() + 240
+    while not list((run / "metrics").glob("*.h5")) or len(hmetrics.load(run)) < 3:
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), logs_of(run)
+        time.sleep(0.05)
+    procs[1].send_signal(signal.SIGUSR2)
+    assert wait_all(procs) == [exitcodes.REQUEUE] * 2, logs_of(run)
+    ckpts = run / "checkpoints"
+    assert not [p.name for p in ckpts.iterdir() if ".tmp-" in p.name], list(ckpts.iterdir())
+    committed = sorted(int(p.name.split("-")[1]) for p in ckpts.iterdir() if (p / "COMMITTED").exists())
+    last = int(hmetrics.load(run)["step"].max())
+    assert committed and committed[-1] == last, (committed, last)  # every step saved, the last one included
