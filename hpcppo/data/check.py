@@ -39,7 +39,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from hpcppo.data.dataset import OVERLONG_FIXES, is_text_prompt, read_schema, render_prompt, validate_schema
+from hpcppo.data.dataset import (OVERLONG_FIXES, expand_paths, is_text_prompt, read_schema, render_prompt,
+                                 validate_schema)
 from hpcppo.data.rewards import build_reward_fn, builtin_for, unknown_data_source
 from hpcppo.errors import ConfigError, PathError
 
@@ -109,7 +110,7 @@ def check_data(data: Any, *, train_batch_size: int, tokenizer_dir: str | None) -
     report.lengths_checked = counter is not None
     for key, items in (("data.train_files", data.train_files), ("data.val_files", data.val_files)):
         checks = report.files.setdefault(key, [])
-        for path in _files(key, items):
+        for path in (expand_paths(items, key=key) if items else []):  # no val_files is allowed
             schema = read_schema(path)
             validate_schema(schema, str(path), data.prompt_key)
             check = FileCheck(path=str(path), rows=pq.ParquetFile(path).metadata.num_rows,
@@ -131,22 +132,6 @@ def check_data(data: Any, *, train_batch_size: int, tokenizer_dir: str | None) -
     for note in report.notes:
         log.warning("%s", note)
     return report
-
-
-def _files(key: str, items: Sequence[str]) -> list[Path]:
-    out: list[Path] = []
-    for i, item in enumerate(items):
-        p = Path(item)
-        if p.is_dir():
-            found = sorted(p.glob("*.parquet"))
-            if not found:
-                raise PathError(f"{key}[{i}]: directory {p} contains no *.parquet files")
-            out.extend(found)
-        elif p.is_file():
-            out.append(p)
-        else:
-            raise PathError(f"{key}[{i}]: {p} does not exist")
-    return out
 
 
 def _data_sources(path: Path, auto: bool) -> dict[str, int]:

@@ -144,23 +144,26 @@ def _check_row_for_write(row: Mapping[str, Any], i: int, prompt_key: str, path: 
 # Reading
 
 
-def expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Path]:
-    """Files named by ``paths``: a directory stands for its ``*.parquet`` files, sorted by name."""
+def expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
+                 key: str | None = None) -> list[Path]:
+    """Files named by ``paths``: a directory stands for its ``*.parquet`` files, sorted by name. ``key`` (e.g.
+    ``data.train_files``) names the config entry in the errors, as compile reports them."""
     items = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
     if not items:
         raise ConfigError("no prompt files given")
     out: list[Path] = []
-    for item in items:
+    for i, item in enumerate(items):
         p = Path(item)
         if p.is_dir():
             found = sorted(p.glob("*.parquet"))
             if not found:
-                raise PathError(f"{p}: directory contains no *.parquet files")
+                raise PathError(f"{key}[{i}]: directory {p} contains no *.parquet files" if key
+                                else f"{p}: directory contains no *.parquet files")
             out.extend(found)
         elif p.is_file():
             out.append(p)
         else:
-            raise PathError(f"{p}: prompt file does not exist")
+            raise PathError(f"{key}[{i}]: {p} does not exist" if key else f"{p}: prompt file does not exist")
     return out
 
 
