@@ -120,3 +120,13 @@ def wait_for_commit(run_dir: Path, step: int, procs: list[subprocess.Popen], tim
         if time.monotonic() > deadline:
             raise AssertionError("no checkpoint in time:\n" + logs_of(run_dir))
         time.sleep(0.05)
+
+
+def rows_logged(run_dir: Path) -> int:
+    """Rows of the run's metric log so far; 0 while no file exists yet or one is being created."""
+    from hpcppo import metrics as hmetrics
+
+    try:
+        return len(hmetrics.load(run_dir)) if list((run_dir / "metrics").glob("*.h5")) else 0
+    except Exception:  # a file being created: try again
+        return 0

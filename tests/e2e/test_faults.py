@@ -37,7 +37,8 @@ import pytest
 from hpcppo import exitcodes
 from hpcppo import metrics as hmetrics
 
-from _harness import comparable, compile_run, final_weights, launch_ranks, logs_of, wait_all, write_spec
+from _harness import (comparable, compile_run, final_weights, launch_ranks, logs_of, rows_logged, wait_all,
+                      write_spec)
 
 STEPS = 6
 
@@ -51,16 +52,12 @@ def straight(tmp_path_factory, random_tiny) -> Path:
     return run
 
 
-def _rows(run: Path) -> int:
-    return len(hmetrics.load(run)) if list((run / "metrics").glob("*.h5")) else 0
-
-
 def _when_rows(n: int, act: Callable[[Path, list[subprocess.Popen]], None]):
     """A ``during`` action: once ``n`` rows are flushed, ``act(run, procs)``."""
 
     def during(run: Path, procs: list[subprocess.Popen]) -> None:
         deadline = time.monotonic() + 240
-        while _rows(run) < n:
+        while rows_logged(run) < n:
             assert time.monotonic() < deadline, "no progress:\n" + logs_of(run)
             assert all(p.poll() is None for p in procs), "a rank exited early:\n" + logs_of(run)
             time.sleep(0.05)

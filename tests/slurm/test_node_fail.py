@@ -10,18 +10,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
-from _harness import logs_of, write_spec  # noqa: E402
+from _harness import logs_of, rows_logged, write_spec  # noqa: E402
 
 from hpcppo import metrics as hmetrics  # noqa: E402
 from hpcppo.launch import jobs, slurm  # noqa: E402
 from hpcppo.launch.status import run_status  # noqa: E402
 
-
-def _rows(run_dir: Path) -> int:
-    try:
-        return len(hmetrics.load(run_dir)) if list((run_dir / "metrics").glob("*.h5")) else 0
-    except Exception:  # a file being created: try again
-        return 0
 
 
 def _node(name: str, state: str) -> None:
@@ -45,7 +39,7 @@ def test_a_node_failure_is_node_fail_and_the_resume_finishes(slurm_cluster, rand
     run = crun.run
     launched.append(run)
     job_id = jobs.submit_run(crun)
-    wait_until(lambda: run_status(run)["latest_checkpoint"] is not None and _rows(run.path) >= 3, 240,
+    wait_until(lambda: run_status(run)["latest_checkpoint"] is not None and rows_logged(run.path) >= 3, 240,
                "a checkpoint and three steps", run.path)
     node = slurm.query_jobs([job_id])[job_id]
     try:

@@ -10,21 +10,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
-from _harness import logs_of, write_spec  # noqa: E402
+from _harness import logs_of, rows_logged, write_spec  # noqa: E402
 
-from hpcppo import metrics as hmetrics  # noqa: E402
 from hpcppo.errors import RunStateError  # noqa: E402
 from hpcppo.launch import jobs, slurm  # noqa: E402
 from hpcppo.launch.status import run_status  # noqa: E402
 
 LONG = ["trainer.total_steps=10000", "checkpoint.save_every=0", "watchdog.enable=false"]
 
-
-def _rows(run_dir: Path) -> int:
-    try:
-        return len(hmetrics.load(run_dir)) if list((run_dir / "metrics").glob("*.h5")) else 0
-    except Exception:  # a file being created: try again
-        return 0
 
 
 def test_preempted_job_is_requeued_then_cancelled_and_resumable(slurm_cluster, random_tiny, tmp_path, wait_until,
@@ -34,7 +27,7 @@ def test_preempted_job_is_requeued_then_cancelled_and_resumable(slurm_cluster, r
     run = crun.run
     launched.append(run)
     job_id = jobs.submit_run(crun)
-    wait_until(lambda: _rows(run.path) >= 2, 180, "two training steps", run.path)
+    wait_until(lambda: rows_logged(run.path) >= 2, 180, "two training steps", run.path)
     slurm.cancel(job_id, signal="USR2")  # what a preemption (or --signal=USR2@lead) sends to the job steps
     wait_until(lambda: run_status(run)["state"] == "PENDING" and run_status(run)["restarts"] == 1, 120,
                "the requeue", run.path)

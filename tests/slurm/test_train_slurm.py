@@ -8,19 +8,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
-from _harness import logs_of, write_spec  # noqa: E402
+from _harness import logs_of, rows_logged, write_spec  # noqa: E402
 
 from hpcppo import metrics as hmetrics  # noqa: E402
 from hpcppo.launch import jobs, slurm  # noqa: E402
 from hpcppo.launch.status import run_status  # noqa: E402
 from hpcppo.launch.rundir import RunDir  # noqa: E402
 
-
-def _rows(run_dir: Path) -> int:
-    try:
-        return len(hmetrics.load(run_dir)) if list((run_dir / "metrics").glob("*.h5")) else 0
-    except Exception:  # a file being created: try again
-        return 0
 
 
 def test_usr2_checkpoints_requeues_and_resumes(slurm_cluster, random_tiny, tmp_path, wait_until):
@@ -30,7 +24,7 @@ def test_usr2_checkpoints_requeues_and_resumes(slurm_cluster, random_tiny, tmp_p
     assert crun.compiled.plan.nodes == 2 and crun.compiled.plan.world_size == 2
     run = crun.run
     job_id = jobs.submit_run(crun)
-    wait_until(lambda: _rows(run.path) >= 2, 180, "two training steps", run.path)
+    wait_until(lambda: rows_logged(run.path) >= 2, 180, "two training steps", run.path)
     slurm.cancel(job_id, signal="USR2")  # what Slurm's --signal=USR2@lead sends to the job steps
     # The trainers checkpoint and exit with the requeue code; the batch script requeues the job.
     wait_until(lambda: slurm.query_jobs([job_id])[job_id].state in ("PENDING", "REQUEUED"), 120, "the requeue",
