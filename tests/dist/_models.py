@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 
@@ -63,3 +66,22 @@ def batch(seed: int, n: int = 4, length: int = 12) -> torch.Tensor:
 
 def lm_loss(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return model(input_ids=ids, labels=ids).loss
+
+
+@contextlib.contextmanager
+def disk_full_on_rank(failing_rank: int, rank: int) -> Iterator[None]:
+    """Within the block, the checkpoint manager's durable writes raise ENOSPC on ``failing_rank`` only."""
+    import hpcppo.distributed.checkpoint as ckpt
+
+    real_write = ckpt._write_durable
+
+    def failing_write(path, data):
+        if rank == failing_rank:
+            raise OSError(28, "No space left on device")
+        real_write(path, data)
+
+    ckpt._write_durable = failing_write
+    try:
+        yield
+    finally:
+        ckpt._write_durable = real_write

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _models import Critic, batch, lm_loss, tiny_lm
+from _models import Critic, batch, disk_full_on_rank, lm_loss, tiny_lm
 from _spawn import run_distributed
 
 from hpcppo.distributed import layout
@@ -118,24 +118,13 @@ def _save_worker(rank: int, world: int, root: str) -> dict:
     out["committed_after_step3"] = mgr.list_committed()
 
     # A write that fails on one rank only must fail the save on every rank, promptly, and commit nothing.
-    import hpcppo.distributed.checkpoint as ckpt
-
-    real_write = ckpt._write_durable
-
-    def failing_write(path, data):
-        if rank == 1:
-            raise OSError(28, "No space left on device")
-        real_write(path, data)
-
-    ckpt._write_durable = failing_write
     t0 = time.perf_counter()
-    try:
-        mgr.save(4, models=models, optimizers=opts, extra={"step": 4})
-        out["failed_save"] = None
-    except Exception as exc:
-        out["failed_save"] = (type(exc).__name__, str(exc), time.perf_counter() - t0)
-    finally:
-        ckpt._write_durable = real_write
+    with disk_full_on_rank(1, rank):
+        try:
+            mgr.save(4, models=models, optimizers=opts, extra={"step": 4})
+            out["failed_save"] = None
+        except Exception as exc:
+            out["failed_save"] = (type(exc).__name__, str(exc), time.perf_counter() - t0)
     out["latest_after_failed_save"] = mgr.latest_committed()
     return out
 

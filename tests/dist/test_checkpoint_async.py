@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _models import batch, lm_loss
+from _models import batch, disk_full_on_rank, lm_loss
 from _spawn import run_distributed
 from test_checkpoint import _build, _models, _snapshot, _train_step
 
@@ -121,7 +121,6 @@ def test_a_synchronous_save_and_load_wait_for_the_background_one(tmp_path):
 
 # ---------------------------------------------------------------- two gloo ranks, FSDP
 def _two_rank_worker(rank: int, world: int, root: str) -> dict:
-    import hpcppo.distributed.checkpoint as ckpt
     from hpcppo.distributed.env import all_reduce_host
 
     actor, critic, ref, actor_opt, critic_opt, sched = _build(world, seed=0)
@@ -146,15 +145,7 @@ def _two_rank_worker(rank: int, world: int, root: str) -> dict:
         out[f"loaded_{step}"] = _snapshot(actor2, actor_opt2)
 
     # A write that fails on rank 1 only fails the background save on both ranks, at the next wait.
-    real_write = ckpt._write_durable
-
-    def failing_write(path, data):
-        if rank == 1:
-            raise OSError(28, "No space left on device")
-        real_write(path, data)
-
-    ckpt._write_durable = failing_write
-    try:
+    with disk_full_on_rank(1, rank):
         mgr.save(4, models=models, optimizers=opts, extra={"step": 4}, background=True)
         out["returned_before_failure"] = True
         try:
@@ -162,8 +153,6 @@ def _two_rank_worker(rank: int, world: int, root: str) -> dict:
             out["failed"] = None
         except Exception as exc:
             out["failed"] = f"{type(exc).__name__}: {exc}"
-    finally:
-        ckpt._write_durable = real_write
     out["latest_after_failure"] = mgr.latest_committed()
     out["loss_after"] = lm_loss(actor, batch(9).chunk(world)[rank]).item()  # the default group still works
     return out
