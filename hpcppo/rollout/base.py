@@ -331,3 +331,14 @@ class RolloutEngine(Protocol):
     def close(self) -> None:
         """Free the engine; it cannot be used afterwards."""
         ...
+
+    @property
+    def weights_dropped(self) -> bool:
+        """True when the engine holds no usable weights (e.g. vLLM's dummy load or level-2 sleep): the next step
+        syncs them even if the actor did not change."""
+        ...
+
+    @property
+    def sync_dtype(self) -> torch.dtype | None:
+        """The dtype to gather the actor's weights in for :meth:`sync_weights`; None = the training dtype."""
+        ...

@@ -223,6 +223,14 @@ class HFRolloutEngine:
 
     # -- memory -----------------------------------------------------------------------------------------------
 
+    @property
+    def weights_dropped(self) -> bool:
+        return False  # the model is the engine: its weights stay between steps
+
+    @property
+    def sync_dtype(self) -> torch.dtype | None:
+        return None  # copied into the engine's own parameters as they are
+
     def sleep(self) -> None:
         """No-op: the KV cache lives only inside :meth:`generate`."""
 

@@ -167,9 +167,9 @@ class Trainer(Recovery):
         (e.g. during critic warm-up the actor does not change). Collective: every rank decides alike."""
         engine = self.c.engine
         # An engine that discards its weights while asleep (vLLM, sleep level 2) needs them again every step.
-        if self.engine_version != self.actor_version or getattr(engine, "weights_dropped", False):
+        if self.engine_version != self.actor_version or engine.weights_dropped:
             # Gathered in the engine's dtype where it has one (bf16 traffic for vLLM); the HF engine takes fp32.
-            engine.sync_weights(iter_full_params(self.c.actor, dtype=getattr(engine, "sync_dtype", None)))
+            engine.sync_weights(iter_full_params(self.c.actor, dtype=engine.sync_dtype))
             self.engine_version = self.actor_version
 
     def score(self, batch: Batch) -> Batch:
