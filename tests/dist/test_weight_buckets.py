@@ -1,0 +1,93 @@
+"""Bucketed weight streaming (``iter_full_params(bucket_bytes=...)``) on 3 real gloo ranks.
+
+Three ranks make FSDP2's ``Shard(0)`` split uneven: a dim-0 of 5 is cut 2/2/1, a dim-0 of 2 is cut 1/1/0 (the last
+rank holds an empty shard), so the padding and the cut-off after the gather are exercised, not just the even case.
+Every streamed tensor is compared bit for bit with ``DTensor.full_tensor()`` of the same parameter, at bucket sizes
+from "one parameter per gather" to "everything in one gather", and the all-gathers are counted.
+"""
+
+from __future__ import annotations
+
+import torch
+from _spawn import run_distributed
+from torch import nn
+
+
+class Odd(nn.Module):
+    """Parameters whose first dimension does not divide by 3, one smaller than 3, and 1-D ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(7)
+        self.embed = nn.Embedding(10, 4)  # 10 rows: 4/4/2
+        self.blocks = nn.ModuleList([nn.Linear(4, 5), nn.Linear(5, 2), nn.Linear(2, 4)])  # 5: 2/2/1, 2: 1/1/0
+        self.norm = nn.LayerNorm(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.norm(h)
+
+
+def _worker(rank: int, world: int) -> dict:
+    from torch.distributed.tensor import DTensor
+
+    from hpcppo.distributed import weights
+    from hpcppo.distributed.fsdp import apply_fsdp
+    from hpcppo.distributed.mesh import build_mesh
+
+    mesh = build_mesh("cpu", world, 1, hsdp=False)
+    out: dict = {}
+    for offload in (False, True):
+        model = apply_fsdp(Odd(), mesh, param_dtype=None, reduce_dtype=None, cpu_offload=offload,
+                           reshard_after_forward=True, layer_classes=(nn.Linear,))
+        expected = {weights.clean_name(n): p.full_tensor() for n, p in model.named_parameters()}
+        out["local_rows"] = {n: p.to_local().shape[0] for n, p in model.named_parameters()}
+        out["all_dtensor"] = all(isinstance(p, DTensor) for p in model.parameters())
+        for dtype in (None, torch.bfloat16):
+            for bucket_bytes in (1, 64, 1 << 20):
+                gathers = []
+                real = weights._all_gather
+
+                def counting(out_, inp, group):  # a recording wrapper around the real collective
+                    gathers.append(inp.numel())
+                    real(out_, inp, group)
+
+                weights._all_gather = counting
+                try:
+                    got = list(weights.iter_full_params(model, dtype=dtype, bucket_bytes=bucket_bytes))
+                finally:
+                    weights._all_gather = real
+                want = {n: t if dtype is None else t.to(dtype) for n, t in expected.items()}
+                out[(offload, dtype, bucket_bytes)] = {
+                    "names": [n for n, _ in got],
+                    "exact": all(t.dtype == want[n].dtype and torch.equal(t, want[n]) for n, t in got),
+                    "contiguous": [(n, tuple(t.shape), t.stride()) for n, t in got if not t.is_contiguous()],
+                    "gathers": len(gathers),
+                }
+        out["expected_names"] = list(expected)
+    return out
+
+
+def test_buckets_stream_exact_full_tensors_on_uneven_shards():
+    results = run_distributed(_worker, 3)
+    names = results[0]["expected_names"]
+    assert len(names) == 9  # embed, 3 x (weight, bias), norm weight and bias
+    # The uneven split really happened: rank 2 holds 2 of the embedding's 10 rows and none of the 2-row weight.
+    assert results[2]["local_rows"]["embed.weight"] == 2
+    assert results[2]["local_rows"]["blocks.1.weight"] == 0 and results[0]["local_rows"]["blocks.1.weight"] == 1
+    for r in results:
+        assert r["all_dtensor"]
+        for offload in (False, True):
+            for dtype in (None, torch.bfloat16):
+                per_param = r[(offload, dtype, 1)]
+                small = r[(offload, dtype, 64)]
+                whole = r[(offload, dtype, 1 << 20)]
+                for case in (per_param, small, whole):
+                    assert case["names"] == names  # the order of named_parameters, whatever the buckets
+                    assert case["exact"], (offload, dtype)
+                    assert not case["contiguous"], case["contiguous"]
+                assert per_param["gathers"] == len(names)  # each parameter alone
+                assert whole["gathers"] == 1  # the whole model in one collective
+                assert 1 < small["gathers"] < len(names)
