@@ -47,6 +47,7 @@ import os
 import random
 import re
 import shutil
+import sys
 import threading
 import time
 import uuid
@@ -61,7 +62,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -73,6 +74,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.optim import Optimizer
 
 from hpcppo.distributed import layout
+from hpcppo.distributed.dcp_reader import DirectReader
 from hpcppo.distributed.layout import CorruptCheckpointError
 from hpcppo.distributed.env import all_gather_object, barrier, broadcast_object, get_rank, get_world_size
 from hpcppo.errors import RunStateError
@@ -218,13 +220,17 @@ def _agreed(what: str, group: Any = None) -> Iterator[None]:
         raise RuntimeError(f"checkpoint {what} failed on rank(s) " + "; ".join(f"{r}: {e}" for r, e in failures))
 
 
-def _read_dcp(state: dict[str, Any], path: Path) -> None:
+def _read_dcp(state: dict[str, Any], path: Path, *, same_byteorder: bool = False) -> tuple[int, int]:
     """``dcp.load`` of ``path/dcp`` into ``state``; a shard or ``.metadata`` that cannot be read raises
     ``CorruptCheckpointError`` on every rank (DCP gathers every rank's failure). Other failures (a state dict that
-    does not match the checkpoint's) are not damage and propagate unchanged."""
+    does not match the checkpoint's) are not damage and propagate unchanged. ``same_byteorder`` (the marker says the
+    writer had this machine's byte order) lets whole tensors be read straight into ``state``'s tensors
+    (:class:`~hpcppo.distributed.dcp_reader.DirectReader`). Returns (tensors read in place, tensors read)."""
     try:
         with _quiet_without_process_group():
-            dcp.load(state, storage_reader=FileSystemReader(path / DCP_DIR), no_dist=not dist.is_initialized())
+            reader = DirectReader(path / DCP_DIR, same_byteorder=same_byteorder)
+            dcp.load(state, storage_reader=reader, no_dist=not dist.is_initialized())
+        return reader.direct_items, reader.tensor_items
     except CheckpointException as exc:  # a BaseException: one per failing rank, with its traceback
         for rank, (error, trace) in sorted(exc.failures.items()):
             if any(frame.name in ("read_data", "read_metadata") for frame in trace or ()):
@@ -293,6 +299,7 @@ class CheckpointManager:
         self.last_blocking_s: float | None = None  # call to return: what the training loop waited for
         self.last_checksum_s: float | None = None  # of the last save: digesting this rank's shards after DCP wrote them
         self.last_load_s: float | None = None
+        self.last_load_direct: tuple[int, int] = (0, 0)  # of the last load: (tensors read in place, tensors read)
 
     # ---------------------------------------------------------------- queries (local)
     def step_dir(self, step: int) -> Path:
@@ -366,7 +373,7 @@ class CheckpointManager:
                            check_weights_only(rng_state(), "rng state") if save_rng else None,
                            {"step": step, "world_size": self.world_size, "models": sorted(models),
                             "optimizers": sorted(stepped), "empty_optimizers": sorted(set(optimizers) - set(stepped)),
-                            "rng": save_rng}, t0)
+                            "rng": save_rng, "byteorder": sys.byteorder}, t0)
             state, writer = self._state(models, stepped), FileSystemWriter(tmp / DCP_DIR, sync_files=True)
             upload = None
             with _quiet_without_process_group():  # DCP agrees on failures across ranks by itself
@@ -528,7 +535,8 @@ class CheckpointManager:
         optimizers = {name: opt for name, opt in optimizers.items() if name not in empty}
         t0 = time.perf_counter()
         state = self._state(models, optimizers)
-        _read_dcp(state, path)  # DCP agrees on failures across ranks by itself
+        # DCP agrees on failures across ranks by itself.
+        self.last_load_direct = _read_dcp(state, path, same_byteorder=marker.get("byteorder") == sys.byteorder)
         for name, model in models.items():
             if name in optimizers:
                 set_state_dict(model, optimizers[name], model_state_dict=state["model"][name],
@@ -541,7 +549,8 @@ class CheckpointManager:
             if restore_rng and marker.get("world_size") == self.world_size and rng_path.is_file():
                 set_rng_state(_read_small(path, rng_path.name))
         self.last_load_s = time.perf_counter() - t0
-        log.info("checkpoint step %d loaded in %.2f s", step, self.last_load_s)
+        log.info("checkpoint step %d loaded in %.2f s (%d of this rank's %d tensors read in place)", step,
+                 self.last_load_s, *self.last_load_direct)
         return extra
 
     def load_newest_intact(self, *, models: Mapping[str, nn.Module],

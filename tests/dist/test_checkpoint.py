@@ -105,6 +105,7 @@ def _save_worker(rank: int, world: int, root: str) -> dict:
     models2, opts2 = _models(actor2, critic2, ref2, actor_opt2, critic_opt2)
     extra2 = mgr.load(2, models=models2, optimizers=opts2)
     out["load_s"] = mgr.last_load_s
+    out["load_direct"] = mgr.last_load_direct
     out["rng_after_load"] = torch.rand(3)
     sched2.load_state_dict(extra2["sched"])
     out["loaded_extra"] = extra2
@@ -137,6 +138,7 @@ def _load_one_rank_worker(rank: int, world: int, root: str) -> dict:
         mgr = CheckpointManager(root, keep_last=2)
         extra = mgr.load(2, models=models, optimizers=opts)
         out[sharded] = {"snapshot": _snapshot(actor, actor_opt), "extra": extra, "load_s": mgr.last_load_s,
+                        "load_direct": mgr.last_load_direct,
                         "continuation": _continuation(actor, actor_opt, batch(3), batch(4))}
     return out
 
@@ -163,6 +165,8 @@ def test_two_rank_save_then_two_rank_load_is_bit_identical(saved_two_ranks):
         assert r["ref_equal"]
         assert r["continuation_loaded"] == r["continuation"]
         assert r["loaded_extra"] == r["saved_extra"]
+        # Same world size: every tensor was read straight into the model's and optimizer's own tensors.
+        assert r["load_direct"][0] == r["load_direct"][1] > 20
         assert r["lr_after_load"][0] == r["lr_after_load"][1]
         # Each rank's own RNG stream resumes where it was saved.
         assert torch.equal(r["rng_after_load"], r["rng_after_save"])
@@ -197,6 +201,9 @@ def test_two_rank_checkpoint_loads_on_one_rank(saved_two_ranks):
         got = one[sharded]
         _assert_identical(two[0]["saved"], got["snapshot"])
         assert got["extra"] == two[0]["saved_extra"]
+        # Each rank's rows land in a slice of the one-rank tensor (a contiguous narrow along dim 0): still in place.
+        # (Both ranks' chunks of each sharded tensor; replicated ones, such as Adam's step counts, were saved once.)
+        assert got["load_direct"][0] == got["load_direct"][1] > two[0]["load_direct"][1]
         # Same weights and moments: the full-batch loss is the mean of the two ranks' half-batch losses, and the
         # update that follows (which reads the Adam moments) lands at the same loss.
         loss_a = sum(r["continuation"][0] for r in two) / 2
@@ -342,6 +349,53 @@ def test_partial_load_and_model_without_optimizer(tmp_path):
     mgr.load(1, models={"critic": critic2, "ref": ref2}, optimizers={"critic": critic_opt2})
     assert torch.equal(critic2.weight, critic.weight) and torch.equal(ref2.weight, ref.weight)
     assert torch.equal(critic_opt2.state[critic2.weight]["exp_avg"], critic_opt.state[critic.weight]["exp_avg"])
+
+
+def _tiny_column_major(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """``_tiny`` with the weight stored column-major (a dense, non-contiguous parameter; its Adam moments follow)."""
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 3)
+    model.weight = torch.nn.Parameter(model.weight.detach().t().contiguous().t())
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def _same_state(a: tuple[torch.nn.Module, torch.optim.Optimizer], b: tuple[torch.nn.Module, torch.optim.Optimizer]):
+    for (name, p), q in zip(a[0].named_parameters(), b[0].parameters()):
+        assert torch.equal(p, q), name
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(a[1].state[p][key], b[1].state[q][key]), (name, key)
+
+
+def test_tensors_that_cannot_be_read_in_place_take_dcp_own_path(tmp_path):
+    """In-place reads need a contiguous stored tensor, a contiguous destination and the writer's byte order on
+    record; anything else is read by DCP's reader, with the same result."""
+    mgr = CheckpointManager(tmp_path, keep_last=0)
+    n = 8  # weight and bias, and for each its exp_avg, exp_avg_sq and step
+
+    def round_trip(step: int, src, dst) -> tuple[int, int]:
+        mgr.save(step, models={"m": src[0]}, optimizers={"m": src[1]}, extra={})
+        mgr.load(step, models={"m": dst[0]}, optimizers={"m": dst[1]})
+        _same_state(src, dst)
+        return mgr.last_load_direct
+
+    assert round_trip(1, _tiny(0), _tiny(99)) == (n, n)  # every tensor in place, 0-d step counts included
+    assert not _tiny_column_major()[0].weight.is_contiguous()
+    # Stored column-major (weight and its two moments), destination row-major: those three go through DCP.
+    assert round_trip(2, _tiny_column_major(0), _tiny(99)) == (n - 3, n)
+    # Stored row-major, destination column-major: the same three.
+    assert round_trip(3, _tiny(0), _tiny_column_major(99)) == (n - 3, n)
+    # A checkpoint whose marker does not record the writer's byte order (written before it was recorded).
+    src, dst = _tiny(0), _tiny(99)
+    mgr.save(4, models={"m": src[0]}, optimizers={"m": src[1]}, extra={})
+    marker = layout.read_marker(mgr.step_dir(4))
+    assert marker.pop("byteorder") == sys.byteorder
+    layout.write_marker(mgr.step_dir(4), marker)
+    mgr.load(4, models={"m": dst[0]}, optimizers={"m": dst[1]})
+    _same_state(src, dst)
+    assert mgr.last_load_direct == (0, n)
 
 
 def test_rng_states_round_trip(tmp_path):
