@@ -74,7 +74,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.optim import Optimizer
 
 from hpcppo.distributed import layout
-from hpcppo.distributed.dcp_reader import DirectReader
+from hpcppo.distributed import dcp_io
 from hpcppo.distributed.layout import CorruptCheckpointError
 from hpcppo.distributed.env import all_gather_object, barrier, broadcast_object, get_rank, get_world_size
 from hpcppo.errors import RunStateError
@@ -220,15 +220,15 @@ def _agreed(what: str, group: Any = None) -> Iterator[None]:
         raise RuntimeError(f"checkpoint {what} failed on rank(s) " + "; ".join(f"{r}: {e}" for r, e in failures))
 
 
-def _read_dcp(state: dict[str, Any], path: Path, *, same_byteorder: bool = False) -> tuple[int, int]:
+def _read_dcp(state: dict[str, Any], path: Path, *, direct: bool = False) -> tuple[int, int]:
     """``dcp.load`` of ``path/dcp`` into ``state``; a shard or ``.metadata`` that cannot be read raises
     ``CorruptCheckpointError`` on every rank (DCP gathers every rank's failure). Other failures (a state dict that
-    does not match the checkpoint's) are not damage and propagate unchanged. ``same_byteorder`` (the marker says the
-    writer had this machine's byte order) lets whole tensors be read straight into ``state``'s tensors
-    (:class:`~hpcppo.distributed.dcp_reader.DirectReader`). Returns (tensors read in place, tensors read)."""
+    does not match the checkpoint's) are not damage and propagate unchanged. ``direct`` (the marker's tensor layout
+    is the one this machine reads as is) lets stored chunks be read straight into ``state``'s tensors
+    (:class:`~hpcppo.distributed.dcp_io.DirectReader`). Returns (tensors read in place, tensors read)."""
     try:
         with _quiet_without_process_group():
-            reader = DirectReader(path / DCP_DIR, same_byteorder=same_byteorder)
+            reader = dcp_io.DirectReader(path / DCP_DIR, direct=direct)
             dcp.load(state, storage_reader=reader, no_dist=not dist.is_initialized())
         return reader.direct_items, reader.tensor_items
     except CheckpointException as exc:  # a BaseException: one per failing rank, with its traceback
@@ -373,15 +373,17 @@ class CheckpointManager:
                            check_weights_only(rng_state(), "rng state") if save_rng else None,
                            {"step": step, "world_size": self.world_size, "models": sorted(models),
                             "optimizers": sorted(stepped), "empty_optimizers": sorted(set(optimizers) - set(stepped)),
-                            "rng": save_rng, "byteorder": sys.byteorder}, t0)
+                            "rng": save_rng, "tensor_layout": {"order": dcp_io.LAYOUT, "byteorder": sys.byteorder}},
+                           t0)
             state, writer = self._state(models, stepped), FileSystemWriter(tmp / DCP_DIR, sync_files=True)
             upload = None
             with _quiet_without_process_group():  # DCP agrees on failures across ranks by itself
                 if background:  # returns once `state` is copied to new CPU tensors (module docstring)
-                    upload = dcp.async_save(state, storage_writer=writer, process_group=self._background_group(),
-                                            no_dist=not dist.is_initialized())
+                    upload = dcp.async_save(state, storage_writer=writer, planner=dcp_io.ContiguousSavePlanner(),
+                                            process_group=self._background_group(), no_dist=not dist.is_initialized())
                 else:
-                    dcp.save(state, storage_writer=writer, no_dist=not dist.is_initialized())
+                    dcp.save(state, storage_writer=writer, planner=dcp_io.ContiguousSavePlanner(),
+                             no_dist=not dist.is_initialized())
         except BaseException:
             self._saving = False
             raise
@@ -536,7 +538,8 @@ class CheckpointManager:
         t0 = time.perf_counter()
         state = self._state(models, optimizers)
         # DCP agrees on failures across ranks by itself.
-        self.last_load_direct = _read_dcp(state, path, same_byteorder=marker.get("byteorder") == sys.byteorder)
+        direct = marker.get("tensor_layout") == {"order": dcp_io.LAYOUT, "byteorder": sys.byteorder}
+        self.last_load_direct = _read_dcp(state, path, direct=direct)
         for name, model in models.items():
             if name in optimizers:
                 set_state_dict(model, optimizers[name], model_state_dict=state["model"][name],

@@ -370,8 +370,8 @@ def _same_state(a: tuple[torch.nn.Module, torch.optim.Optimizer], b: tuple[torch
 
 
 def test_tensors_that_cannot_be_read_in_place_take_dcp_own_path(tmp_path):
-    """In-place reads need a contiguous stored tensor, a contiguous destination and the writer's byte order on
-    record; anything else is read by DCP's reader, with the same result."""
+    """Chunks are read in place when the checkpoint records a layout this machine reads as is and the destination
+    is contiguous; anything else is read by DCP's reader, with the same result."""
     mgr = CheckpointManager(tmp_path, keep_last=0)
     n = 8  # weight and bias, and for each its exp_avg, exp_avg_sq and step
 
@@ -382,20 +382,22 @@ def test_tensors_that_cannot_be_read_in_place_take_dcp_own_path(tmp_path):
         return mgr.last_load_direct
 
     assert round_trip(1, _tiny(0), _tiny(99)) == (n, n)  # every tensor in place, 0-d step counts included
+    assert layout.read_marker(mgr.step_dir(1))["tensor_layout"] == {"order": "contiguous", "byteorder": sys.byteorder}
     assert not _tiny_column_major()[0].weight.is_contiguous()
-    # Stored column-major (weight and its two moments), destination row-major: those three go through DCP.
-    assert round_trip(2, _tiny_column_major(0), _tiny(99)) == (n - 3, n)
-    # Stored row-major, destination column-major: the same three.
+    # Stored from column-major tensors: saved row-major, so still read in place into row-major ones.
+    assert round_trip(2, _tiny_column_major(0), _tiny(99)) == (n, n)
+    # A column-major destination (the weight and its two moments) goes through DCP.
     assert round_trip(3, _tiny(0), _tiny_column_major(99)) == (n - 3, n)
-    # A checkpoint whose marker does not record the writer's byte order (written before it was recorded).
-    src, dst = _tiny(0), _tiny(99)
-    mgr.save(4, models={"m": src[0]}, optimizers={"m": src[1]}, extra={})
-    marker = layout.read_marker(mgr.step_dir(4))
-    assert marker.pop("byteorder") == sys.byteorder
-    layout.write_marker(mgr.step_dir(4), marker)
-    mgr.load(4, models={"m": dst[0]}, optimizers={"m": dst[1]})
-    _same_state(src, dst)
-    assert mgr.last_load_direct == (0, n)
+    # A checkpoint whose marker records no layout (written before it was recorded), or another byte order.
+    for edit in ({}, {"order": "contiguous", "byteorder": "big" if sys.byteorder == "little" else "little"}):
+        src, dst = _tiny(0), _tiny(99)
+        mgr.save(4, models={"m": src[0]}, optimizers={"m": src[1]}, extra={})
+        marker = layout.read_marker(mgr.step_dir(4))
+        del marker["tensor_layout"]
+        layout.write_marker(mgr.step_dir(4), marker | ({"tensor_layout": edit} if edit else {}))
+        mgr.load(4, models={"m": dst[0]}, optimizers={"m": dst[1]})
+        _same_state(src, dst)
+        assert mgr.last_load_direct == (0, n)
 
 
 def test_rng_states_round_trip(tmp_path):
