@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem, WriteItem
 from torch.futures import Future
@@ -78,6 +78,22 @@ class _Window(io.RawIOBase):
         got = self._file.readinto(memoryview(buffer)[:n])
         self._pos += got
         return got
+
+
+class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner, except that non-tensor items only load if the weights-only unpickler accepts them.
+
+    DCP saves each non-tensor value of a state dict (an optimizer's ``param_groups``: floats, tuples, bools) as a
+    ``torch.save`` blob, and ``DefaultLoadPlanner.load_bytes`` (torch 2.13, default_planner.py) reads it back with
+    ``torch.load(weights_only=False)``: a tampered checkpoint could run code there. Here every blob is first
+    unpickled with ``weights_only=True``, which refuses any global outside torch's allowlist (an
+    ``UnpicklingError``: the item is damage); only bytes that passed are handed on to DCP's own placement.
+    """
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        torch.load(value, weights_only=True)
+        value.seek(0)
+        super().load_bytes(read_item, value)
 
 
 def _record_span(view: Any, nbytes: int) -> int | None:

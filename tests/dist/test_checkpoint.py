@@ -400,6 +400,42 @@ def test_tensors_that_cannot_be_read_in_place_take_dcp_own_path(tmp_path):
         assert mgr.last_load_direct == (0, n)
 
 
+class _TouchOnUnpickle:
+    """An object whose unpickling runs code: it creates ``path`` (a stand-in for anything worse)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return Path.touch, (self.path,)
+
+
+def test_non_tensor_items_load_only_through_the_weights_only_unpickler(tmp_path):
+    """DCP stores non-tensor state (optimizer param_groups) as pickles and its default planner unpickles them with
+    weights_only=False; hpcppo's loads refuse any global outside torch's allowlist and call the item damage."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    mgr = CheckpointManager(tmp_path / "checkpoints", keep_last=0)
+    canary = tmp_path / "code-ran"
+    model, opt = _tiny(0)
+    opt.param_groups[0]["tag"] = _TouchOnUnpickle(canary)
+    mgr.save(1, models={"m": model}, optimizers={"m": opt}, extra={})
+    assert not canary.exists()
+    dst, dst_opt = _tiny(99)
+    dst_opt.param_groups[0]["tag"] = "a plain value"  # so the load asks for the item (as it does for "lr")
+    with pytest.raises(CorruptCheckpointError, match=r"step-1/dcp is damaged: cannot be read on rank 0 "
+                                                     r"\(UnpicklingError: .*Weights only load failed"):
+        mgr.load(1, models={"m": dst}, optimizers={"m": dst_opt})
+    assert not canary.exists()
+    # The threat is real: DCP's own planner runs the payload when it reads the same checkpoint.
+    models, optims = get_state_dict(dst, dst_opt)
+    dcp.load({"model": {"m": models}, "optim": {"m": optims}},
+             storage_reader=FileSystemReader(mgr.step_dir(1) / "dcp"), no_dist=True)
+    assert canary.exists()
+
+
 def test_rng_states_round_trip(tmp_path):
     import random
 
