@@ -14,6 +14,10 @@ every byte (86.5M-parameter model of ``tools/bench_scale.py``, one rank, 1 GB: 0
   its first dimension when the world size changed). The record's place comes from the item's zip directory
   (``zipfile``; nothing is unpickled). Everything else — a checkpoint written before the layout was recorded, a
   GPU or non-contiguous destination, a chunk cut differently, another byte order — goes through DCP's own reader.
+  A damaged or hostile shard can only put wrong numbers into tensors whose dtype and shape the destination fixes
+  (the marker's CRC-32s find accidents; ``verify_shards`` checks them before reading).
+* :class:`WeightsOnlyLoadPlanner` (loading) makes DCP's non-tensor items (optimizer ``param_groups``) go through
+  the weights-only unpickler, which DCP's default planner does not use.
 """
 
 from __future__ import annotations
