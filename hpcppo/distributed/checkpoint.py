@@ -62,7 +62,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -273,6 +272,7 @@ class _SaveJob(NamedTuple):
     rng_bytes: bytes | None
     marker: dict[str, Any]  # without "files": the manifest is gathered once the files are written
     started: float  # time.perf_counter() when save was called
+    written: dict[str, tuple[int, int]]  # (size, crc32) of each DCP file as this rank wrote it, filled by DCP's write
 
 
 class CheckpointManager:
@@ -304,7 +304,7 @@ class CheckpointManager:
         self._group: Any = None  # the checkpoint-only gloo process group of background saves
         self.last_save_s: float | None = None  # call to commit (for a background save: measured when it commits)
         self.last_blocking_s: float | None = None  # call to return: what the training loop waited for
-        self.last_checksum_s: float | None = None  # of the last save: digesting this rank's shards after DCP wrote them
+        self.last_checksum_s: float | None = None  # of the last save: the manifest entries of this rank's DCP files
         self.last_load_s: float | None = None
         self.last_load_direct: tuple[int, int] = (0, 0)  # of the last load: (tensors read in place, tensors read)
 
@@ -376,13 +376,14 @@ class CheckpointManager:
             if self.rank == 0:
                 tmp.mkdir(parents=True)
             barrier()
+            writer = dcp_io.DigestingWriter(tmp / DCP_DIR, sync_files=True)
             job = _SaveJob(step, tmp, token, extra_bytes if self.rank == 0 else None,
                            check_weights_only(rng_state(), "rng state") if save_rng else None,
                            {"step": step, "world_size": self.world_size, "models": sorted(models),
                             "optimizers": sorted(stepped), "empty_optimizers": sorted(set(optimizers) - set(stepped)),
                             "rng": save_rng, "tensor_layout": {"order": dcp_io.LAYOUT, "byteorder": sys.byteorder}},
-                           t0)
-            state, writer = self._state(models, stepped), FileSystemWriter(tmp / DCP_DIR, sync_files=True)
+                           t0, writer.digests)
+            state = self._state(models, stepped)
             upload = None
             with _quiet_without_process_group():  # DCP agrees on failures across ranks by itself
                 if background:  # returns once `state` is copied to new CPU tensors (module docstring)
@@ -429,7 +430,7 @@ class CheckpointManager:
             if upload is not None:
                 upload.result()  # DCP's CheckpointException when any rank failed: raised on every rank
             with _agreed(f"writing {tmp}", group):  # every rank's files are on disk before rank 0 publishes them
-                files = self._write_own_files(tmp, job.extra_bytes, job.rng_bytes)
+                files = self._write_own_files(tmp, job.extra_bytes, job.rng_bytes, job.written)
             manifest = {name: record for part in _gather(files, group) for name, record in part.items()}
             with _agreed(f"committing {self.step_dir(step)}", group):  # nobody returns before the commit
                 if self.rank == 0:
@@ -444,12 +445,13 @@ class CheckpointManager:
                  self.last_save_s, "" if upload is None else f", {self.last_blocking_s:.2f} s of it blocking",
                  self.last_checksum_s)
 
-    def _write_own_files(self, tmp: Path, extra_bytes: bytes | None,
-                         rng_bytes: bytes | None) -> dict[str, dict[str, Any]]:
+    def _write_own_files(self, tmp: Path, extra_bytes: bytes | None, rng_bytes: bytes | None,
+                         written: Mapping[str, tuple[int, int]]) -> dict[str, dict[str, Any]]:
         """Write this rank's small files; return the manifest entries of every file this rank wrote.
 
-        The small files are digested from the bytes in memory; the DCP shards are read back once DCP has written
-        them (its writer has no hook to digest while writing), from the page cache while it still holds them.
+        The small files are digested from the bytes in memory, the DCP shards from the bytes DCP wrote (``written``,
+        by file name, from :class:`~hpcppo.distributed.dcp_io.DigestingWriter`) when the file on disk has that
+        size; any other file of this rank (DCP's ``.metadata``, renamed after it was written) is read back.
         """
         files = {}
         if rng_bytes is not None:
@@ -462,7 +464,11 @@ class CheckpointManager:
         for entry in sorted((tmp / DCP_DIR).iterdir()):
             name = f"{DCP_DIR}/{entry.name}"
             if entry.is_file() and _owner(name, self.world_size) == self.rank:
-                files[name] = layout.file_digest(entry)
+                seen = written.get(entry.name)
+                if seen is not None and seen[0] == entry.stat().st_size:
+                    files[name] = layout.digest_record(*seen)
+                else:
+                    files[name] = layout.file_digest(entry)
         self.last_checksum_s = time.perf_counter() - t0
         return files
 

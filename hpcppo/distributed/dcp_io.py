@@ -16,21 +16,29 @@ every byte (86.5M-parameter model of ``tools/bench_scale.py``, one rank, 1 GB: 0
   GPU or non-contiguous destination, a chunk cut differently, another byte order — goes through DCP's own reader.
   A damaged or hostile shard can only put wrong numbers into tensors whose dtype and shape the destination fixes
   (the marker's CRC-32s find accidents; ``verify_shards`` checks them before reading).
+* :class:`DigestingWriter` (saving) is DCP's ``FileSystemWriter`` with a CRC-32 of every file taken from the bytes as
+  they are written, so the checkpoint's manifest needs no second pass over the shards.
 * :class:`WeightsOnlyLoadPlanner` (loading) makes DCP's non-tensor items (optimizer ``param_groups``) go through
   the weights-only unpickler, which DCP's default planner does not use.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import os
 import struct
+import threading
 import zipfile
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem, WriteItem
@@ -82,6 +90,69 @@ class _Window(io.RawIOBase):
         got = self._file.readinto(memoryview(buffer)[:n])
         self._pos += got
         return got
+
+
+class _DigestingStream(io.RawIOBase):
+    """A binary file being written, whose size and CRC-32 follow every ``write``."""
+
+    def __init__(self, file: Any) -> None:
+        super().__init__()
+        self._file = file
+        self.size = 0
+        self.crc = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        n = self._file.write(view)
+        if n != len(view):  # a buffered binary file writes everything or raises
+            raise OSError(f"short write to {self._file.name}: {n} of {len(view)} bytes")
+        self.crc = zlib.crc32(view, self.crc)  # zlib releases the GIL on large buffers
+        self.size += n
+        return n
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def fileno(self) -> int:
+        return self._file.fileno()
+
+
+class _DigestingFileSystem(FileSystem):
+    def __init__(self, digests: dict[str, tuple[int, int]], lock: threading.Lock) -> None:
+        super().__init__()
+        self._digests, self._lock = digests, lock
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
+        if "w" not in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        with super().create_stream(path, mode) as file:
+            stream = _DigestingStream(file)
+            yield stream
+            with self._lock:  # DCP's writer may use several threads
+                self._digests[Path(path).name] = (stream.size, stream.crc)
+
+
+class DigestingWriter(FileSystemWriter):
+    """``FileSystemWriter`` that records ``(size, crc32)`` of each file it writes, by file name, in ``digests``.
+
+    DCP (torch 2.13, filesystem.py) writes every file through ``self.fs.create_stream(path, "wb")`` and only
+    ``write``s, ``tell``s, ``flush``es and ``fsync``s the stream; the digest is of exactly the bytes handed to the
+    file. A file that is later renamed (DCP's ``.metadata``) is recorded under the name it was written as.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        self.digests: dict[str, tuple[int, int]] = {}
+        self.fs = _DigestingFileSystem(self.digests, threading.Lock())
 
 
 class WeightsOnlyLoadPlanner(DefaultLoadPlanner):

@@ -239,9 +239,14 @@ def one_line(exc: BaseException, limit: int = 200) -> str:
     return f"{type(exc).__name__}: {text[0][:limit]}" if text else type(exc).__name__
 
 
+def digest_record(size: int, crc32: int) -> dict[str, Any]:
+    """The manifest entry of a file of ``size`` bytes whose CRC-32 is ``crc32``."""
+    return {"size": size, CHECKSUM: f"{crc32:08x}"}
+
+
 def file_record(data: bytes | bytearray | memoryview) -> dict[str, Any]:
     """The manifest entry of a file whose bytes are ``data`` (no need to read back what was just written)."""
-    return {"size": len(data), CHECKSUM: f"{zlib.crc32(data):08x}"}
+    return digest_record(len(data), zlib.crc32(data))
 
 
 def file_digest(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -253,7 +258,7 @@ def file_digest(path: str | os.PathLike[str]) -> dict[str, Any]:
         while n := f.readinto(buf):
             crc = zlib.crc32(view[:n], crc)
             size += n
-    return {"size": size, CHECKSUM: f"{crc:08x}"}
+    return digest_record(size, crc)
 
 
 def manifest(checkpoint_dir: str | os.PathLike[str]) -> dict[str, dict[str, Any]] | None:

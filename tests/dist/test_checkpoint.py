@@ -524,9 +524,15 @@ def _drop_manifest(step_dir: Path) -> None:
     layout.write_marker(step_dir, marker)
 
 
-def test_the_marker_records_every_file_with_its_size_and_crc32(tmp_path):
+def test_the_marker_records_every_file_with_its_size_and_crc32(tmp_path, monkeypatch):
     mgr = CheckpointManager(tmp_path, keep_last=0)
+    read_back = []
+    digest = layout.file_digest
+    monkeypatch.setattr(layout, "file_digest", lambda path: read_back.append(Path(path).name) or digest(path))
     _save(mgr, 1)
+    # The shard's entry comes from the bytes DCP wrote; only DCP's renamed .metadata is read back.
+    assert read_back == [".metadata"]
+    monkeypatch.undo()
     step = mgr.step_dir(1)
     files = layout.manifest(step)
     on_disk = sorted(str(p.relative_to(step)) for p in step.rglob("*") if p.is_file() and p.name != "COMMITTED")
