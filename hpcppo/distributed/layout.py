@@ -14,9 +14,10 @@ else under the checkpoints root is either in flight or debris of a crash:
 
 The marker records every file of the checkpoint (``"files": {relative path: {"size": bytes, "crc32": hex}}``) so
 that damage done after the commit (a truncated shard, bytes overwritten) is found before the checkpoint is trusted
-(:func:`check_file`). CRC-32 because the threat is accident, not attack, and zlib's is the fastest digest in the
-standard library (~3 GB/s on one core here, SHA-256 ~1.6 GB/s, BLAKE2b ~0.85 GB/s). Markers written before
-the manifest existed have no ``"files"``: such checkpoints are trusted as they always were.
+(:func:`check_file`). CRC-32 because the threat is accident, not attack: ISA-L's (``isal``) computes the same
+CRC-32 as zlib at ~20 GB/s on one core here, zlib's 2.6-4 GB/s, SHA-256 ~1.6 GB/s, BLAKE2b ~0.85 GB/s; where no
+``isal`` wheel exists zlib's gives the same values, slower. Markers written before the manifest existed have no
+``"files"``: such checkpoints are trusted as they always were.
 """
 
 from __future__ import annotations
@@ -26,13 +27,17 @@ import json
 import os
 import re
 import shutil
-import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from hpcppo.errors import RunStateError, StorageError
 from hpcppo.fsutil import atomic_write_bytes, fsync_dir
+
+try:  # the same function as zlib.crc32 (same polynomial, same values), ~5x faster; releases the GIL like zlib's
+    from isal.isal_zlib import crc32
+except ImportError:  # a platform without an isal wheel (see pyproject.toml)
+    from zlib import crc32
 
 MARKER = "COMMITTED"
 _STEP_RE = re.compile(r"^step-(\d+)$")
@@ -246,7 +251,7 @@ def digest_record(size: int, crc32: int) -> dict[str, Any]:
 
 def file_record(data: bytes | bytearray | memoryview) -> dict[str, Any]:
     """The manifest entry of a file whose bytes are ``data`` (no need to read back what was just written)."""
-    return digest_record(len(data), zlib.crc32(data))
+    return digest_record(len(data), crc32(data))
 
 
 def file_digest(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -256,7 +261,7 @@ def file_digest(path: str | os.PathLike[str]) -> dict[str, Any]:
     view = memoryview(buf)
     with open(path, "rb", buffering=0) as f:
         while n := f.readinto(buf):
-            crc = zlib.crc32(view[:n], crc)
+            crc = crc32(view[:n], crc)
             size += n
     return digest_record(size, crc)
 

@@ -3,10 +3,14 @@ and damage: the manifest the commit records, verification, and the fallback ever
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
+import threading
 import time
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -542,6 +546,34 @@ def test_the_marker_records_every_file_with_its_size_and_crc32(tmp_path, monkeyp
         assert record == layout.file_digest(step / name) == layout.file_record((step / name).read_bytes())
         assert set(record) == {"size", "crc32"} and len(record["crc32"]) == 8
     assert mgr.last_checksum_s is not None and mgr.last_checksum_s >= 0
+    assert files["dcp/__0_0.distcp"]["crc32"] == f"{zlib.crc32((step / 'dcp/__0_0.distcp').read_bytes()):08x}"
+    # The shard's items were torch.saved without their own per-record CRC-32 (the manifest's covers the bytes), and
+    # the process-wide option is back on afterwards.
+    with zipfile.ZipFile(step / "dcp/__0_0.distcp") as last_item:  # zipfile finds the file's last archive
+        assert {info.CRC for info in last_item.infolist()} == {0}
+    assert torch.serialization.get_crc32_options() is True
+    buf = io.BytesIO()
+    torch.save(torch.ones(3), buf)
+    assert 0 not in {info.CRC for info in zipfile.ZipFile(buf).infolist()}
+
+
+def test_zip_crc_is_switched_off_only_in_the_thread_that_writes(tmp_path, monkeypatch):
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    seen = {}
+    write_data = FileSystemWriter.write_data
+
+    def spy(self, plan, planner):
+        seen["writer"] = torch.serialization.get_crc32_options()
+        other = threading.Thread(target=lambda: seen.setdefault("another thread", torch.serialization.get_crc32_options()))
+        other.start()
+        other.join()
+        return write_data(self, plan, planner)
+
+    monkeypatch.setattr(FileSystemWriter, "write_data", spy)
+    _save(CheckpointManager(tmp_path, keep_last=0), 1)
+    assert seen == {"writer": False, "another thread": True}
+    assert torch.serialization.get_crc32_options() is True
 
 
 def test_random_bytes_over_extra_pt_are_found_before_anything_loads(tmp_path):
