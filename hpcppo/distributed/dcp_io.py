@@ -154,8 +154,9 @@ class DigestingWriter(FileSystemWriter):
     (``torch.utils._config_module``: user overrides live in a ``ContextVar``), switched off only in the thread that
     writes (the caller's, or DCP's async one; ``write_data`` returns once every shard is written) and only while it
     does. ``thread_count`` > 1 would write from threads of DCP's that keep torch's default.
-    On 2 ranks of ``tools/bench_scale.py`` (520 MB each) the two changes took ``write_data`` from 0.5-1.8 s to
-    ~0.3 s, against ~0.1 s for a plain write of the same bytes (before fsync).
+    Measured in one process on one thread, 570 MB of fp32 tensors into the page cache (no fsync), 5 rounds
+    interleaved: ``dcp.save`` through this writer took 0.46 s median with ``torch.save``'s CRC and zlib's digest,
+    0.205 s without the one and with ISA-L's for the other; a plain ``write`` of the same bytes took 0.113 s.
     """
 
     def __init__(self, path: str | os.PathLike[str], **kwargs: Any) -> None:
