@@ -39,9 +39,28 @@ def clean_name(name: str) -> str:
     return ".".join(part for part in name.split(".") if part not in _WRAPPER_PARTS)
 
 
+def _by_broadcasts(inp: torch.Tensor, group: dist.ProcessGroup) -> bool:
+    """Whether :func:`_all_gather` gathers ``inp`` with one broadcast per rank: host tensors on gloo."""
+    return inp.device.type == "cpu" and "gloo" in str(dist.get_backend(group))
+
+
 def _all_gather(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup) -> None:
-    """One all-gather of equal-sized inputs into ``out`` (rank-major). torch 2.13 renamed
-    ``all_gather_into_tensor`` to ``all_gather_single`` (the old name warns); vLLM's pins may be either side."""
+    """One all-gather of equal-sized inputs into ``out`` (rank-major).
+
+    On gloo (host tensors) it is one broadcast from each rank of the group, all in flight at once: the same bytes
+    reach every rank, and gloo moves them much faster than through its own all-gather. Measured here (2 cores, TCP
+    loopback, torch 2.13): 173 MB per rank on 2 ranks, ``all_gather_into_tensor`` 0.32-0.47 s, two broadcasts
+    0.11-0.15 s, an exchange over a bare TCP socket 0.11 s; 346 MB in 8 MB buckets on 2 / 3 / 4 ranks, all-gather
+    0.26 / 0.31 / 0.44 s, broadcasts 0.20 / 0.27 / 0.31 s. Any other backend (NCCL) uses its all-gather. torch 2.13
+    renamed ``all_gather_into_tensor`` to ``all_gather_single`` (the old name warns); vLLM's pins may be either side.
+    """
+    if _by_broadcasts(inp, group):
+        chunks = out.split(inp.numel())
+        chunks[dist.get_rank(group)].copy_(inp)
+        works = [dist.broadcast(chunk, group_src=src, group=group, async_op=True) for src, chunk in enumerate(chunks)]
+        for work in works:
+            work.wait()
+        return
     fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     fn(out, inp, group=group)
 

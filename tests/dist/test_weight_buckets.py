@@ -3,7 +3,8 @@
 Three ranks make FSDP2's ``Shard(0)`` split uneven: a dim-0 of 5 is cut 2/2/1, a dim-0 of 2 is cut 1/1/0 (the last
 rank holds an empty shard), so the padding and the cut-off after the gather are exercised, not just the even case.
 Every streamed tensor is compared bit for bit with ``DTensor.full_tensor()`` of the same parameter, at bucket sizes
-from "one parameter per gather" to "everything in one gather", and the all-gathers are counted.
+from "one parameter per gather" to "everything in one gather", and the all-gathers are counted. Both ways of
+gathering run: one broadcast per rank (what gloo uses) and the backend's all-gather (what NCCL uses).
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ def _worker(rank: int, world: int) -> dict:
     from hpcppo.distributed.mesh import build_mesh
 
     mesh = build_mesh("cpu", world, 1, hsdp=False)
-    out: dict = {}
-    for offload in (False, True):
+    out: dict = {"gloo_broadcasts": weights._by_broadcasts(torch.zeros(1), mesh.get_group(0))}
+    for via, offload in ((v, o) for v in ("broadcasts", "all-gather") for o in (False, True)):
         model = apply_fsdp(Odd(), mesh, param_dtype=None, reduce_dtype=None, cpu_offload=offload,
                            reshard_after_forward=True, layer_classes=(nn.Linear,))
         expected = {weights.clean_name(n): p.full_tensor() for n, p in model.named_parameters()}
@@ -55,12 +56,14 @@ def _worker(rank: int, world: int) -> dict:
                     real(out_, inp, group)
 
                 weights._all_gather = counting
+                by_broadcasts = weights._by_broadcasts
+                weights._by_broadcasts = lambda inp, group: via == "broadcasts"
                 try:
                     got = list(weights.iter_full_params(model, dtype=dtype, bucket_bytes=bucket_bytes))
                 finally:
-                    weights._all_gather = real
+                    weights._all_gather, weights._by_broadcasts = real, by_broadcasts
                 want = {n: t if dtype is None else t.to(dtype) for n, t in expected.items()}
-                out[(offload, dtype, bucket_bytes)] = {
+                out[(via, offload, dtype, bucket_bytes)] = {
                     "names": [n for n, _ in got],
                     "exact": all(t.dtype == want[n].dtype and torch.equal(t, want[n]) for n, t in got),
                     "contiguous": [(n, tuple(t.shape), t.stride()) for n, t in got if not t.is_contiguous()],
@@ -78,16 +81,16 @@ def test_buckets_stream_exact_full_tensors_on_uneven_shards():
     assert results[2]["local_rows"]["embed.weight"] == 2
     assert results[2]["local_rows"]["blocks.1.weight"] == 0 and results[0]["local_rows"]["blocks.1.weight"] == 1
     for r in results:
-        assert r["all_dtensor"]
-        for offload in (False, True):
-            for dtype in (None, torch.bfloat16):
-                per_param = r[(offload, dtype, 1)]
-                small = r[(offload, dtype, 64)]
-                whole = r[(offload, dtype, 1 << 20)]
-                for case in (per_param, small, whole):
-                    assert case["names"] == names  # the order of named_parameters, whatever the buckets
-                    assert case["exact"], (offload, dtype)
-                    assert not case["contiguous"], case["contiguous"]
-                assert per_param["gathers"] == len(names)  # each parameter alone
-                assert whole["gathers"] == 1  # the whole model in one collective
-                assert 1 < small["gathers"] < len(names)
+        assert r["all_dtensor"] and r["gloo_broadcasts"]
+        for via, offload, dtype in ((v, o, d) for v in ("broadcasts", "all-gather") for o in (False, True)
+                                    for d in (None, torch.bfloat16)):
+            per_param = r[(via, offload, dtype, 1)]
+            small = r[(via, offload, dtype, 64)]
+            whole = r[(via, offload, dtype, 1 << 20)]
+            for case in (per_param, small, whole):
+                assert case["names"] == names  # the order of named_parameters, whatever the buckets
+                assert case["exact"], (via, offload, dtype)
+                assert not case["contiguous"], case["contiguous"]
+            assert per_param["gathers"] == len(names)  # each parameter alone
+            assert whole["gathers"] == 1  # the whole model in one collective
+            assert 1 < small["gathers"] < len(names)
