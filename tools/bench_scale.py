@@ -11,9 +11,10 @@ Per rank, in rounds (every figure of a round measured side by side with its boun
               the decoder's matmuls over every token, the LM head over the positions it scores, causal attention,
               backward = 2 x forward; the embedding lookup and element-wise work count nothing) against the float32
               ``torch.mm`` peak of this process on the same threads (bound: >= 50%);
-  weight sync ``HFEngine.sync_weights(iter_full_params(actor))`` (the trainer's path) against a tensor copy of the
-              same bytes (bound: >= 1/3), and against one all-gather of the same bytes on the same process group
-              (what the collective alone costs: with gloo over TCP loopback it is far slower than a memcpy);
+  weight sync ``HFEngine.sync_weights(iter_full_params(actor, into=engine.sync_targets))`` (the trainer's path)
+              against a tensor copy of the same bytes (bound: >= 1/3), and on 2+ ranks against moving the same bytes
+              in one collective, the way ``iter_full_params`` gathers on this backend (one broadcast per rank on
+              gloo): what the transport alone costs, with gloo over TCP loopback far more than a memcpy;
   checkpoint  ``CheckpointManager.save`` (synchronous) of model + AdamW state against a plain write + fsync of the
               same bytes per rank, all ranks at once (bound: >= 50%); ``load`` of it against one ``readinto`` of
               those bytes into a buffer allocated beforehand (both from the page cache: a resume right after a
@@ -85,7 +86,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     from hpcppo.distributed.checkpoint import CheckpointManager
     from hpcppo.distributed.fsdp import apply_fsdp
     from hpcppo.distributed.mesh import build_mesh
-    from hpcppo.distributed.weights import iter_full_params
+    from hpcppo.distributed.weights import _all_gather, iter_full_params
     from hpcppo.rollout.hf import HFRolloutEngine
     from hpcppo.train.optim import LRSchedule, build_optimizer
     from hpcppo.train.update import UpdatePlan, actor_loss, run_update
@@ -127,7 +128,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
 
     def gather() -> None:
         if world > 1:
-            dist.all_gather_single(dst, shard)
+            _all_gather(dst, shard, dist.group.WORLD)
 
     rec: dict[str, list[float]] = {}
     update()  # warm-up, and creates the AdamW state the checkpoint holds
@@ -135,7 +136,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     for r in range(args.rounds + 1):
         step += 1
         m = {"update_s": _time(update), "mm_s": peak(),
-             "sync_s": _time(lambda: engine.sync_weights(iter_full_params(model))),
+             "sync_s": _time(lambda: engine.sync_weights(iter_full_params(model, into=engine.sync_targets))),
              "copy_s": _time(lambda: dst.copy_(src))}
         dist_env.barrier()
         m["gather_s"] = _time(gather)
@@ -185,7 +186,7 @@ def report(world: int, ranks: list[dict]) -> dict:
     fr = {
         "update_vs_peak": [(flops / u) / (2 * 1024**3 / p) for u, p in zip(raw["update_s"], raw["mm_s"])],
         "sync_vs_copy": [c / s for s, c in zip(raw["sync_s"], raw["copy_s"])],
-        "sync_vs_allgather": [g / s for s, g in zip(raw["sync_s"], raw["gather_s"])] if world > 1 else [],
+        "sync_vs_gather": [g / s for s, g in zip(raw["sync_s"], raw["gather_s"])] if world > 1 else [],
         "save_vs_write": [w / s for s, w in zip(raw["save_s"], raw["write_s"])],
         "load_vs_read": [rd / ld for ld, rd in zip(raw["load_s"], raw["read_s"])],
     }
@@ -196,7 +197,7 @@ def report(world: int, ranks: list[dict]) -> dict:
           f"{flops / statistics.median(raw['update_s']) / 1e9:.1f} GFLOP/s; matmul peak "
           f"{2 * 1024**3 / statistics.median(raw['mm_s']) / 1e9:.1f} GFLOP/s")
     print(f"  weight sync ({r0['sync_bytes'] / 1e6:.0f} MB)          {spread(raw['sync_s'])} s; tensor copy "
-          f"{spread(raw['copy_s'])} s" + (f"; all-gather {spread(raw['gather_s'])} s" if world > 1 else ""))
+          f"{spread(raw['copy_s'])} s" + (f"; one gather of the bytes {spread(raw['gather_s'])} s" if world > 1 else ""))
     mb = statistics.median(raw["own_bytes"]) / 1e6
     print(f"  checkpoint save              {spread(raw['save_s'])} s; write+fsync of this rank's {mb:.0f} MB "
           f"{spread(raw['write_s'])} s")

@@ -342,3 +342,10 @@ class RolloutEngine(Protocol):
     def sync_dtype(self) -> torch.dtype | None:
         """The dtype to gather the actor's weights in for :meth:`sync_weights`; None = the training dtype."""
         ...
+
+    @property
+    def sync_targets(self) -> Mapping[str, torch.Tensor] | None:
+        """The engine's own tensors by Hugging Face name that the weight stream may fill in place
+        (``iter_full_params(into=...)``; :meth:`sync_weights` then finds its own tensor and skips the copy), or
+        None when it has none to offer (vLLM loads weights through its own ``load_weights``)."""
+        ...

@@ -66,6 +66,12 @@ def _output_cache(out: Any) -> Any:
     return cache if cache is not None else out.past_key_values
 
 
+def _is_storage_of(tensor: torch.Tensor, param: torch.Tensor) -> bool:
+    """Whether ``tensor`` is ``param``'s own memory, viewed the same way (what a gather into it yields)."""
+    return (tensor.data_ptr() == param.data_ptr() and tensor.device == param.device and tensor.dtype == param.dtype
+            and tensor.shape == param.shape and tensor.stride() == param.stride())
+
+
 class HFRolloutEngine:
     """A rollout engine over an unsharded Hugging Face causal LM (eval mode, no grad) on one device.
 
@@ -212,7 +218,8 @@ class HFRolloutEngine:
                         raise ValueError(f"sync_weights: {name!r} is tied to {first!r} in the rollout model but "
                                          "the source sent different values (untied source, tied engine)")
                     continue
-                param.copy_(tensor)
+                if not _is_storage_of(tensor, param):  # iter_full_params(into=sync_targets) wrote it in place
+                    param.copy_(tensor)
                 written[id(param)] = name
                 del tensor
         missing = sorted({n for n, p in self._aliases.items() if id(p) not in written})
@@ -230,6 +237,16 @@ class HFRolloutEngine:
     @property
     def sync_dtype(self) -> torch.dtype | None:
         return None  # copied into the engine's own parameters as they are
+
+    @property
+    def sync_targets(self) -> dict[str, torch.Tensor]:
+        """The engine's parameters by name, for ``iter_full_params(into=...)`` to gather into in place; a tied
+        parameter is left out (a source with separate tensors under its names must still be checked against
+        itself, see :meth:`sync_weights`)."""
+        names: dict[int, list[str]] = {}
+        for name, param in self._aliases.items():
+            names.setdefault(id(param), []).append(name)
+        return {name: param.detach() for name, param in self._aliases.items() if len(names[id(param)]) == 1}
 
     def sleep(self) -> None:
         """No-op: the KV cache lives only inside :meth:`generate`."""

@@ -228,6 +228,12 @@ class VLLMRolloutEngine:
         return not self._weights_valid
 
     @property
+    def sync_targets(self) -> None:
+        """None: vLLM's ``load_weights`` fuses and shards what it receives (qkv, gate/up), so nothing of its own can
+        be filled in place."""
+        return None
+
+    @property
     def sync_dtype(self) -> torch.dtype | None:
         """The dtype to gather the actor's weights in (the engine's): bf16 traffic instead of fp32 masters."""
         from hpcppo.models import as_torch_dtype

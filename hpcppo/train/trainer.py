@@ -168,8 +168,9 @@ class Trainer(Recovery):
         engine = self.c.engine
         # An engine that discards its weights while asleep (vLLM, sleep level 2) needs them again every step.
         if self.engine_version != self.actor_version or engine.weights_dropped:
-            # Gathered in the engine's dtype where it has one (bf16 traffic for vLLM); the HF engine takes fp32.
-            engine.sync_weights(iter_full_params(self.c.actor, dtype=engine.sync_dtype))
+            # Gathered in the engine's dtype where it has one (bf16 traffic for vLLM); the HF engine takes fp32, and
+            # offers its parameters to be gathered into in place (no buffer, no copy).
+            engine.sync_weights(iter_full_params(self.c.actor, dtype=engine.sync_dtype, into=engine.sync_targets))
             self.engine_version = self.actor_version
 
     def score(self, batch: Batch) -> Batch:

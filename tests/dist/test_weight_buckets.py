@@ -4,7 +4,8 @@ Three ranks make FSDP2's ``Shard(0)`` split uneven: a dim-0 of 5 is cut 2/2/1, a
 rank holds an empty shard), so the padding and the cut-off after the gather are exercised, not just the even case.
 Every streamed tensor is compared bit for bit with ``DTensor.full_tensor()`` of the same parameter, at bucket sizes
 from "one parameter per gather" to "everything in one gather", and the all-gathers are counted. Both ways of
-gathering run: one broadcast per rank (what gloo uses) and the backend's all-gather (what NCCL uses).
+gathering run: one broadcast per rank (what gloo uses) and the backend's all-gather (what NCCL uses), into
+buckets and straight into the consumer's own tensors (``into``).
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ class Odd(nn.Module):
         self.embed = nn.Embedding(10, 4)  # 10 rows: 4/4/2
         self.blocks = nn.ModuleList([nn.Linear(4, 5), nn.Linear(5, 2), nn.Linear(2, 4)])  # 5: 2/2/1, 2: 1/1/0
         self.norm = nn.LayerNorm(4)
+        self.even = nn.Linear(4, 6)  # 6 rows: 2/2/2, the one layout the backend's all-gather can fill in place
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.embed(x)
         for block in self.blocks:
             h = block(h)
-        return self.norm(h)
+        return self.even(self.norm(h))
 
 
 def _worker(rank: int, world: int) -> dict:
@@ -69,6 +71,24 @@ def _worker(rank: int, world: int) -> dict:
                     "contiguous": [(n, tuple(t.shape), t.stride()) for n, t in got if not t.is_contiguous()],
                     "gathers": len(gathers),
                 }
+            # Gathered in place into the consumer's tensors (into=...): one target of the wrong dtype is not used.
+            targets = {n: torch.zeros(t.shape, dtype=torch.float64 if n == "blocks.2.bias" else t.dtype)
+                       for n, t in expected.items()}
+            for window in (0, 1 << 20):  # each waited for before the next starts; all in flight together
+                for t in targets.values():
+                    t.zero_()
+                by_broadcasts = weights._by_broadcasts
+                weights._by_broadcasts = lambda inp, group: via == "broadcasts"
+                try:
+                    got = list(weights.iter_full_params(model, into=targets, direct_min_bytes=0,
+                                                        in_flight_window=window))
+                finally:
+                    weights._by_broadcasts = by_broadcasts
+                out[(via, offload, "into", window)] = {
+                    "names": [n for n, _ in got],
+                    "exact": all(torch.equal(t, expected[n]) for n, t in got),
+                    "in_place": sorted(n for n, t in got if t is targets[n]),
+                }
         out["expected_names"] = list(expected)
     return out
 
@@ -76,7 +96,7 @@ def _worker(rank: int, world: int) -> dict:
 def test_buckets_stream_exact_full_tensors_on_uneven_shards():
     results = run_distributed(_worker, 3)
     names = results[0]["expected_names"]
-    assert len(names) == 9  # embed, 3 x (weight, bias), norm weight and bias
+    assert len(names) == 11  # embed, 3 x (weight, bias), norm weight and bias, even weight and bias
     # The uneven split really happened: rank 2 holds 2 of the embedding's 10 rows and none of the 2-row weight.
     assert results[2]["local_rows"]["embed.weight"] == 2
     assert results[2]["local_rows"]["blocks.1.weight"] == 0 and results[0]["local_rows"]["blocks.1.weight"] == 1
@@ -94,3 +114,11 @@ def test_buckets_stream_exact_full_tensors_on_uneven_shards():
             assert per_param["gathers"] == len(names)  # each parameter alone
             assert whole["gathers"] == 1  # the whole model in one collective
             assert 1 < small["gathers"] < len(names)
+        for via, offload, window in ((v, o, w) for v in ("broadcasts", "all-gather") for o in (False, True)
+                                     for w in (0, 1 << 20)):
+            case = r[(via, offload, "into", window)]
+            assert case["names"] == names and case["exact"], (via, offload)
+            if via == "broadcasts":  # any split: every rank's rows are a slice of the target
+                assert case["in_place"] == sorted(set(names) - {"blocks.2.bias"}), case
+            else:  # an uneven split would need a padded buffer: only the 6-row parameters go in place
+                assert case["in_place"] == ["even.bias", "even.weight"], case

@@ -88,7 +88,8 @@ def test_one_step_calls_in_verl_order(fake_vllm):
     fake_vllm.reset()
     for step in range(2):
         engine.wake_up()
-        engine.sync_weights(iter_full_params(_actor(), dtype=engine.sync_dtype))
+        assert engine.sync_targets is None  # vLLM fuses what it loads: nothing to gather into in place
+        engine.sync_weights(iter_full_params(_actor(), dtype=engine.sync_dtype, into=engine.sync_targets))
         assert not engine.weights_dropped
         engine.generate([[5, 6], [7]], SAMPLING)
         engine.sleep()
