@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
+
+
+def pytest_configure(config) -> None:  # noqa: ARG001
+    """Run the suite with SIGINT as a terminal gives it, also from a background job (``nohup tools/test.sh &``
+    starts with SIGINT ignored, and every process a test starts would inherit that across exec): the tests that
+    press Ctrl-C on a child or cancel a local job (a SIGINT to its controller) need it. The product's own answer
+    to an ignored SIGINT is tested in ``tests/unit/test_cli_local_preflight.py``."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

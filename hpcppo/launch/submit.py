@@ -113,6 +113,13 @@ def submit_local(run: RunDir, ranks: int, timeout_min: float) -> str:
     submitted_at = _dt.datetime.now(_dt.timezone.utc)
 
     def start() -> str:
+        import signal
+
+        # `hpcppo cancel` stops the job by a SIGINT to the controller, which hands one to each rank wrapper. A
+        # command started in the background by a non-interactive shell (`hpcppo submit ... &`, a script, nohup)
+        # runs with SIGINT ignored, and an ignored signal stays ignored across exec: controller and wrappers would
+        # ignore the cancel. This forked child only starts the controller, so it can reset that for its children.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         # submitit starts the controller with our stdout/stderr: it outlives this command, and would write
         # to the user's terminal later (a traceback on cancel). Give it the run's controller log instead.
         with _fds_to(run.logs / "local-controller.log"):

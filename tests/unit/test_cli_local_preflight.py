@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -60,11 +61,20 @@ def test_local_preflight_and_status(tmp_path, capsys):
     assert run.run_id in capsys.readouterr().out
 
 
-def test_local_cancel_stops_every_process_of_the_run(tmp_path, capsys):
+@pytest.mark.parametrize("submitter_sigint", ["default", "ignored"])
+def test_local_cancel_stops_every_process_of_the_run(tmp_path, capsys, submitter_sigint):
+    """``ignored``: submitted from a process that ignores SIGINT, as any background job of a script (``cmd &``) or
+    nohup does; that disposition is inherited across exec and would make the job deaf to the cancel."""
     root = tmp_path / "runs"
-    tag = f"{317 + os.getpid() % 1000}"  # a sleep duration no other process uses
-    rc = main(["preflight", "--site", "local", "-q", "--no-wait", "--runs-root", str(root),
-               "-o", f'site.env.setup=["sleep {tag}"]'])  # fmt: skip
+    tag = f"{317 + os.getpid() % 1000 + (submitter_sigint == 'ignored')}"  # a sleep duration no other process uses
+    before = signal.getsignal(signal.SIGINT)
+    if submitter_sigint == "ignored":
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        rc = main(["preflight", "--site", "local", "-q", "--no-wait", "--runs-root", str(root),
+                   "-o", f'site.env.setup=["sleep {tag}"]'])  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert rc == 0, capsys.readouterr().err
     [run] = list_runs(root)
     deadline = time.monotonic() + 60
