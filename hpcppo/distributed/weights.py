@@ -51,8 +51,9 @@ def _by_broadcasts(inp: torch.Tensor, group: dist.ProcessGroup) -> bool:
     return inp.device.type == "cpu" and "gloo" in str(dist.get_backend(group))
 
 
-def _all_gather(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup) -> None:
-    """One all-gather of equal-sized inputs into ``out`` (rank-major).
+def _all_gather(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup, *,
+                wait: bool = True) -> list[dist.Work]:
+    """One all-gather of equal-sized inputs into ``out`` (rank-major); its works, waited for unless ``wait=False``.
 
     On gloo (host tensors) it is one broadcast from each rank of the group, all in flight at once: the same bytes
     reach every rank, and gloo moves them much faster than through its own all-gather. Measured here (2 cores, TCP
@@ -62,10 +63,10 @@ def _all_gather(out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup) 
     renamed ``all_gather_into_tensor`` to ``all_gather_single`` (the old name warns); vLLM's pins may be either side.
     """
     if _by_broadcasts(inp, group):
-        _broadcast_parts(out.split(inp.numel()), inp, group)
-        return
+        return _broadcast_parts(out.split(inp.numel()), inp, group, wait=wait)
     fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    fn(out, inp, group=group)
+    work = fn(out, inp, group=group, async_op=not wait)
+    return [] if wait else [work]
 
 
 def _broadcast_parts(parts: list[torch.Tensor] | tuple[torch.Tensor, ...], own: torch.Tensor,
@@ -95,8 +96,7 @@ def _start_gather_into(target: torch.Tensor, local: torch.Tensor, group: dist.Pr
         return _broadcast_parts(parts, local, group, wait=False)
     if rows % size:
         return None
-    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return [fn(target, local.to(device=target.device, dtype=target.dtype).contiguous(), group=group, async_op=True)]
+    return _all_gather(target, local.to(device=target.device, dtype=target.dtype).contiguous(), group, wait=False)
 
 
 def _fits(target: torch.Tensor | None, shape: torch.Size, dtype: torch.dtype, device: torch.device) -> bool:
@@ -164,12 +164,15 @@ def _gather_bucket(pieces: list[_Piece], group: dist.ProcessGroup, size: int, ra
         del full
 
 
-def _finish(gather: tuple[str, torch.Tensor, list[dist.Work], int]) -> tuple[str, torch.Tensor]:
-    """Wait for an in-place gather; its ``(name, target)``."""
-    name, target, works, _ = gather
-    for work in works:
-        work.wait()
-    return name, target
+def _drain(in_flight: list[tuple[str, torch.Tensor, list[dist.Work], int]],
+           keep_bytes: int = -1) -> Iterator[tuple[str, torch.Tensor]]:
+    """Wait for in-place gathers ``(name, target, works, full bytes)``, oldest first, and yield their
+    ``(name, target)``, until at most ``keep_bytes`` are left in flight (all of them by default)."""
+    while in_flight and sum(g[3] for g in in_flight) > keep_bytes:
+        name, target, works, _ = in_flight.pop(0)
+        for work in works:
+            work.wait()
+        yield name, target
 
 
 def iter_full_params(
@@ -214,7 +217,6 @@ def iter_full_params(
         where: tuple = ()  # the bucket's (group, size, rank, dtype, device): what its parameters share
         bucket_full = 0
         in_flight: list[tuple[str, torch.Tensor, list[dist.Work], int]] = []  # in-place gathers, oldest first
-        in_flight_bytes = 0
         for name, param in model.named_parameters():
             tensor = param.detach()
             name = clean_name(name)
@@ -234,14 +236,9 @@ def iter_full_params(
                         # In flight together up to a window: one parameter's messages alone leave the link idle
                         # between them (2 ranks, 86.5M parameters: 0.22-0.28 s waiting one by one).
                         in_flight.append((name, target, works, full))
-                        in_flight_bytes += full
-                        while in_flight_bytes > in_flight_window:
-                            in_flight_bytes -= in_flight[0][3]
-                            yield _finish(in_flight.pop(0))
+                        yield from _drain(in_flight, in_flight_window)
                         continue
-                if in_flight:
-                    yield from map(_finish, in_flight)
-                    in_flight, in_flight_bytes = [], 0
+                yield from _drain(in_flight)
                 if bucket and (here != where or bucket_full + full > bucket_bytes):
                     yield from _gather_bucket(bucket, *where)
                     bucket, bucket_full = [], 0
@@ -249,9 +246,7 @@ def iter_full_params(
                 bucket.append(_Piece(name, tensor.to_local(), tensor.shape, chunk))
                 bucket_full += full
                 continue
-            if in_flight:
-                yield from map(_finish, in_flight)
-                in_flight, in_flight_bytes = [], 0
+            yield from _drain(in_flight)
             if bucket:
                 yield from _gather_bucket(bucket, *where)
                 bucket, bucket_full = [], 0
@@ -264,7 +259,7 @@ def iter_full_params(
                 tensor = tensor.full_tensor()
             yield name, tensor
             del tensor
-        yield from map(_finish, in_flight)
+        yield from _drain(in_flight)
         if bucket:
             yield from _gather_bucket(bucket, *where)
         if include_buffers:
