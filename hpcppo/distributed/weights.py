@@ -185,7 +185,11 @@ def iter_full_params(
     direct_min_bytes: int = DIRECT_MIN_BYTES,
     in_flight_window: int = IN_FLIGHT_WINDOW,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(hf_name, full_tensor)`` for every parameter of ``model`` (sharded or not), in a fixed order.
+    """Yield ``(hf_name, full_tensor)`` for every parameter of ``model`` (sharded or not), once each, in an order
+    that is the same on every rank and every call: ``named_parameters``' order, except that with ``into`` the
+    bucketed parameters are yielded when their bucket is full (or at the end), not before the in-place ones that
+    follow them, which keeps the in-place gathers in flight (2 ranks, 86.5M parameters, 12 interleaved syncs each:
+    median 0.202 s [0.186-0.249] -> 0.167 s [0.159-0.200]).
 
     COLLECTIVE: for an FSDP model every rank must create this iterator and consume it to the end, in step with
     the others — the gathers run as the iterator advances, so a rank that stops early (or iterates alone) deadlocks
@@ -228,9 +232,8 @@ def iter_full_params(
                 chunk = -(-tensor.shape[0] // layout[1])
                 target = into.get(name) if into is not None and full >= direct_min_bytes else None
                 if _fits(target, tensor.shape, here[3], here[4]):
-                    if bucket:
-                        yield from _gather_bucket(bucket, *where)
-                        bucket, bucket_full = [], 0
+                    # The open bucket stays open, and a bucketed parameter does not wait for the in-place gathers
+                    # in flight: either wait would leave the link idle between two in-place gathers.
                     works = _start_gather_into(target, tensor.to_local(), *layout, chunk)
                     if works is not None:
                         # In flight together up to a window: one parameter's messages alone leave the link idle
@@ -238,7 +241,6 @@ def iter_full_params(
                         in_flight.append((name, target, works, full))
                         yield from _drain(in_flight, in_flight_window)
                         continue
-                yield from _drain(in_flight)
                 if bucket and (here != where or bucket_full + full > bucket_bytes):
                     yield from _gather_bucket(bucket, *where)
                     bucket, bucket_full = [], 0
