@@ -19,7 +19,8 @@ Per rank, in rounds (every figure of a round measured side by side with its boun
               same bytes per rank, all ranks at once (bound: >= 50%); ``load`` of it against one ``readinto`` of
               those bytes into a buffer allocated beforehand (both from the page cache: a resume right after a
               save; the bound is the same 50%).
-Ranks are processes with gloo on CPU, sharing the machine's cores (threads per rank = cores / ranks).
+Ranks are processes with gloo on CPU, sharing the machine's cores (threads per rank = cores / ranks). Once built,
+each rank freezes its start-up heap out of the garbage collector, as a trainer rank does before its first step.
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     from hpcppo.distributed.mesh import build_mesh
     from hpcppo.distributed.weights import _all_gather, iter_full_params
     from hpcppo.rollout.hf import HFRolloutEngine
+    from hpcppo.train.build import freeze_long_lived_objects
     from hpcppo.train.optim import LRSchedule, build_optimizer
     from hpcppo.train.update import UpdatePlan, actor_loss, run_update
 
@@ -132,12 +134,14 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
 
     rec: dict[str, list[float]] = {}
     update()  # warm-up, and creates the AdamW state the checkpoint holds
+    freeze_long_lived_objects()  # what Trainer.train does before its loop
     step = 0
     for r in range(args.rounds + 1):
         step += 1
-        m = {"update_s": _time(update), "mm_s": peak(),
-             "sync_s": _time(lambda: engine.sync_weights(iter_full_params(model, into=engine.sync_targets))),
-             "copy_s": _time(lambda: dst.copy_(src))}
+        m = {"update_s": _time(update), "mm_s": peak()}
+        dist_env.barrier()  # every collective is timed from a common start, as the gather below is
+        m["sync_s"] = _time(lambda: engine.sync_weights(iter_full_params(model, into=engine.sync_targets)))
+        m["copy_s"] = _time(lambda: dst.copy_(src))
         dist_env.barrier()
         m["gather_s"] = _time(gather)
         dist_env.barrier()

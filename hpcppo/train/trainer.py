@@ -36,7 +36,7 @@ from hpcppo.distributed.weights import iter_full_params
 from hpcppo.models import compute_log_probs, compute_values
 from hpcppo.rollout.base import derive_seed
 from hpcppo.train import batching
-from hpcppo.train.build import Components, build_components
+from hpcppo.train.build import Components, build_components, freeze_long_lived_objects
 from hpcppo.train.inject import FaultInjector
 from hpcppo.train.optim import offload_optimizer_state
 from hpcppo.train.recovery import Recovery
@@ -95,9 +95,10 @@ class Trainer(Recovery):
             return exit_code
         if self.cfg.trainer.val_before_train and self.step == 0:
             self.log_metrics(0, self.validate(), "validation before training")
-        log.info("training steps %d..%d of %d (%d prompts x %d samples per step, world size %d)",
-                 self.step + 1, c.total_steps, c.total_steps, self.plan.prompts_per_step, self.cfg.rollout.n,
-                 self.plan.world_size)
+        frozen = freeze_long_lived_objects()
+        log.info("training steps %d..%d of %d (%d prompts x %d samples per step, world size %d; %d start-up objects "
+                 "frozen out of the garbage collector)", self.step + 1, c.total_steps, c.total_steps,
+                 self.plan.prompts_per_step, self.cfg.rollout.n, self.plan.world_size, frozen)
         while self.step < c.total_steps:
             self.step += 1
             metrics = self.train_step()

@@ -3,6 +3,8 @@ real local launch path (submitit's local executor), and the reward rises clearly
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from hpcppo import metrics as hmetrics
@@ -39,3 +41,7 @@ def test_ppo_raises_reward_above_the_warm_start(tmp_path, warm_tiny, capsys):
     assert val["val/score"].iloc[-1] > val["val/score"].iloc[0] + 0.1, val["val/score"].tolist()
     assert train["kl/actor_ref"].notna().all() and train["kl/actor_ref"].iloc[0] < 1e-6
     assert "reward/mean" in out and "val/score" in out  # the summary printed after --wait
+    # Each rank froze its start-up heap before its first step (full collections skip it: no 0.2 s pauses).
+    frozen = [int(m) for m in re.findall(r"; (\d+) start-up objects frozen out of the garbage collector\)",
+                                           "\n".join(p.read_text() for p in run.logs.rglob("rank-*.log")))]
+    assert len(frozen) == 2 and min(frozen) > 100_000, frozen
