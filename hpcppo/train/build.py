@@ -93,11 +93,11 @@ def freeze_long_lived_objects() -> int:
 
     A full (generation 2) collection walks every tracked object. A trainer rank holds hundreds of thousands of them
     before its first step (torch, transformers, the models' modules: ~420k in ``tools/bench_train.py``'s process), so
-    each full collection paused the rank for ~0.2 s here, several times a run, at moments that differ between ranks:
-    the others wait for it at the next collective (a checkpoint load on 2 ranks went 0.17 s -> 0.37-0.40 s when one
-    rank collected during it). Frozen, those objects are skipped: a full collection took 0.003 s. Reference counting
-    still frees them; only cycles among them would outlive their use, and objects built at start-up live for the
-    whole run anyway.
+    each full collection paused the rank for ~0.2 s here (8 of them in that process's start-up and 11 steps), at
+    moments that differ between ranks: the others wait for it at the next collective (a checkpoint load on 2 ranks
+    went 0.17 s -> 0.37-0.40 s when one rank collected during it). Frozen, those objects are skipped: a full
+    collection took 0.003 s. Reference counting still frees them; only cycles among them would outlive their use,
+    and objects built at start-up live for the whole run anyway.
     """
     gc.collect()
     gc.freeze()
