@@ -198,9 +198,9 @@ def iter_full_params(
     unsharded model, or a 1-rank mesh where the gather is a no-op) or with the gather's buffer: treat it as
     read-only, copy it, let it go.
     ``dtype`` (e.g. ``torch.bfloat16``) casts the local shard *before* the gather, halving traffic for a bf16 engine.
-    ``bucket_bytes``: consecutive ``Shard(0)`` parameters of one dtype and shard group are gathered together, one
-    ``all_gather_into_tensor`` per ~``bucket_bytes`` of full tensors (a larger parameter is gathered alone, without
-    a copy); peak extra memory is one bucket plus the parameter being yielded. Any other layout goes through
+    ``bucket_bytes``: consecutive ``Shard(0)`` parameters of one dtype and shard group (leaving out those gathered in
+    place) are gathered together, one collective (:func:`_all_gather`) per ~``bucket_bytes`` of full tensors (a larger
+    parameter is gathered alone, without a copy); peak extra memory is one bucket plus the parameter being yielded. Any other layout goes through
     ``DTensor.full_tensor()`` one parameter at a time.
     ``into`` (the consumer's own tensors by Hugging Face name, e.g. ``HFRolloutEngine.sync_targets``): a sharded
     parameter of at least ``direct_min_bytes`` whose entry is contiguous, of its full shape, in the gather's dtype and
