@@ -363,17 +363,18 @@ def collective_device() -> torch.device:
 _REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
 
 
-def all_reduce_host(values: Sequence[float], op: str = "sum") -> list[float]:
+def all_reduce_host(values: Sequence[float], op: str = "sum", *, force_collective: bool = False) -> list[float]:
     """Reduce a few Python numbers over all ranks in one collective; ``op`` is ``sum``, ``mean``, ``max`` or ``min``.
 
     The one way hpcppo reduces host numbers (flags, metric sums, counts): float64 on :func:`collective_device`,
     so every backend accepts it and integers up to 2**53 stay exact. Without a process group (or alone) the
-    values come back unchanged.
+    values come back unchanged. ``force_collective`` runs the collective on a 1-rank group too, so that a check on
+    one GPU (tools/gpu_check.sh) takes the multi-rank path: device choice, NCCL all-reduce, copy back.
     """
     if op not in _REDUCE_OPS:
         raise ValueError(f"unknown reduction {op!r}; allowed: {sorted(_REDUCE_OPS)}")
     out = [float(v) for v in values]
-    if not out or not dist.is_initialized() or dist.get_world_size() == 1:
+    if not out or not dist.is_initialized() or (dist.get_world_size() == 1 and not force_collective):
         return out
     t = torch.tensor(out, dtype=torch.float64, device=collective_device())
     dist.all_reduce(t, op=getattr(dist.ReduceOp, _REDUCE_OPS[op]))

@@ -184,6 +184,7 @@ def iter_full_params(
     into: Mapping[str, torch.Tensor] | None = None,
     direct_min_bytes: int = DIRECT_MIN_BYTES,
     in_flight_window: int = IN_FLIGHT_WINDOW,
+    force_gather: bool = False,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(hf_name, full_tensor)`` for every parameter of ``model`` (sharded or not), once each, in an order
     that is the same on every rank and every call: ``named_parameters``' order, except that with ``into`` the
@@ -208,6 +209,8 @@ def iter_full_params(
     own tensor and need not copy): no gather buffer, no copy out of it. Every rank must pass alike ``into`` (the
     same names, shapes and dtypes): the choice of path is made on each rank and the collectives must match.
     In-place gathers are started up to ``in_flight_window`` full bytes ahead of the one being yielded.
+    A shard group of one rank holds whole tensors and is read without a collective, unless ``force_gather``: then it
+    goes through the bucketed and in-place gathers as several ranks do (for a check on one GPU, tools/gpu_check.sh).
     Tied parameters are yielded once (as ``named_parameters`` does).
     ``include_buffers`` also yields persistent buffers (replicated in FSDP2, so no collective).
     """
@@ -225,7 +228,7 @@ def iter_full_params(
             tensor = param.detach()
             name = clean_name(name)
             layout = _shard_group(tensor) if isinstance(tensor, DTensor) else None
-            if layout is not None and layout[1] > 1:
+            if layout is not None and (layout[1] > 1 or force_gather):
                 # CPU-offloaded shards are gathered on the mesh's device (NCCL cannot gather host memory).
                 here = (*layout, dtype or tensor.dtype, torch.device(tensor.device_mesh.device_type))
                 full = tensor.numel() * here[3].itemsize
