@@ -215,6 +215,7 @@ def forward_log_probs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of the last ``response_len`` tokens, for one micro-batch, with autograd.
 
@@ -222,6 +223,8 @@ def forward_log_probs(
         model: an HF causal LM (possibly FSDP-sharded).
         input_ids, attention_mask, position_ids: ``[B, T]``, response in the last ``R = response_len`` columns.
         temperature: logits are divided by it (the rollout's sampling temperature; 1 for greedy rollouts).
+        entropy_grad: with False the entropy is a metric only (:func:`~hpcppo.algos.losses.entropy_metric`: the same
+            values, detached, computed in blocks), so no ``[B, R, V]`` softmax is kept for backward.
 
     Returns:
         ``log_probs [B, R]`` float32 = ``log_softmax(logits / T)[response token]`` and ``entropy [B, R]`` float32
@@ -239,9 +242,9 @@ def forward_log_probs(
     log_probs = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     entropy = None
     if with_entropy:
-        from hpcppo.algos.losses import entropy_from_logits
+        from hpcppo.algos.losses import entropy_from_logits, entropy_metric
 
-        entropy = entropy_from_logits(logits)
+        entropy = entropy_from_logits(logits) if entropy_grad else entropy_metric(logits)
     return log_probs, entropy
 
 
@@ -285,7 +288,7 @@ def compute_log_probs(
     lps, ents = [], []
     for sl in _micro_batches(input_ids.shape[0], micro_batch_size):
         lp, ent = forward_log_probs(model, input_ids[sl], attention_mask[sl], position_ids[sl], response_len,
-                                    temperature=temperature, with_entropy=with_entropy)
+                                    temperature=temperature, with_entropy=with_entropy, entropy_grad=False)
         lps.append(lp)
         if ent is not None:
             ents.append(ent)

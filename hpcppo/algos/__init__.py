@@ -31,6 +31,7 @@ from hpcppo.algos.losses import (
     agg_loss,
     entropy_from_logits,
     entropy_loss,
+    entropy_metric,
     policy_loss,
     value_loss,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "compute_advantage",
     "entropy_from_logits",
     "entropy_loss",
+    "entropy_metric",
     "explained_variance",
     "gae",
     "group_ids",

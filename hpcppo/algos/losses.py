@@ -20,6 +20,7 @@ __all__ = [
     "agg_loss",
     "entropy_from_logits",
     "entropy_loss",
+    "entropy_metric",
     "policy_loss",
     "value_loss",
 ]
@@ -201,6 +202,57 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     lse = torch.logsumexp(z, dim=-1)
     p = torch.softmax(z, dim=-1)
     return lse - torch.sum(p * z, dim=-1)
+
+
+# entropy_metric's chunks: about this many logits each (64 MiB of float32 per temporary), and never fewer rows than
+# ENTROPY_MIN_ROWS. torch's CPU reductions over the last dimension reduce each row in one thread, in the same order,
+# as long as there are at least as many rows as threads; with fewer (one row, or a remainder of two) they split the
+# row itself across threads and the last bit can change. Chunks of at least this many rows keep the values equal.
+ENTROPY_CHUNK_ELEMENTS = 1 << 24
+ENTROPY_MIN_ROWS = 256
+
+
+def _entropy_blocks(batch: int, length: int, rows: int) -> list[tuple[slice, slice]]:
+    """(batch, token) slices that tile a ``[batch, length]`` grid in order, each block at least ``min(batch * length,
+    rows)`` cells: whole sequences grouped when they are short, each sequence split evenly along its tokens when
+    it alone has ``rows`` or more (an even split leaves no short remainder)."""
+    if batch * length <= rows:
+        return [(slice(0, batch), slice(0, length))]
+    if length >= rows:
+        n = length // rows
+        bounds = [length * i // n for i in range(n + 1)]
+        return [(slice(b, b + 1), slice(lo, hi)) for b in range(batch) for lo, hi in zip(bounds, bounds[1:])]
+    n = max(1, batch // -(-rows // length))  # as many groups as there are full groups of enough sequences
+    bounds = [batch * i // n for i in range(n + 1)]
+    return [(slice(lo, hi), slice(0, length)) for lo, hi in zip(bounds, bounds[1:])]
+
+
+def entropy_metric(logits: torch.Tensor, *, chunk_elements: int | None = None) -> torch.Tensor:
+    """:func:`entropy_from_logits` for a metric: no autograd graph, computed block by block.
+
+    The graph of :func:`entropy_from_logits` keeps a float32 softmax the size of the logits until backward, and its
+    forward makes two such temporaries; here each block's temporaries are freed before the next block, so the extra
+    memory is a few buffers of ``chunk_elements`` logits (default :data:`ENTROPY_CHUNK_ELEMENTS`) whatever the batch.
+    On CPU the values are bit-identical to :func:`entropy_from_logits` (tests/unit/test_entropy_metric.py); on CUDA
+    the reduction kernel's split across thread blocks depends on the number of rows, so the last bit may differ.
+
+    Args:
+        logits: ``[B, T, vocab]`` (or ``[N, vocab]``); any dtype, like :func:`entropy_from_logits`.
+
+    Returns:
+        ``[B, T]`` (or ``[N]``) entropies in the compute dtype, detached.
+    """
+    if logits.dim() not in (2, 3):
+        raise ValueError(f"logits must be [B, T, vocab] or [N, vocab], got shape {tuple(logits.shape)}")
+    flat = logits.dim() == 2
+    x = logits.unsqueeze(0) if flat else logits
+    budget = ENTROPY_CHUNK_ELEMENTS if chunk_elements is None else chunk_elements
+    rows = max(ENTROPY_MIN_ROWS, torch.get_num_threads(), budget // max(1, x.shape[-1]))
+    with torch.no_grad():
+        out = torch.empty(x.shape[:-1], dtype=compute_dtype(logits), device=logits.device)
+        for bs, ts in _entropy_blocks(x.shape[0], x.shape[1], rows):
+            out[bs, ts] = entropy_from_logits(x[bs, ts])
+    return out[0] if flat else out
 
 
 def entropy_loss(

@@ -15,7 +15,7 @@ hpcppo/train/optim.py, hpcppo/models.py):
   the running and the prefetched layer, and in backward one layer's unsharded gradients.
 * Activations: one micro-batch of ``max_prompt_length + max_response_length`` tokens; the log-prob path materialises
   ``[micro, response + 1, vocab]`` logits in the compute dtype, a float32 copy and float32 temporaries (logsumexp, and
-  the entropy's softmax in the update), which is usually the peak.
+  the entropy's softmax in an update with ``actor.entropy_coeff > 0``), which is usually the peak.
 * vLLM takes ``gpu_memory_utilization`` x the device memory while awake (a per-instance limit); its weights (model.dtype,
   split over tensor parallelism) and profiling activations come out of that share and the rest is KV cache. With
   ``rollout.free_cache_engine`` the engine sleeps (level 2) during the update and frees its share.
@@ -190,12 +190,14 @@ def _layer_acts(m: ModelShape, tokens: int, abytes: int, *, checkpointing: bool)
     return m.layers * one
 
 
-def _logits(m: ModelShape, micro: int, response: int, abytes: int, *, update: bool) -> int:
+def _logits(m: ModelShape, micro: int, response: int, abytes: int, *, update: bool, entropy_bonus: bool = True) -> int:
     # Without autograd: compute-dtype logits, a float32 copy and a float32 logsumexp temporary (abytes + 8 per
-    # element). The update also takes the entropy (a float32 softmax kept for backward), and backward holds the float32
-    # copy, the softmax and the float32 gradients of the gather, logsumexp and entropy paths before they are summed
-    # (abytes + 16). Both measured on CPU by tests/unit/test_plan_activations.py (hpcppo/models.py forward_log_probs).
-    per = abytes + (16 if update else 8)
+    # element). The update with an entropy bonus also differentiates the entropy (a float32 softmax kept for
+    # backward), and backward holds the float32 copy, the softmax and the float32 gradients of the gather, logsumexp
+    # and entropy paths before they are summed (abytes + 16). Without a bonus the entropy is a metric taken in blocks
+    # without autograd (algos.entropy_metric) and backward holds the gather and logsumexp paths only (abytes + 14).
+    # All measured on CPU by tests/unit/test_plan_activations.py (hpcppo/models.py forward_log_probs).
+    per = abytes + ((16 if entropy_bonus else 14) if update else 8)
     return micro * (response + 1) * m.vocab * per
 
 
@@ -286,6 +288,7 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
     phases.append(Phase("old log-probs / reference / values", fwd))
 
     am = plan.actor_micro_batch_per_rank
+    bonus = bool(exp.actor.entropy_coeff)  # else the entropy is a metric, not in the graph (train/update.py)
     optimizer_steps = plan.actor_optimizer_steps_per_step
     # With optimizer_offload the moments come back before the first optimizer step and stay for the update's later
     # mini-batches; with a single optimizer step they are never beside the activations.
@@ -297,7 +300,8 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
              _gathered(m, m.layer_params, pbytes, rbytes, reshard=exp.actor.fsdp.reshard_after_forward, backward=True)),
         Item(f"activations ({am} x {L} tokens{', checkpointed' if ckpt else ''})",
              _layer_acts(m, am * L, pbytes, checkpointing=ckpt)),
-        Item(f"policy logits + entropy ({am} x {R + 1} x {m.vocab})", _logits(m, am, R, pbytes, update=True))]
+        Item(f"policy logits{' + entropy' if bonus else ''} ({am} x {R + 1} x {m.vocab})",
+             _logits(m, am, R, pbytes, update=True, entropy_bonus=bonus))]
     phases.append(Phase("actor update", [i for i in update if i.bytes]))
     if actor.optim and not actor_optim_with_acts:  # offloaded moments back for the one optimizer step
         phases.append(Phase("actor optimizer step", resident(skip="actor") + asleep + [

@@ -84,14 +84,19 @@ def actor_loss(actor: nn.Module, cfg: Any, *, clip_ratio_low: float, clip_ratio_
     """verl's clipped (dual-clip) policy loss, minus the entropy bonus, plus the KL loss when it is on; ``cfg`` is
     the ``[actor]`` section, the clip bounds and ``kl_loss`` come from the plan."""
 
+    # Without a bonus the entropy is only a metric: computed detached and in blocks, it keeps no [B, R, V] softmax
+    # in the graph until backward (the same logged values; algos.entropy_metric).
+    bonus = bool(cfg.entropy_coeff)
+
     def loss(mb: Mapping[str, Any], info: algos.GlobalBatchInfo, sums: batching.UpdateMetrics, n_micro: int):
         log_probs, entropy = forward_log_probs(actor, mb["input_ids"], mb["attention_mask"], mb["position_ids"],
-                                               mb["responses"].shape[1], temperature=temperature, with_entropy=True)
+                                               mb["responses"].shape[1], temperature=temperature, with_entropy=True,
+                                               entropy_grad=bonus)
         out = algos.policy_loss(mb["old_log_probs"], log_probs, mb["advantages"], mb["response_mask"], cfg.clip_ratio,
                                 clip_ratio_low, clip_ratio_high, cfg.clip_ratio_c, cfg.loss_agg_mode, batch_info=info)
         total = out["loss"]
         ent = algos.agg_loss(entropy, mb["response_mask"], cfg.loss_agg_mode, batch_info=info)
-        if cfg.entropy_coeff:
+        if bonus:
             total = total - cfg.entropy_coeff * ent
         if kl_loss:
             kl = algos.kl_penalty(log_probs, mb["ref_log_probs"], cfg.kl_loss_type)

@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from hpcppo.algos import losses
 from hpcppo.models import forward_log_probs
 from hpcppo.planning.catalog import ModelShape
 from hpcppo.planning.estimate import _layer_acts, _logits
@@ -57,21 +58,25 @@ def test_layer_activations(checkpointing):
     assert planned == pytest.approx(measured, rel=0.1), (measured, planned)
 
 
-@pytest.mark.parametrize("update", [False, True])
-def test_log_prob_logits(update):
+@pytest.mark.parametrize("update,bonus", [(False, False), (True, True), (True, False)])
+def test_log_prob_logits(update, bonus, monkeypatch):
     vocab, batch, prompt, response = 32000, 4, 16, 48
     model, shape = qwen2(hidden=64, layers=2, intermediate=128, vocab=vocab)  # a large vocabulary: logits dominate
     ids = torch.randint(0, vocab, (batch, prompt + response))
     mask, pos = torch.ones_like(ids), torch.arange(prompt + response).expand(batch, -1)
+    # Blocks far smaller than the logits, as the default block is against a real micro-batch's logits.
+    monkeypatch.setattr(losses, "ENTROPY_MIN_ROWS", 16)
+    monkeypatch.setattr(losses, "ENTROPY_CHUNK_ELEMENTS", 1)
 
     def step():
-        if update:  # as hpcppo.train.update's actor loss: log-probs and entropy with autograd
-            log_probs, entropy = forward_log_probs(model, ids, mask, pos, response, with_entropy=True)
-            (log_probs.sum() + entropy.sum()).backward()
+        if update:  # as hpcppo.train.update's actor loss: log-probs and entropy, with autograd when it is a bonus
+            log_probs, entropy = forward_log_probs(model, ids, mask, pos, response, with_entropy=True,
+                                                   entropy_grad=bonus)
+            (log_probs.sum() + (entropy.sum() if bonus else 0)).backward()
         else:  # old log-probs and the reference's: no autograd
             with torch.no_grad():
                 forward_log_probs(model, ids, mask, pos, response)
 
     measured = peak_bytes(step) - 2 * shape.params * (2 if update else 1)
-    planned = _logits(shape, batch, response, 2, update=update)
+    planned = _logits(shape, batch, response, 2, update=update, entropy_bonus=bonus)
     assert planned == pytest.approx(measured, rel=0.1), (measured, planned, measured / (batch * (response + 1) * vocab))
