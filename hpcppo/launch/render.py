@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
-from hpcppo import __version__, exitcodes
+from hpcppo import __version__, exitcodes, jobenv
 from hpcppo.errors import ConfigError
 from hpcppo.launch.shell import is_env_name, quote, quote_command, quote_env
 from hpcppo.resources import templates_dir
@@ -238,6 +238,7 @@ def _common_context(site: Site, exp: Experiment, run_dir: Path) -> dict[str, Any
         "run_dir": str(run_dir),
         "site_name": site.name,
         "env": environment_block(site),
+        "job_defaults": jobenv.job_defaults(deterministic=exp.trainer.deterministic),
         "hdf5_locking": site.hdf5.locking,
         "exit_codes": {"requeue": exitcodes.REQUEUE, "paused": exitcodes.PAUSED},
     }

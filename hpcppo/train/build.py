@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -15,7 +16,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from hpcppo import algos, models
+from hpcppo import algos, jobenv, models
 from hpcppo.config import Compiled, DataSection, Experiment, FsdpSection, RunPlan, Site
 from hpcppo.data.dataset import PromptDataset, read_prompts
 from hpcppo.data.rewards import build_reward_fn, score_batch
@@ -160,6 +161,16 @@ def _sharded(model: nn.Module, mesh: Any, fsdp: FsdpSection, model_dtype: str, *
     )
 
 
+def enable_determinism(environ: MutableMapping[str, str] | None = None) -> None:
+    """torch's deterministic algorithms (``trainer.deterministic``). With them a CUDA matmul raises unless
+    ``CUBLAS_WORKSPACE_CONFIG`` was set before cuBLAS's first call; the job script and ``train.main`` set it, and
+    here it is set once more if still missing (a value already set is kept) for callers that start elsewhere."""
+    environ = os.environ if environ is None else environ
+    if not environ.get("CUBLAS_WORKSPACE_CONFIG"):
+        environ["CUBLAS_WORKSPACE_CONFIG"] = jobenv.CUBLAS_WORKSPACE_CONFIG
+    torch.use_deterministic_algorithms(True)
+
+
 def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
                      preempt: PreemptionFlag | None = None) -> Components:
     """Everything the loop needs. ``preempt`` should be installed by the caller before anything slow runs, so a
@@ -167,7 +178,7 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
     cfg, plan, site = compiled.experiment, compiled.plan, compiled.site
     _set_threads(env)
     if cfg.trainer.deterministic:
-        torch.use_deterministic_algorithms(True)
+        enable_determinism()
     torch.manual_seed(cfg.seed)
     device = torch.device("cuda", env.local_rank) if env.device_type == "cuda" else torch.device("cpu")
     model_cfg = cfg.model

@@ -13,7 +13,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from hpcppo import exitcodes
+from hpcppo import exitcodes, jobenv
 from hpcppo.errors import HpcppoError
 
 
@@ -36,6 +36,9 @@ def run(run_dir: Path) -> int:
     from hpcppo.distributed.env import detect_env
 
     compiled = load_resolved(run_dir / "resolved.toml")
+    # The job script exports these; a job started another way (torchrun, a container run with --cleanenv) gets
+    # them here, before anything touches CUDA: cuBLAS reads CUBLAS_WORKSPACE_CONFIG at its first matmul.
+    jobenv.apply_job_defaults(os.environ, deterministic=compiled.experiment.trainer.deterministic)
     plan = compiled.plan
     env = detect_env(device_type=plan.device)
     _setup_logging(env.rank)
