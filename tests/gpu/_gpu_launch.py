@@ -22,6 +22,29 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = Path(__file__).with_name("_gpu_scenarios.py")
 LOG_TAIL = 6000
+# ``HPCPPO_GPU_SCENARIO_DEVICE=cpu`` runs the scenarios and the trainer legs on gloo/CPU: only to check this folder's
+# code on a machine without a GPU (the CUDA-only figures are then absent or differ); tools/gpu_check.sh never sets it.
+DEVICE = os.environ.get("HPCPPO_GPU_SCENARIO_DEVICE", "cuda")
+# pytest-timeout's per-test limit (tools/gpu_check.sh sets both): the child processes of a test are given what is
+# left of it, less a margin, so that their own timeout fires first and the test shows every rank's log.
+TEST_TIMEOUT_S = float(os.environ.get("HPCPPO_GPU_TEST_TIMEOUT_S", "600"))
+MARGIN_S = 15.0
+_item_started = time.monotonic()
+
+
+def item_started() -> None:
+    """Called by conftest.py as each test's setup begins (fixtures included, as pytest-timeout counts them)."""
+    global _item_started
+    _item_started = time.monotonic()
+
+
+def budget(timeout_s: float) -> float:
+    """``timeout_s``, cut to what is left of the test's own limit less a margin; fails the test when nothing is."""
+    left = TEST_TIMEOUT_S - (time.monotonic() - _item_started) - MARGIN_S
+    if left < 10:
+        pytest.fail(f"only {left:.0f} s of the {TEST_TIMEOUT_S:.0f} s per-test limit left to start a child: "
+                    "raise HPCPPO_GPU_TEST_TIMEOUT_S (tools/gpu_check.sh)")
+    return min(timeout_s, left)
 
 
 def free_port() -> int:
@@ -32,9 +55,11 @@ def free_port() -> int:
 
 def cuda_device_count() -> int:
     """The visible GPUs; fails the test (never skips) when CUDA is unusable, since a gpu-marked test only runs
-    where a GPU is expected (CI deselects them with ``-m "not gpu"``)."""
+    where a GPU is expected (CI deselects them with ``-m "not gpu"``). In the CPU check mode (``DEVICE``): 1."""
     import torch
 
+    if DEVICE == "cpu":
+        return 1
     if not torch.cuda.is_available():
         pytest.fail(f"no usable CUDA device (torch {torch.__version__}, built for CUDA {torch.version.cuda}); "
                     "gpu-marked tests need one: deselect them with -m 'not gpu' on CPU machines")
@@ -42,10 +67,11 @@ def cuda_device_count() -> int:
 
 
 def require_gpus(n: int) -> None:
-    """Skip, naming both counts, when this machine has fewer than ``n`` GPUs (NCCL refuses two ranks on one GPU)."""
+    """Fail, naming both counts, when this machine has fewer than ``n`` GPUs (NCCL refuses two ranks on one GPU).
+    Checks of several GPUs are marked ``multi_gpu``: tools/gpu_check.sh deselects them on a 1-GPU machine."""
     have = cuda_device_count()
     if have < n:
-        pytest.skip(f"needs {n} GPUs (one NCCL rank per GPU); this machine has {have}")
+        pytest.fail(f"needs {n} GPUs (one NCCL rank per GPU); this machine has {have}: deselect with -m 'not multi_gpu'")
 
 
 def require_vllm() -> None:
@@ -71,42 +97,51 @@ def log_tail(path: Path) -> str:
     return f"==> {path}\n{text[-LOG_TAIL:]}"
 
 
+def _kill(procs: list[tuple[subprocess.Popen, Path]]) -> None:
+    for proc, _ in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def run_processes(cmd: list[str], world: int, log_dir: Path, name: str, *, timeout_s: float,
                   extra_env: dict[str, str] | None = None) -> None:
     """Run ``cmd`` once per rank (cwd: the repository) and fail with every rank's log tail unless all exit 0
     within ``timeout_s``; a rank that hangs is killed with the others."""
     log_dir.mkdir(parents=True, exist_ok=True)
+    timeout_s = budget(timeout_s)
     port = free_port()
     procs: list[tuple[subprocess.Popen, Path]] = []
-    for rank in range(world):
-        log = log_dir / f"{name}-rank{rank}.log"
-        with open(log, "wb") as fh:
-            env = child_env(rank, world, port, **(extra_env or {}))
-            procs.append((subprocess.Popen(cmd, env=env, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT), log))
-    deadline = time.monotonic() + timeout_s
     codes: list[int | None] = []
     try:
+        for rank in range(world):
+            log = log_dir / f"{name}-rank{rank}.log"
+            with open(log, "wb") as fh:
+                env = child_env(rank, world, port, **(extra_env or {}))
+                procs.append((subprocess.Popen(cmd, env=env, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT), log))
+        deadline = time.monotonic() + timeout_s
         for proc, _ in procs:
             codes.append(proc.wait(timeout=max(1.0, deadline - time.monotonic())))
     except subprocess.TimeoutExpired:
-        for proc, _ in procs:
-            proc.kill()
-        for proc, _ in procs:
-            proc.wait()
+        _kill(procs)
         logs = "\n".join(log_tail(log) for _, log in procs)
         pytest.fail(f"{name}: ranks still running after {timeout_s:.0f} s, killed\n{logs}")
+    finally:  # also on KeyboardInterrupt (gpu_check.sh stops pytest with SIGINT) and pytest-timeout: no orphans
+        _kill(procs)
     if any(codes):
         logs = "\n".join(log_tail(log) for _, log in procs)
         pytest.fail(f"{name}: exit codes {codes} (rank order)\n{logs}")
 
 
-def run_scenario(name: str, world: int, out_dir: Path, *args: str, timeout_s: float) -> list[dict[str, Any]]:
-    """Run scenario ``name`` of ``_gpu_scenarios.py`` on ``world`` ranks; returns each rank's saved result."""
+def run_scenario(name: str, world: int, out_dir: Path, *args: str, timeout_s: float,
+                 script: Path = SCENARIOS, extra_env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Run scenario ``name`` of ``script`` (``script NAME OUT_DIR ARGS...``) on ``world`` ranks; returns each rank's
+    saved ``result-<rank>.pt``."""
     import torch
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    run_processes([sys.executable, str(SCENARIOS), name, str(out_dir), *args], world, out_dir, name,
-                  timeout_s=timeout_s)
+    run_processes([sys.executable, str(script), name, str(out_dir), *args], world, out_dir, name,
+                  timeout_s=timeout_s, extra_env=extra_env)
     results = []
     for rank in range(world):
         path = out_dir / f"result-{rank}.pt"

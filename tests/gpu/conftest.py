@@ -1,8 +1,10 @@
-"""Checks that need a CUDA GPU (and, for the ``vllm``-marked ones, vLLM): every test here is marked ``gpu``.
+"""Checks that need a CUDA GPU (and, for the ``vllm``-marked ones, vLLM; for the ``multi_gpu`` ones, 2 GPUs): every
+test here is marked ``gpu``.
 
 CI runs ``pytest -m "not gpu"``, which deselects the whole folder. On a GPU machine run them with
-``bash tools/gpu_check.sh`` (see docs/gpu.md). A missing GPU or a missing vLLM fails a test with the reason; it
-is never skipped silently. Collection imports nothing beyond pytest and the standard library.
+``bash tools/gpu_check.sh`` (see docs/gpu.md), which deselects ``multi_gpu`` on a 1-GPU machine and ``vllm`` with
+``--no-vllm``. A missing GPU, a missing second GPU or a missing vLLM fails a test with the reason: nothing here is
+skipped. Collection imports nothing beyond pytest and the standard library.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import _gpu_launch
 from _gpu_launch import REPO, cuda_device_count
 
 _HERE = Path(__file__).resolve().parent
@@ -19,6 +22,11 @@ _HERE = Path(__file__).resolve().parent
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "vllm: needs vLLM (pip install 'hpcppo[vllm]') and a CUDA GPU")
+    config.addinivalue_line("markers", "multi_gpu: needs 2 CUDA GPUs (one NCCL rank per GPU)")
+
+
+def pytest_runtest_setup(item):  # noqa: ARG001 - the clock of the per-test budget (_gpu_launch.budget) starts here
+    _gpu_launch.item_started()
 
 
 def pytest_collection_modifyitems(items):

@@ -10,7 +10,7 @@ import pytest
 from _gpu_launch import require_gpus, run_scenario
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=lambda w: f"{w}rank")
+@pytest.fixture(scope="module", params=[1, pytest.param(2, marks=pytest.mark.multi_gpu)], ids=lambda w: f"{w}rank")
 def fsdp_results(request, tmp_path_factory):
     require_gpus(request.param)
     return run_scenario("fsdp", request.param, tmp_path_factory.mktemp(f"fsdp{request.param}"), timeout_s=240)

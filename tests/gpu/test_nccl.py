@@ -8,7 +8,7 @@ import pytest
 from _gpu_launch import require_gpus, run_scenario
 
 
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world", [1, pytest.param(2, marks=pytest.mark.multi_gpu)])
 def test_nccl_allreduce_and_preflight(world, tmp_path):
     require_gpus(world)
     from hpcppo.train.preflight import SWEEP_BYTES

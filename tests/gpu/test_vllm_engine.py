@@ -135,6 +135,7 @@ def test_dummy_load_refuses_to_generate_and_syncs_in_bf16(vllm_run):
     assert r["first_sync_bytes"] * 2 == r["param_bytes"], "weights must travel in the engine's bf16, not fp32"
 
 
+@pytest.mark.multi_gpu
 def test_tensor_parallel_2_ranks_generate_alike(warm_tiny, tmp_path):
     """Two GPUs, one TP=2 engine started without RANK/LOCAL_RANK in the environment (as under srun): the engine
     exports them from the detected environment; both ranks of the group get the same samples, each step syncs
