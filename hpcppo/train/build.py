@@ -275,9 +275,13 @@ def _engine_kwargs(cfg: Experiment, plan: RunPlan, device: torch.device, env: Di
     if ro.engine == "hf":
         return dict(model_path=cfg.model.path, dtype=cfg.model.dtype, device=device,
                     trust_remote_code=cfg.model.trust_remote_code, attn_implementation=cfg.model.attn_implementation)
-    return dict(model_path=cfg.model.path, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code,
-                tensor_parallel_size=ro.tensor_parallel_size,
-                gpu_memory_utilization=ro.gpu_memory_utilization, enforce_eager=ro.enforce_eager,
-                enable_sleep_mode=ro.free_cache_engine, seed=cfg.seed,
-                max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
-                dist_env=env)  # exported as RANK/LOCAL_RANK/... before vLLM's external launcher reads them
+    kwargs: dict[str, Any] = dict(
+        model_path=cfg.model.path, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code,
+        tensor_parallel_size=ro.tensor_parallel_size,
+        gpu_memory_utilization=ro.gpu_memory_utilization, enforce_eager=ro.enforce_eager,
+        enable_sleep_mode=ro.free_cache_engine, seed=cfg.seed,
+        max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+        dist_env=env)  # exported as RANK/LOCAL_RANK/... before vLLM's external launcher reads them
+    if ro.kv_cache_memory_mb:
+        kwargs["kv_cache_memory_bytes"] = ro.kv_cache_memory_mb * 2**20
+    return kwargs

@@ -161,7 +161,13 @@ def test_too_many_nodes():
 
 
 def test_rollout_checks():
-    assert "rollout.engine='vllm' needs GPUs" in resolve_error(LOCAL, exp(**{**batches(), "rollout": RolloutSection(engine="vllm")}))
+    # vLLM's CPU backend has no sleep mode: said at compile (tensor parallelism it can do)
+    assert resolve_error(LOCAL, exp(**{**batches(), "rollout": RolloutSection(engine="vllm")})) == (
+        "rollout.free_cache_engine=true: vLLM's CPU backend has no sleep mode (levels 1 and 2 are both refused), and "
+        "site 'l' computes on the CPU; set rollout.free_cache_engine = false (the CPU sites' default)")
+    resolve(LOCAL, exp(**{**batches(), "rollout": RolloutSection(engine="vllm", free_cache_engine=False)}))
+    resolve(LOCAL, exp(**{**batches(), "rollout": RolloutSection(engine="vllm", free_cache_engine=False,
+                                                                 tensor_parallel_size=2)}))
     assert "needs rollout.engine='vllm'" in resolve_error(gpu_site(), exp(**{**batches(train=16, mini=16, micro=1),
                                                                           "rollout": RolloutSection(tensor_parallel_size=2)}))
     msg = resolve_error(gpu_site(6), exp(**{**batches(train=12, mini=12, micro=1),

