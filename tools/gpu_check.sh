@@ -7,6 +7,8 @@
 # Everything it writes for the caller goes under $OUT (the device tool brings that folder back; elsewhere
 # artifacts/gpu-check): gpu_check.log (all output), junit.xml, bench_algos.txt, scenario-logs.tar.gz.
 # Prints one PASS/FAIL/SKIP/NOT RUN line per check at the end; exits 1 if anything failed, 2 on bad usage.
+# Fits one 10-minute device call: pytest is stopped with SIGINT at its cap (junit.xml is still written; the tests
+# it did not reach are listed NOT RUN), and every test's own limit is below that cap.
 #
 # The device image has CUDA torch in its python3 and no package registry, so no venv is made there: hpcppo runs
 # from the checkout (PYTHONPATH), and the few pure-Python packages the image lacks are carried as wheels
@@ -19,11 +21,13 @@ WHEELS="$REPO/artifacts/gpu-wheels"
 # cattrs needs newer than an image may hold. Versions are those of the CPU venv, so both sides run the same code.
 CARRIED=(submitit cattrs tomli_w attrs typing_extensions)
 DEVICE_PYTHON_VERSION="3.12"  # the image's python3 (KINDS.md); the wheels are pure Python either way
-PYTEST_TIMEOUT_S="${HPCPPO_GPU_PYTEST_TIMEOUT_S:-400}"  # fits a 10-minute device call with --no-vllm
-BENCH_TIMEOUT_S="${HPCPPO_GPU_BENCH_TIMEOUT_S:-60}"
+# Budgets (s). Worst case: ~30 environment + pytest cap + 20 after SIGINT + bench = 540, inside a 580 s device call.
+PYTEST_TIMEOUT_S="${HPCPPO_GPU_PYTEST_TIMEOUT_S:-450}"  # all of pytest: SIGINT at this point
+TEST_TIMEOUT_S="${HPCPPO_GPU_TEST_TIMEOUT_S:-240}"  # one test, fixtures included (pytest-timeout; children get less)
+BENCH_TIMEOUT_S="${HPCPPO_GPU_BENCH_TIMEOUT_S:-40}"
 
 usage() {
-    sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 fetch_wheels() {
@@ -61,24 +65,40 @@ section() {
     printf '\n===== %s =====\n' "$1"
 }
 
-summarize_junit() {  # JUNIT_XML: one record per test case
+summarize_junit() {  # JUNIT_XML COLLECTED: one record per collected test; those junit lacks are NOT RUN
     local status name detail
     while IFS=$'\t' read -r status name detail; do
         [[ -n "$status" ]] && record "$status" "$name" "$detail"
-    done < <("$PY" - "$1" <<'PYEOF'
+    done < <("$PY" - "$1" "$2" <<'PYEOF'
+import os
 import sys
 import xml.etree.ElementTree as ET
 
-for case in ET.parse(sys.argv[1]).getroot().iter("testcase"):
-    name = case.get("classname", "").split(".")[-1] + "::" + case.get("name", "")
+cases = {}
+try:  # absent or cut short when pytest was killed rather than interrupted
+    for case in ET.parse(sys.argv[1]).getroot().iter("testcase"):
+        cases[(case.get("classname", ""), case.get("name", ""))] = case
+except (OSError, ET.ParseError) as exc:
+    print(f"FAIL\tjunit.xml\tunreadable: {exc}")
+wanted = []  # node ids from --collect-only -q: tests/gpu/test_x.py::test_y[param]
+for line in open(sys.argv[2], encoding="utf-8"):
+    path, sep, name = line.strip().partition("::")
+    if sep and path.endswith(".py"):
+        wanted.append((path[:-3].replace("/", "."), name))
+for key in wanted + [k for k in cases if k not in wanted]:
+    label = key[0].split(".")[-1] + "::" + key[1]
+    case = cases.get(key)
+    if case is None:
+        print(f"NOT RUN\t{label}\tnot finished: pytest was stopped at its cap")
+        continue
     status, detail = "PASS", f"{float(case.get('time', 0)):.1f} s"
-    for tag, label in (("failure", "FAIL"), ("error", "FAIL"), ("skipped", "SKIP")):
+    for tag, verdict in (("failure", "FAIL"), ("error", "FAIL"), ("skipped", "SKIP")):
         node = case.find(tag)
         if node is not None:
-            status = label
+            status = verdict
             detail = " ".join((node.get("message") or tag).split())[:160]
             break
-    print(f"{status}\t{name}\t{detail}")
+    print(f"{status}\t{label}\t{detail}")
 PYEOF
     )
 }
@@ -132,7 +152,8 @@ PYEOF
 import importlib
 import importlib.util
 
-for name in ("hpcppo", "submitit", "cattrs", "tomli_w", "attrs", "transformers", "h5py", "pandas", "pytest"):
+for name in ("hpcppo", "submitit", "cattrs", "tomli_w", "attrs", "transformers", "h5py", "pandas", "pytest",
+             "pytest_timeout"):
     module = importlib.import_module(name)
     print(f"{name} {getattr(module, '__version__', '')} {getattr(module, '__file__', '')}")
 import hpcppo.launch.jobs, hpcppo.train.trainer, hpcppo.rollout.vllm_engine  # noqa: E401,F401 - the code under test
@@ -151,25 +172,41 @@ PYEOF
     fi
 
     section "pytest -m gpu"
-    marker="gpu"
-    [[ "$no_vllm" == 1 ]] && marker="gpu and not vllm"
-    # No -x: a device run is scarce, so every check reports; pytest.ini's per-test timeout (600 s) still applies.
-    timeout -k 15 "$PYTEST_TIMEOUT_S" "$PY" -m pytest -p no:cacheprovider -q -ra --tb=short -m "$marker" \
-        --basetemp="$tmp_root/pytest" --junitxml="$out_dir/junit.xml" \
-        tests/gpu tests/unit/test_algos_devices.py
+    local gpus marker="gpu" tests=(tests/gpu tests/unit/test_algos_devices.py)
+    gpus="$(timeout 60 "$PY" -c 'import torch; print(torch.cuda.device_count())')" || gpus=0
+    [[ "$no_vllm" == 1 ]] && marker+=" and not vllm"
+    [[ "$gpus" -lt 2 ]] && marker+=" and not multi_gpu"
+    # The per-test limit (pytest-timeout) and the children's limits (tests/gpu/_gpu_launch.budget) under the cap.
+    export HPCPPO_GPU_TEST_TIMEOUT_S="$TEST_TIMEOUT_S"
+    if ! timeout 120 "$PY" -m pytest -p no:cacheprovider -q --collect-only -m "$marker" "${tests[@]}" \
+            > "$tmp_root/collected.txt"; then
+        cat "$tmp_root/collected.txt"
+        record FAIL "pytest --collect-only -m '$marker'" "see the log"
+        return 0
+    fi
+    echo "$(grep -c '::' "$tmp_root/collected.txt") tests selected by -m '$marker' ($gpus GPU(s)); cap" \
+        "$PYTEST_TIMEOUT_S s in all, $TEST_TIMEOUT_S s each"
+    # No -x: a device run is scarce, so every check reports. SIGINT at the cap: pytest stops like on Ctrl-C and
+    # still writes junit.xml; -k: KILL if it has not stopped 20 s later.
+    timeout -s INT -k 20 "$PYTEST_TIMEOUT_S" "$PY" -m pytest -p no:cacheprovider -q -ra --tb=short -m "$marker" \
+        --timeout "$TEST_TIMEOUT_S" --basetemp="$tmp_root/pytest" --junitxml="$out_dir/junit.xml" "${tests[@]}"
     rc=$?
-    if [[ -s "$out_dir/junit.xml" ]]; then summarize_junit "$out_dir/junit.xml"; fi
+    summarize_junit "$out_dir/junit.xml" "$tmp_root/collected.txt"
     case "$rc" in
         0) record PASS "pytest -m '$marker'" ;;
-        124|137) record FAIL "pytest -m '$marker'" "timed out after $PYTEST_TIMEOUT_S s" ;;
+        124|137) record FAIL "pytest -m '$marker'" "stopped at the $PYTEST_TIMEOUT_S s cap" ;;
         5) record FAIL "pytest -m '$marker'" "no test was collected" ;;
         *) record FAIL "pytest -m '$marker'" "exit $rc" ;;
     esac
     if [[ "$no_vllm" == 1 ]]; then
         record "NOT RUN" "vllm-marked checks" "--no-vllm"
     fi
+    if [[ "$gpus" -lt 2 ]]; then
+        record "NOT RUN" "multi_gpu-marked checks" "$gpus GPU(s) here; they need 2"
+    fi
     if [[ -d "$tmp_root/pytest" ]]; then
-        (cd "$tmp_root/pytest" && find . -name '*.log' -print0 | tar -czf "$out_dir/scenario-logs.tar.gz" --null -T -)
+        (cd "$tmp_root/pytest" && find . \( -name '*.log' -o -name '*-probe.json' \) -print0 |
+            tar -czf "$out_dir/scenario-logs.tar.gz" --null -T -)
     fi
 
     section "tools/bench_algos.py --device cuda"
@@ -208,6 +245,12 @@ main() {
         return
     fi
     PY="${PYTHON:-python3}"
+    if ! [[ "$TEST_TIMEOUT_S" =~ ^[0-9]+$ && "$PYTEST_TIMEOUT_S" =~ ^[0-9]+$ ]] \
+            || (( TEST_TIMEOUT_S >= PYTEST_TIMEOUT_S )); then
+        echo "gpu_check: the per-test limit ($TEST_TIMEOUT_S s) must be a whole number below the pytest cap" \
+             "($PYTEST_TIMEOUT_S s)" >&2
+        return 2
+    fi
     local out_dir="${OUT:-$REPO/artifacts/gpu-check}" tmp_root="${TMPDIR:-/tmp}/hpcppo-gpu-check"
     mkdir -p "$out_dir" || return 1
     rm -rf "$tmp_root" && mkdir -p "$tmp_root" || return 1
