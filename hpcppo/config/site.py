@@ -81,6 +81,11 @@ class SlurmSection:
                            help="How GPUs are requested: --gpus-per-node=N or --gres=<gres_name>:N.")
     gres_name: str = opt("gpu", pattern=r"[A-Za-z0-9_:.-]+",
                          help="GRES name when gpu_request = \"gres\" (e.g. \"gpu\" or \"gpu:h100\").")
+    gpu_bind: str = opt(
+        "none", pattern=r"[A-Za-z0-9_:,.-]*",
+        help="srun --gpu-bind for the trainers (rendered when GPUs are requested): \"none\" keeps every GPU of the "
+             "node visible to every rank, overriding a site default that binds one GPU per task; \"\" leaves the "
+             "site's binding (a rank that then sees a single GPU computes on it, cuda:0).")
     compute_device: str = opt(
         "auto", choices=("auto", "cpu"),
         help="What the ranks compute on: auto = CUDA with NCCL when gpus_per_node > 0, else CPU with gloo; cpu = CPU "

@@ -66,6 +66,9 @@ class DistEnv:
     backend: Literal["gloo", "nccl"]
     source: str = "single"
     """Which launcher's variables were read: ``torchrun``, ``slurm``, ``submitit-local`` or ``single``."""
+    device_index: int = attrs.field(default=attrs.Factory(lambda self: self.local_rank, takes_self=True))
+    """The CUDA device this rank computes on, among those it can see (:func:`cuda_device_index`): ``local_rank``
+    when the task sees all of its node's GPUs, 0 when the site gave it a single one."""
 
     @property
     def is_distributed(self) -> bool:
@@ -114,6 +117,30 @@ def first_host(nodelist: str) -> str:
     return prefix + ranges.split(",")[0].split("-")[0]
 
 
+def cuda_device_index(local_rank: int, local_world_size: int, visible: str | None) -> int:
+    """The index, among the GPUs this task can see, of the one it computes on.
+
+    ``visible`` is ``CUDA_VISIBLE_DEVICES`` (``None`` when unset: every GPU of the node is visible). hpcppo runs
+    one rank per GPU; the rank ``r`` of a node takes ``cuda:r`` when the task sees all of the node's GPUs (our
+    scripts render ``srun --gpu-bind=none``), and ``cuda:0`` when Slurm bound one GPU to each task
+    (``--gpus-per-task=1``, ``--gpu-bind=single:1``, a site default): there ``cuda:<local rank>`` does not exist.
+    Any other count cannot be mapped to one GPU per rank and is an error naming the variable.
+
+    >>> cuda_device_index(3, 4, None), cuda_device_index(3, 4, "0,1,2,3"), cuda_device_index(3, 4, "3")
+    (3, 3, 0)
+    """
+    if visible is None:
+        return local_rank
+    devices = [d for d in visible.split(",") if d.strip()]
+    if len(devices) >= local_world_size and local_rank < len(devices):
+        return local_rank
+    if len(devices) == 1:
+        return 0
+    raise ConfigError(f"this task sees {len(devices)} GPU(s) ({visible!r}) but its node runs {local_world_size} "
+                      f"ranks: hpcppo needs each task to see either all of the node's GPUs (srun --gpu-bind=none, "
+                      f"site.slurm.gpu_bind) or exactly one", key="CUDA_VISIBLE_DEVICES")
+
+
 def _validate(env: DistEnv) -> DistEnv:
     checks = [
         (0 <= env.rank < env.world_size, f"rank {env.rank} is outside world size {env.world_size}"),
@@ -135,10 +162,18 @@ def _default_device_type() -> DeviceType:
 def detect_env(environ: Mapping[str, str] = os.environ, *, device_type: DeviceType | None = None) -> DistEnv:
     """Read this process's ``DistEnv`` from ``environ`` (see the module docstring for the order).
 
-    ``device_type`` defaults to ``cuda`` when a GPU is visible; the backend follows (``nccl`` / ``gloo``).
+    ``device_type`` defaults to ``cuda`` when a GPU is visible; the backend follows (``nccl`` / ``gloo``). On CUDA
+    the rank's device follows ``CUDA_VISIBLE_DEVICES`` (:func:`cuda_device_index`).
     Raises ``ConfigError`` naming the variable when one is malformed or the values contradict each other.
     """
-    dev: DeviceType = device_type or _default_device_type()
+    env = _launcher_env(environ, device_type or _default_device_type())
+    if env.device_type != "cuda":
+        return env
+    index = cuda_device_index(env.local_rank, env.local_world_size, environ.get("CUDA_VISIBLE_DEVICES"))
+    return attrs.evolve(env, device_index=index)
+
+
+def _launcher_env(environ: Mapping[str, str], dev: DeviceType) -> DistEnv:
     common: dict[str, Any] = {"device_type": dev, "backend": "nccl" if dev == "cuda" else "gloo"}
     master_addr = environ.get("MASTER_ADDR") or ""
 
@@ -223,20 +258,26 @@ def launcher_vars(env: DistEnv) -> dict[str, str]:
     ``ExecutorWithExternalLauncher._distributed_args`` in vllm/v1/executor/uniproc_executor.py (read at vLLM commit
     01e4fce, the 0.3x layout; the V0 executor of 0.10 reads ``RANK`` the same way). Under ``srun`` only the
     ``SLURM_*`` variables exist, so the engine would die with ``KeyError: 'RANK'``.
+
+    vLLM selects ``cuda:<LOCAL_RANK>`` (its worker's and its groups' device), so ``LOCAL_RANK`` is the rank's
+    device index (:attr:`DistEnv.device_index`): the local rank itself when the task sees the node's GPUs, 0 when
+    Slurm gave the task a single GPU, where ``cuda:<local rank>`` would not exist.
     """
-    return {"RANK": str(env.rank), "LOCAL_RANK": str(env.local_rank), "WORLD_SIZE": str(env.world_size),
+    return {"RANK": str(env.rank), "LOCAL_RANK": str(env.device_index), "WORLD_SIZE": str(env.world_size),
             "LOCAL_WORLD_SIZE": str(env.local_world_size), "MASTER_ADDR": env.master_addr,
             "MASTER_PORT": str(env.master_port)}
 
 
 def export_launcher_vars(env: DistEnv, environ: Any = None) -> dict[str, str]:
     """Write :func:`launcher_vars` into ``environ`` (``os.environ`` by default) and return them. A value already
-    there that disagrees is an error: two launchers describing different jobs must not be papered over."""
+    there that disagrees is an error: two launchers describing different jobs must not be papered over. A
+    ``LOCAL_RANK`` that a launcher set to this rank's local rank is replaced by its device index."""
     target = os.environ if environ is None else environ
     wanted = launcher_vars(env)
     for key, value in wanted.items():
         old = target.get(key)
-        if old not in (None, "", value) and key not in ("MASTER_ADDR", "MASTER_PORT"):
+        agrees = (value, str(env.local_rank)) if key == "LOCAL_RANK" else (value,)
+        if old not in (None, "", *agrees) and key not in ("MASTER_ADDR", "MASTER_PORT"):
             raise ConfigError(f"the environment says {key}={old} but this process is {key}={value} "
                               f"({env.source} variables)", key=key)
         target[key] = value
@@ -282,7 +323,8 @@ def rollout_groups(rank: int, world_size: int, tp_size: int) -> RolloutGroups:
 def init_distributed(env: DistEnv, *, timeout_s: float = 1800) -> None:
     """Join the default process group described by ``env`` (idempotent: a second call is a no-op).
 
-    CPU uses gloo; CUDA selects ``cuda:<local_rank>`` first and uses NCCL, bound to that device.
+    CPU uses gloo; CUDA selects ``cuda:<device_index>`` first (the local rank, or 0 in a task given one GPU) and
+    uses NCCL, bound to that device.
     ``timeout_s`` bounds every collective: a rank that never arrives fails the others instead of hanging them.
     A world of one still gets a process group, so the same code paths (DTensor, DCP) run everywhere.
     """
@@ -294,8 +336,8 @@ def init_distributed(env: DistEnv, *, timeout_s: float = 1800) -> None:
     host = f"[{env.master_addr}]" if ":" in env.master_addr else env.master_addr
     kwargs: dict[str, Any] = {}
     if env.device_type == "cuda":
-        torch.cuda.set_device(env.local_rank)
-        kwargs["device_id"] = torch.device("cuda", env.local_rank)
+        torch.cuda.set_device(env.device_index)
+        kwargs["device_id"] = torch.device("cuda", env.device_index)
     dist.init_process_group(
         backend=env.backend,
         init_method=f"tcp://{host}:{env.master_port}",
@@ -344,7 +386,7 @@ def collective_device() -> torch.device:
 
     torch binds each backend to device types: ``nccl`` moves only CUDA tensors (a CPU tensor fails with "No
     backend type associated with device type cpu"), gloo CPU tensors. NCCL groups are created bound to
-    ``cuda:<local_rank>`` (``init_distributed``), which is the current device. A group with a CPU backend
+    ``cuda:<device_index>`` (``init_distributed``), which is the current device. A group with a CPU backend
     (gloo, or ``cpu:gloo,cuda:nccl``) keeps host numbers on the CPU.
     """
     if not dist.is_initialized():

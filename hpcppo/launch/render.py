@@ -149,6 +149,19 @@ def job_command(site: Site, run_dir: Path, python: str | None = None) -> list[st
     return [python or site.env.python or "python3", "-u", "-m", ENTRY_MODULE, str(run_dir)]
 
 
+def gpu_bind_args(site: Site, plan: RunPlan) -> list[str]:
+    """srun's ``--gpu-bind`` for the trainers: ``site.slurm.gpu_bind`` when the job requests GPUs, else nothing.
+
+    The default, ``none``, lets each task see all of its node's GPUs, so that rank ``r`` of a node computes on
+    ``cuda:r`` and vLLM's ``LOCAL_RANK`` names the same device, even where the site binds one GPU per task by
+    default (``--gpus-per-task``, a ``cli_filter``, ``SLURM_GPU_BIND``). With ``""`` the site's binding stands and
+    each rank derives its device from ``CUDA_VISIBLE_DEVICES`` (hpcppo.distributed.env.cuda_device_index).
+    """
+    if not plan.gpus_per_node or not site.slurm.gpu_bind:
+        return []
+    return [f"--gpu-bind={_sbatch_value(site.slurm.gpu_bind)}"]
+
+
 def _container_srun_args(site: Site, device: str = "cuda") -> tuple[list[str], list[str]]:
     """(extra srun options, command prefix) for the site's container runtime."""
     c = site.container
@@ -201,7 +214,7 @@ def render_slurm(site: Site, exp: Experiment, plan: RunPlan, run_dir: Path, *, p
         "--kill-on-bad-exit=1",
         # one log per rank per attempt; the batch log keeps the launcher's own lines
         '--output="$HPCPPO_LOG_DIR/rank-%t.log"',
-    ] + container_args
+    ] + gpu_bind_args(site, plan) + container_args
     watchdog = watchdog_command(site, exp, run_dir, python, prefix)
     ctx = _common_context(site, exp, run_dir) | {
         "directives": slurm_directives(site, exp, plan, run_dir),

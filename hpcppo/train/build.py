@@ -180,7 +180,7 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
     if cfg.trainer.deterministic:
         enable_determinism()
     torch.manual_seed(cfg.seed)
-    device = torch.device("cuda", env.local_rank) if env.device_type == "cuda" else torch.device("cpu")
+    device = torch.device("cuda", env.device_index) if env.device_type == "cuda" else torch.device("cpu")
     model_cfg = cfg.model
 
     from transformers import AutoTokenizer

@@ -94,7 +94,7 @@ def _bandwidth_sweep(device: torch.device, world: int) -> list[dict[str, float]]
 
 
 def run_preflight(env: DistEnv, run_dir: Path, expected_world_size: int, extra_paths: list[str]) -> int:
-    device = torch.device("cuda", env.local_rank) if env.device_type == "cuda" else torch.device("cpu")
+    device = torch.device("cuda", env.device_index) if env.device_type == "cuda" else torch.device("cpu")
     started = time.time()
     record: dict[str, Any] = {
         "rank": env.rank,
