@@ -174,6 +174,45 @@ def _reload_in_place(llm: Any, model: torch.nn.Module,
     return loaded
 
 
+def _unlink_cpu_shm_segments() -> list[str]:
+    """On vLLM's CPU backend, remove the names of the shared-memory segments its tensor-parallel communicator
+    created, once every rank of the group has mapped them; returns the paths removed.
+
+    Why: ``_CPUSHMDistributed`` (vllm/distributed/device_communicators/cpu_communicator.py, vLLM 0.32.0) names its
+    segments ``<VLLM_DIST_IDENT>-<group>-[<ranks>]-cpushm_<rank>``, and ``CPUWorker.init_device``
+    (vllm/v1/worker/cpu_worker.py) sets ``VLLM_DIST_IDENT`` from the port of ``distributed_init_method``, which the
+    external launcher fixes to ``"env://"``: every such engine on a host uses the same names. The trainer leaves
+    with ``os._exit`` (no destructors), so the segments of one run stayed in /dev/shm and the next run's engine
+    died with "create shm in SHMManager failed. errno: 17" (EEXIST). ``_init_cpu_shm`` returns only after a barrier
+    that follows every rank's join, so here each segment is mapped by all of its users; unlinking a name keeps the
+    mappings (POSIX shared memory lives until its last mapping goes) and frees the name for the next engine.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return []
+    from vllm.distributed import parallel_state
+
+    removed = []
+    for getter in ("get_tp_group", "get_pp_group"):
+        try:
+            group = getattr(parallel_state, getter)()
+        except (AssertionError, AttributeError):  # not initialised (no such parallelism)
+            continue
+        shm = getattr(getattr(group, "device_communicator", None), "dist_module", None)
+        name = getattr(shm, "group_name", None)
+        if not name or group.world_size < 2:
+            continue
+        for rank in range(group.world_size):
+            path = f"/dev/shm/{name.lstrip('/')}_{rank}"
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except FileNotFoundError:  # another rank of the group removed it first
+                pass
+    return removed
+
+
 def prompt_seed(seed: int | None, prompt: int, n: int) -> int | None:
     """The seed of prompt ``prompt``'s request: disjoint blocks of ``n`` seeds per prompt (None stays None)."""
     return None if seed is None else (seed + prompt * n) % (2**63 - 1)
@@ -259,6 +298,7 @@ class VLLMRolloutEngine:
         kwargs.update(llm_kwargs)
         self._vllm = vllm
         self._llm: Any = vllm.LLM(**kwargs)
+        _unlink_cpu_shm_segments()
         self._sleep_mode = enable_sleep_mode
         self._sleep_level = sleep_level
         self._bucket_bytes = int(sync_bucket_bytes)
