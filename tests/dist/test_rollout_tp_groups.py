@@ -29,7 +29,7 @@ def _worker(rank: int, world: int, tp: int) -> dict:
     sys.path.insert(0, FAKES)
     import recording_vllm
 
-    sys.modules["vllm"] = recording_vllm
+    recording_vllm.install()
     recording_vllm.reset()
     import hpcppo.rollout.vllm_engine as vllm_engine
     from hpcppo.distributed.env import detect_env

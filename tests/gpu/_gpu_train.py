@@ -22,7 +22,7 @@ def _install_recording_vllm(weights_seen: list[dict[str, Any]]) -> Any:
     sys.path.insert(0, str(FAKES))
     import recording_vllm
 
-    sys.modules["vllm"] = recording_vllm
+    recording_vllm.install()
     real = recording_vllm._Model.load_weights
 
     def load_weights(self: Any, weights: Any) -> set[str]:

@@ -31,7 +31,8 @@ LAUNCHER = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR
 @pytest.fixture
 def fake_vllm(monkeypatch):
     """The recording stand-in installed as ``vllm``; empty_cache recorded into the same call log."""
-    monkeypatch.setitem(sys.modules, "vllm", recording_vllm)
+    for name, module in recording_vllm.modules().items():
+        monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr(vllm_engine, "_empty_cache", lambda: recording_vllm.CALLS.append(("empty_cache",)))
     for key in LAUNCHER:
         monkeypatch.delenv(key, raising=False)
@@ -56,8 +57,9 @@ def test_launcher_variables_are_exported_from_slurm_before_the_engine_is_built(f
              "SLURM_JOB_ID": "4242"}
     env = detect_env(slurm, device_type="cpu")
     VLLMRolloutEngine("/models/m", dist_env=env)
-    (name, kwargs, seen), = fake_vllm.CALLS
+    (name, kwargs, seen), *after = fake_vllm.CALLS
     assert name == "LLM"
+    assert after == [("sleep", 2), ("empty_cache",)]  # its dummy weights are worthless: asleep from the start
     assert seen == {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
                     "MASTER_ADDR": "gpu007", "MASTER_PORT": str(env.master_port)}
     assert "dist_env" not in kwargs
@@ -80,11 +82,21 @@ def test_engine_arguments_dummy_load_and_sleep_mode(fake_vllm):
     assert kwargs["logprobs_mode"] == "processed_logprobs"
 
 
+def test_a_dummy_loaded_engine_sleeps_at_level_2_right_after_construction(fake_vllm):
+    # Awake, its dummy weights and KV cache would sit under the model build and DCP's optimizer-state load.
+    VLLMRolloutEngine("/models/m", sleep_level=1)
+    assert fake_vllm.CALLS[1:] == [("sleep", 2), ("empty_cache",)]  # level 2 whatever the step's level: no copy
+    fake_vllm.reset()
+    VLLMRolloutEngine("/models/m", load_format="auto")  # real weights: kept awake for the first generate
+    VLLMRolloutEngine("/models/m", enable_sleep_mode=False)  # vLLM would refuse sleep() without sleep mode
+    assert fake_vllm.names() == ["LLM", "LLM"]
+
+
 def test_one_step_calls_in_verl_order(fake_vllm):
     engine = VLLMRolloutEngine("/models/m", sync_bucket_bytes=2**30)
     with pytest.raises(RuntimeError, match="has no weights"):  # dummy weights are never sampled from
         engine.generate([[5, 6]], SAMPLING)
-    engine.sleep()  # a fresh engine has everything mapped; from then on each step wakes what it needs
+    engine.sleep()  # already asleep since construction: nothing to do
     fake_vllm.reset()
     for step in range(2):
         engine.wake_up()
@@ -94,8 +106,11 @@ def test_one_step_calls_in_verl_order(fake_vllm):
         engine.generate([[5, 6], [7]], SAMPLING)
         engine.sleep()
         assert engine.weights_dropped  # level 2 discarded them: the next step must sync even if the actor is the same
-    step = [c if c[0] not in ("load_weights", "generate") else (c[0],) for c in fake_vllm.CALLS]
-    one = [("empty_cache",), ("wake_up", ["weights"]), ("load_weights",), ("reset_prefix_cache",),
+    step = [c if c[0] not in ("load_weights", "generate", "finalize_layerwise_reload") else (c[0],)
+            for c in fake_vllm.CALLS]
+    # the weights arrive through vLLM's in-place layerwise reload (initialize -> load_weights -> finalize)
+    one = [("empty_cache",), ("wake_up", ["weights"]), ("initialize_layerwise_reload",), ("load_weights",),
+           ("finalize_layerwise_reload",), ("reset_prefix_cache",),
            ("empty_cache",), ("wake_up", ["kv_cache"]), ("generate",), ("sleep", 2), ("empty_cache",)]
     assert step == one + one
 
@@ -131,7 +146,8 @@ def test_without_sleep_mode_the_prefix_cache_is_still_reset_after_every_sync(fak
         engine.sync_weights(iter_full_params(_actor()))
         engine.generate([[5]], SAMPLING)
         engine.sleep()
-    assert fake_vllm.names() == ["load_weights", "reset_prefix_cache", "generate"] * 2
+    assert fake_vllm.names() == ["initialize_layerwise_reload", "load_weights", "finalize_layerwise_reload",
+                                 "reset_prefix_cache", "generate"] * 2
 
 
 def test_stop_ids_union_tokenizer_and_generation_config(tmp_path, fake_vllm):
