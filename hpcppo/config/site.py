@@ -82,10 +82,11 @@ class SlurmSection:
     gres_name: str = opt("gpu", pattern=r"[A-Za-z0-9_:.-]+",
                          help="GRES name when gpu_request = \"gres\" (e.g. \"gpu\" or \"gpu:h100\").")
     gpu_bind: str = opt(
-        "none", pattern=r"[A-Za-z0-9_:,.-]*",
-        help="srun --gpu-bind for the trainers (rendered when GPUs are requested): \"none\" keeps every GPU of the "
-             "node visible to every rank, overriding a site default that binds one GPU per task; \"\" leaves the "
-             "site's binding (a rank that then sees a single GPU computes on it, cuda:0).")
+        "", pattern=r"[A-Za-z0-9_:,.-]*",
+        help="srun --gpu-bind for the trainers, rendered when GPUs are requested; \"\" = the site's binding. Ranks work "
+             "either way: one that sees the node's GPUs takes cuda:<local rank>, one bound to a single GPU takes "
+             "cuda:0. \"none\" also stops Slurm from setting CUDA_VISIBLE_DEVICES (Slurm 22.05), so use it only "
+             "where cgroups hide other jobs' GPUs (ConstrainDevices=yes) or nodes are exclusive.")
     compute_device: str = opt(
         "auto", choices=("auto", "cpu"),
         help="What the ranks compute on: auto = CUDA with NCCL when gpus_per_node > 0, else CPU with gloo; cpu = CPU "

@@ -121,8 +121,8 @@ def cuda_device_index(local_rank: int, local_world_size: int, visible: str | Non
     """The index, among the GPUs this task can see, of the one it computes on.
 
     ``visible`` is ``CUDA_VISIBLE_DEVICES`` (``None`` when unset: every GPU of the node is visible). hpcppo runs
-    one rank per GPU; the rank ``r`` of a node takes ``cuda:r`` when the task sees all of the node's GPUs (our
-    scripts render ``srun --gpu-bind=none``), and ``cuda:0`` when Slurm bound one GPU to each task
+    one rank per GPU; the rank ``r`` of a node takes ``cuda:r`` when the task sees all of the job's GPUs on the node
+    (Slurm's default without a binding), and ``cuda:0`` when Slurm bound one GPU to each task
     (``--gpus-per-task=1``, ``--gpu-bind=single:1``, a site default): there ``cuda:<local rank>`` does not exist.
     Any other count cannot be mapped to one GPU per rank and is an error naming the variable.
 
@@ -137,8 +137,8 @@ def cuda_device_index(local_rank: int, local_world_size: int, visible: str | Non
     if len(devices) == 1:
         return 0
     raise ConfigError(f"this task sees {len(devices)} GPU(s) ({visible!r}) but its node runs {local_world_size} "
-                      f"ranks: hpcppo needs each task to see either all of the node's GPUs (srun --gpu-bind=none, "
-                      f"site.slurm.gpu_bind) or exactly one", key="CUDA_VISIBLE_DEVICES")
+                      f"ranks: hpcppo needs each task to see either all of the job's GPUs on the node or exactly "
+                      f"one (site.slurm.gpu_bind sets srun's --gpu-bind)", key="CUDA_VISIBLE_DEVICES")
 
 
 def _validate(env: DistEnv) -> DistEnv:

@@ -150,12 +150,14 @@ def job_command(site: Site, run_dir: Path, python: str | None = None) -> list[st
 
 
 def gpu_bind_args(site: Site, plan: RunPlan) -> list[str]:
-    """srun's ``--gpu-bind`` for the trainers: ``site.slurm.gpu_bind`` when the job requests GPUs, else nothing.
+    """srun's ``--gpu-bind`` for the trainers: ``site.slurm.gpu_bind`` when the job requests GPUs and the site sets
+    one, else nothing (the site's binding).
 
-    The default, ``none``, lets each task see all of its node's GPUs, so that rank ``r`` of a node computes on
-    ``cuda:r`` and vLLM's ``LOCAL_RANK`` names the same device, even where the site binds one GPU per task by
-    default (``--gpus-per-task``, a ``cli_filter``, ``SLURM_GPU_BIND``). With ``""`` the site's binding stands and
-    each rank derives its device from ``CUDA_VISIBLE_DEVICES`` (hpcppo.distributed.env.cuda_device_index).
+    Nothing is the default because every binding works: a rank that sees its node's GPUs computes on
+    ``cuda:<local rank>``, one that Slurm bound to a single GPU on ``cuda:0``
+    (:func:`hpcppo.distributed.env.cuda_device_index`, which also gives vLLM its ``LOCAL_RANK``). ``none`` is not
+    rendered unasked: with it Slurm 22.05 leaves ``CUDA_VISIBLE_DEVICES`` unset in the tasks (measured on the dev
+    cluster), so on a shared node whose cgroups do not hide devices a rank would see other jobs' GPUs.
     """
     if not plan.gpus_per_node or not site.slurm.gpu_bind:
         return []

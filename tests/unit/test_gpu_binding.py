@@ -3,7 +3,7 @@
 hpcppo runs one rank per GPU. A task that sees all of its node's GPUs takes ``cuda:<local rank>``; a site whose
 Slurm binds one GPU per task leaves each task a single visible device, where ``cuda:<local rank>`` does not exist:
 the rank takes ``cuda:0``, and vLLM (which selects ``cuda:<LOCAL_RANK>``) is given the same index. The job script
-renders ``srun --gpu-bind=none`` by default, so both cases are covered. CUDA cannot run here: the process group's
+leaves the binding to the site unless ``site.slurm.gpu_bind`` names one. CUDA cannot run here: the process group's
 device is checked with recording stand-ins for ``torch.cuda.set_device`` and ``init_process_group``.
 """
 
@@ -42,7 +42,8 @@ def test_cuda_device_index(local_rank, local_world, visible, expected):
 @pytest.mark.parametrize("local_rank,local_world,visible", [(3, 4, "0,1"), (1, 2, ""), (2, 4, "0,1,2")])
 def test_a_task_that_sees_neither_all_nor_one_gpu_is_refused_with_the_variable_named(local_rank, local_world, visible):
     with pytest.raises(ConfigError, match=r"CUDA_VISIBLE_DEVICES.*this task sees \d GPU\(s\).*either all of the "
-                                          r"node's GPUs \(srun --gpu-bind=none, site.slurm.gpu_bind\) or exactly one"):
+                                          r"job's GPUs on the node or exactly one \(site.slurm.gpu_bind sets srun's "
+                                          r"--gpu-bind\)"):
         cuda_device_index(local_rank, local_world, visible)
 
 
@@ -96,15 +97,14 @@ MICRO_16 = ["actor.ppo_micro_batch_size_per_gpu=1", "critic.ppo_micro_batch_size
 
 @pytest.mark.parametrize("spec,site,base", [(GSM8K, "a100-cluster", []), (GSM8K, "h100-cluster", []),
                                             (ARITH, "local-slurm-gpu", MICRO_16)])
-def test_gpu_jobs_render_gpu_bind_none_unless_the_site_keeps_its_own(spec, site, base):
-    assert "  --gpu-bind=none \\" in _srun_block(spec, site, base)
-    kept = _srun_block(spec, site, [*base, "site.slurm.gpu_bind="])
-    assert not any("--gpu-bind" in line for line in kept)
-    assert "  --gpu-bind=closest \\" in _srun_block(spec, site, [*base, "site.slurm.gpu_bind=closest"])
+def test_gpu_jobs_leave_the_sites_binding_unless_the_site_sets_one(spec, site, base):
+    assert not any("--gpu-bind" in line for line in _srun_block(spec, site, base))
+    assert "  --gpu-bind=none \\" in _srun_block(spec, site, [*base, "site.slurm.gpu_bind=none"])
+    assert "  --gpu-bind=single:1 \\" in _srun_block(spec, site, [*base, "site.slurm.gpu_bind=single:1"])
 
 
 def test_cpu_jobs_render_no_gpu_bind():
-    assert not any("--gpu-bind" in line for line in _srun_block(ARITH, "local-slurm", []))
+    assert not any("--gpu-bind" in line for line in _srun_block(ARITH, "local-slurm", ["site.slurm.gpu_bind=none"]))
 
 
 def test_a_gpu_bind_that_is_not_one_srun_word_is_refused():
