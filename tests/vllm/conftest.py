@@ -15,6 +15,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "dist"))  # _spawn: real gloo ranks
+sys.path.insert(0, str(HERE.parent / "e2e"))  # _harness: specs, rank launches, logs
 
 # vLLM in-process (the trainer's external launcher forces it too) and no usage reports from tests.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -32,3 +33,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.vllm)
             if not HAVE_VLLM:
                 item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
+
+
+def _slurm_fixtures():
+    """The Slurm tier's fixtures (``slurm_cluster``, ``wait_until``), loaded from tests/slurm/conftest.py under
+    another module name: one definition of how the dev cluster is started and waited on."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hpcppo_slurm_fixtures", HERE.parent / "slurm" / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.slurm_cluster, module._wait_until_fixture
+
+
+slurm_cluster, wait_until = _slurm_fixtures()
