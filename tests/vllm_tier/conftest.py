@@ -22,17 +22,36 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
-HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+def _have_vllm() -> bool:
+    spec = importlib.util.find_spec("vllm")
+    return spec is not None and spec.origin is not None  # a namespace package of that name is not vLLM
+
+
+HAVE_VLLM = _have_vllm()
 SKIP_REASON = ("vLLM tier: vLLM is not installed in this Python; tools/setup.sh --vllm makes .venv-vllm and "
                "tools/test.sh runs the tier there")
+
+
+def pytest_ignore_collect(collection_path, config):  # noqa: ARG001
+    """Without vLLM the tier's modules are not even imported (they need vLLM's venv); the header says why."""
+    if not HAVE_VLLM and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return True
+    return None
+
+
+def pytest_report_header(config):  # noqa: ARG001
+    return None if HAVE_VLLM else SKIP_REASON
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not HAVE_VLLM:
+        terminalreporter.write_line(f"SKIPPED tests/vllm_tier: {SKIP_REASON}")
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if str(HERE) in str(item.fspath):
             item.add_marker(pytest.mark.vllm)
-            if not HAVE_VLLM:
-                item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
 
 
 def _slurm_fixtures():
@@ -46,4 +65,5 @@ def _slurm_fixtures():
     return module.slurm_cluster, module._wait_until_fixture
 
 
-slurm_cluster, wait_until = _slurm_fixtures()
+if HAVE_VLLM:
+    slurm_cluster, wait_until = _slurm_fixtures()
