@@ -251,6 +251,12 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
         # cache; what stays is outside its CuMem pool (CUDA graphs), counted as "vLLM while asleep".
         vllm_share = int(ro.gpu_memory_utilization * gpu.memory_bytes)
         graphs = 0 if ro.enforce_eager else int(ASSUMPTIONS["vLLM CUDA graphs"].value * GIB)
+        if ro.kv_cache_memory_mb:
+            # An explicit KV cache replaces the share: Worker.determine_available_memory (vllm/v1/worker/
+            # gpu_worker.py, 0.32.0) still runs the profile pass, then reserves exactly kv_cache_memory_bytes,
+            # "This does not respect the gpu_memory_utilization config". Awake: weights + that pass + graphs + cache.
+            weights, profile = _vllm_weights_and_profile(plan, m, mbytes)
+            vllm_share = weights + profile + graphs + ro.kv_cache_memory_mb * 2**20
         vllm_asleep = graphs if ro.free_cache_engine else vllm_share
         _kv_cache(budget, exp, plan, m, vllm_share, graphs, mbytes)
 
@@ -270,7 +276,8 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
 
     phases = []
     if ro.engine == "vllm":
-        phases.append(Phase("rollout (vLLM awake)", resident() + [Item("vLLM share (gpu_memory_utilization)", vllm_share)]))
+        label = "vLLM: weights + kv_cache_memory_mb" if ro.kv_cache_memory_mb else "vLLM share (gpu_memory_utilization)"
+        phases.append(Phase("rollout (vLLM awake)", resident() + [Item(label, vllm_share)]))
     else:
         hf_cache = plan.prompts_per_rank * ro.n * L * m.kv_bytes_per_token(mbytes)
         phases.append(Phase("rollout (hf generate)", resident() + [
@@ -327,12 +334,19 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
     budget.phases = [Phase(p.name, [i for i in p.items if i.bytes]) for p in phases]
 
 
-def _kv_cache(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, share: int, graphs: int,
-              mbytes: int) -> None:
+def _vllm_weights_and_profile(plan: RunPlan, m: ModelShape, mbytes: int) -> tuple[int, int]:
+    """Bytes per GPU of vLLM's weights and of its start-up profile pass (activations of one batch of
+    ``vLLM batched tokens`` plus the sampler's logits)."""
     tp = plan.tensor_parallel_size
     weights = math.ceil(m.params * mbytes / tp)
     batched = int(ASSUMPTIONS["vLLM batched tokens"].value)
-    profile = batched * m.activation_elems_per_token_layer() * mbytes // tp + 256 * m.vocab * 4
+    return weights, batched * m.activation_elems_per_token_layer() * mbytes // tp + 256 * m.vocab * 4
+
+
+def _kv_cache(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, share: int, graphs: int,
+              mbytes: int) -> None:
+    tp = plan.tensor_parallel_size
+    weights, profile = _vllm_weights_and_profile(plan, m, mbytes)
     kv_bytes = share - weights - profile - graphs
     # vLLM's ModelConfig.get_num_kv_heads: max(1, kv_heads // tp), i.e. KV heads are replicated when tp > kv_heads.
     kv_heads_per_gpu = max(1, m.kv_heads // tp)
@@ -342,6 +356,7 @@ def _kv_cache(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, sha
     tokens = max(0, kv_bytes) // per_token
     concurrent = min(seqs, tokens // max_len)
     budget.kv = {
+        "share_from": "kv_cache_memory_mb" if exp.rollout.kv_cache_memory_mb else "gpu_memory_utilization",
         "vllm_share_bytes": share, "weights_bytes": weights, "profile_activation_bytes": profile,
         "cuda_graphs_bytes": graphs, "kv_cache_bytes": kv_bytes, "kv_bytes_per_token_per_gpu": per_token,
         "kv_bytes_per_token_model": m.kv_bytes_per_token(mbytes), "kv_tokens": tokens, "max_model_len": max_len,
@@ -355,7 +370,8 @@ def _fixes(exp: Experiment, plan: RunPlan, phase: str) -> list[str]:
     a, ro = exp.actor, exp.rollout
     out: list[str] = []
     if phase.startswith("rollout") and ro.engine == "vllm":
-        out.append(f"lower rollout.gpu_memory_utilization (now {ro.gpu_memory_utilization})")
+        out.append(f"lower rollout.kv_cache_memory_mb (now {ro.kv_cache_memory_mb})" if ro.kv_cache_memory_mb else
+                   f"lower rollout.gpu_memory_utilization (now {ro.gpu_memory_utilization})")
     if not a.fsdp.optimizer_offload and not a.fsdp.param_offload:
         out.append("actor.fsdp.optimizer_offload = true")
     if not a.fsdp.param_offload:
@@ -390,7 +406,14 @@ def _judge(budget: Budget, exp: Experiment, plan: RunPlan) -> None:
                 f"change: {'; or '.join(_fixes(exp, plan, phase.name))}")
     kv = budget.kv
     if kv:
-        if kv["kv_tokens"] < kv["max_model_len"]:
+        explicit = exp.rollout.kv_cache_memory_mb
+        if kv["kv_tokens"] < kv["max_model_len"] and explicit:
+            budget.problems.append(
+                f"rollout.kv_cache_memory_mb = {explicit} holds {kv['kv_tokens']} tokens, fewer than one sequence of "
+                f"max_model_len {kv['max_model_len']} ({kv['kv_bytes_per_token_per_gpu']} bytes per token per GPU); "
+                f"change: raise it to at least {math.ceil(kv['max_model_len'] * kv['kv_bytes_per_token_per_gpu'] / 2**20)},"
+                f" or set it to 0 (use rollout.gpu_memory_utilization)")
+        elif kv["kv_tokens"] < kv["max_model_len"]:
             budget.problems.append(
                 f"vLLM's share ({_gib(kv['vllm_share_bytes'])} = rollout.gpu_memory_utilization "
                 f"{exp.rollout.gpu_memory_utilization} x {_gib(gpu.memory_bytes)}) leaves {_gib(max(0, kv['kv_cache_bytes']))}"

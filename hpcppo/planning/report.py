@@ -70,7 +70,9 @@ def render(budget: Budget, *, site: str, spec: str) -> list[Any]:
         table = Table()
         table.add_column("per GPU")
         table.add_column("value", justify="right")
-        table.add_row("share (gpu_memory_utilization x memory)", f"{_gib(kv['vllm_share_bytes'])} GiB")
+        source = ("weights + profile + graphs + kv_cache_memory_mb" if kv.get("share_from") == "kv_cache_memory_mb"
+                  else "gpu_memory_utilization x memory")
+        table.add_row(f"share ({source})", f"{_gib(kv['vllm_share_bytes'])} GiB")
         table.add_row("weights (model.dtype / tensor parallel)", f"{_gib(kv['weights_bytes'])} GiB")
         table.add_row("profiling activations", f"{_gib(kv['profile_activation_bytes'])} GiB")
         table.add_row("CUDA graphs", f"{_gib(kv['cuda_graphs_bytes'])} GiB")

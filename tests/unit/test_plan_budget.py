@@ -286,6 +286,21 @@ def test_a_kv_cache_smaller_than_one_sequence_is_refused(tmp_path):
         compile_config(path, "h100-cluster", ["rollout.gpu_memory_utilization=0.12"], check_paths=False)
 
 
+def test_an_explicit_kv_cache_replaces_the_share_in_the_budget(tmp_path):
+    path = q7b_ppo(tmp_path, offload=True)
+    shared, _ = budget_of(path, "a100-cluster")
+    explicit, c = budget_of(path, "a100-cluster", ["rollout.kv_cache_memory_mb=4096"])
+    kv = explicit.kv
+    # weights + profile pass + graphs + exactly the cache asked for, whatever gpu_memory_utilization says
+    assert kv["kv_cache_bytes"] == 4096 * 2**20
+    assert kv["vllm_share_bytes"] == kv["weights_bytes"] + kv["profile_activation_bytes"] + kv["cuda_graphs_bytes"] + 4096 * 2**20
+    assert items(explicit, "rollout (vLLM awake)")["vLLM: weights + kv_cache_memory_mb"] == kv["vllm_share_bytes"]
+    assert kv["vllm_share_bytes"] != shared.kv["vllm_share_bytes"]
+    with pytest.raises(ResolveError, match=r"rollout.kv_cache_memory_mb = 1 holds \d+ tokens, fewer than one sequence of "
+                                           r"max_model_len \d+ .*raise it to at least \d+, or set it to 0"):
+        compile_config(path, "a100-cluster", ["rollout.kv_cache_memory_mb=1"], check_paths=False)
+
+
 # ------------------------------------------------------------------------------------------ signal lead, sites
 def test_signal_lead_shorter_than_step_and_checkpoint_warns(tmp_path, caplog):
     path = q32b_grpo(tmp_path, offload=True)
