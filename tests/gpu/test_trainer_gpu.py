@@ -28,6 +28,11 @@ TRAIN = Path(__file__).with_name("_gpu_train.py")
 TIMEOUT_S = 240
 
 
+# The local site's [defaults] are those of its CPU (vLLM's CPU backend: no sleep mode, a 256 MiB KV cache); a GPU
+# run of it takes back vLLM's GPU defaults (a CPU dry run keeps the CPU's: compile refuses sleep mode there).
+GPU_VLLM = ("rollout.free_cache_engine=true", "rollout.kv_cache_memory_mb=0") if DEVICE == "cuda" else ()
+
+
 def _compile(warm_tiny: dict[str, Path], root: Path, *overrides: str) -> Path:
     from hpcppo.launch import jobs
 
@@ -132,7 +137,10 @@ def test_trainer_with_the_recording_vllm_stand_in(warm_tiny, tmp_path):
     """``rollout.engine = "vllm"`` over the recording stand-in: the trainer's calls and the weights it streams from
     CUDA. Not vLLM: what vLLM does with them is test_vllm_engine's (and the real-engine leg below)."""
     cuda_device_count()
-    run_dir = _compile(warm_tiny, tmp_path, "trainer.total_steps=2", "rollout.engine=vllm")
+    # The job's Python named explicitly: compile cannot refuse this one for lacking vLLM (the stand-in is installed
+    # inside it). Sleep mode on and no fixed KV cache, as on a GPU site (the local site's defaults are its CPU's).
+    run_dir = _compile(warm_tiny, tmp_path, "trainer.total_steps=2", "rollout.engine=vllm",
+                       f"site.env.python={sys.executable}", *GPU_VLLM)
     probe = _train(run_dir, tmp_path / "logs", "recording-vllm", "--recording-vllm")
     _check_rows(run_dir, [1, 2], [0, 2])
     calls = probe["vllm_calls"]
@@ -151,6 +159,6 @@ def test_trainer_with_vllm(warm_tiny, tmp_path):
     cuda_device_count()
     require_vllm()
     run_dir = _compile(warm_tiny, tmp_path, "trainer.total_steps=2", "rollout.engine=vllm",
-                       "rollout.gpu_memory_utilization=0.2", "rollout.enforce_eager=true")
+                       "rollout.gpu_memory_utilization=0.2", "rollout.enforce_eager=true", *GPU_VLLM)
     _train(run_dir, tmp_path / "logs", "vllm")
     _check_rows(run_dir, [1, 2], [0, 2])
