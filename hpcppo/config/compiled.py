@@ -15,7 +15,7 @@ import attrs
 import tomli_w
 
 import hpcppo
-from hpcppo.config.convert import converter, read_toml, structure
+from hpcppo.config.convert import converter, read_input, read_toml, structure
 from hpcppo.config.experiment import Experiment
 from hpcppo.config.fields import opt
 from hpcppo.config.load import (expand_path_text, experiment_from_data, load_experiment_with_provenance,
@@ -99,8 +99,8 @@ def compile_config(spec: str | os.PathLike[str], site: str | os.PathLike[str] = 
     """
     spec_path = Path(spec)
     try:
-        spec_text = spec_path.read_bytes().decode("utf-8")
-    except (OSError, UnicodeDecodeError):
+        spec_text = read_input(spec_path).decode("utf-8")
+    except (OSError, UnicodeDecodeError, ConfigError):
         spec_text = ""  # read_toml below reports the problem with the file name
     exp_data, site_data = parse_overrides(overrides)
     site_obj, site_prov, site_file = load_site_with_provenance(site, site_data)

@@ -8,7 +8,9 @@ reduced to its first leaf with the full dotted key (``watchdog.rules[1].action``
 from __future__ import annotations
 
 import math
+import os
 import re
+import stat
 import tomllib
 import typing
 from collections.abc import Callable
@@ -23,7 +25,7 @@ from cattrs.errors import (AttributeValidationNote, ClassValidationError, Forbid
 from hpcppo.config.fields import FieldValueError, did_you_mean, fmt_value
 from hpcppo.errors import ConfigError
 
-__all__ = ["converter", "read_toml", "structure", "type_text", "toml_type_name", "first_error",
+__all__ = ["converter", "read_toml", "read_input", "MAX_INPUT_BYTES", "structure", "type_text", "toml_type_name", "first_error",
            "section_fields", "is_section"]
 
 
@@ -222,17 +224,52 @@ def structure(data: Any, tp: Any, *, file: str | None, path: str = "",
 _TOML_POS = re.compile(r"^(?P<msg>.*?)\s*\(at (?:line (?P<line>\d+), column (?P<col>\d+)|end of document)\)$")
 
 
+MAX_INPUT_BYTES = 1 << 20  # a hand-written spec, site or verl script is a few KiB; 1 MiB bounds time and memory
+
+
+def read_input(path: str | Path, *, limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes; ``ConfigError`` naming the file for anything else
+    (a FIFO, a device such as /dev/zero, a directory, a file too large), so that no input hangs or fills memory.
+    ``FileNotFoundError`` and other ``OSError`` pass through for the caller's message."""
+    # O_NONBLOCK: opening a FIFO without a writer would otherwise wait forever before fstat can refuse it.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = ("a directory" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode)
+                    else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else "a socket"
+                    if stat.S_ISSOCK(info.st_mode) else "not a regular file")
+            raise ConfigError(f"is {kind}; allowed: a regular file of at most {limit // 1024} KiB", file=str(path))
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 16, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > limit:
+        raise ConfigError(f"is larger than {limit // 1024} KiB; allowed: a regular file of at most "
+                          f"{limit // 1024} KiB", file=str(path))
+    return b"".join(chunks)
+
+
 def read_toml(path: str | Path) -> dict[str, Any]:
-    """Parse a TOML file; errors name the file, line and column."""
+    """Parse a TOML file (a regular file of at most :data:`MAX_INPUT_BYTES`); errors name the file, line and
+    column."""
     p = Path(path)
     try:
-        data = p.read_bytes()
+        data = read_input(p)
     except FileNotFoundError:
         raise ConfigError("file not found", file=str(p)) from None
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", file=str(p)) from None
     try:
         return tomllib.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise ConfigError("arrays or inline tables nested too deeply to read; a spec nests a few levels",
+                          file=str(p)) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); a TOML file must be "
                           f"UTF-8 text", file=str(p)) from None

@@ -150,7 +150,7 @@ class FsdpSection:
 def _optimizer_fields(lr: float, grad_clip_help: str) -> dict[str, object]:
     # Shared by actor and critic; a function keeps one source for help and ranges.
     return dict(
-        lr=opt(lr, gt=0.0, help="Learning rate (AdamW)."),
+        lr=opt(lr, gt=0.0, le=10.0, help="Learning rate (AdamW)."),
         weight_decay=opt(0.01, ge=0.0, help="AdamW weight decay."),
         betas=opt(factory=lambda: [0.9, 0.999], check=_check_betas, help="AdamW betas [beta1, beta2]."),
         warmup_steps=opt(0, ge=0, help="Linear learning-rate warm-up, in optimizer steps."),

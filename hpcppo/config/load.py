@@ -214,6 +214,11 @@ def _build(cls: type, layers: Sequence[Layer], *, shown_prefix: str = "") -> tup
 
 # ------------------------------------------------------------------------------------------------ overrides
 
+def _shown(raw: str, limit: int = 60) -> str:
+    """A command-line value as an error message quotes it: whole when short, else its start and its length."""
+    return repr(raw) if len(raw) <= limit else f"{raw[:40]!r}... ({len(raw)} characters)"
+
+
 def _convert_override(attribute: attrs.Attribute, key: str, raw: str) -> Any:
     tp = attribute.type
     text = raw.strip()
@@ -223,11 +228,18 @@ def _convert_override(attribute: attrs.Attribute, key: str, raw: str) -> Any:
         return None
     if tp is bool and text.lower() in ("true", "false"):
         text = text.lower()
+    hint = f"expected {type_text(tp)}, got {_shown(raw)}"
     try:
-        return tomllib.loads(f"v = {text}")["v"]
+        parsed = tomllib.loads(f"v = {text}")
     except tomllib.TOMLDecodeError:
-        raise ConfigError(f"expected {type_text(tp)}, got {raw!r} (write TOML: 1e-6, true, \"text\", [1, 2], "
-                          f"{{a = 1}})", file=OVERRIDE_LABEL, key=key) from None
+        raise ConfigError(f"{hint} (write TOML: 1e-6, true, \"text\", [1, 2], {{a = 1}})", file=OVERRIDE_LABEL,
+                          key=key) from None
+    except ValueError:  # Python's limit on the digits of an integer (4300)
+        raise ConfigError(f"{hint}: a number of more than 4300 digits is not a setting", file=OVERRIDE_LABEL,
+                          key=key) from None
+    except RecursionError:
+        raise ConfigError(f"{hint}: nested too deeply to read", file=OVERRIDE_LABEL, key=key) from None
+    return parsed["v"]
 
 
 def _set_nested(target: dict[str, Any], dotted: str, value: Any) -> None:
@@ -242,10 +254,15 @@ def parse_overrides(overrides: Iterable[str]) -> tuple[dict[str, Any], dict[str,
     exp: dict[str, Any] = {}
     site: dict[str, Any] = {}
     for item in overrides:
+        bad = next((c for c in item if c in "\n\r\x00"), None)
+        if bad is not None:
+            # TOML would read what follows a newline as more keys, and the shell gives no sign of it.
+            raise ConfigError(f"{_shown(item)} contains {bad!r}; an override is one key=value on one line: give each "
+                              f"key=value its own -o", file=OVERRIDE_LABEL)
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise ConfigError(f"{item!r} is not key=value (e.g. -o actor.lr=1e-6)", file=OVERRIDE_LABEL)
+            raise ConfigError(f"{_shown(item)} is not key=value (e.g. -o actor.lr=1e-6)", file=OVERRIDE_LABEL)
         if any(not part.strip() for part in key.split(".")):
             raise ConfigError(f"{key!r} is not a dotted key: a key name is empty (keys look like actor.lr or "
                               f"site.slurm.partition)", file=OVERRIDE_LABEL)
@@ -313,7 +330,8 @@ def _site_file(name_or_path: str | os.PathLike[str]) -> Path:
     text = os.fspath(name_or_path)
     if text.endswith(".toml") or os.sep in text or (os.altsep and os.altsep in text):
         path = Path(text).expanduser()
-        if not _usable(path, "file", "--site", "a site name or the path of a site .toml file"):
+        # Something that is there but not a file (a directory, a FIFO, a device) is named by read_toml.
+        if not _usable(path, "file", "--site", "a site name or the path of a site .toml file") and not path.exists():
             raise SiteNotFoundError("site file not found", file=str(path))
         return path
     sites = available_sites()

@@ -161,6 +161,9 @@ def resolve(site: Site, experiment: Experiment) -> RunPlan:
     exp = experiment
     nodes, ranks_per_node, gpus, device = _layout(site, exp)
     world = nodes * ranks_per_node
+    if exp.debug.inject.kill_rank >= world:
+        raise ResolveError(f"debug.inject.kill_rank={exp.debug.inject.kill_rank} is not a rank of this run (world size "
+                           f"{world}); allowed: 0 to {world - 1}")
     limit, lead = _check_time(site, exp)
     _check_rollout(site, exp, ranks_per_node, device)
 

@@ -53,10 +53,12 @@ def _check_directives(value: dict[str, str]) -> str | None:
     return None
 
 
-def _check_env_names(value: dict[str, str]) -> str | None:
-    for key in value:
+def _check_env(value: dict[str, str]) -> str | None:
+    for key, text in value.items():
         if not _ENV_NAME_RE.match(key):
             return f"{key!r} is not a valid environment variable name"
+        if "\x00" in text:  # no process environment can hold it: the job script would be cut there or refused
+            return f"the value of {key} contains a NUL character; allowed: any text without NUL"
     return None
 
 
@@ -127,9 +129,9 @@ class EnvSection:
         help="Setup commands run before the job, one command per line (e.g. 'source /opt/venvs/rl/bin/activate'): "
              "each word is shell-quoted and only ${NAME} expands, so no ';', pipes or $(...); put shell logic in "
              "a script and source it.")
-    vars: dict[str, str] = opt(factory=dict, check=_check_env_names,
+    vars: dict[str, str] = opt(factory=dict, check=_check_env,
                                help="Environment variables exported in the job (values are shell-quoted).")
-    nccl: dict[str, str] = opt(factory=dict, check=_check_env_names,
+    nccl: dict[str, str] = opt(factory=dict, check=_check_env,
                                help="NCCL system variables (e.g. NCCL_IB_HCA, NCCL_SOCKET_IFNAME), exported in the job.")
     python: str = opt("python3", help="Interpreter that runs the job entry point; \"\" = the one running hpcppo.")
     threads_per_rank: int = opt(0, ge=0, help="OMP_NUM_THREADS for each rank; 0 = leave it unset.")

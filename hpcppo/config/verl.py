@@ -87,8 +87,19 @@ def _engine(value: Any, ctx: Mapping[str, Any]) -> Any:
     raise Untranslatable(f"rollout engine {value!r}: hpcppo has vllm and hf (use vllm)")
 
 
+def whole_number(value: Any, default: int) -> int:
+    """``value`` as a positive integer when it is one (``2``, ``"2"``), else ``default``: a value that is not a
+    count (``"1;touch x"``, ``$NNODES`` left as written) is reported where its key is translated, not here."""
+    if isinstance(value, bool):
+        return default
+    if isinstance(value, int):
+        return value if value > 0 else default
+    text = str(value).strip() if value is not None else ""
+    return int(text) if text.isascii() and text.isdigit() and 0 < len(text) <= 9 and int(text) > 0 else default
+
+
 def _world(ctx: Mapping[str, Any]) -> int:
-    return int(ctx.get("trainer.nnodes", 1) or 1) * int(ctx.get("trainer.n_gpus_per_node", 8) or 8)
+    return whole_number(ctx.get("trainer.nnodes"), 1) * whole_number(ctx.get("trainer.n_gpus_per_node"), 8)
 
 
 def _per_gpu(value: Any, ctx: Mapping[str, Any]) -> Any:
@@ -177,7 +188,9 @@ def _top_k(value: Any, ctx: Mapping[str, Any]) -> Any:
 def _hsdp(value: Any, ctx: Mapping[str, Any]) -> Any:
     # verl's create_device_mesh: fsdp_size < 0 or >= world size -> one FSDP dimension over every GPU; otherwise
     # (replicate, shard) with shard = fsdp_size.
-    gpus = int(ctx.get("trainer.n_gpus_per_node", 8) or 8)
+    gpus = whole_number(ctx.get("trainer.n_gpus_per_node"), 8)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise Untranslatable(f"fsdp_size {_fmt(value)}: verl takes an integer (-1: every GPU)")
     if value is None or value < 0 or value >= _world(ctx):
         return "off"
     if value == gpus:

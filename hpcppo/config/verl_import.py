@@ -23,6 +23,7 @@ from typing import Any
 import tomli_w
 
 from hpcppo.config import verl
+from hpcppo.config.convert import MAX_INPUT_BYTES, read_input
 from hpcppo.config.experiment import Experiment
 from hpcppo.config.load import _check_leaf, experiment_from_data, leaf_keys, lookup_field
 from hpcppo.errors import ConfigError, HpcppoError, PathError
@@ -157,14 +158,58 @@ def _flatten(data: Any, prefix: str, out: list[Setting], notes: list[str]) -> No
             out.append(Setting(dotted, value, f"{dotted}={_show(value)}"))
 
 
-def read_yaml(text: str, label: str) -> tuple[list[Setting], list[str]]:
-    """Settings of a verl YAML config (nested mappings flattened to dotted keys)."""
+# A verl config is a few hundred values, a few levels deep; anchors that expand past these bounds (a "billion
+# laughs" document, an alias to itself) are refused before anything walks the expanded tree.
+YAML_MAX_VALUES = 100_000
+MAX_SETTINGS = 5_000
+YAML_MAX_DEPTH = 64
+
+
+def _check_yaml_size(node: Any, label: str) -> None:
+    """Count the values ``node`` expands to (aliases counted each time they are used), without expanding them;
+    ``ConfigError`` when past :data:`YAML_MAX_VALUES` or :data:`YAML_MAX_DEPTH` (a cycle is past both)."""
     import yaml
 
+    count = 0
+    stack = [(node, 1)]
+    while stack:
+        current, depth = stack.pop()
+        count += 1
+        if count > YAML_MAX_VALUES:
+            raise ConfigError(f"expands to more than {YAML_MAX_VALUES:,} values (anchors and aliases used over and "
+                              f"over, or an alias to itself); a verl config has a few hundred", file=label)
+        if depth > YAML_MAX_DEPTH:
+            raise ConfigError(f"nested more than {YAML_MAX_DEPTH} levels deep (or an alias to itself); a verl config "
+                              f"nests a few levels", file=label)
+        if isinstance(current, yaml.SequenceNode):
+            stack.extend((child, depth + 1) for child in current.value)
+        elif isinstance(current, yaml.MappingNode):
+            for key, value in current.value:
+                stack.extend(((key, depth + 1), (value, depth + 1)))
+
+
+def _load_yaml(text: str, label: str) -> Any:
+    import yaml
+
+    loader = yaml.SafeLoader(text)
     try:
-        data = yaml.safe_load(text)
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_yaml_size(node, label)
+        return loader.construct_document(node)
     except yaml.YAMLError as exc:
         raise ConfigError(f"not valid YAML: {str(exc).splitlines()[0]}", file=label) from None
+    except RecursionError:  # the composer recurses once per level
+        raise ConfigError(f"nested more than {YAML_MAX_DEPTH} levels deep; a verl config nests a few levels",
+                          file=label) from None
+    finally:
+        loader.dispose()
+
+
+def read_yaml(text: str, label: str) -> tuple[list[Setting], list[str]]:
+    """Settings of a verl YAML config (nested mappings flattened to dotted keys)."""
+    data = _load_yaml(text, label)
     if not isinstance(data, dict):
         raise ConfigError("a verl YAML config is a mapping of sections (data:, actor_rollout_ref:, ...)", file=label)
     notes = []
@@ -327,7 +372,7 @@ def translate(settings: list[Setting], *, name: str | None = None, default_name:
     if verl.R + "name" not in ctx:
         imp.notes.append("actor_rollout_ref.rollout.name is not given (verl requires it); hpcppo's default engine "
                          "is hf: add actor_rollout_ref.rollout.name=vllm for GPU runs")
-    nodes = int(ctx.get("trainer.nnodes", 1) or 1)
+    nodes = verl.whole_number(ctx.get("trainer.nnodes"), 1)
     for key, value in VERL_DEFAULTS:
         e = verl.lookup(key)
         if key in ctx or (e is not None and e.hpcppo in imp.values):
@@ -408,23 +453,34 @@ def import_verl(source: str, out: Path, *, force: bool = False, name: str | None
 
     if source == "-":
         text, label, stem = stdin_text or "", "<stdin>", "verl-import"
+        if len(text) > MAX_INPUT_BYTES:
+            raise ConfigError(f"is larger than {MAX_INPUT_BYTES // 1024} KiB; allowed: a verl command line or YAML "
+                              f"of at most {MAX_INPUT_BYTES // 1024} KiB", file=label)
     else:
         path = Path(source)
         try:
-            text = path.read_bytes().decode("utf-8")
+            text = read_input(path).decode("utf-8")
         except FileNotFoundError:
             raise PathError(f"{source}: no such file (give a verl command line or YAML file, or - for stdin)") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise PathError(f"{source}: cannot be read as text: {getattr(exc, 'strerror', None) or exc}") from None
         label, stem = source, path.stem
+    if name is not None:  # refused now rather than written into the toml for compile to refuse later
+        _check_leaf(lookup_field(Experiment, "name"), name, key="name", label="--name")
     if out.is_dir():
         raise PathError(f"{out} is a directory; give the file to write, e.g. {out / 'exp.toml'}")
+    if not out.parent.is_dir():  # atomic_write would create the missing directories, under / if need be
+        why = "is not a directory" if out.parent.exists() else "does not exist (create it first, or write elsewhere)"
+        raise PathError(f"{out} cannot be written: {out.parent} {why}")
     if out.exists() and not force:
         raise PathError(f"{out} exists; pass --force to replace it")
     if _looks_like_yaml(text, source):
         settings, notes = read_yaml(text, label)
     else:
         settings, notes = read_command_line(text)
+    if len(settings) > MAX_SETTINGS:  # each unknown key costs a did-you-mean over the whole table
+        raise ConfigError(f"has {len(settings):,} settings; allowed: at most {MAX_SETTINGS:,} (a verl run sets a few "
+                          f"hundred)", file=label)
     if not settings:
         raise ConfigError("no verl settings found (expected `python3 -m verl.trainer.main_ppo key=value ...` or a "
                           "verl YAML config)", file=label)

@@ -1,0 +1,233 @@
+"""Hostile and careless inputs to config loading, compile and ``import-verl`` (issue 25): each ends at once with one
+line naming the file or key and what is allowed, the error class's exit code, no traceback and no run directory."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcppo.cli import main
+from hpcppo.config.convert import MAX_INPUT_BYTES
+from hpcppo.config.verl_import import MAX_SETTINGS, YAML_MAX_DEPTH
+from hpcppo.errors import ConfigError, PathError, ResolveError
+
+REPO = Path(__file__).resolve().parents[2]
+ARITH = REPO / "examples" / "arith-tiny.toml"
+VERL_LINE = "python3 -m verl.trainer.main_ppo data.train_files=d.parquet actor_rollout_ref.model.path=/m\n"
+
+
+@pytest.fixture()
+def runs(tmp_path: Path) -> Path:
+    return tmp_path / "runs"
+
+
+def run(capsys, *argv: str) -> tuple[int, str, float]:
+    start = time.monotonic()
+    rc = main(list(argv))
+    return rc, capsys.readouterr().err, time.monotonic() - start
+
+
+def assert_one_line(rc: int, err: str, code: int, *needles: str, runs: Path | None = None) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hpcppo: error: "), err
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+    assert rc == code, (rc, err)
+    if runs is not None:
+        assert not runs.exists() or sorted(runs.iterdir()) == [], sorted(runs.iterdir())
+    return lines[0]
+
+
+def compile_(capsys, runs: Path, spec: Path | str, *extra: str) -> tuple[int, str, float]:
+    return run(capsys, "compile", str(spec), "--no-check-paths", *extra, "--runs-root", str(runs))
+
+
+# ----------------------------------------------------------------------------- overrides: one key=value each
+
+@pytest.mark.parametrize("item", [
+    "actor.lr=1e-4\nactor.clip_ratio=5",  # the tail was silently dropped
+    'name="ok"\nseed=5',
+    "actor.lr=1e-4\r\nseed=5",
+    "name=ok\x00",
+])
+def test_an_override_with_a_line_break_or_nul_is_refused_whole(item, runs, capsys):
+    rc, err, _ = compile_(capsys, runs, ARITH, "-o", item)
+    assert_one_line(rc, err, ConfigError.exit_code, "command line (-o)", "one key=value on one line", runs=runs)
+
+
+def test_an_override_of_five_thousand_digits_is_one_line(runs, capsys):
+    rc, err, _ = compile_(capsys, runs, ARITH, "-o", "actor.lr=" + "7" * 5000)
+    line = assert_one_line(rc, err, ConfigError.exit_code, "actor.lr", "expected float", "5000 characters", "4300 digits",
+                           runs=runs)
+    assert len(line) < 300  # the value is quoted by its start and length, not whole
+
+
+def test_an_override_nested_fifty_thousand_deep_is_one_line(runs, capsys):
+    rc, err, _ = compile_(capsys, runs, ARITH, "-o", "actor.lr=" + "[" * 50_000)
+    assert_one_line(rc, err, ConfigError.exit_code, "actor.lr", "nested too deeply", runs=runs)
+
+
+# ----------------------------------------------------------------------------- spec and site files
+
+def test_a_spec_nested_fifty_thousand_deep_is_one_line(tmp_path, runs, capsys):
+    spec = tmp_path / "deep.toml"
+    spec.write_text("name = " + "[" * 50_000 + "\n")
+    rc, err, _ = compile_(capsys, runs, spec)
+    assert_one_line(rc, err, ConfigError.exit_code, str(spec), "nested too deeply", runs=runs)
+
+
+def test_a_fifo_spec_is_refused_at_once(tmp_path, runs, capsys):
+    fifo = tmp_path / "exp.toml"
+    os.mkfifo(fifo)  # no writer: reading it would wait forever
+    rc, err, seconds = compile_(capsys, runs, fifo)
+    assert_one_line(rc, err, ConfigError.exit_code, str(fifo), "is a FIFO", "a regular file", runs=runs)
+    assert seconds < 5
+
+
+def test_a_device_spec_is_refused_at_once(runs, capsys):
+    rc, err, seconds = compile_(capsys, runs, "/dev/zero")
+    assert_one_line(rc, err, ConfigError.exit_code, "/dev/zero", "is a device", "a regular file", runs=runs)
+    assert seconds < 5
+
+
+def test_a_spec_past_the_size_limit_is_refused(tmp_path, runs, capsys):
+    spec = tmp_path / "big.toml"
+    spec.write_text(ARITH.read_text() + "#" * MAX_INPUT_BYTES + "\n")
+    rc, err, _ = compile_(capsys, runs, spec)
+    assert_one_line(rc, err, ConfigError.exit_code, str(spec), f"larger than {MAX_INPUT_BYTES // 1024} KiB",
+                    runs=runs)
+
+
+def test_a_fifo_site_is_refused_at_once(tmp_path, runs, capsys):
+    fifo = tmp_path / "site.toml"
+    os.mkfifo(fifo)
+    rc, err, seconds = compile_(capsys, runs, ARITH, "--site", str(fifo))
+    assert_one_line(rc, err, ConfigError.exit_code, str(fifo), runs=runs)
+    assert seconds < 5
+
+
+@pytest.mark.parametrize(("where", "text"), [
+    ("vars", 'FOO = "a\\u0000b"'),
+    ("nccl", 'NCCL_IB_HCA = "\\u0000"'),
+])
+def test_an_environment_value_with_nul_is_refused(where, text, tmp_path, runs, capsys):
+    site = tmp_path / "mine.toml"
+    site.write_text(f'name = "mine"\nscheduler = "local"\n[env.{where}]\n{text}\n')
+    rc, err, _ = compile_(capsys, runs, ARITH, "--site", str(site))
+    assert_one_line(rc, err, ConfigError.exit_code, str(site), f"env.{where}", "contains a NUL character",
+                    "allowed: any text without NUL", runs=runs)
+
+
+# ----------------------------------------------------------------------------- ranges
+
+@pytest.mark.parametrize("item", ["actor.lr=1e308", "critic.lr=11", "actor.lr=0"])
+def test_a_learning_rate_out_of_range_names_the_range(item, runs, capsys):
+    rc, err, _ = compile_(capsys, runs, ARITH, "-o", item)
+    assert_one_line(rc, err, ConfigError.exit_code, item.split("=")[0], "out of range", "> 0.0 and <= 10.0",
+                    runs=runs)
+
+
+def test_kill_rank_past_the_world_size_names_it(runs, capsys):
+    rc, err, _ = compile_(capsys, runs, ARITH, "-o", "debug.inject.kill_rank=5")
+    assert_one_line(rc, err, ResolveError.exit_code, "debug.inject.kill_rank=5", "world size 2", "allowed: 0 to 1",
+                    runs=runs)
+
+
+def test_kill_rank_inside_the_world_size_compiles(runs, capsys):
+    rc, err, _ = compile_(capsys, runs, ARITH, "-o", "debug.inject.kill_rank=1")
+    assert rc == 0, err
+
+
+# ----------------------------------------------------------------------------- import-verl
+
+def import_verl(capsys, tmp_path: Path, source: Path | str, *extra: str) -> tuple[int, str, float]:
+    return run(capsys, "import-verl", str(source), "-o", str(tmp_path / "out.toml"), *extra)
+
+
+def test_import_verl_refuses_devices_and_fifos_at_once(tmp_path, capsys):
+    fifo = tmp_path / "run.sh"
+    os.mkfifo(fifo)
+    for source, kind in ((Path("/dev/zero"), "is a device"), (fifo, "is a FIFO")):
+        rc, err, seconds = import_verl(capsys, tmp_path, source)
+        assert_one_line(rc, err, ConfigError.exit_code, str(source), kind)
+        assert seconds < 5
+    assert not (tmp_path / "out.toml").exists()
+
+
+def test_import_verl_refuses_a_line_of_200k_settings(tmp_path, capsys):
+    script = tmp_path / "run.sh"  # 3.7 MB on one line
+    script.write_text("python3 -m verl.trainer.main_ppo " + " ".join(f"data.x{i}={i}" for i in range(200_000)))
+    rc, err, seconds = import_verl(capsys, tmp_path, script)
+    assert_one_line(rc, err, ConfigError.exit_code, str(script), f"larger than {MAX_INPUT_BYTES // 1024} KiB")
+    assert seconds < 5
+
+
+def test_import_verl_refuses_more_settings_than_a_run_has(tmp_path, capsys):
+    script = tmp_path / "run.sh"  # under the size limit, and each unknown key costs a did-you-mean
+    script.write_text("python3 -m verl.trainer.main_ppo " + " ".join(f"data.x{i}={i}" for i in range(50_000)))
+    rc, err, seconds = import_verl(capsys, tmp_path, script)
+    assert_one_line(rc, err, ConfigError.exit_code, str(script), "50,000 settings", f"at most {MAX_SETTINGS:,}")
+    assert seconds < 5
+
+
+def _laughs(levels: int) -> str:
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, levels)]
+    return "\n".join(lines) + f"\ndata:\n  train_files: *a{levels - 1}\n"
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    (_laughs(9), "expands to more than 100,000 values"),  # 10^9 strings once expanded
+    ("data: &x\n  train_files: *x\n", "an alias to itself"),
+    ("data: " + "[" * 50_000 + "\n", f"nested more than {YAML_MAX_DEPTH} levels"),
+    ("".join(" " * i + f"k{i}:\n" for i in range(200)) + " " * 200 + "v: 1\n", f"nested more than {YAML_MAX_DEPTH}"),
+])
+def test_import_verl_bounds_yaml_expansion_and_depth(text, needle, tmp_path, capsys):
+    path = tmp_path / "ppo.yaml"
+    path.write_text(text)
+    rc, err, seconds = import_verl(capsys, tmp_path, path)
+    assert_one_line(rc, err, ConfigError.exit_code, str(path), needle)
+    assert seconds < 5 and not (tmp_path / "out.toml").exists()
+
+
+def test_import_verl_yaml_with_a_few_aliases_still_imports(tmp_path, capsys):
+    path = tmp_path / "ppo.yaml"
+    path.write_text("common: &len 256\ndata:\n  max_prompt_length: *len\n  max_response_length: *len\n")
+    rc, err, _ = import_verl(capsys, tmp_path, path)
+    assert rc == 0, err
+    assert "max_prompt_length = 256" in (tmp_path / "out.toml").read_text()
+
+
+def test_import_verl_reports_a_node_count_that_is_not_a_number(tmp_path, capsys):
+    script = tmp_path / "run.sh"
+    script.write_text('python3 -m verl.trainer.main_ppo trainer.nnodes="1;touch x" '
+                      'actor_rollout_ref.actor.ppo_micro_batch_size=8 '
+                      'actor_rollout_ref.actor.fsdp_config.fsdp_size="x"\n')
+    rc, err, _ = import_verl(capsys, tmp_path, script)
+    assert rc == 0, err
+    assert "Traceback" not in err and not (tmp_path / "x").exists()
+    text = (tmp_path / "out.toml").read_text()
+    assert '[unsupported] trainer.nnodes=1;touch x: resources.nodes: expected an integer' in text
+    assert "[unsupported] actor_rollout_ref.actor.fsdp_config.fsdp_size=x: fsdp_size x: verl takes an integer" in text
+
+
+@pytest.mark.parametrize("name", ["../../x", "a\nb"])
+def test_import_verl_refuses_a_bad_name_at_once(name, tmp_path, capsys):
+    script = tmp_path / "run.sh"
+    script.write_text(VERL_LINE)
+    rc, err, _ = import_verl(capsys, tmp_path, script, "--name", name)
+    assert_one_line(rc, err, ConfigError.exit_code, "--name", "does not match")
+    assert not (tmp_path / "out.toml").exists()
+
+
+def test_import_verl_creates_no_directories_for_its_output(tmp_path, capsys):
+    script = tmp_path / "run.sh"
+    script.write_text(VERL_LINE)
+    out = tmp_path / "missing" / "deeper" / "x.toml"
+    rc = main(["import-verl", str(script), "-o", str(out)])
+    assert_one_line(rc, capsys.readouterr().err, PathError.exit_code, f"{out} cannot be written",
+                    f"{out.parent} does not exist")
+    assert not (tmp_path / "missing").exists()
