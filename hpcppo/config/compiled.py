@@ -60,14 +60,62 @@ class Compiled:
     spec_text: str = attrs.field(default="", eq=False, repr=False)
 
 
+_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def _model_config(key: str, path: str) -> dict[str, Any]:
+    """The ``config.json`` of the Hugging Face model directory ``path`` (read as JSON: no torch, no transformers);
+    ``PathError`` naming ``key`` when ``path`` is empty, missing, or a directory without a model config."""
+    import json
+
+    if not path:
+        raise PathError(f"{key} is empty; allowed: a Hugging Face model directory (config.json, weights, tokenizer)")
+    if not Path(path).is_dir():
+        what = "does not exist" if not Path(path).exists() else "is not a directory"
+        raise PathError(f"{key}: {path} {what} (a Hugging Face model directory is expected)")
+    config = Path(path) / "config.json"
+    try:
+        data = json.loads(read_input(config))
+    except FileNotFoundError:
+        raise PathError(f"{key}: {path} holds no model (no config.json); allowed: a Hugging Face model directory "
+                        f"(config.json, weights, tokenizer)") from None
+    except (OSError, ValueError, ConfigError) as exc:
+        raise PathError(f"{key}: {config} cannot be read as a model config: "
+                        f"{getattr(exc, 'strerror', None) or exc}") from None
+    if not isinstance(data, dict):
+        raise PathError(f"{key}: {config} is not a model config (a JSON object is expected)")
+    return data
+
+
+def _positions(config: dict[str, Any]) -> tuple[str, int] | None:
+    """The model's position limit and the config key that says it (a multimodal config nests it in text_config)."""
+    for source in (config, config.get("text_config")):
+        if isinstance(source, dict):
+            for name in _POSITION_KEYS:
+                value = source.get(name)
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    return name, value
+    return None
+
+
 def check_experiment_paths(experiment: Experiment) -> None:
-    """``PathError`` naming the key and path of the first model or data path that does not exist."""
+    """``PathError`` naming the key and path of the first model or data path that does not exist or holds no model;
+    ``ConfigError`` when a prompt and its response do not fit the model's positions."""
     m, d = experiment.model, experiment.data
-    dirs = [("model.path", m.path), ("model.critic_path", m.critic_path), ("model.tokenizer_path", m.tokenizer_path)]
-    for key, value in dirs:
-        if value and not Path(value).is_dir():
-            what = "does not exist" if not Path(value).exists() else "is not a directory"
-            raise PathError(f"{key}: {value} {what} (a Hugging Face model directory is expected)")
+    config = _model_config("model.path", m.path)
+    if m.critic_path:
+        _model_config("model.critic_path", m.critic_path)
+    if m.tokenizer_path and not Path(m.tokenizer_path).is_dir():
+        what = "does not exist" if not Path(m.tokenizer_path).exists() else "is not a directory"
+        raise PathError(f"model.tokenizer_path: {m.tokenizer_path} {what} (a Hugging Face tokenizer directory is "
+                        f"expected)")
+    limit = _positions(config)
+    total = d.max_prompt_length + d.max_response_length
+    if limit is not None and total > limit[1]:
+        raise ConfigError(f"{d.max_prompt_length} + data.max_response_length {d.max_response_length} = {total} "
+                          f"positions, more than the model's {limit[0]} = {limit[1]} ({m.path}/config.json); "
+                          f"allowed: a prompt and response of at most {limit[1]} together",
+                          key="data.max_prompt_length")
     for key, values in (("data.train_files", d.train_files), ("data.val_files", d.val_files)):
         for i, value in enumerate(values):  # a file, or a directory of *.parquet (hpcppo.data.check looks inside)
             if not Path(value).exists():

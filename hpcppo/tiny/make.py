@@ -32,6 +32,9 @@ from hpcppo.tiny.warmstart import add_flaw, warm_start
 INFO_FILE = "hpcppo_tiny.json"
 
 
+MAX_ROWS = 1_000_000  # rows per split; the default run reads 4096
+
+
 def build_tiny_model_and_data(
     out_dir: str | os.PathLike[str],
     data_dir: str | os.PathLike[str] | None = None,
@@ -56,9 +59,12 @@ def build_tiny_model_and_data(
             raise ConfigError(f"unknown tiny-model setting; allowed: {', '.join(fields)}", key=key)
     if "operators" in overrides:
         overrides["operators"] = tuple(overrides["operators"])
-    if train_size < 1 or val_size < 1:
-        raise ConfigError(f"train_size and val_size must be >= 1, got {train_size} and {val_size}", key="data")
     settings = TinySettings(seed=seed, **overrides)
+    for option, size in (("--train-size", train_size), ("--val-size", val_size)):
+        if not 1 <= size <= MAX_ROWS:
+            # Rows are drawn with repetition from a small pool: more than this only costs time, memory and disk.
+            raise ConfigError(f"{size:,} rows: the task ({settings.describe_task()}) has {settings.distinct_problems():,} "
+                              f"distinct problems, drawn with repetition; allowed: 1 to {MAX_ROWS:,} rows", key=option)
     out_dir = Path(out_dir)
     _check_output_dir(out_dir, "--out")  # before anything is written: a refused --out leaves no data behind
     if data_dir is not None:

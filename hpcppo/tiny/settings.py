@@ -74,6 +74,14 @@ class TinySettings:
             "val_fraction": self.val_fraction,
         }
 
+    def distinct_problems(self) -> int:
+        """How many different problems the task can pose (both splits together)."""
+        return (self.max_operand + 1) ** self.num_operands * len(set(self.operators)) ** (self.num_operands - 1)
+
+    def describe_task(self) -> str:
+        return (f"max_operand={self.max_operand}, num_operands={self.num_operands}, "
+                f"operators={''.join(self.operators)}")
+
     def digest(self) -> str:
         payload = json.dumps({"format": FORMAT_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]

@@ -231,3 +231,63 @@ def test_import_verl_creates_no_directories_for_its_output(tmp_path, capsys):
     assert_one_line(rc, capsys.readouterr().err, PathError.exit_code, f"{out} cannot be written",
                     f"{out.parent} does not exist")
     assert not (tmp_path / "missing").exists()
+
+
+# ----------------------------------------------------------------------------- paths checked at compile
+
+def model_dir(tmp_path: Path, config: str | None) -> Path:
+    path = tmp_path / "model"
+    path.mkdir()
+    if config is not None:
+        (path / "config.json").write_text(config)
+    return path
+
+
+def compile_checked(capsys, runs: Path, *overrides: str) -> tuple[int, str]:
+    argv = ["compile", str(ARITH), "--runs-root", str(runs)]
+    for item in overrides:
+        argv += ["-o", item]
+    return main(argv), capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("value", "needle"), [
+    ('""', "model.path is empty"),
+    ("/etc", "model.path: /etc holds no model (no config.json)"),
+])
+def test_a_model_path_without_a_model_is_refused(value, needle, runs, capsys):
+    rc, err = compile_checked(capsys, runs, f"model.path={value}")
+    assert_one_line(rc, err, PathError.exit_code, needle, "allowed: a Hugging Face model directory", runs=runs)
+
+
+def test_a_critic_path_without_a_model_is_refused(tmp_path, runs, capsys):
+    model = model_dir(tmp_path, '{"max_position_embeddings": 64}')
+    rc, err = compile_checked(capsys, runs, f"model.path={model}", f"model.critic_path={tmp_path}")
+    assert_one_line(rc, err, PathError.exit_code, f"model.critic_path: {tmp_path} holds no model", runs=runs)
+
+
+def test_a_model_config_that_is_not_json_is_refused(tmp_path, runs, capsys):
+    model = model_dir(tmp_path, "{not json")
+    rc, err = compile_checked(capsys, runs, f"model.path={model}")
+    assert_one_line(rc, err, PathError.exit_code, f"{model}/config.json cannot be read as a model config", runs=runs)
+
+
+@pytest.mark.parametrize(("config", "name"), [
+    ('{"max_position_embeddings": 64}', "max_position_embeddings"),
+    ('{"n_positions": 64}', "n_positions"),
+    ('{"text_config": {"max_position_embeddings": 64}}', "max_position_embeddings"),
+])
+def test_prompt_and_response_past_the_model_positions_are_refused(config, name, tmp_path, runs, capsys):
+    model = model_dir(tmp_path, config)
+    rc, err = compile_checked(capsys, runs, f"model.path={model}", "data.max_prompt_length=60",
+                              "data.max_response_length=8")
+    assert_one_line(rc, err, ConfigError.exit_code, "data.max_prompt_length", "= 68 positions",
+                    f"the model's {name} = 64", "at most 64 together", runs=runs)
+
+
+def test_prompt_and_response_that_fill_the_positions_exactly_pass_the_model_check(tmp_path, runs, capsys):
+    model = model_dir(tmp_path, '{"max_position_embeddings": 64}')
+    missing = tmp_path / "no-data.parquet"
+    rc, err = compile_checked(capsys, runs, f"model.path={model}", "data.max_prompt_length=56",
+                              "data.max_response_length=8", f"data.train_files=[\"{missing}\"]")
+    # past the model check: the next check refuses the data that is not there
+    assert_one_line(rc, err, PathError.exit_code, f"data.train_files[0]: {missing} does not exist", runs=runs)

@@ -130,6 +130,7 @@ def test_missing_model_path(tmp_path, runs, capsys):
 
 def test_missing_data_path(tmp_path, runs, capsys):
     (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text('{"max_position_embeddings": 64}')  # a model, as far as compile looks
     spec = spec_file(tmp_path, ARITH.read_text().replace('path = "../artifacts/tiny-arith/model"', 'path = "model"'))
     rc, err = cli(capsys, runs, "compile", str(spec))
     assert_one_clean_line(rc, err, runs, PathError.exit_code, "data.train_files[0]", "train.parquet", "does not exist")

@@ -155,6 +155,7 @@ def test_home_is_expanded(tmp_path, monkeypatch):
 
 def _real_paths(tmp_path: Path) -> Path:
     (tmp_path / "models" / "actor").mkdir(parents=True)
+    (tmp_path / "models" / "actor" / "config.json").write_text('{"max_position_embeddings": 4096}')
     (tmp_path / "data").mkdir()
     # compile reads the data (hpcppo.data.check): a real verl-schema file with one batch of rows.
     from hpcppo.data.dataset import write_prompts_parquet
@@ -175,6 +176,9 @@ def test_compile_checks_paths_and_can_skip(tmp_path):
         compile_config(spec, "local")
     assert str(info.value) == f"data.train_files[0]: {tmp_path / 'data' / 'train.parquet'} does not exist"
     assert compile_config(spec, "local", check_paths=False).experiment.data.train_files
+    (tmp_path / "models" / "actor" / "config.json").unlink()
+    with pytest.raises(PathError, match=r"model\.path: .*actor holds no model \(no config\.json\)"):
+        compile_config(spec, "local")
     os.rmdir(tmp_path / "models" / "actor")
     (tmp_path / "models" / "actor").write_text("not a dir")
     with pytest.raises(PathError, match=r"model\.path: .*actor is not a directory"):

@@ -256,6 +256,7 @@ ppo_micro_batch_size_per_gpu = 1
 def test_compile_runs_the_checks_and_no_check_paths_skips_them(tmp_path, bpe, capsys):
     (tmp_path / "data").mkdir()
     write_bpe_tokenizer(tmp_path / "model")
+    (tmp_path / "model" / "config.json").write_text('{"max_position_embeddings": 4096}')  # compile wants a model here
     write_prompts_parquet([gsm8k_row(i, " ".join(CORPUS[:i + 1])) for i in range(10)],
                           tmp_path / "data" / "a.parquet")
     lengths = trainer_lengths(tmp_path / "model", [tmp_path / "data" / "a.parquet"])
@@ -282,6 +283,7 @@ def test_compile_runs_the_checks_and_no_check_paths_skips_them(tmp_path, bpe, ca
 def test_compile_with_the_data_check_imports_neither_torch_nor_transformers(tmp_path):
     (tmp_path / "data").mkdir()
     write_bpe_tokenizer(tmp_path / "model")
+    (tmp_path / "model" / "config.json").write_text('{"max_position_embeddings": 4096}')
     write_prompts_parquet([gsm8k_row(i, CORPUS[i]) for i in range(8)], tmp_path / "data" / "a.parquet")
     spec = tmp_path / "exp.toml"
     spec.write_text(SPEC.format(limit=512))

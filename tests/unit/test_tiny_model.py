@@ -183,7 +183,9 @@ def test_an_existing_foreign_directory_is_never_replaced(tmp_path) -> None:
         ({"target_sampled_accuracy": 1.5}, r"target_sampled_accuracy: must be in \[0, 1\], got 1.5"),
         ({"steps": 0}, r"steps: must be >= 1, got 0"),
         ({"flaw_warmup_steps": -1}, r"flaw_warmup_steps: must be >= 0, got -1"),
-        ({"train_size": 0}, r"train_size and val_size must be >= 1"),
+        ({"train_size": 0}, r"--train-size: 0 rows: .* allowed: 1 to 1,000,000 rows"),
+        ({"val_size": 10**11}, r"--val-size: 100,000,000,000 rows: the task \(max_operand=19, num_operands=2, "
+                               r"operators=\+\) has 400 distinct problems"),
     ],
 )
 def test_bad_settings_raise_config_errors(tmp_path, kwargs: dict, match: str) -> None:
@@ -203,8 +205,15 @@ def test_cli_reports_a_bad_setting_without_a_traceback(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("args", "code", "match"),
     [
-        (["--train-size", "0"], 2, "hpcppo: error: data: train_size and val_size must be >= 1, got 0 and 512"),
-        (["--val-size", "-1"], 2, "hpcppo: error: data: train_size and val_size must be >= 1, got 4096 and -1"),
+        (["--train-size", "0"], 2, "hpcppo: error: --train-size: 0 rows: the task (max_operand=19, num_operands=2, "
+                                   "operators=+) has 400 distinct problems, drawn with repetition; allowed: 1 to "
+                                   "1,000,000 rows"),
+        (["--val-size", "-1"], 2, "hpcppo: error: --val-size: -1 rows: the task (max_operand=19, num_operands=2, "
+                                  "operators=+) has 400 distinct problems, drawn with repetition; allowed: 1 to "
+                                  "1,000,000 rows"),
+        (["--train-size", "100000000000", "--max-operand", "49"], 2,
+         "hpcppo: error: --train-size: 100,000,000,000 rows: the task (max_operand=49, num_operands=2, operators=+) "
+         "has 2,500 distinct problems, drawn with repetition; allowed: 1 to 1,000,000 rows"),
         (["--out", "{tmp}"], 5, "hpcppo: error: {tmp} exists and is not a tiny-model build (no readable "
                                 "hpcppo_tiny.json); choose another --out or remove it"),
     ],

@@ -3,6 +3,7 @@ either translated (with a comment naming it) or reported with the reason."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -340,6 +341,8 @@ def test_the_gsm8k_example_compiles_with_its_data_and_model_checked(tmp_path, ra
     import pyarrow.parquet as pq
 
     shutil.copytree(random_tiny["model"], tmp_path / "Qwen" / "Qwen2.5-7B")
+    config = tmp_path / "Qwen" / "Qwen2.5-7B" / "config.json"  # Qwen2.5-7B's positions, which the spec's lengths fit
+    config.write_text(json.dumps({**json.loads(config.read_text()), "max_position_embeddings": 131072}))
     home = tmp_path / "home"
     (home / "data" / "gsm8k").mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist(_gsm8k_rows(1100)), home / "data" / "gsm8k" / "train.parquet")
