@@ -353,7 +353,8 @@ def cmd_import_verl(args: argparse.Namespace) -> int:
         return 0
     if args.input is None:
         raise HpcppoError("give a verl command line or YAML file (or - for stdin), or --table")
-    stdin_text = sys.stdin.read() if args.input == "-" else None
+    # One character past the limit is enough for the library to refuse the input; an endless stdin does not hang.
+    stdin_text = sys.stdin.read(verl_import.MAX_INPUT_BYTES + 1) if args.input == "-" else None
     imp, problem = verl_import.import_verl(args.input, Path(args.out), force=args.force, name=args.name,
                                            stdin_text=stdin_text)
     for line in verl_import.format_report(imp):

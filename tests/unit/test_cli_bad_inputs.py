@@ -4,6 +4,8 @@ line naming the file or key and what is allowed, the error class's exit code, no
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -291,3 +293,13 @@ def test_prompt_and_response_that_fill_the_positions_exactly_pass_the_model_chec
                               "data.max_response_length=8", f"data.train_files=[\"{missing}\"]")
     # past the model check: the next check refuses the data that is not there
     assert_one_line(rc, err, PathError.exit_code, f"data.train_files[0]: {missing} does not exist", runs=runs)
+
+
+def test_import_verl_from_an_endless_stdin_ends_at_once(tmp_path):
+    out = tmp_path / "out.toml"
+    with open("/dev/zero", "rb") as endless:
+        proc = subprocess.run([sys.executable, "-m", "hpcppo.cli", "import-verl", "-", "-o", str(out)], stdin=endless,
+                              capture_output=True, text=True, timeout=60)
+    assert proc.returncode == ConfigError.exit_code, proc.stderr
+    assert proc.stderr.count("\n") == 1 and f"<stdin>: is larger than {MAX_INPUT_BYTES // 1024} KiB" in proc.stderr
+    assert not out.exists()
