@@ -37,7 +37,7 @@ def summarize(run: str | os.PathLike[str], *, window: int = 3) -> dict[str, Any]
     if "perf/step_time_s" in train and len(train):
         out["step_time_s"] = float(train["perf/step_time_s"].median())
     if Path(run).is_dir():
-        from hpcppo.events import read_events
+        from hpcppo.rundir.events import read_events
 
         kinds = Counter(e.get("kind", "?") for e in read_events(run))
         if kinds:

@@ -11,9 +11,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from hpcppo import control, exitcodes
 from hpcppo.distributed.env import broadcast_object
-from hpcppo.fsutil import atomic_write_text
+from hpcppo.rundir import control, exitcodes
 from hpcppo.train.optim import offload_optimizer_state
 from hpcppo.train.watch import describe
 from hpcppo.watchdog import Decision, raised_kl_coef
@@ -118,7 +117,7 @@ class Recovery:
         if c.metrics is not None:
             c.metrics.log_event(self.step, event or ("paused" if kind == "pause" else "requeue"), reason[:1000])
         if kind == "pause" and self.env.rank == 0:
-            atomic_write_text(c.run_dir / "control" / "PAUSED", f"step {self.step}: {reason}\n")
+            control.record_paused(c.run_dir, self.step, reason)
         log.info("%s after step %d: %s, exiting", kind, self.step, reason)
         return exitcodes.PAUSED if kind == "pause" else exitcodes.REQUEUE
 

@@ -29,12 +29,13 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
-from hpcppo import algos, control, exitcodes
-from hpcppo.distributed import layout
+from hpcppo import algos
 from hpcppo.distributed.env import all_reduce_host
 from hpcppo.distributed.weights import iter_full_params
 from hpcppo.models import compute_log_probs, compute_values
 from hpcppo.rollout.base import derive_seed
+from hpcppo.rundir import control, exitcodes
+from hpcppo.rundir import checkpoints as layout
 from hpcppo.train import batching
 from hpcppo.train.build import Components, build_components, freeze_long_lived_objects
 from hpcppo.train.inject import FaultInjector
@@ -312,7 +313,7 @@ class Trainer(Recovery):
         """Requests from outside, agreed by all ranks: preemption signals (any rank), a pause request, rollback
         requests from ``hpcppo rollback`` (rank 0 reads the inbox). Returns an exit code when the run stops."""
         c = self.c
-        pause_requested = (c.run_dir / "control" / "PAUSE").exists()
+        pause_requested = control.pause_requested(c.run_dir)
         requests = control.pending(c.run_dir) if self.env.rank == 0 else []
         preempted, paused, asked = (x > 0 for x in all_reduce_host(
             [1.0 if c.preempt.local else 0.0, 1.0 if pause_requested else 0.0, float(len(requests))], "max"))
@@ -325,11 +326,10 @@ class Trainer(Recovery):
             return self.stop("requeue", f"preempted: stopping {where}", event="preempted",
                              save=self.cfg.checkpoint.save_on_preempt)
         # The request is served by the pause; its text becomes the reason `hpcppo status` shows.
-        request = c.run_dir / "control" / "PAUSE"
-        reason = (request.read_text().strip() if self.env.rank == 0 and request.exists() else "") or "pause requested"
+        reason = (control.pause_reason_requested(c.run_dir) if self.env.rank == 0 else "") or "pause requested"
         code = self.stop("pause", reason, event="paused")
         if self.env.rank == 0:
-            request.unlink(missing_ok=True)
+            control.pause_served(c.run_dir)
         return code
 
     # ------------------------------------------------------------------ bookkeeping

@@ -34,8 +34,8 @@ from pathlib import Path
 import attrs
 import pytest
 
-from hpcppo import exitcodes
 from hpcppo import metrics as hmetrics
+from hpcppo.rundir import exitcodes
 
 from _harness import (comparable, compile_run, final_weights, launch_ranks, logs_of, rows_logged, wait_all,
                       write_spec)

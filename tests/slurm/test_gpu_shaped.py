@@ -30,8 +30,8 @@ import pytest
 from hpcppo.cli import main
 from hpcppo.config import compile_config
 from hpcppo.launch import render, status
-from hpcppo.launch.rundir import RunDir, list_runs
 from hpcppo.resources import resource_dir
+from hpcppo.rundir import RunDir, list_runs
 
 pytestmark = pytest.mark.slurm
 

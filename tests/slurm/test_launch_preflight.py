@@ -14,7 +14,7 @@ import pytest
 
 from hpcppo.cli import main
 from hpcppo.launch import render, slurm, status
-from hpcppo.launch.rundir import RunDir, list_runs
+from hpcppo.rundir import RunDir, list_runs
 
 pytestmark = pytest.mark.slurm
 

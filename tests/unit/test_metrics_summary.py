@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from hpcppo.events import append_event
 from hpcppo.metrics import MetricsWriter
 from hpcppo.metrics.summary import format_summary, summarize
+from hpcppo.rundir.events import append_event
 
 
 def test_summary_counts_the_watchdog_events_and_shows_kl_coef(tmp_path):

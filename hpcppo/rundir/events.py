@@ -34,14 +34,15 @@ import operator
 import os
 import re
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
+
+from hpcppo.rundir.paths import EVENTS, RunPaths
 
 __all__ = ["EVENTS_FILE", "SOURCES", "append_event", "read_events"]
 
 log = logging.getLogger(__name__)
 
-EVENTS_FILE = "events.jsonl"
+EVENTS_FILE = EVENTS  # the file's name in the run directory
 SOURCES: tuple[str, ...] = ("watchdog", "control", "monitor", "trainer")
 _RESERVED = ("time", "kind", "step", "attempt", "source", "message")
 # The same rule as the HDF5 log's event kinds, so an event can be mirrored there unchanged.
@@ -117,7 +118,7 @@ def append_event(run_dir: str | os.PathLike[str], *, kind: str, step: int | None
     }
     record.update({str(k): _jsonable(v) for k, v in details.items()})
     line = (json.dumps(record, allow_nan=False, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-    path = Path(run_dir) / EVENTS_FILE
+    path = RunPaths(run_dir).events
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)  # RDWR: one pread of the last byte
     try:
         if not _ends_with_newline(fd):
@@ -147,7 +148,7 @@ def read_events(run_dir: str | os.PathLike[str], *, kinds: str | Iterable[str] |
     A line that is not a JSON object (the torn last line of a writer that died, a line clobbered on NFS) is
     skipped with a warning; non-finite values stay as the strings ``"nan"``/``"inf"``/``"-inf"``.
     """
-    path = Path(run_dir) / EVENTS_FILE
+    path = RunPaths(run_dir).events
     try:
         data = path.read_bytes()
     except FileNotFoundError:
