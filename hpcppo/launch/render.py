@@ -27,10 +27,6 @@ if TYPE_CHECKING:  # annotations only: rendering needs no config code at run tim
 
 SLURM_TEMPLATE = "slurm.sbatch.j2"
 LOCAL_TEMPLATE = "local.sh.j2"
-# Rendezvous ports: MASTER_PORT = PORT_BASE + job_id % PORT_SPAN, the same rule as
-# hpcppo.distributed.env.port_from_job_id (below the ephemeral range, above well-known ports).
-PORT_BASE = 15000
-PORT_SPAN = 15000
 ENTRY_MODULE = "hpcppo.train.main"
 WATCHDOG_MODULE = "hpcppo.watchdog"
 
@@ -223,8 +219,8 @@ def render_slurm(site: Site, exp: Experiment, plan: RunPlan, run_dir: Path, *, p
     ctx = _common_context(site, exp, run_dir) | {
         "directives": slurm_directives(site, exp, plan, run_dir),
         "device": plan.device,
-        "port_base": PORT_BASE,
-        "port_span": PORT_SPAN,
+        "port_base": jobenv.PORT_BASE,
+        "port_span": jobenv.PORT_SPAN,
         "srun_args": srun_args,
         "job_command": [quote(w) for w in prefix + job_command(site, run_dir, python)],
         "watchdog_command": watchdog,
