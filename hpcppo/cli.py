@@ -74,9 +74,9 @@ def _submit_and_report(crun: Any, args: argparse.Namespace) -> int:
     else:
         st = status.wait_for(crun.run, echo=echo)
     if crun.compiled.job.kind == "train":
-        from hpcppo.metrics.summary import format_summary, summarize
+        from hpcppo.analysis.summary import format_start_end, start_end
 
-        print(format_summary(summarize(crun.run.path)))
+        print(format_start_end(start_end(crun.run.path)))
     if st["state"] not in ("COMPLETED", "PAUSED"):
         print(f"  logs: {crun.run.logs}", file=sys.stderr)
     return 0 if st["state"] in ("COMPLETED", "PAUSED") else 1
@@ -159,10 +159,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if not args.wait:
         return 0
     st = status.wait_for(run)
-    from hpcppo.metrics.summary import format_summary, summarize
+    from hpcppo.analysis.summary import format_start_end, start_end
 
     print(f"  {status.state_text(st)}")
-    print(format_summary(summarize(run.path)))
+    print(format_start_end(start_end(run.path)))
     return 0 if st["state"] in ("COMPLETED", "PAUSED") else 1
 
 

@@ -17,9 +17,9 @@ from typing import Any
 from hpcppo.analysis.summary import duration, fmt, steps_text, summarize_target
 from hpcppo.analysis.targets import Target, resolved_data
 from hpcppo.errors import ConfigError, HpcppoError
+from hpcppo.rundir import metric_names
 
-OUTCOMES: tuple[str, ...] = ("reward/mean", "score/mean", "val/score", "kl/actor_ref", "kl/coef",
-                             "critic/vf_explained_var", "perf/tokens_per_s", "perf/step_time_s")
+OUTCOMES: tuple[str, ...] = metric_names.headline_names("compare")
 _WATCHDOG_KINDS = ("rollback", "pause", "paused", "raise_kl_coef", "restart_critic", "set_grad_clip", "requeue",
                    "hang", "trainer_dead")
 

@@ -28,12 +28,14 @@ import pandas as pd
 
 from hpcppo.analysis.logs import last_value, number_text, total_steps
 from hpcppo.errors import HpcppoError, RunStateError
+from hpcppo.rundir import metric_names
 from hpcppo.rundir.paths import RunPaths
 
 DETACHED = "detached from {run}: the job goes on (hpcppo follow {run} to watch it again, hpcppo cancel {run} to stop it)"
 _ETA_WINDOW = 20  # rows of the current attempt the step rate is measured over
 _EARLIER_EVENTS = 5  # events already in the run when following starts, shown for context
-_SHOWN = ("reward/mean", "kl/actor_ref", "kl/coef", "perf/tokens_per_s")  # View's reward, kl, kl_coef, tokens_per_s
+# View's reward, kl, kl_coef, tokens_per_s: the headline metrics of the "follow" view, in that order.
+_SHOWN = metric_names.headline_names("follow")
 
 
 # ----------------------------------------------------------------------------- what is shown (pure)

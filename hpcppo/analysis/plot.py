@@ -30,10 +30,11 @@ import pandas as pd
 from hpcppo.analysis.targets import Target
 from hpcppo.errors import ConfigError
 from hpcppo.metrics.schema import UnknownColumnError
+from hpcppo.rundir import metric_names
 
 X_AXES = ("step", "time", "tokens")
 FORMATS = ("png", "pdf", "svg")
-DEFAULT_METRICS = ("reward/mean", "kl/actor_ref", "kl/coef")
+DEFAULT_METRICS = metric_names.headline_names("plot")
 # Event kinds drawn as vertical lines: (category, colour, line style). Kinds are matched by their last part, so
 # "watchdog.rollback" and a trainer's "rollback" are the same mark.
 MARKS: dict[str, tuple[str, str]] = {

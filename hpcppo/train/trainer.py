@@ -34,8 +34,8 @@ from hpcppo.distributed.env import all_reduce_host
 from hpcppo.distributed.weights import iter_full_params
 from hpcppo.models import compute_log_probs, compute_values
 from hpcppo.rollout.base import derive_seed
-from hpcppo.rundir import control, exitcodes
 from hpcppo.rundir import checkpoints as layout
+from hpcppo.rundir import control, exitcodes, metric_names
 from hpcppo.train import batching
 from hpcppo.train.build import Components, build_components, freeze_long_lived_objects
 from hpcppo.train.inject import FaultInjector
@@ -337,9 +337,8 @@ class Trainer(Recovery):
         if self.c.metrics is not None:
             self.c.metrics.log(step, metrics)
         if self.env.rank == 0 and (step % self.cfg.trainer.log_every == 0 or note):
-            fields = ["reward/mean", "score/mean", "kl/actor_ref", "actor/pg_loss", "critic/vf_loss", "val/score",
-                      "perf/step_time_s"]
-            text = "  ".join(f"{k}={metrics[k]:.4g}" for k in fields if k in metrics and not math.isnan(metrics[k]))
+            text = "  ".join(f"{k}={metrics[k]:.4g}" for k in metric_names.headline_names("log")
+                             if k in metrics and not math.isnan(metrics[k]))
             log.info("step %d/%d %s%s", step, self.c.total_steps, text, f" ({note})" if note else "")
 
     def should_save(self) -> bool:

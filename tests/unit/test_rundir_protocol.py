@@ -11,7 +11,7 @@ import pytest
 
 from hpcppo.config import compile_config
 from hpcppo.launch import render
-from hpcppo.rundir import RunDir, RunPaths, control, exitcodes
+from hpcppo.rundir import RunDir, RunPaths, control, exitcodes, metric_names
 from hpcppo.rundir.paths import attempt_files_in, in_metrics_dir, is_metrics_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -132,3 +132,23 @@ def test_an_empty_paused_record_has_no_reason(tmp_path):
     RunPaths(tmp_path).control.mkdir()
     RunPaths(tmp_path).paused.write_text("\n")
     assert control.is_paused(tmp_path) and control.paused_reason(tmp_path) is None
+
+
+# ----------------------------------------------------------------------------- headline metrics
+def test_the_headline_metrics_are_columns_the_trainer_logs():
+    names = [h.name for h in metric_names.HEADLINE]
+    assert len(set(names)) == len(names)
+    assert [n for n in names if not metric_names.is_trainer_column(n)] == []
+    assert all(h.better in (None, "max", "min") and h.views and h.views <= set(metric_names.VIEWS)
+               for h in metric_names.HEADLINE)
+    assert all(metric_names.headline(v) for v in metric_names.VIEWS)  # no view left empty
+
+
+def test_each_view_keeps_the_table_order():
+    assert metric_names.headline_names("follow") == ("reward/mean", "kl/actor_ref", "kl/coef", "perf/tokens_per_s")
+    order = [h.name for h in metric_names.HEADLINE]
+    for view in metric_names.VIEWS:
+        shown = metric_names.headline_names(view)
+        assert list(shown) == sorted(shown, key=order.index)
+    with pytest.raises(ValueError, match="unknown view 'table'; views: log, summary"):
+        metric_names.headline("table")
