@@ -31,6 +31,7 @@ from hpcppo.analysis.targets import Target
 from hpcppo.errors import ConfigError
 from hpcppo.metrics.schema import UnknownColumnError
 from hpcppo.rundir import metric_names
+from hpcppo.rundir.events import kind_tail
 
 X_AXES = ("step", "time", "tokens")
 FORMATS = ("png", "pdf", "svg")
@@ -149,7 +150,7 @@ def _marks(run: str | os.PathLike[str], rows: pd.DataFrame, x: str) -> list[tupl
 
     marks: list[tuple[str, float]] = []
     for _, event in events(run).iterrows():
-        category = _MARK_OF_KIND.get(str(event["kind"]).rsplit(".", 1)[-1])
+        category = _MARK_OF_KIND.get(kind_tail(str(event["kind"])))
         if category is None:
             continue
         pos = _event_x(event, rows, x)

@@ -32,7 +32,7 @@ from hpcppo.metrics import events as load_run_events
 from hpcppo.metrics import load, metric_files
 from hpcppo.metrics.schema import UnknownColumnError
 from hpcppo.rundir import metric_names
-from hpcppo.rundir.events import read_events
+from hpcppo.rundir.events import kind_tail, read_events
 
 SMOOTH = 0.9
 #: Event kinds (matched on their last dotted part) listed one by one; the rest are only counted.
@@ -156,10 +156,6 @@ def first_nonfinite(every: pd.DataFrame, columns: Sequence[str]) -> dict[str, An
             "columns": [c for j, c in enumerate(columns) if which[j]], "rows": int(bad_rows)}
 
 
-def _kind_tail(kind: str) -> str:
-    return kind.rsplit(".", 1)[-1]
-
-
 def _iso(t: float) -> str | None:
     if not math.isfinite(t):
         return None
@@ -192,7 +188,7 @@ def summarize_target(target: Target, *, metrics: Sequence[str] = (), locking: bo
     times = current["time"].to_numpy()
     ev = load_run_events(target.path, locking=locking)
     counts = ev["kind"].value_counts().sort_index().to_dict() if len(ev) else {}
-    notable = ev[ev["kind"].map(lambda k: _kind_tail(k) in NOTABLE)] if len(ev) else ev
+    notable = ev[ev["kind"].map(lambda k: kind_tail(k) in NOTABLE)] if len(ev) else ev
     damaged = dict(every.attrs.get("damaged", {}))
     damaged.update(ev.attrs.get("damaged", {}))
     experiment = data.get("experiment") if isinstance(data.get("experiment"), dict) else {}

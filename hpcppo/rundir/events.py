@@ -38,12 +38,39 @@ from typing import Any
 
 from hpcppo.rundir.paths import EVENTS, RunPaths
 
-__all__ = ["EVENTS_FILE", "SOURCES", "append_event", "read_events"]
+__all__ = ["EVENTS_FILE", "SOURCES", "append_event", "kind_tail", "read_events", "watchdog_kind"]
 
 log = logging.getLogger(__name__)
 
 EVENTS_FILE = EVENTS  # the file's name in the run directory
 SOURCES: tuple[str, ...] = ("watchdog", "control", "monitor", "trainer")
+
+# Event kinds, in the HDF5 log (the trainer's) and in events.jsonl (watchdog, control and monitor actions).
+# The trainer:
+RESUME = "resume"  # resumed from a checkpoint
+PREEMPTED = "preempted"  # stopped on a preemption signal, checkpointed, requeue (exit 75)
+PAUSED = "paused"  # stopped on a pause request (exit 76)
+REQUEUE = "requeue"  # stopped for a requeue asked by a rule (exit 75)
+CHECKPOINT_CORRUPT = "checkpoint.corrupt"  # a committed checkpoint found damaged at resume
+CONTROL_ROLLBACK = "control.rollback"  # a `hpcppo rollback` request applied
+CONTROL_REJECTED = "control.rejected"  # a `hpcppo rollback` request refused
+WATCHDOG_PREFIX = "watchdog."  # + a rule's action (hpcppo.watchdog.PRECEDENCE), or SUPPRESSED
+SUPPRESSED = "suppressed"  # an action a stronger one of the same step superseded
+# The monitor beside the trainer:
+HANG = "hang"
+TRAINER_DEAD = "trainer_dead"
+MONITOR_ERROR = "monitor.error"
+MONITOR_RESTARTED = "monitor.restarted"
+
+
+def watchdog_kind(action: str) -> str:
+    """The kind of the event a watchdog rule's ``action`` (``rollback``, ``pause`` ...) is recorded as."""
+    return f"{WATCHDOG_PREFIX}{action}"
+
+
+def kind_tail(kind: str) -> str:
+    """A kind's last dotted part, so that ``watchdog.pause`` and the trainer's ``pause`` read alike."""
+    return kind.rsplit(".", 1)[-1]
 _RESERVED = ("time", "kind", "step", "attempt", "source", "message")
 # The same rule as the HDF5 log's event kinds, so an event can be mirrored there unchanged.
 _KIND_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")

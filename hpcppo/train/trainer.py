@@ -35,7 +35,7 @@ from hpcppo.distributed.weights import iter_full_params
 from hpcppo.models import compute_log_probs, compute_values
 from hpcppo.rollout.base import derive_seed
 from hpcppo.rundir import checkpoints as layout
-from hpcppo.rundir import control, exitcodes, metric_names
+from hpcppo.rundir import control, events, exitcodes, metric_names
 from hpcppo.train import batching
 from hpcppo.train.build import Components, build_components, freeze_long_lived_objects
 from hpcppo.train.inject import FaultInjector
@@ -323,11 +323,11 @@ class Trainer(Recovery):
             return None
         where = f"after step {self.step} with a committed checkpoint" if self.step else "before the first step"
         if preempted:
-            return self.stop("requeue", f"preempted: stopping {where}", event="preempted",
+            return self.stop("requeue", f"preempted: stopping {where}", event=events.PREEMPTED,
                              save=self.cfg.checkpoint.save_on_preempt)
         # The request is served by the pause; its text becomes the reason `hpcppo status` shows.
         reason = (control.pause_reason_requested(c.run_dir) if self.env.rank == 0 else "") or "pause requested"
-        code = self.stop("pause", reason, event="paused")
+        code = self.stop("pause", reason, event=events.PAUSED)
         if self.env.rank == 0:
             control.pause_served(c.run_dir)
         return code
@@ -436,14 +436,14 @@ class Trainer(Recovery):
             resumed = c.ckpt.load_newest_intact(models=models, optimizers=optims)
         except NoIntactCheckpointError as exc:
             for bad in exc.damaged:
-                self.rules.record(bad.step, "checkpoint.corrupt", f"{bad}; no intact checkpoint is left",
+                self.rules.record(bad.step, events.CHECKPOINT_CORRUPT, f"{bad}; no intact checkpoint is left",
                                   source="trainer", file=str(bad.path / bad.file), checkpoint=bad.step)
             raise
         if resumed is None:  # pragma: no cover - the checkpoints vanished since latest_committed()
             return 0
         latest, extra = resumed.step, resumed.extra
         for bad in resumed.damaged:
-            self.rules.record(bad.step, "checkpoint.corrupt", f"{bad}; set aside as {bad.set_aside_as.name}, "
+            self.rules.record(bad.step, events.CHECKPOINT_CORRUPT, f"{bad}; set aside as {bad.set_aside_as.name}, "
                               f"resuming from checkpoint step {latest}", source="trainer",
                               file=str(bad.path / bad.file), checkpoint=bad.step, fallback=latest,
                               set_aside_as=str(bad.set_aside_as))
@@ -453,7 +453,7 @@ class Trainer(Recovery):
         c.sampler.load_state_dict(extra["sampler"])
         self.reoffload_optimizers()
         if c.metrics is not None:
-            c.metrics.log_event(int(extra["step"]), "resume", f"resumed from checkpoint step {latest}")
+            c.metrics.log_event(int(extra["step"]), events.RESUME, f"resumed from checkpoint step {latest}")
         log.info("resumed from checkpoint step %d", latest)
         return int(extra["step"])
 

@@ -62,7 +62,7 @@ from typing import Any
 
 import attrs
 
-from hpcppo.rundir import exitcodes
+from hpcppo.rundir import events, exitcodes
 from hpcppo.rundir.events import append_event, read_events
 from hpcppo.rundir.paths import RunPaths
 
@@ -388,17 +388,18 @@ class Monitor:
             log.info("the job was cancelled; bye")
             return
         st = self.follower.poll()  # the rows written since the last poll
-        self.event("trainer_dead", st.last_step, f"{what}; last step {st.last_step}", rows=st.rows, **details)
+        self.event(events.TRAINER_DEAD, st.last_step, f"{what}; last step {st.last_step}", rows=st.rows, **details)
 
     def on_hang(self, st: LogState, silence: float, threshold: float) -> int:
-        restarts = sum(1 for e in read_events(self.run_dir, kinds=["hang"]) if e.get("action") in ("requeue", "restart"))
+        hangs = read_events(self.run_dir, kinds=[events.HANG])
+        restarts = sum(1 for e in hangs if e.get("action") in ("requeue", "restart"))
         recover = restarts < self.s.max_restarts and (self.s.scheduler == "local" or self.s.requeue)
         action = ("requeue" if self.s.scheduler == "slurm" else "restart") if recover else "cancel"
         median = statistics.median(st.step_times) if st.step_times else None
         why = "" if recover else (f" ({restarts} hang recoveries already)" if restarts >= self.s.max_restarts
                                   else " (the job may not be requeued)")
-        self.event("hang", st.last_step, f"no new metrics row for {silence:.0f} s (threshold {threshold:.0f} s) after "
-                   f"step {st.last_step}; {action}{why}", seconds_since_row=round(silence, 3),
+        self.event(events.HANG, st.last_step, f"no new metrics row for {silence:.0f} s (threshold {threshold:.0f} s) "
+                   f"after step {st.last_step}; {action}{why}", seconds_since_row=round(silence, 3),
                    threshold_s=round(threshold, 3), median_step_s=median, rows=st.rows, action=action,
                    restarts_before=restarts)
         try:
@@ -407,7 +408,7 @@ class Monitor:
             else:
                 self.restart_local(recover)
         except Exception as exc:  # noqa: BLE001 - recorded; a monitor that dies silently helps nobody
-            self.event("monitor.error", st.last_step, f"{action} after a hang failed: {type(exc).__name__}: {exc}")
+            self.event(events.MONITOR_ERROR, st.last_step, f"{action} after a hang failed: {type(exc).__name__}: {exc}")
             return 1
         return 0
 
@@ -461,7 +462,7 @@ class Monitor:
             if name in _JOB_ENV or name.startswith("SUBMITIT_"):
                 del os.environ[name]
         new_job = jobs.resume_run(run)
-        self.event("monitor.restarted", self.follower.state.last_step,
+        self.event(events.MONITOR_RESTARTED, self.follower.state.last_step,
                    f"attempt {self.job_attempt} stopped after a hang; new attempt started as local job {new_job}",
                    new_job_id=str(new_job))
 

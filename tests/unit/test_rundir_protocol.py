@@ -11,7 +11,7 @@ import pytest
 
 from hpcppo.config import compile_config
 from hpcppo.launch import render
-from hpcppo.rundir import RunDir, RunPaths, control, exitcodes, metric_names
+from hpcppo.rundir import RunDir, RunPaths, control, events, exitcodes, metric_names
 from hpcppo.rundir.paths import attempt_files_in, in_metrics_dir, is_metrics_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -152,3 +152,18 @@ def test_each_view_keeps_the_table_order():
         assert list(shown) == sorted(shown, key=order.index)
     with pytest.raises(ValueError, match="unknown view 'table'; views: log, summary"):
         metric_names.headline("table")
+
+
+# ----------------------------------------------------------------------------- event kinds
+def test_every_event_kind_can_be_appended_and_reads_by_its_tail(tmp_path):
+    from hpcppo.watchdog.decide import PRECEDENCE
+
+    kinds = [events.watchdog_kind(a) for a in (*PRECEDENCE, events.SUPPRESSED)]
+    kinds += [events.RESUME, events.PREEMPTED, events.PAUSED, events.REQUEUE, events.CHECKPOINT_CORRUPT,
+              events.CONTROL_ROLLBACK, events.CONTROL_REJECTED, events.HANG, events.TRAINER_DEAD,
+              events.MONITOR_ERROR, events.MONITOR_RESTARTED]
+    for kind in kinds:
+        events.append_event(tmp_path, kind=kind, step=1, source="trainer")
+    assert [e["kind"] for e in events.read_events(tmp_path)] == kinds
+    assert events.watchdog_kind("rollback") == "watchdog.rollback"
+    assert {events.kind_tail(k) for k in ("watchdog.pause", "pause")} == {"pause"}
