@@ -32,7 +32,3 @@ def read_exit_record(run_dir: str | os.PathLike[str], attempt_key: str) -> int |
         return int(RunPaths(run_dir).exit_record(attempt_key).read_text().strip())
     except (OSError, ValueError):
         return None
-
-
-def has_exit_record(run_dir: str | os.PathLike[str], attempt_key: str) -> bool:
-    return RunPaths(run_dir).exit_record(attempt_key).exists()

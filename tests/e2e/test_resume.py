@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hpcppo import metrics as hmetrics
-from hpcppo.rundir import exitcodes
+from hpcppo.rundir import control, exitcodes
 
 from _harness import (comparable, compile_run, final_weights, launch_ranks, logs_of, wait_all, wait_for_commit,
                       write_spec)
@@ -88,7 +88,7 @@ def test_pause_request_then_resume_through_the_cli(tmp_path, random_tiny, capsys
     while not list((paused / "metrics").glob("*.h5")) or len(hmetrics.load(paused)) < 1:
         assert time.monotonic() < deadline and all(p.poll() is None for p in procs), logs_of(paused)
         time.sleep(0.1)
-    (paused / "control" / "PAUSE").write_text("operator: inspecting the KL")
+    control.request_pause(paused, "operator: inspecting the KL")
     assert wait_all(procs) == [exitcodes.PAUSED] * 2, logs_of(paused)
     stopped_at = int((paused / "control" / "PAUSED").read_text().split(":")[0].split()[1])
     assert 1 <= stopped_at < 6 and (paused / "checkpoints" / f"step-{stopped_at}" / "COMMITTED").exists()

@@ -34,7 +34,7 @@ def test_every_file_of_a_run_has_one_path():
     assert p.exit_record("4242.1") == RUN / "control/exit-code.4242.1"
     assert p.attempt_file(3) == RUN / "metrics/attempt-0003.h5"
     assert p.rank_log("4242.0", 7) == RUN / "logs/attempt-4242.0/rank-7.log"
-    assert p.watchdog_log("local-99") == RUN / "logs/attempt-local-99/watchdog.log"
+    assert p.log_dir("local-99") == RUN / "logs/attempt-local-99"
     assert p.batch_log("%j") == RUN / "logs/slurm-%j.out"
     assert p.run_id == RUN.name
 
@@ -54,8 +54,8 @@ def test_the_shell_names_leave_the_attempt_to_the_script():
     assert files["rank_log"] == "rank-%t.log"
     # what the script builds from them is what the Python side builds for the same attempt
     assert RUN / files["exit_record"].replace("$HPCPPO_ATTEMPT", "17.2") == RunPaths(RUN).exit_record("17.2")
-    assert RUN / files["log_dir"].replace("$HPCPPO_ATTEMPT", "17.2") / files["watchdog_log"] == \
-        RunPaths(RUN).watchdog_log("17.2")
+    assert RUN / files["log_dir"].replace("$HPCPPO_ATTEMPT", "17.2") == RunPaths(RUN).log_dir("17.2")
+    assert files["watchdog_log"] == "watchdog.log"
 
 
 def test_metric_files_are_listed_in_attempt_order(tmp_path):
@@ -75,7 +75,6 @@ def test_exit_record_round_trip(tmp_path):
     assert exitcodes.read_exit_record(tmp_path, "4242.0") is None
     exitcodes.write_exit_record(tmp_path, "4242.0", exitcodes.REQUEUE)
     assert exitcodes.read_exit_record(tmp_path, "4242.0") == 75
-    assert exitcodes.has_exit_record(tmp_path, "4242.0") and not exitcodes.has_exit_record(tmp_path, "4242.1")
     assert RunPaths(tmp_path).exit_record("4242.0").read_text() == "75\n"
     RunPaths(tmp_path).exit_record("4242.1").write_text("garbage\n")
     assert exitcodes.read_exit_record(tmp_path, "4242.1") is None
