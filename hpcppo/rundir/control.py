@@ -169,9 +169,9 @@ def _parse(path: Path) -> Request:
                    requested_by=data.get("requested_by", ""), **values)
 
 
-def _reject(path: Path, reason: str) -> None:
-    """Move a bad file to ``rejected/`` unchanged and write why beside it; never raises."""
-    rejected = RunPaths(path.parent.parent.parent).rejected  # <run>/control/requests/<name> -> control/rejected
+def _reject(path: Path, rejected: Path, reason: str) -> None:
+    """Move a bad file to ``rejected`` (the run's ``control/rejected/``) unchanged and write why beside it; never
+    raises."""
     try:
         rejected.mkdir(parents=True, exist_ok=True)
         os.replace(path, rejected / path.name)
@@ -190,9 +190,9 @@ def pending(run_dir: Any) -> list[Request]:
     Temporary files (dot names) and directories are skipped; any other file that is not a valid request
     is moved to ``control/rejected/`` with a ``.reason`` file. Never raises on a bad or vanishing file.
     """
-    inbox = _paths(run_dir).requests
+    paths = _paths(run_dir)
     try:
-        entries = sorted(inbox.iterdir(), key=lambda p: p.name)
+        entries = sorted(paths.requests.iterdir(), key=lambda p: p.name)
     except OSError:  # no inbox yet (nothing was ever requested), or unreadable
         return []
     out = []
@@ -204,7 +204,7 @@ def pending(run_dir: Any) -> list[Request]:
         except FileNotFoundError:
             continue  # withdrawn or acknowledged meanwhile
         except (OSError, ValueError) as exc:
-            _reject(path, str(exc) or type(exc).__name__)
+            _reject(path, paths.rejected, str(exc) or type(exc).__name__)
     return out
 
 
