@@ -68,7 +68,8 @@ def exit_record_name(attempt_key: str) -> str:
 
 
 class RunPaths:
-    """The paths of one run directory. Pure: building a path never creates or checks it."""
+    """The paths of one run directory. Building a path never creates or checks it (only the listings,
+    :meth:`attempt_files` and :meth:`exit_records_of`, read a folder)."""
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
