@@ -35,7 +35,6 @@ from hpcppo.rundir.paths import SUBDIRS, RunPaths
 _SAFE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
-
 def new_run_id(name: str, now: _dt.datetime | None = None) -> str:
     """``<name>-<yyyymmdd-hhmmss>-<4 hex>`` (UTC)."""
     now = now or _dt.datetime.now(_dt.timezone.utc)
