@@ -74,9 +74,9 @@ def _submit_and_report(crun: Any, args: argparse.Namespace) -> int:
     else:
         st = status.wait_for(crun.run, echo=echo)
     if crun.compiled.job.kind == "train":
-        from hpcppo.metrics.summary import format_summary, summarize
+        from hpcppo.analysis.summary import format_start_end, start_end
 
-        print(format_summary(summarize(crun.run.path)))
+        print(format_start_end(start_end(crun.run.path)))
     if st["state"] not in ("COMPLETED", "PAUSED"):
         print(f"  logs: {crun.run.logs}", file=sys.stderr)
     return 0 if st["state"] in ("COMPLETED", "PAUSED") else 1
@@ -95,7 +95,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
     crun = jobs.compile_run(None, args.site, args.override, runs_root=args.runs_root, kind="preflight", nodes=args.nodes)
     rc = _submit_and_report(crun, args)
-    report = crun.run.path / "preflight.json"
+    report = crun.run.preflight
     if args.wait and not args.dry_run:
         if report.exists():
             data = json.loads(report.read_text())
@@ -116,10 +116,10 @@ def _runs_root(args: argparse.Namespace) -> Path:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from hpcppo import events
     from hpcppo.errors import RunRecordError
     from hpcppo.launch import status
-    from hpcppo.launch.rundir import RunDir
+    from hpcppo.rundir import events
+    from hpcppo.rundir import RunDir
 
     root = _runs_root(args)
     if args.run:
@@ -138,7 +138,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     from hpcppo.launch import jobs
-    from hpcppo.launch.rundir import RunDir
+    from hpcppo.rundir import RunDir
 
     run = RunDir.open(_runs_root(args), args.run)
     result = jobs.cancel_run(run)
@@ -151,7 +151,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from hpcppo.launch import jobs, status
-    from hpcppo.launch.rundir import RunDir
+    from hpcppo.rundir import RunDir
 
     run = RunDir.open(_runs_root(args), args.run)
     job_id = jobs.resume_run(run)
@@ -159,17 +159,17 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if not args.wait:
         return 0
     st = status.wait_for(run)
-    from hpcppo.metrics.summary import format_summary, summarize
+    from hpcppo.analysis.summary import format_start_end, start_end
 
     print(f"  {status.state_text(st)}")
-    print(format_summary(summarize(run.path)))
+    print(format_start_end(start_end(run.path)))
     return 0 if st["state"] in ("COMPLETED", "PAUSED") else 1
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from hpcppo import control
     from hpcppo.launch import jobs
-    from hpcppo.launch.rundir import RunDir
+    from hpcppo.rundir import control
+    from hpcppo.rundir import RunDir
 
     run = RunDir.open(_runs_root(args), args.run)
     rb = jobs.rollback_run(run, to_step=args.to, lr_scale=args.lr_scale)
@@ -209,8 +209,8 @@ def _json_safe(value: Any) -> Any:
 
 
 def cmd_watchdog_replay(args: argparse.Namespace) -> int:
-    from hpcppo.launch.rundir import RunDir
     from hpcppo.metrics import load
+    from hpcppo.rundir import RunDir
     from hpcppo.watchdog import unknown_metrics
     from hpcppo.watchdog.replay import format_replay, load_rules, logged_rows, replay, summarize_replay
 
@@ -385,7 +385,7 @@ def cmd_config_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from hpcppo.launch.rundir import RunDir
+    from hpcppo.rundir import RunDir
     from hpcppo.train.export import export_actor
 
     run = RunDir.open(_runs_root(args), args.run)

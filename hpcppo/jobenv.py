@@ -8,7 +8,16 @@ A value already in the environment always wins: the scripts export ``NAME="${NAM
 
 from __future__ import annotations
 
+import random
+import re
 from collections.abc import MutableMapping
+
+# Rendezvous ports: MASTER_PORT = PORT_BASE + job id % PORT_SPAN, derived by the batch script
+# (templates/partials/rendezvous.j2, from these numbers) and by the trainer for jobs started another way. The range
+# is above the well-known/registered ports that clusters often firewall and below the Linux ephemeral range (32768+),
+# where a derived port could collide with an outgoing socket.
+PORT_BASE = 15000
+PORT_SPAN = 15000
 
 # Compute nodes usually have no route to the internet: vLLM's usage report (vllm/usage/usage_lib.py reads
 # VLLM_NO_USAGE_STATS and DO_NOT_TRACK) and Hugging Face's telemetry (huggingface_hub reads DO_NOT_TRACK) must not
@@ -19,6 +28,19 @@ OFFLINE: tuple[tuple[str, str], ...] = (("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_T
 # cuBLAS reads this variable when torch creates its handle, at the first matmul: it must be set before that.
 # ":4096:8" is one of the two values torch's reproducibility notes name (8 buffers of 4 MiB).
 CUBLAS_WORKSPACE_CONFIG = ":4096:8"
+
+
+def port_from_job_id(job_id: str) -> int:
+    """A deterministic rendezvous port for a job: every task of the job derives the same one.
+
+    >>> port_from_job_id("12345")
+    27345
+    """
+    digits = re.sub(r"\D", "", job_id)
+    if digits:
+        return PORT_BASE + int(digits) % PORT_SPAN
+    # Non-numeric ids (submitit's local executor uses the pid; be robust anyway): a seeded draw.
+    return PORT_BASE + random.Random(job_id).randrange(PORT_SPAN)
 
 
 def job_defaults(*, deterministic: bool) -> list[tuple[str, str]]:

@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from hpcppo.distributed import env as dist_env
     from hpcppo.distributed.checkpoint import CheckpointManager
+    from hpcppo.rundir import RunPaths
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
                       LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     sync_b, async_b, async_total, write_s, train_s = [], [], [], [], []
     try:
         with tempfile.TemporaryDirectory(prefix="bench-ckpt-") as tmp:
-            mgr = CheckpointManager(Path(tmp) / "checkpoints", keep_last=2)
+            mgr = CheckpointManager(RunPaths(tmp).checkpoints, keep_last=2)
             step = 0
             for r in range(args.rounds + 1):
                 step += 1

@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from hpcppo.metrics import STANDARD_COLUMNS, MetricsWriter, load  # noqa: E402
+from hpcppo.rundir import RunPaths  # noqa: E402
 
 COLUMNS = (*STANDARD_COLUMNS, "actor/kl_loss")  # 45
 ROW_DATASETS = ("step", "attempt", "branch", "seq", "time", "values")
@@ -121,7 +122,7 @@ def many_runs(root: Path, runs: int, rows: int, resolved: Path | None) -> list[P
         run = root / f"bench-{i:03d}"
         write_attempt(run, 0, np.arange(rows), 1.7e9, i)
         if resolved is not None:
-            shutil.copy(resolved, run / "resolved.toml")
+            shutil.copy(resolved, RunPaths(run).resolved)
         paths.append(run)
     return paths
 
@@ -134,7 +135,7 @@ def a_resolved_toml(root: Path) -> Path | None:
     with contextlib.redirect_stderr(io.StringIO()):
         rc = main(["compile", str(REPO / "examples" / "arith-tiny.toml"), "--site", "local", "--no-check-paths",
                    "-q", "--runs-root", str(runs)])
-    found = list(runs.glob("*/resolved.toml")) if rc == 0 else []
+    found = [RunPaths(p).resolved for p in runs.iterdir() if RunPaths(p).resolved.is_file()] if rc == 0 else []
     return found[0] if found else None
 
 

@@ -184,6 +184,7 @@ def fmt(s: dict[str, float], scale: float = 1.0) -> str:
 def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     from hpcppo.config import compile_config
     from hpcppo.distributed import env as dist_env
+    from hpcppo.rundir import RunPaths
     from hpcppo.train.build import build_components
 
     paths = W.build(root)
@@ -203,7 +204,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     dist_env.init_distributed(env, timeout_s=120)
     try:
         run_dir = root / "run"
-        (run_dir / "control").mkdir(parents=True, exist_ok=True)
+        RunPaths(run_dir).control.mkdir(parents=True, exist_ok=True)
         comps = build_components(compiled, env, run_dir)
         torch.set_num_threads(args.threads)
         peers = ([trl.step] if trl else []) + [clean.iteration]

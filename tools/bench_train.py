@@ -93,6 +93,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     from hpcppo.config import compile_config
     from hpcppo.distributed import env as dist_env
     from hpcppo.metrics import load as load_metrics
+    from hpcppo.rundir import RunPaths
     from hpcppo.train.build import build_components
 
     paths = build_model_and_data(root, train_rows=512)
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     dist_env.init_distributed(env, timeout_s=120)
     try:
         run_dir = root / "run"
-        (run_dir / "control").mkdir(parents=True, exist_ok=True)
+        RunPaths(run_dir).control.mkdir(parents=True, exist_ok=True)
         comps = build_components(compiled, env, run_dir)
         torch.set_num_threads(args.threads)
         trainer = make_bench_trainer(profile=args.profile, warmup=args.warmup)(comps)

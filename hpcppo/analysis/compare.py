@@ -17,9 +17,10 @@ from typing import Any
 from hpcppo.analysis.summary import duration, fmt, steps_text, summarize_target
 from hpcppo.analysis.targets import Target, resolved_data
 from hpcppo.errors import ConfigError, HpcppoError
+from hpcppo.rundir import metric_names
+from hpcppo.rundir.events import kind_tail
 
-OUTCOMES: tuple[str, ...] = ("reward/mean", "score/mean", "val/score", "kl/actor_ref", "kl/coef",
-                             "critic/vf_explained_var", "perf/tokens_per_s", "perf/step_time_s")
+OUTCOMES: tuple[str, ...] = metric_names.headline_names("compare")
 _WATCHDOG_KINDS = ("rollback", "pause", "paused", "raise_kl_coef", "restart_critic", "set_grad_clip", "requeue",
                    "hang", "trainer_dead")
 
@@ -117,7 +118,7 @@ def _outcome_rows(summaries: Sequence[dict[str, Any]]) -> list[tuple[str, list[s
     def watchdog(s: dict[str, Any]) -> str:
         counts: dict[str, int] = {}
         for kind, n in s["events"]["counts"].items():
-            tail = kind.rsplit(".", 1)[-1]
+            tail = kind_tail(kind)
             if tail in _WATCHDOG_KINDS:
                 counts[tail] = counts.get(tail, 0) + n
         return ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "-"

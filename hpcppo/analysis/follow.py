@@ -28,11 +28,14 @@ import pandas as pd
 
 from hpcppo.analysis.logs import last_value, number_text, total_steps
 from hpcppo.errors import HpcppoError, RunStateError
+from hpcppo.rundir import metric_names
+from hpcppo.rundir.paths import RunPaths
 
 DETACHED = "detached from {run}: the job goes on (hpcppo follow {run} to watch it again, hpcppo cancel {run} to stop it)"
 _ETA_WINDOW = 20  # rows of the current attempt the step rate is measured over
 _EARLIER_EVENTS = 5  # events already in the run when following starts, shown for context
-_SHOWN = ("reward/mean", "kl/actor_ref", "kl/coef", "perf/tokens_per_s")  # View's reward, kl, kl_coef, tokens_per_s
+# View's reward, kl, kl_coef, tokens_per_s: the headline metrics of the "follow" view, in that order.
+_SHOWN = metric_names.headline_names("follow")
 
 
 # ----------------------------------------------------------------------------- what is shown (pure)
@@ -109,7 +112,8 @@ class RunReader:
         self._events = pd.DataFrame()
 
     def _stat(self) -> tuple:
-        files = sorted((self.run_dir / "metrics").glob("attempt-*.h5")) + [self.run_dir / "events.jsonl"]
+        paths = RunPaths(self.run_dir)
+        files = [*paths.attempt_files().values(), paths.events]
         sig = []
         for f in files:
             try:
@@ -242,7 +246,7 @@ class RichDisplay:
 def follow(run: Any, *, out: TextIO | None = None, live: bool | None = None, poll_s: float = 1.0,
            status_every_s: float = 2.0, unknown_grace_s: float = 300.0,
            get_status: Callable[[Any], dict[str, Any]] | None = None) -> dict[str, Any] | None:
-    """Show ``run`` (a :class:`~hpcppo.launch.rundir.RunDir`) until its job reaches a final state.
+    """Show ``run`` (a :class:`~hpcppo.rundir.RunDir`) until its job reaches a final state.
 
     Args:
         out: where to write (default stdout).

@@ -28,23 +28,22 @@ from typing import Any, BinaryIO
 import pandas as pd
 
 from hpcppo.errors import HpcppoError, PathError, RunStateError
+from hpcppo.rundir.paths import LOCAL_ATTEMPT_PREFIX, LOG_DIR_PREFIX, RANK_LOG_RE
 
 _RUN_TIME = re.compile(r"-(\d{8}-\d{6})-[0-9a-f]{4}$")
-_RANK_LOG = re.compile(r"^rank-(\d+)\.log$")
-_ATTEMPT_DIR = "attempt-"
 
 
 # ----------------------------------------------------------------------------- which run
 def open_run(text: str, runs_root: Callable[[], Path]) -> Any:
     """The run directory ``text`` names (a run id, or a path as :func:`~hpcppo.analysis.targets.resolve_target`
-    takes it), as a :class:`~hpcppo.launch.rundir.RunDir`.
+    takes it), as a :class:`~hpcppo.rundir.RunDir`.
 
     Raises:
         PathError: a path that does not exist or is no run directory (a lone metric file has no job).
         RunIdError: no such run under the runs root.
     """
     from hpcppo.analysis.targets import resolve_target
-    from hpcppo.launch.rundir import RunDir
+    from hpcppo.rundir import RunDir
 
     target = resolve_target(text, runs_root)
     if target.run_dir is None:
@@ -143,8 +142,8 @@ def run_rows(runs_root: Path, *, states: Iterable[str] = (), name: str | None = 
         states: keep runs in these states (see :func:`check_states`).
         name: keep run ids containing this text, or matching it as a glob when it has ``*?[``.
     """
-    from hpcppo.launch.rundir import list_runs
     from hpcppo.launch.status import statuses
+    from hpcppo.rundir import list_runs
 
     wanted = check_states(states) if states else set()
     runs = [r for r in list_runs(runs_root) if name is None or _name_matches(r.run_id, name)]
@@ -200,7 +199,7 @@ def _attempt_order(run: Any) -> dict[str, int]:
 
 def _job_of(attempt: str) -> str:
     """The job id of a log attempt name: ``local-1745`` -> ``1745``, ``4242.1`` -> ``4242``."""
-    return attempt.removeprefix("local-").split(".")[0]
+    return attempt.removeprefix(LOCAL_ATTEMPT_PREFIX).split(".")[0]
 
 
 def log_attempts(run: Any) -> list[str]:
@@ -208,12 +207,13 @@ def log_attempts(run: Any) -> list[str]:
     if not run.logs.is_dir():
         return []
     order = _attempt_order(run)
-    names = [p.name[len(_ATTEMPT_DIR):] for p in run.logs.iterdir() if p.is_dir() and p.name.startswith(_ATTEMPT_DIR)]
+    names = [p.name.removeprefix(LOG_DIR_PREFIX) for p in run.logs.iterdir()
+             if p.is_dir() and p.name.startswith(LOG_DIR_PREFIX)]
 
     def key(name: str) -> tuple[int, int, float]:
         restart = name.split(".")[1] if "." in name else "0"
         try:
-            mtime = (run.logs / f"{_ATTEMPT_DIR}{name}").stat().st_mtime
+            mtime = run.log_dir(name).stat().st_mtime
         except OSError:
             mtime = 0.0
         return (order.get(_job_of(name), len(order)), int(restart) if restart.isdigit() else 0, mtime)
@@ -224,7 +224,7 @@ def log_attempts(run: Any) -> list[str]:
 def _pick_attempt(run: Any, attempt: str | None, attempts: Sequence[str]) -> str:
     if attempt is None:
         return attempts[-1]
-    wanted = attempt.removeprefix(_ATTEMPT_DIR)
+    wanted = attempt.removeprefix(LOG_DIR_PREFIX)
     if wanted in attempts:
         return wanted
     of_job = [a for a in attempts if _job_of(a) == wanted]
@@ -234,7 +234,7 @@ def _pick_attempt(run: Any, attempt: str | None, attempts: Sequence[str]) -> str
 
 
 def _ranks(folder: Path) -> list[int]:
-    return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _RANK_LOG.match(p.name)))
+    return sorted(int(m.group(1)) for p in folder.iterdir() if (m := RANK_LOG_RE.match(p.name)))
 
 
 def find_log(run: Any, *, rank: int | None = None, attempt: str | None = None,
@@ -252,21 +252,21 @@ def find_log(run: Any, *, rank: int | None = None, attempt: str | None = None,
     if not attempts:
         raise RunStateError(f"{run.run_id}: no job log yet", hint=f"nothing under {run.logs}")
     chosen = _pick_attempt(run, attempt, attempts)
-    folder = run.logs / f"{_ATTEMPT_DIR}{chosen}"
+    folder = run.log_dir(chosen)
     ranks = _ranks(folder)
     if rank is None:
-        batch = run.logs / f"slurm-{_job_of(chosen)}.out"
-        if batch.is_file() and not chosen.startswith("local-"):
+        batch = run.batch_log(_job_of(chosen))
+        if batch.is_file() and not chosen.startswith(LOCAL_ATTEMPT_PREFIX):
             return batch, None
         if 0 in ranks:
-            return folder / "rank-0.log", f"attempt {chosen} has no batch log (a local run's job script runs in each " \
-                                          f"rank): showing rank 0's log"
+            return run.rank_log(chosen, 0), (f"attempt {chosen} has no batch log (a local run's job script runs "
+                                             f"in each rank): showing rank 0's log")
         raise RunStateError(f"{run.run_id}: attempt {chosen} has no batch log and no rank log yet",
                             hint=f"in {folder}: {', '.join(sorted(p.name for p in folder.iterdir())) or 'nothing'}")
     if rank not in ranks:
         listed = ", ".join(str(r) for r in ranks) or "none yet"
         raise PathError(f"{run.run_id}: attempt {chosen} has no log of rank {rank}", hint=f"ranks: {listed}")
-    return folder / f"rank-{rank}.log", None
+    return run.rank_log(chosen, rank), None
 
 
 def _tail_start(f: BinaryIO, lines: int) -> int:

@@ -30,10 +30,12 @@ import pandas as pd
 from hpcppo.analysis.targets import Target
 from hpcppo.errors import ConfigError
 from hpcppo.metrics.schema import UnknownColumnError
+from hpcppo.rundir import metric_names
+from hpcppo.rundir.events import kind_tail
 
 X_AXES = ("step", "time", "tokens")
 FORMATS = ("png", "pdf", "svg")
-DEFAULT_METRICS = ("reward/mean", "kl/actor_ref", "kl/coef")
+DEFAULT_METRICS = metric_names.headline_names("plot")
 # Event kinds drawn as vertical lines: (category, colour, line style). Kinds are matched by their last part, so
 # "watchdog.rollback" and a trainer's "rollback" are the same mark.
 MARKS: dict[str, tuple[str, str]] = {
@@ -148,7 +150,7 @@ def _marks(run: str | os.PathLike[str], rows: pd.DataFrame, x: str) -> list[tupl
 
     marks: list[tuple[str, float]] = []
     for _, event in events(run).iterrows():
-        category = _MARK_OF_KIND.get(str(event["kind"]).rsplit(".", 1)[-1])
+        category = _MARK_OF_KIND.get(kind_tail(str(event["kind"])))
         if category is None:
             continue
         pos = _event_x(event, rows, x)

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import os
+from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,29 +29,12 @@ import pandas as pd
 
 from hpcppo.analysis.targets import Target, damage_error, no_rows_error, resolved_data, total_steps
 from hpcppo.metrics import events as load_run_events
-from hpcppo.metrics import load
+from hpcppo.metrics import load, metric_files
 from hpcppo.metrics.schema import UnknownColumnError
+from hpcppo.rundir import metric_names
+from hpcppo.rundir.events import kind_tail, read_events
 
 SMOOTH = 0.9
-#: Headline metrics in display order, with the direction in which a value is better (None: no "best").
-HEADLINE: tuple[tuple[str, str | None], ...] = (
-    ("reward/mean", "max"),
-    ("score/mean", "max"),
-    ("val/score", "max"),
-    ("kl/actor_ref", None),
-    ("kl/coef", None),
-    ("actor/pg_loss", None),
-    ("actor/kl_loss", None),
-    ("critic/vf_loss", None),
-    ("actor/pg_clipfrac", None),
-    ("critic/vf_clipfrac", None),
-    ("critic/vf_explained_var", "max"),
-    ("actor/entropy", None),
-    ("actor/grad_norm", None),
-    ("critic/grad_norm", None),
-    ("perf/tokens_per_s", "max"),
-    ("perf/step_time_s", "min"),
-)
 #: Event kinds (matched on their last dotted part) listed one by one; the rest are only counted.
 NOTABLE = ("rollback", "pause", "paused", "requeue", "resume", "preempted", "hang", "trainer_dead", "stop",
            "restart_critic", "raise_kl_coef", "set_grad_clip", "suppressed")
@@ -170,10 +156,6 @@ def first_nonfinite(every: pd.DataFrame, columns: Sequence[str]) -> dict[str, An
             "columns": [c for j, c in enumerate(columns) if which[j]], "rows": int(bad_rows)}
 
 
-def _kind_tail(kind: str) -> str:
-    return kind.rsplit(".", 1)[-1]
-
-
 def _iso(t: float) -> str | None:
     if not math.isfinite(t):
         return None
@@ -199,12 +181,14 @@ def summarize_target(target: Target, *, metrics: Sequence[str] = (), locking: bo
     current = every.loc[every["current"].to_numpy()]
     data = resolved_data(target)
     total = total_steps(data)
-    wanted = [(n, g) for n, g in HEADLINE if n in columns] + [(n, None) for n in metrics if n not in dict(HEADLINE)]
+    shown = metric_names.headline("summary")
+    wanted = [(h.name, h.better) for h in shown if h.name in columns]
+    wanted += [(n, None) for n in metrics if n not in {h.name for h in shown}]
     stats = metric_stats(current, [n for n, _ in wanted], [g for _, g in wanted])
     times = current["time"].to_numpy()
     ev = load_run_events(target.path, locking=locking)
     counts = ev["kind"].value_counts().sort_index().to_dict() if len(ev) else {}
-    notable = ev[ev["kind"].map(lambda k: _kind_tail(k) in NOTABLE)] if len(ev) else ev
+    notable = ev[ev["kind"].map(lambda k: kind_tail(k) in NOTABLE)] if len(ev) else ev
     damaged = dict(every.attrs.get("damaged", {}))
     damaged.update(ev.attrs.get("damaged", {}))
     experiment = data.get("experiment") if isinstance(data.get("experiment"), dict) else {}
@@ -307,3 +291,56 @@ def render(summary: dict[str, Any]) -> Any:
     for path, what in summary["damaged"].items():
         lines.append(Text(f"damaged: {path}: {what}", style="red"))
     return Group(*lines)
+
+
+# ----------------------------------------------------------------------------- the end of a job, in a few lines
+def _mean(values: list[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return sum(finite) / len(finite) if finite else math.nan
+
+
+def start_end(run: str | os.PathLike[str], *, window: int = 3) -> dict[str, Any]:
+    """What ``submit --wait`` and ``resume --wait`` print when the job ends: start/end means (over ``window``
+    steps) of the headline metrics, validation before/after, wall time, the events by kind."""
+    if not metric_files(run):
+        return {"steps": 0}
+    df = load(run)
+    train = df[df["step"] > 0] if "step" in df else df
+    out: dict[str, Any] = {"steps": int(train["step"].max()) if len(train) else 0,
+                           "attempts": sorted({int(a) for a in df["attempt"]})}
+    for key in metric_names.headline_names("end"):
+        if key in train and train[key].notna().any():
+            out[key] = {"start": _mean(train[key].head(window).tolist()), "end": _mean(train[key].tail(window).tolist())}
+    if "val/score" in df:
+        val = df[df["val/score"].notna()]
+        if len(val):
+            out["val/score"] = {"start": float(val["val/score"].iloc[0]), "end": float(val["val/score"].iloc[-1]),
+                                "start_step": int(val["step"].iloc[0]), "end_step": int(val["step"].iloc[-1])}
+    if len(df) > 1:
+        out["wall_s"] = float(df["time"].max() - df["time"].min())
+    if "perf/step_time_s" in train and len(train):
+        out["step_time_s"] = float(train["perf/step_time_s"].median())
+    if Path(run).is_dir():
+        kinds = Counter(e.get("kind", "?") for e in read_events(run))
+        if kinds:
+            out["events"] = dict(sorted(kinds.items()))
+    return out
+
+
+def format_start_end(summary: dict[str, Any]) -> str:
+    if not summary.get("steps"):
+        return "no metrics recorded"
+    lines = [f"{summary['steps']} steps, attempts {summary['attempts']}"
+             + (f", {summary['wall_s']:.0f} s from first to last row" if "wall_s" in summary else "")
+             + (f", median step {summary['step_time_s']:.2f} s" if "step_time_s" in summary else "")]
+    for key in metric_names.headline_names("end"):
+        if key in summary:
+            s = summary[key]
+            lines.append(f"{key:<22} {s['start']:.4g} -> {s['end']:.4g}   (mean of the first / last steps)")
+    if "val/score" in summary:
+        v = summary["val/score"]
+        lines.append(f"{'val/score':<22} {v['start']:.4g} (step {v['start_step']}) -> {v['end']:.4g} (step {v['end_step']})")
+    if summary.get("events"):
+        counted = ", ".join(f"{n} x {kind}" for kind, n in summary["events"].items())
+        lines.append(f"{'events':<22} {counted}   (hpcppo status RUN shows the last ones)")
+    return "\n".join(lines)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcppo.errors import PathError, RunStateError
+from hpcppo.rundir.paths import RunPaths, in_metrics_dir, is_metrics_dir
 
 
 @dataclass(frozen=True)
@@ -31,16 +32,16 @@ class Target:
 
     @property
     def resolved(self) -> Path | None:
-        return self.run_dir / "resolved.toml" if self.run_dir is not None else None
+        return RunPaths(self.run_dir).resolved if self.run_dir is not None else None
 
 
 def _run_dir_of(path: Path) -> Path | None:
     """The run directory ``path`` is, or whose ``metrics/`` directory it is or lies in."""
     if path.is_dir():
-        candidates = [path, path.parent] if path.name == "metrics" else [path]
+        candidates = [path, path.parent] if is_metrics_dir(path) else [path]
     else:
-        candidates = [path.parent.parent] if path.parent.name == "metrics" else []
-    return next((c for c in candidates if (c / "resolved.toml").is_file()), None)
+        candidates = [path.parent.parent] if in_metrics_dir(path) else []
+    return next((c for c in candidates if RunPaths(c).resolved.is_file()), None)
 
 
 def resolve_target(text: str, runs_root: Callable[[], Path]) -> Target:
@@ -54,13 +55,13 @@ def resolve_target(text: str, runs_root: Callable[[], Path]) -> Target:
     if path.exists():
         path = path.resolve()
         run_dir = _run_dir_of(path)
-        if path.is_dir() and run_dir is None and (path / "metrics").is_dir():
+        if path.is_dir() and run_dir is None and RunPaths(path).metrics.is_dir():
             run_dir = path  # a run directory without resolved.toml (copied by hand): still a run
         name = run_dir.name if run_dir is not None else path.name
         return Target(name=name, path=path, run_dir=run_dir)
     if os.sep in text or text.endswith((".h5", ".hdf5")) or text in (".", ".."):
         raise PathError(f"{text}: no such run directory or metric file")
-    from hpcppo.launch.rundir import RunDir
+    from hpcppo.rundir import RunDir
 
     run = RunDir.open(runs_root(), text)
     return Target(name=run.run_id, path=run.path, run_dir=run.path)
@@ -101,11 +102,11 @@ def no_rows_error(target: Target) -> RunStateError:
     from hpcppo.metrics import metric_files
 
     files = metric_files(target.path)
-    if target.run_dir is None or not (target.run_dir / "resolved.toml").is_file():
+    if target.resolved is None or not target.resolved.is_file():
         what = "has no metric file (attempt-NNNN.h5)" if not files else "has no row yet"
         return RunStateError(f"{target.name}: {what}")
     from hpcppo.launch import status
-    from hpcppo.launch.rundir import RunDir
+    from hpcppo.rundir import RunDir
 
     st = status.run_status(RunDir(target.run_dir))
     state, reason = st.get("state", "UNKNOWN"), st.get("reason")

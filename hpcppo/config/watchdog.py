@@ -112,7 +112,7 @@ def check_rule_metrics(section: WatchdogSection, *, file: str | None = None) -> 
     """A rule whose metric the trainer never logs would never fire: a typo must fail at compile time, not leave a
     run unprotected. Raises ``ConfigError`` naming the rule, the metric and the closest column."""
     from hpcppo.errors import ConfigError
-    from hpcppo import metric_names as schema  # the trainer's column list (no numpy, no h5py)
+    from hpcppo.rundir import metric_names as schema  # the trainer's column list (no numpy, no h5py)
 
     if not section.enable:
         return

@@ -72,11 +72,11 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.optim import Optimizer
 
-from hpcppo.distributed import layout
 from hpcppo.distributed import dcp_io
-from hpcppo.distributed.layout import CorruptCheckpointError
 from hpcppo.distributed.env import all_gather_object, barrier, broadcast_object, get_rank, get_world_size
 from hpcppo.errors import RunStateError
+from hpcppo.rundir import checkpoints as layout
+from hpcppo.rundir.checkpoints import CorruptCheckpointError
 
 log = logging.getLogger(__name__)
 
@@ -372,7 +372,7 @@ class CheckpointManager:
         self._saving = True
         try:
             token = broadcast_object(uuid.uuid4().hex if self.rank == 0 else None)
-            tmp = self.root / f"step-{step}.tmp-{token}"
+            tmp = layout.tmp_dir(self.root, step, token)
             if self.rank == 0:
                 tmp.mkdir(parents=True)
             barrier()

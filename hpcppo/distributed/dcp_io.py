@@ -44,7 +44,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem, WriteItem
 from torch.futures import Future
 
-from hpcppo.distributed.layout import crc32
+from hpcppo.rundir.checkpoints import crc32
 
 LAYOUT = "contiguous"  # the marker's tensor_layout.order for checkpoints saved through ContiguousSavePlanner
 _LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")  # a zip local file header (30 bytes), APPNOTE 4.3.7

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import random
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -29,26 +28,9 @@ import torch
 import torch.distributed as dist
 
 from hpcppo.errors import ConfigError
+from hpcppo.jobenv import port_from_job_id
 
 DeviceType = Literal["cpu", "cuda"]
-
-# Ports derived from a job id land in this range: above the well-known/registered ranges that clusters often
-# firewall, below the Linux ephemeral range (32768+) where a derived port could collide with an outgoing socket.
-_PORT_MIN, _PORT_SPAN = 15000, 15000
-
-
-def port_from_job_id(job_id: str) -> int:
-    """A deterministic rendezvous port for a job: every task of the job derives the same one.
-
-    >>> port_from_job_id("12345")
-    27345
-    """
-    digits = re.sub(r"\D", "", job_id)
-    if digits:
-        return _PORT_MIN + int(digits) % _PORT_SPAN
-    # Non-numeric ids (submitit's local executor uses the pid; be robust anyway): a seeded draw.
-    return _PORT_MIN + random.Random(job_id).randrange(_PORT_SPAN)
-
 
 @attrs.frozen
 class DistEnv:

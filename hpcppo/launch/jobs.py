@@ -23,8 +23,8 @@ import attrs
 from hpcppo.errors import HpcppoError, RunIdError, RunStateError
 from hpcppo.fsutil import atomic_write_text
 from hpcppo.launch import render as _render
-from hpcppo.launch.rundir import RESOLVED, SCRIPT, SPEC, RunDir, RunIdTakenError, create_run_dir, new_run_id
 from hpcppo.launch.status import FINAL_STATES, Status, parse_time, run_status
+from hpcppo.rundir import RunDir, RunIdTakenError, RunPaths, create_run_dir, new_run_id
 
 RUN_ID_TRIES = 8
 """Fresh run ids drawn before giving up when each one is taken (4 hex digits per second: a collision is rare)."""
@@ -77,9 +77,10 @@ def compile_run(
         script = _render.render(compiled.site, compiled.experiment, compiled.plan, final, python=python)
         try:
             with create_run_dir(root, final.name, origin=origin) as tmp:
-                atomic_write_text(tmp / SPEC, compiled.spec_text)
-                atomic_write_text(tmp / RESOLVED, resolved)
-                atomic_write_text(tmp / SCRIPT, script, mode=0o755)
+                filling = RunPaths(tmp)
+                atomic_write_text(filling.spec, compiled.spec_text)
+                atomic_write_text(filling.resolved, resolved)
+                atomic_write_text(filling.script, script, mode=0o755)
         except RunIdTakenError:
             continue
         return CompiledRun(run=RunDir(final), script=script, compiled=compiled)
@@ -113,7 +114,8 @@ def resume_run(run: RunDir) -> str:
     committed checkpoint is the last step) unless a rollback request is queued (:func:`rollback_run` writes one
     and then resumes): there is nothing else to resume. ``RunBusyError`` while another command changes the run.
     """
-    from hpcppo import config, control
+    from hpcppo import config
+    from hpcppo.rundir import control
 
     with run.lock("resume"):
         st = _status_to_decide_on(run)
@@ -128,8 +130,7 @@ def resume_run(run: RunDir) -> str:
                                 f"resume", hint=f"train again from an earlier checkpoint with hpcppo rollback "
                                                 f"{run.run_id} --to STEP, or submit a new run with more "
                                                 f"trainer.total_steps")
-        for marker in ("PAUSE", "PAUSED"):
-            (run.control / marker).unlink(missing_ok=True)
+        control.clear_pause(run)
         return _submit(run, config.load_resolved(run.resolved))
 
 
@@ -210,7 +211,7 @@ def _cancel_locked(run: RunDir, st: Status) -> dict[str, Any]:
 class Rollback:
     """What :func:`rollback_run` did: the request written and how it will reach a trainer."""
 
-    request: Any  # hpcppo.control.Request
+    request: Any  # hpcppo.rundir.control.Request
     checkpoint: int  # the committed checkpoint it goes back to, as the run directory stands now
     state: str  # the run's state when asked
     job_id: str | None  # the running job that will read the request, or the new attempt's job
@@ -229,7 +230,7 @@ def rollback_run(run: RunDir, *, to_step: int | None = None, lr_scale: float | N
     request is withdrawn. A job that ends between the status query and the request leaves the request
     queued: the next ``hpcppo resume`` applies it.
     """
-    from hpcppo import control
+    from hpcppo.rundir import control
 
     control.validate_params("rollback", to_step=to_step, lr_scale=lr_scale)
     with run.lock("rollback"):
@@ -237,8 +238,8 @@ def rollback_run(run: RunDir, *, to_step: int | None = None, lr_scale: float | N
 
 
 def _rollback_locked(run: RunDir, *, to_step: int | None, lr_scale: float | None) -> Rollback:
-    from hpcppo import control
-    from hpcppo.distributed import layout
+    from hpcppo.rundir import control
+    from hpcppo.rundir import checkpoints as layout
 
     committed = layout.list_committed(run.checkpoints)
     eligible = [s for s in committed if to_step is None or s <= to_step]

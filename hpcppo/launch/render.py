@@ -15,20 +15,18 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
-from hpcppo import __version__, exitcodes, jobenv
+from hpcppo import __version__, jobenv
 from hpcppo.errors import ConfigError
 from hpcppo.launch.shell import is_env_name, quote, quote_command, quote_env
 from hpcppo.resources import templates_dir
+from hpcppo.rundir import RunPaths, exitcodes
+from hpcppo.rundir.paths import rank_log_name
 
 if TYPE_CHECKING:  # annotations only: rendering needs no config code at run time
     from hpcppo.config import Experiment, RunPlan, Site
 
 SLURM_TEMPLATE = "slurm.sbatch.j2"
 LOCAL_TEMPLATE = "local.sh.j2"
-# Rendezvous ports: MASTER_PORT = PORT_BASE + job_id % PORT_SPAN, the same rule as
-# hpcppo.distributed.env.port_from_job_id (below the ephemeral range, above well-known ports).
-PORT_BASE = 15000
-PORT_SPAN = 15000
 ENTRY_MODULE = "hpcppo.train.main"
 WATCHDOG_MODULE = "hpcppo.watchdog"
 
@@ -88,7 +86,7 @@ def slurm_directives(site: Site, exp: Experiment, plan: RunPlan, run_dir: Path) 
         "nodes": str(plan.nodes),
         "ntasks-per-node": str(plan.ranks_per_node),
         "time": plan.time_limit,  # formatted once, by config.resolve
-        "output": str(run_dir / "logs" / "slurm-%j.out"),
+        "output": str(RunPaths(run_dir).batch_log("%j")),
         "open-mode": "append",  # a requeued attempt appends to the same batch log
         "chdir": str(run_dir),
         "signal": f"USR2@{s.signal_lead_s}",
@@ -215,14 +213,14 @@ def render_slurm(site: Site, exp: Experiment, plan: RunPlan, run_dir: Path, *, p
         f"--ntasks-per-node={plan.ranks_per_node}",
         "--kill-on-bad-exit=1",
         # one log per rank per attempt; the batch log keeps the launcher's own lines
-        '--output="$HPCPPO_LOG_DIR/rank-%t.log"',
+        f'--output="$HPCPPO_LOG_DIR/{rank_log_name("%t")}"',
     ] + gpu_bind_args(site, plan) + container_args
     watchdog = watchdog_command(site, exp, run_dir, python, prefix)
     ctx = _common_context(site, exp, run_dir) | {
         "directives": slurm_directives(site, exp, plan, run_dir),
         "device": plan.device,
-        "port_base": PORT_BASE,
-        "port_span": PORT_SPAN,
+        "port_base": jobenv.PORT_BASE,
+        "port_span": jobenv.PORT_SPAN,
         "srun_args": srun_args,
         "job_command": [quote(w) for w in prefix + job_command(site, run_dir, python)],
         "watchdog_command": watchdog,
@@ -256,6 +254,8 @@ def _common_context(site: Site, exp: Experiment, run_dir: Path) -> dict[str, Any
         "job_defaults": jobenv.job_defaults(deterministic=exp.trainer.deterministic),
         "hdf5_locking": site.hdf5.locking,
         "exit_codes": {"requeue": exitcodes.REQUEUE, "paused": exitcodes.PAUSED},
+        # the run directory's files the script names, relative to $HPCPPO_RUN_DIR (hpcppo.rundir.paths)
+        "run_files": RunPaths.shell("$HPCPPO_ATTEMPT"),
     }
 
 

@@ -46,20 +46,17 @@ import contextlib
 import datetime as _dt
 import os
 import pickle
-import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcppo import exitcodes
-from hpcppo.distributed.layout import latest_committed
 from hpcppo.errors import RunRecordError
-from hpcppo.launch.rundir import RunDir
 from hpcppo.launch.slurm import FINISHED_STATES
+from hpcppo.rundir import RunDir, control, exitcodes
+from hpcppo.rundir.checkpoints import latest_committed
+from hpcppo.rundir.paths import RUN_JSON
 
-SUBMITIT_DIR = "submitit"
-"""submitit's folder inside a run directory (submission files, logs, result pickles)."""
 
 LOCAL_SIGNAL_DELAY_S = 30
 """The local executor's USR2 ("the time limit is near") comes this many seconds before its time limit."""
@@ -153,7 +150,7 @@ def _statuses(runs: Sequence[RunDir]) -> list[tuple[Status, dict[str, Any]]]:
     for r in runs:
         st = _one_status(r, metas[r.run_id], records[r.run_id], infos, query_error)
         if r.run_id in unreadable:
-            st.update(state="UNREADABLE", reason=unreadable[r.run_id], source="run.json")
+            st.update(state="UNREADABLE", reason=unreadable[r.run_id], source=RUN_JSON)
         else:
             _remember_final_state(r, records[r.run_id], st)
         out.append((st, records[r.run_id]))
@@ -183,7 +180,7 @@ def _one_status(run: RunDir, meta: dict[str, Any], record: dict[str, Any], infos
         "steps_done": meta["kind"] == "train" and isinstance(total, int) and latest is not None and latest >= total,
         "exit_record": None,
         "resumable": False,
-        "paused": (run.control / "PAUSED").exists(),
+        "paused": control.is_paused(run),
     }
     if not attempts:
         return status
@@ -201,7 +198,7 @@ def _one_status(run: RunDir, meta: dict[str, Any], record: dict[str, Any], infos
             record_code = exit_record(run, slurm_attempt_key(run, status["job_id"], info.restart_count))
         elif last.get("state") in FINAL_STATES:
             # Purged by the controller (MinJobAge) with no accounting to ask: our record still knows.
-            status.update(state=last["state"], source="run.json",
+            status.update(state=last["state"], source=RUN_JSON,
                           reason=f"as recorded at {last.get('state_seen_at', '?')}; the scheduler no longer knows the job")
             status["resumable"] = last["state"] != "COMPLETED"
             status["exit_record"] = exit_record(run, slurm_attempt_key(run, status["job_id"], None))
@@ -231,7 +228,7 @@ def _one_status(run: RunDir, meta: dict[str, Any], record: dict[str, Any], infos
     state, reason = verdict(status["state"], status["reason"], record_code, scheduler=meta["scheduler"],
                             cancel_requested=cancel_requested, at_time_limit=at_limit,
                             steps_done=status["steps_done"], kind=meta["kind"], time_limit=meta["time_limit"],
-                            paused_reason=_paused_reason(run) if status["paused"] else None)
+                            paused_reason=control.paused_reason(run) if status["paused"] else None)
     status.update(state=state, reason=reason, resumable=state != "COMPLETED")
     if state in _NOTED_RESUMABLE:
         where = f"resumable, checkpoint {latest}" if latest is not None else "resumable, no checkpoint yet: starts over"
@@ -244,12 +241,6 @@ def _near(elapsed_s: float | None, limit_s: Any, lead_s: float) -> bool:
     if elapsed_s is None or not isinstance(limit_s, (int, float)):
         return False
     return elapsed_s >= limit_s - lead_s - 5.0
-
-
-def _paused_reason(run: RunDir) -> str | None:
-    with contextlib.suppress(OSError, UnicodeDecodeError):
-        return (run.control / "PAUSED").read_text().strip() or None
-    return None
 
 
 # Final Slurm states that say the job's hardware went away under it, whatever the trainers recorded on the way out.
@@ -266,7 +257,7 @@ def verdict(scheduler_state: str, scheduler_reason: str | None, record: int | No
             kind: str = "train", time_limit: str | None = None,
             paused_reason: str | None = None) -> tuple[str, str | None]:  # fmt: skip
     """The state of a stopped job, and why: the scheduler's final state (or ``UNKNOWN``) read together with the
-    job's own exit record (:mod:`hpcppo.exitcodes`; None when there is none). Pure: tested on literal records.
+    job's own exit record (:mod:`hpcppo.rundir.exitcodes`; None when there is none). Pure: tested on literal records.
 
     ``cancel_requested`` is when a user asked to cancel (run.json), ``at_time_limit`` whether the job ran until
     its time limit's warning, ``steps_done`` whether the newest committed checkpoint is the last step,
@@ -313,10 +304,7 @@ def verdict(scheduler_state: str, scheduler_reason: str | None, record: int | No
 
 def exit_record(run: RunDir, attempt_key: str) -> int | None:
     """The code in ``control/exit-code.<attempt_key>`` (None when missing or not a number)."""
-    try:
-        return int((run.control / f"exit-code.{attempt_key}").read_text().strip())
-    except (OSError, ValueError):
-        return None
+    return exitcodes.read_exit_record(run.path, attempt_key)
 
 
 def slurm_attempt_key(run: RunDir, job_id: str, restarts: int | None) -> str:
@@ -324,8 +312,7 @@ def slurm_attempt_key(run: RunDir, job_id: str, restarts: int | None) -> str:
     count unknown, the newest run that left a record."""
     if restarts is not None:
         return f"{job_id}.{restarts}"
-    found = [int(m.group(1)) for p in run.control.glob(f"exit-code.{job_id}.*")
-             if (m := re.fullmatch(rf"exit-code\.{re.escape(job_id)}\.(\d+)", p.name))]
+    found = run.exit_records_of(job_id)
     return f"{job_id}.{max(found) if found else 0}"
 
 
@@ -333,7 +320,7 @@ def _remember_final_state(run: RunDir, record: dict[str, Any], status: Status) -
     """Write a final state the scheduler reported into the run's last attempt, on disk and in ``record`` (best
     effort: a run directory we may not write, e.g. a colleague's, is only read)."""
     attempts = record.get("attempts", [])
-    if (not attempts or status["source"] in (None, "none", "run.json") or status["state"] not in FINAL_STATES
+    if (not attempts or status["source"] in (None, "none", RUN_JSON) or status["state"] not in FINAL_STATES
             or attempts[-1].get("state") == status["state"]):  # fmt: skip
         return
     seen = {"state": status["state"], "state_seen_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
@@ -433,12 +420,12 @@ def local_job_info(run: RunDir, job_id: str, ntasks: int) -> dict[str, Any]:
     # submitit has no public way to name a task's result file without registering a Job with its watcher.
     from submitit.core.utils import JobPaths
 
-    if local_controller_alive(job_id, run.path / SUBMITIT_DIR):
+    if local_controller_alive(job_id, run.submitit):
         return {"state": "RUNNING", "reason": None, "codes": {}, "ended_at": None}
     outcomes, codes, ended_at = [], {}, None
     errors: list[tuple[bool, float, int, str]] = []  # (not killed, when, rank, last line)
     for task in range(ntasks):
-        path = JobPaths(run.path / SUBMITIT_DIR, job_id=job_id, task_id=task).result_pickle
+        path = JobPaths(run.submitit, job_id=job_id, task_id=task).result_pickle
         outcome, payload = _local_outcome(path)
         outcomes.append(outcome)
         mtime = None

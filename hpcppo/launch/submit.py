@@ -25,10 +25,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from hpcppo import exitcodes
 from hpcppo.errors import HpcppoError, SchedulerError
-from hpcppo.launch.rundir import RunDir
-from hpcppo.launch.status import LOCAL_SIGNAL_DELAY_S, SUBMITIT_DIR, local_controller_alive
+from hpcppo.launch.status import LOCAL_SIGNAL_DELAY_S, local_controller_alive
+from hpcppo.rundir import RunDir, exitcodes
+from hpcppo.rundir.paths import RunPaths, local_attempt
 
 
 def _noop() -> None:  # pragma: no cover - pickled by submitit, never run (our script runs the job)
@@ -59,7 +59,7 @@ def submit_slurm(run: RunDir, nodes: int, ranks_per_node: int) -> str:
     import submitit
 
     text = run.script.read_text()
-    executor = _slurm_executor_class()(folder=run.path / SUBMITIT_DIR, script_text=text)
+    executor = _slurm_executor_class()(folder=run.submitit, script_text=text)
     # Only used by submitit to count tasks for its job object; the directives live in the script.
     executor.update_parameters(nodes=nodes, ntasks_per_node=ranks_per_node)
     submitted_at = _dt.datetime.now(_dt.timezone.utc)
@@ -104,7 +104,7 @@ def submit_local(run: RunDir, ranks: int, timeout_min: float) -> str:
     """Start the run with submitit's local executor (one process per rank); returns its job id."""
     import submitit
 
-    executor = submitit.LocalExecutor(folder=run.path / SUBMITIT_DIR)
+    executor = submitit.LocalExecutor(folder=run.submitit)
     # submitit's controller sends USR2 signal_delay_s before the time limit (the ranks checkpoint and exit 75, which
     # status reports as TIMEOUT) and kills the ranks at the limit.
     executor.update_parameters(
@@ -122,7 +122,7 @@ def submit_local(run: RunDir, ranks: int, timeout_min: float) -> str:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         # submitit starts the controller with our stdout/stderr: it outlives this command, and would write
         # to the user's terminal later (a traceback on cancel). Give it the run's controller log instead.
-        with _fds_to(run.logs / "local-controller.log"):
+        with _fds_to(run.local_controller_log):
             return str(executor.submit(run_local_rank, str(run.path)).job_id)
 
     job_id = _in_new_session(start)
@@ -206,13 +206,14 @@ def run_local_rank(run_dir: str) -> int:
     env_info = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
     job_env = submitit.JobEnvironment()
     env = dict(os.environ)
-    env["HPCPPO_ATTEMPT"] = f"local-{job_env.job_id}"
-    log_dir = Path(run_dir) / "logs" / f"attempt-local-{job_env.job_id}"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    with open(log_dir / f"rank-{env_info.rank}.log", "ab") as log:
+    paths = RunPaths(run_dir)
+    env["HPCPPO_ATTEMPT"] = local_attempt(str(job_env.job_id))
+    rank_log = paths.rank_log(env["HPCPPO_ATTEMPT"], env_info.rank)
+    rank_log.parent.mkdir(parents=True, exist_ok=True)
+    with open(rank_log, "ab") as log:
         # Its own process group, so a cancel stops the whole rank (setup commands included), not
         # just the shell; the parent-death signal covers submitit killing this wrapper outright.
-        proc = subprocess.Popen(["bash", str(Path(run_dir) / "job.sbatch")], env=env, stdout=log,
+        proc = subprocess.Popen(["bash", str(paths.script)], env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
         _forward_to_group(proc)
         try:
@@ -224,7 +225,7 @@ def run_local_rank(run_dir: str) -> int:
         import signal
 
         how = f"was ended by {signal.Signals(-returncode).name}" if returncode < 0 else f"exited with {returncode}"
-        raise RuntimeError(f"rank {env_info.rank} {how}; see {log_dir / f'rank-{env_info.rank}.log'}")
+        raise RuntimeError(f"rank {env_info.rank} {how}; see {rank_log}")
     return returncode
 
 
@@ -274,7 +275,7 @@ def cancel_local(run: RunDir, job_id: str) -> bool:
     """Interrupt a local job's controller (it stops the ranks); False when it was not running."""
     import signal
 
-    if not local_controller_alive(job_id, run.path / SUBMITIT_DIR):
+    if not local_controller_alive(job_id, run.submitit):
         return False
     os.kill(int(job_id), signal.SIGINT)
     return True

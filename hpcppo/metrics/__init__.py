@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from hpcppo.metrics.eventlog import events
 from hpcppo.metrics.reader import load, load_events, load_many, metric_files, superseded_mask
-from hpcppo.metrics.schema import STANDARD_COLUMNS, UnknownColumnError, attempt_filename
+from hpcppo.metrics.schema import STANDARD_COLUMNS, UnknownColumnError
 from hpcppo.metrics.writer import MetricsWriter
+from hpcppo.rundir.paths import attempt_filename
 
 __all__ = [
     "STANDARD_COLUMNS",

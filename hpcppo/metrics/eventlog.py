@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from hpcppo.events import EVENTS_FILE, read_events
 from hpcppo.metrics.reader import load_events
+from hpcppo.rundir.events import read_events
+from hpcppo.rundir.paths import EVENTS, RunPaths, in_metrics_dir, is_metrics_dir
 
 __all__ = ["EVENT_FRAME_COLUMNS", "SAME_EVENT_S", "events", "run_directory"]
 
@@ -37,8 +38,8 @@ def run_directory(run: str | os.PathLike[str]) -> Path | None:
     """The run directory of ``run`` (a run directory, its ``metrics/`` directory, or a file in it), if any."""
     p = Path(run)
     if p.is_file():
-        return p.parent.parent if p.parent.name == "metrics" else None
-    if p.name == "metrics" and not (p / "metrics").is_dir():
+        return p.parent.parent if in_metrics_dir(p) else None
+    if is_metrics_dir(p) and not RunPaths(p).metrics.is_dir():
         return p.parent
     return p if p.is_dir() else None
 
@@ -58,7 +59,7 @@ def _opt_int(value: Any) -> int | None:
 
 
 def _json_rows(run_dir: Path | None) -> list[dict[str, Any]]:
-    if run_dir is None or not (run_dir / EVENTS_FILE).is_file():
+    if run_dir is None or not RunPaths(run_dir).events.is_file():
         return []
     rows = []
     for record in read_events(run_dir):
@@ -69,7 +70,7 @@ def _json_rows(run_dir: Path | None) -> list[dict[str, Any]]:
             "attempt": attempt,
             "kind": str(record.get("kind", "?")),
             "message": str(record.get("message", "")),
-            "source": "events.jsonl",
+            "source": EVENTS,
             "writer": str(record.get("source", "")) or None,
             "details": {k: v for k, v in record.items() if k not in _JSON_FIELDS} or None,
         })

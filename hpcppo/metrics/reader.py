@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,10 +43,10 @@ import pandas as pd
 from hpcppo.errors import PathError
 from hpcppo.metrics import h5io, schema
 from hpcppo.metrics.schema import UnknownColumnError
+from hpcppo.rundir.paths import RunPaths, attempt_files_in, in_metrics_dir, is_metrics_dir
 
 log = logging.getLogger(__name__)
 
-_ATTEMPT_FILE = re.compile(r"^attempt-(\d+)\.h5$")
 ROW_COLUMNS: tuple[str, ...] = ("step", "attempt", "branch", "seq", "time")
 EVENT_COLUMNS: tuple[str, ...] = ("attempt", "step", "time", "kind", "message")
 _EVENT_DATASETS: tuple[str, ...] = ("step", "time", "kind", "message")
@@ -69,9 +68,8 @@ def metric_files(run: str | os.PathLike[str]) -> list[Path]:
         return [p]
     if not p.is_dir():
         raise PathError(f"{p}: no such run directory or metrics file")
-    d = p / "metrics" if (p / "metrics").is_dir() else p
-    found = [(int(m.group(1)), f) for f in d.iterdir() if (m := _ATTEMPT_FILE.match(f.name)) and f.is_file()]
-    return [f for _, f in sorted(found)]
+    d = RunPaths(p).metrics if RunPaths(p).metrics.is_dir() else p
+    return [f for f in attempt_files_in(d).values() if f.is_file()]
 
 
 class _FileRead(NamedTuple):
@@ -429,8 +427,8 @@ def _run_label(run: str | os.PathLike[str]) -> str:
     """A run's name for ``load_many``: its directory's name (``<run>/metrics/attempt-*.h5`` -> ``<run>``)."""
     p = Path(run).resolve()
     if p.is_file():
-        p = p.parent.parent if p.parent.name == "metrics" else p.with_suffix("")
-    elif p.name == "metrics":
+        p = p.parent.parent if in_metrics_dir(p) else p.with_suffix("")
+    elif is_metrics_dir(p):
         p = p.parent
     return p.name
 

@@ -56,7 +56,8 @@ KIND_BYTES = 64
 MESSAGE_BYTES = 1024
 KIND_PATTERN = re.compile(r"^[a-z][a-z0-9_.-]*$")
 
-from hpcppo import metric_names as _names  # the names live in a module without numpy/h5py (the config checks them)
+# The names live in a module without numpy/h5py (the config checks them).
+from hpcppo.rundir import metric_names as _names
 
 STANDARD_COLUMNS = _names.STANDARD_COLUMNS
 OPTIONAL_COLUMNS = _names.OPTIONAL_COLUMNS
@@ -96,11 +97,6 @@ def file_locking(locking: bool | None) -> dict[str, bool | str]:
     if env == "BEST_EFFORT":
         return {"locking": "best-effort"}
     return {}
-
-
-def attempt_filename(attempt: int) -> str:
-    """``attempt-0001.h5`` for attempt 1: zero-padded so a plain sort is the attempt order."""
-    return f"attempt-{attempt:04d}.h5"
 
 
 def check_columns(columns: Sequence[str]) -> tuple[str, ...]:

@@ -21,6 +21,7 @@ import numpy as np
 from hpcppo.errors import RunStateError
 from hpcppo.metrics import schema
 from hpcppo.metrics.schema import UnknownColumnError
+from hpcppo.rundir.paths import RunPaths
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ def _resolve_path(run_dir_or_path: str | os.PathLike[str], attempt: int) -> Path
     p = Path(run_dir_or_path)
     if p.suffix in (".h5", ".hdf5"):
         return p
-    return p / "metrics" / schema.attempt_filename(attempt)
+    return RunPaths(p).attempt_file(attempt)
 
 
 def _publish_no_clobber(tmp: Path, final: Path) -> None:

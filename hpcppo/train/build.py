@@ -29,6 +29,7 @@ from hpcppo.metrics import MetricsWriter
 from hpcppo.metrics.schema import trainer_columns
 from hpcppo.rollout import RolloutEngine, SamplingParams, build_engine
 from hpcppo.rollout.base import generation_config_eos, stop_token_ids
+from hpcppo.rundir import RunPaths
 from hpcppo.train.optim import LRSchedule, build_optimizer
 from hpcppo.train.signals import PreemptionFlag
 
@@ -241,12 +242,13 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
                                               min_coef=kc.min_coef, max_coef=kc.max_coef)}[kc.type]
     kl_ctrl = algos.build_kl_controller(kc.type, **kl_kwargs)
 
-    ckpt = CheckpointManager(run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last, rank=env.rank,
+    paths = RunPaths(run_dir)
+    ckpt = CheckpointManager(paths.checkpoints, keep_last=cfg.checkpoint.keep_last, rank=env.rank,
                              world_size=env.world_size)
     columns = trainer_columns(val_sources)
     metrics = None
     # Every rank learns the attempt from rank 0, which counts the metrics files before it creates its own.
-    attempt = broadcast_object(len(list((run_dir / "metrics").glob("attempt-*.h5"))) if env.rank == 0 else None)
+    attempt = broadcast_object(len(paths.attempt_files()) if env.rank == 0 else None)
     if env.rank == 0:
         metrics = MetricsWriter(run_dir, columns, attempt=attempt, swmr=site.hdf5.swmr,
                                 locking=None if site.hdf5.locking else False)

@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 from hpcppo.errors import PathError, RunStateError
+from hpcppo.rundir import RunPaths
 
 
 def export_actor(run_dir: Path, out_dir: Path, step: int | None = None) -> dict[str, object]:
@@ -23,9 +24,9 @@ def export_actor(run_dir: Path, out_dir: Path, step: int | None = None) -> dict[
     from hpcppo.models import build_actor
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
-    compiled = load_resolved(run_dir / "resolved.toml")
+    compiled = load_resolved(RunPaths(run_dir).resolved)
     model_cfg = compiled.experiment.model
-    manager = CheckpointManager(run_dir / "checkpoints", keep_last=0, rank=0, world_size=1)
+    manager = CheckpointManager(RunPaths(run_dir).checkpoints, keep_last=0, rank=0, world_size=1)
     committed = manager.list_committed()
     if not committed:
         raise RunStateError(f"run {run_dir.name} has no committed checkpoint to export")

@@ -2,7 +2,7 @@
 
 The run directory's ``resolved.toml`` is the only input. The job kind (``train`` or ``preflight``)
 is recorded there by the compiler. The process group is always destroyed, and the exit code tells
-the batch script what to do next (see :mod:`hpcppo.exitcodes`).
+the batch script what to do next (see :mod:`hpcppo.rundir.exitcodes`).
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import sys
 import traceback
 from pathlib import Path
 
-from hpcppo import exitcodes, jobenv
+from hpcppo import jobenv
 from hpcppo.errors import HpcppoError
+from hpcppo.rundir import RunPaths, exitcodes
 
 
 def _setup_logging(rank: int) -> None:
@@ -35,7 +36,7 @@ def run(run_dir: Path) -> int:
     from hpcppo.distributed import env as dist_env
     from hpcppo.distributed.env import detect_env
 
-    compiled = load_resolved(run_dir / "resolved.toml")
+    compiled = load_resolved(RunPaths(run_dir).resolved)
     # The job script exports these; a job started another way (torchrun, a container run with --cleanenv) gets
     # them here, before anything touches CUDA: cuBLAS reads CUBLAS_WORKSPACE_CONFIG at its first matmul.
     jobenv.apply_job_defaults(os.environ, deterministic=compiled.experiment.trainer.deterministic)
@@ -66,12 +67,7 @@ def run(run_dir: Path) -> int:
 def record_exit_code(run_dir: Path, code: int) -> None:
     """Rank 0's verdict for the batch script: ``srun`` reports the highest task exit code, and a task killed
     by ``--kill-on-bad-exit`` (137) would mask the requeue/pause code, so the script reads this file."""
-    import os
-
-    from hpcppo.fsutil import atomic_write_text
-
-    attempt = os.environ.get("HPCPPO_ATTEMPT", "unknown")
-    atomic_write_text(run_dir / "control" / f"exit-code.{attempt}", f"{code}\n")
+    exitcodes.write_exit_record(run_dir, os.environ.get("HPCPPO_ATTEMPT", "unknown"), code)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from hpcppo.distributed.env import DistEnv
 from hpcppo.fsutil import atomic_write_json
+from hpcppo.rundir import RunPaths
 
 # Message sizes of the bandwidth sweep (bytes of float32 payload).
 SWEEP_BYTES = (4 << 10, 64 << 10, 1 << 20, 8 << 20)
@@ -105,7 +106,8 @@ def run_preflight(env: DistEnv, run_dir: Path, expected_world_size: int, extra_p
         "torch": torch.__version__,
         "platform": platform.platform(),
         "gpus": _gpu_info(),
-        "paths": [_writable(Path(p)) for p in [str(run_dir / "checkpoints"), tempfile.gettempdir(), *extra_paths]],
+        "paths": [_writable(Path(p)) for p in [str(RunPaths(run_dir).checkpoints), tempfile.gettempdir(),
+                                                *extra_paths]],
         "slurm": {k: v for k, v in os.environ.items() if k in ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NODEID", "SLURMD_NODENAME", "SLURM_RESTART_COUNT")},
     }
     world_ok = dist.get_world_size() == expected_world_size
@@ -124,7 +126,7 @@ def run_preflight(env: DistEnv, run_dir: Path, expected_world_size: int, extra_p
     ok = all(c["ok"] for c in checks.values())
     if env.rank == 0:
         atomic_write_json(
-            run_dir / "preflight.json",
+            RunPaths(run_dir).preflight,
             {
                 "ok": ok,
                 "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -11,9 +11,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from hpcppo import control, exitcodes
 from hpcppo.distributed.env import broadcast_object
-from hpcppo.fsutil import atomic_write_text
+from hpcppo.rundir import control, events, exitcodes
 from hpcppo.train.optim import offload_optimizer_state
 from hpcppo.train.watch import describe
 from hpcppo.watchdog import Decision, raised_kl_coef
@@ -23,6 +22,7 @@ if TYPE_CHECKING:
     from hpcppo.train.watch import RuleKeeper
 
 log = logging.getLogger("hpcppo.train")
+_SUPPRESSED = events.watchdog_kind(events.SUPPRESSED)
 
 
 class Recovery:
@@ -40,26 +40,26 @@ class Recovery:
         judged = self.step  # a rollback moves self.step back; every event is dated by the step judged
         for action in decision.suppressed:
             winner = decision.superseded_by(action)
-            rules.record(judged, "watchdog.suppressed", f"{action.rule}: {action.reason} (superseded by "
+            rules.record(judged, _SUPPRESSED, f"{action.rule}: {action.reason} (superseded by "
                          f"{winner.kind if winner else '?'})", **describe(action))
         for i, action in enumerate(decision.actions):
             detail = describe(action)
             if action.kind in ("pause", "requeue"):
-                rules.record(judged, f"watchdog.{action.kind}", f"{action.rule}: {action.reason}", **detail)
+                rules.record(judged, events.watchdog_kind(action.kind), f"{action.rule}: {action.reason}", **detail)
                 return self.stop(action.kind, f"watchdog rule {action.rule}: {action.reason}")
             if action.kind in ("rollback", "restart_critic"):
                 target = rules.target_before_anomaly(action, c.ckpt.list_committed())
                 if target is None:
                     reason = (f"watchdog rule {action.rule} ({action.reason}) asked for {action.kind} but no committed "
                               f"checkpoint predates the anomaly; committed: {c.ckpt.list_committed() or 'none'}")
-                    rules.record(judged, "watchdog.pause", reason, **detail)
+                    rules.record(judged, events.watchdog_kind("pause"), reason, **detail)
                     if action.kind == "rollback":
                         rules.compose_lr_scale(1.0 / action.lr_scale)  # no rollback happened: no lr cut either
                     for rest in decision.actions[i + 1:]:
-                        rules.record(judged, "watchdog.suppressed", f"{rest.rule}: {rest.reason} (superseded by the "
+                        rules.record(judged, _SUPPRESSED, f"{rest.rule}: {rest.reason} (superseded by the "
                                      f"pause)", **describe(rest))
                     return self.stop("pause", reason)
-                rules.record(judged, f"watchdog.{action.kind}", f"{action.rule}: {action.reason}; back to "
+                rules.record(judged, events.watchdog_kind(action.kind), f"{action.rule}: {action.reason}; back to "
                              f"checkpoint step {target}", checkpoint=target, **detail)
                 if action.kind == "rollback":
                     self.roll_back(target)
@@ -69,10 +69,10 @@ class Recovery:
                 old = c.kl_ctrl.value
                 c.kl_ctrl.value = raised_kl_coef(old, action)
                 rules.state = rules.state.with_kl_coef(c.kl_ctrl.value)
-                rules.record(judged, "watchdog.raise_kl_coef", f"{action.rule}: {action.reason}; kl_coef "
+                rules.record(judged, events.watchdog_kind(action.kind), f"{action.rule}: {action.reason}; kl_coef "
                              f"{old:.4g} -> {c.kl_ctrl.value:.4g}", old=old, new=c.kl_ctrl.value, **detail)
             elif action.kind == "set_grad_clip":
-                rules.record(judged, "watchdog.set_grad_clip", f"{action.rule}: {action.reason}; grad clip "
+                rules.record(judged, events.watchdog_kind(action.kind), f"{action.rule}: {action.reason}; grad clip "
                              f"{rules.grad_clip(self.cfg.actor.grad_clip):.4g} (actor), "
                              f"{rules.grad_clip(self.cfg.critic.grad_clip):.4g} (critic)", **detail)
         return None
@@ -116,9 +116,10 @@ class Recovery:
         if save and self.step > 0 and c.ckpt.latest_committed() != self.step:
             self.save_checkpoint()
         if c.metrics is not None:
-            c.metrics.log_event(self.step, event or ("paused" if kind == "pause" else "requeue"), reason[:1000])
+            kind_logged = event or (events.PAUSED if kind == "pause" else events.REQUEUE)
+            c.metrics.log_event(self.step, kind_logged, reason[:1000])
         if kind == "pause" and self.env.rank == 0:
-            atomic_write_text(c.run_dir / "control" / "PAUSED", f"step {self.step}: {reason}\n")
+            control.record_paused(c.run_dir, self.step, reason)
         log.info("%s after step %d: %s, exiting", kind, self.step, reason)
         return exitcodes.PAUSED if kind == "pause" else exitcodes.REQUEUE
 
@@ -134,11 +135,11 @@ class Recovery:
             if target is None:
                 outcome = {"status": "rejected", "reason": f"no committed checkpoint at or before step {req.to_step}; "
                                                            f"committed: {c.ckpt.list_committed() or 'none'}"}
-                self.rules.record(self.step, "control.rejected", f"rollback request {req.id}: {outcome['reason']}",
+                self.rules.record(self.step, events.CONTROL_REJECTED, f"rollback request {req.id}: {outcome['reason']}",
                                   source="control", request=req.id)
             else:
                 factor = control.DEFAULT_LR_SCALE if req.lr_scale is None else req.lr_scale
-                self.rules.record(self.step, "control.rollback", f"rollback request {req.id}: back to checkpoint "
+                self.rules.record(self.step, events.CONTROL_ROLLBACK, f"rollback request {req.id}: back to checkpoint "
                                   f"step {target}, lr x{factor:g}", source="control", request=req.id, checkpoint=target,
                                   lr_scale=factor)
                 self.roll_back(target, lr_factor=factor)

@@ -29,12 +29,13 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
-from hpcppo import algos, control, exitcodes
-from hpcppo.distributed import layout
+from hpcppo import algos
 from hpcppo.distributed.env import all_reduce_host
 from hpcppo.distributed.weights import iter_full_params
 from hpcppo.models import compute_log_probs, compute_values
 from hpcppo.rollout.base import derive_seed
+from hpcppo.rundir import checkpoints as layout
+from hpcppo.rundir import control, events, exitcodes, metric_names
 from hpcppo.train import batching
 from hpcppo.train.build import Components, build_components, freeze_long_lived_objects
 from hpcppo.train.inject import FaultInjector
@@ -312,7 +313,7 @@ class Trainer(Recovery):
         """Requests from outside, agreed by all ranks: preemption signals (any rank), a pause request, rollback
         requests from ``hpcppo rollback`` (rank 0 reads the inbox). Returns an exit code when the run stops."""
         c = self.c
-        pause_requested = (c.run_dir / "control" / "PAUSE").exists()
+        pause_requested = control.pause_requested(c.run_dir)
         requests = control.pending(c.run_dir) if self.env.rank == 0 else []
         preempted, paused, asked = (x > 0 for x in all_reduce_host(
             [1.0 if c.preempt.local else 0.0, 1.0 if pause_requested else 0.0, float(len(requests))], "max"))
@@ -322,14 +323,13 @@ class Trainer(Recovery):
             return None
         where = f"after step {self.step} with a committed checkpoint" if self.step else "before the first step"
         if preempted:
-            return self.stop("requeue", f"preempted: stopping {where}", event="preempted",
+            return self.stop("requeue", f"preempted: stopping {where}", event=events.PREEMPTED,
                              save=self.cfg.checkpoint.save_on_preempt)
         # The request is served by the pause; its text becomes the reason `hpcppo status` shows.
-        request = c.run_dir / "control" / "PAUSE"
-        reason = (request.read_text().strip() if self.env.rank == 0 and request.exists() else "") or "pause requested"
-        code = self.stop("pause", reason, event="paused")
+        reason = (control.pause_reason_requested(c.run_dir) if self.env.rank == 0 else "") or "pause requested"
+        code = self.stop("pause", reason, event=events.PAUSED)
         if self.env.rank == 0:
-            request.unlink(missing_ok=True)
+            control.pause_served(c.run_dir)
         return code
 
     # ------------------------------------------------------------------ bookkeeping
@@ -337,9 +337,8 @@ class Trainer(Recovery):
         if self.c.metrics is not None:
             self.c.metrics.log(step, metrics)
         if self.env.rank == 0 and (step % self.cfg.trainer.log_every == 0 or note):
-            fields = ["reward/mean", "score/mean", "kl/actor_ref", "actor/pg_loss", "critic/vf_loss", "val/score",
-                      "perf/step_time_s"]
-            text = "  ".join(f"{k}={metrics[k]:.4g}" for k in fields if k in metrics and not math.isnan(metrics[k]))
+            text = "  ".join(f"{k}={metrics[k]:.4g}" for k in metric_names.headline_names("log")
+                             if k in metrics and not math.isnan(metrics[k]))
             log.info("step %d/%d %s%s", step, self.c.total_steps, text, f" ({note})" if note else "")
 
     def should_save(self) -> bool:
@@ -437,14 +436,14 @@ class Trainer(Recovery):
             resumed = c.ckpt.load_newest_intact(models=models, optimizers=optims)
         except NoIntactCheckpointError as exc:
             for bad in exc.damaged:
-                self.rules.record(bad.step, "checkpoint.corrupt", f"{bad}; no intact checkpoint is left",
+                self.rules.record(bad.step, events.CHECKPOINT_CORRUPT, f"{bad}; no intact checkpoint is left",
                                   source="trainer", file=str(bad.path / bad.file), checkpoint=bad.step)
             raise
         if resumed is None:  # pragma: no cover - the checkpoints vanished since latest_committed()
             return 0
         latest, extra = resumed.step, resumed.extra
         for bad in resumed.damaged:
-            self.rules.record(bad.step, "checkpoint.corrupt", f"{bad}; set aside as {bad.set_aside_as.name}, "
+            self.rules.record(bad.step, events.CHECKPOINT_CORRUPT, f"{bad}; set aside as {bad.set_aside_as.name}, "
                               f"resuming from checkpoint step {latest}", source="trainer",
                               file=str(bad.path / bad.file), checkpoint=bad.step, fallback=latest,
                               set_aside_as=str(bad.set_aside_as))
@@ -454,7 +453,7 @@ class Trainer(Recovery):
         c.sampler.load_state_dict(extra["sampler"])
         self.reoffload_optimizers()
         if c.metrics is not None:
-            c.metrics.log_event(int(extra["step"]), "resume", f"resumed from checkpoint step {latest}")
+            c.metrics.log_event(int(extra["step"]), events.RESUME, f"resumed from checkpoint step {latest}")
         log.info("resumed from checkpoint step %d", latest)
         return int(extra["step"])
 

@@ -18,8 +18,8 @@ from typing import Any
 import attrs
 
 from hpcppo.distributed.env import broadcast_object
-from hpcppo.events import append_event
 from hpcppo.metrics import MetricsWriter
+from hpcppo.rundir.events import append_event
 from hpcppo.watchdog import Action, Decision, WatchdogState, decide, rollback_target
 
 log = logging.getLogger("hpcppo.train")

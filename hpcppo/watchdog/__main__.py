@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, force=True,
                         format="%(asctime)s [watchdog monitor] %(message)s")
     from hpcppo.errors import HpcppoError
+    from hpcppo.rundir import RunPaths
     from hpcppo.watchdog import monitor
 
     if args.interval is not None and not args.interval > 0:
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"watchdog monitor: {exc}", file=sys.stderr)
         return 2
     if not enabled:
-        logging.info("watchdog.enable is false in %s; nothing to do", run_dir / "resolved.toml")
+        logging.info("watchdog.enable is false in %s; nothing to do", RunPaths(run_dir).resolved)
         return 0
     if args.max_restarts is not None:
         import attrs

@@ -17,7 +17,7 @@ healthy job forever. Silence is measured on this process's monotonic clock from 
 (its ``time``, clamped to the last poll) or, before any row, from the start of the monitor.
 On a hang it appends a ``hang`` event, then:
 
-* Slurm: it writes exit code 75 (:data:`hpcppo.exitcodes.REQUEUE`) as this attempt's exit record and cancels the
+* Slurm: it writes exit code 75 (:data:`hpcppo.rundir.exitcodes.REQUEUE`) as this attempt's exit record and cancels the
   job's srun steps (``scancel JOB.STEP``). ``srun`` returns, and the batch script does what it does for a
   preemption: it reads the record and calls ``scontrol requeue``; the requeued job resumes from the newest
   committed checkpoint and starts its own monitor. One recovery path for preemption and hangs, and the
@@ -53,7 +53,6 @@ import datetime as _dt
 import logging
 import math
 import os
-import re
 import signal
 import statistics
 import time
@@ -63,8 +62,9 @@ from typing import Any
 
 import attrs
 
-from hpcppo import exitcodes
-from hpcppo.events import append_event, read_events
+from hpcppo.rundir import events, exitcodes
+from hpcppo.rundir.events import append_event, read_events
+from hpcppo.rundir.paths import RunPaths
 
 log = logging.getLogger("hpcppo.watchdog.monitor")
 
@@ -73,7 +73,6 @@ STARTUP_FACTOR = 3.0  # startup allowance = STARTUP_FACTOR x min_heartbeat_s, un
 DEAD_GRACE_S = 5.0  # trainers gone for this long without an exit record -> trainer_dead
 MAX_RESTARTS = 3  # hang recoveries per run; then the job is stopped instead
 STOP_WAIT_S = 30.0  # local: how long to wait for the cancelled controller before SIGKILLing leftovers
-_ATTEMPT_FILE = re.compile(r"^attempt-(\d+)\.h5$")
 # What a local rank inherits from submitit and must not pass on to the controller of a new attempt.
 _JOB_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
             "HPCPPO_ATTEMPT")
@@ -117,26 +116,18 @@ class LogState:
     error: str | None  # why this poll could not read (None: it could)
 
 
-def attempt_files(metrics_dir: Path) -> dict[int, Path]:
-    try:
-        entries = list(os.scandir(metrics_dir))
-    except OSError:
-        return {}
-    return {int(m.group(1)): Path(e.path) for e in entries if (m := _ATTEMPT_FILE.match(e.name))}
-
-
 class LogFollower:
     """Follows the newest ``attempt-NNNN.h5`` with ``NNNN >= first_index`` in ``<run>/metrics``."""
 
     def __init__(self, run_dir: Path, *, first_index: int = 0, locking: bool | None = None, keep: int = 10_000):
-        self.metrics_dir = Path(run_dir) / "metrics"
+        self.paths = RunPaths(run_dir)
         self.first_index = first_index
         self.locking = locking
         self.keep = keep
         self.state = LogState(None, 0, None, None, (), 0, False, None)
 
     def poll(self) -> LogState:
-        files = {i: p for i, p in attempt_files(self.metrics_dir).items() if i >= self.first_index}
+        files = {i: p for i, p in self.paths.attempt_files().items() if i >= self.first_index}
         st = self.state
         if not files:
             self.state = attrs.evolve(st, new_rows=0, switched=False, error="no metric file yet")
@@ -274,12 +265,12 @@ class Monitor:
         self.job_attempt = job_attempt
         self.s = settings
         if first_index is None:  # the trainer of this attempt will write metrics/attempt-<files so far>.h5
-            first_index = len(attempt_files(self.run_dir / "metrics"))
+            first_index = len(RunPaths(self.run_dir).attempt_files())
         self.attempt = first_index  # the trainer's attempt, numbered as its metrics file, used in the events
         self.follower = LogFollower(self.run_dir, first_index=first_index, locking=settings.locking)
         self.trainers = TrainerProcesses(self.run_dir, job_attempt)
         self.parent = os.getppid()
-        self.record = self.run_dir / "control" / f"exit-code.{job_attempt}"  # rank 0's verdict (or ours)
+        self.record = RunPaths(self.run_dir).exit_record(job_attempt)  # rank 0's verdict (or ours)
         self._stop: int | None = None
         self._sleeping = False
 
@@ -354,7 +345,7 @@ class Monitor:
 
     def cancel_requested(self) -> bool:
         """A user's ``hpcppo cancel`` of this job (local: recorded in run.json)."""
-        from hpcppo.launch.rundir import RunDir
+        from hpcppo.rundir import RunDir
 
         job_id = self.local_job_id()
         with contextlib.suppress(OSError, ValueError):
@@ -397,17 +388,18 @@ class Monitor:
             log.info("the job was cancelled; bye")
             return
         st = self.follower.poll()  # the rows written since the last poll
-        self.event("trainer_dead", st.last_step, f"{what}; last step {st.last_step}", rows=st.rows, **details)
+        self.event(events.TRAINER_DEAD, st.last_step, f"{what}; last step {st.last_step}", rows=st.rows, **details)
 
     def on_hang(self, st: LogState, silence: float, threshold: float) -> int:
-        restarts = sum(1 for e in read_events(self.run_dir, kinds=["hang"]) if e.get("action") in ("requeue", "restart"))
+        hangs = read_events(self.run_dir, kinds=[events.HANG])
+        restarts = sum(1 for e in hangs if e.get("action") in ("requeue", "restart"))
         recover = restarts < self.s.max_restarts and (self.s.scheduler == "local" or self.s.requeue)
         action = ("requeue" if self.s.scheduler == "slurm" else "restart") if recover else "cancel"
         median = statistics.median(st.step_times) if st.step_times else None
         why = "" if recover else (f" ({restarts} hang recoveries already)" if restarts >= self.s.max_restarts
                                   else " (the job may not be requeued)")
-        self.event("hang", st.last_step, f"no new metrics row for {silence:.0f} s (threshold {threshold:.0f} s) after "
-                   f"step {st.last_step}; {action}{why}", seconds_since_row=round(silence, 3),
+        self.event(events.HANG, st.last_step, f"no new metrics row for {silence:.0f} s (threshold {threshold:.0f} s) "
+                   f"after step {st.last_step}; {action}{why}", seconds_since_row=round(silence, 3),
                    threshold_s=round(threshold, 3), median_step_s=median, rows=st.rows, action=action,
                    restarts_before=restarts)
         try:
@@ -416,18 +408,17 @@ class Monitor:
             else:
                 self.restart_local(recover)
         except Exception as exc:  # noqa: BLE001 - recorded; a monitor that dies silently helps nobody
-            self.event("monitor.error", st.last_step, f"{action} after a hang failed: {type(exc).__name__}: {exc}")
+            self.event(events.MONITOR_ERROR, st.last_step, f"{action} after a hang failed: {type(exc).__name__}: {exc}")
             return 1
         return 0
 
     def stop_slurm_steps(self, code: int) -> None:
         """Exit record for the batch script, then cancel the job's srun steps (it requeues on 75)."""
         from hpcppo.errors import SchedulerError
-        from hpcppo.fsutil import atomic_write_text
         from hpcppo.launch import slurm
 
         if not self.record.exists():  # a verdict of rank 0 written meanwhile wins
-            atomic_write_text(self.record, f"{code}\n")
+            exitcodes.write_exit_record(self.run_dir, self.job_attempt, code)
         job_id = os.environ.get("SLURM_JOB_ID") or self.job_attempt.split(".", 1)[0]
         try:
             steps = slurm.job_steps(job_id)
@@ -451,10 +442,10 @@ class Monitor:
     def restart_local(self, recover: bool) -> None:
         """Stop this attempt's ranks; start a new attempt as ``hpcppo resume`` does."""
         from hpcppo.launch import jobs, status, submit
-        from hpcppo.launch.rundir import RunDir
+        from hpcppo.rundir import RunDir
 
         run, job_id = RunDir(self.run_dir), self.local_job_id()
-        folder = self.run_dir / status.SUBMITIT_DIR
+        folder = RunPaths(self.run_dir).submitit
         if submit.cancel_local(run, job_id):
             now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
             with contextlib.suppress(OSError):
@@ -471,7 +462,7 @@ class Monitor:
             if name in _JOB_ENV or name.startswith("SUBMITIT_"):
                 del os.environ[name]
         new_job = jobs.resume_run(run)
-        self.event("monitor.restarted", self.follower.state.last_step,
+        self.event(events.MONITOR_RESTARTED, self.follower.state.last_step,
                    f"attempt {self.job_attempt} stopped after a hang; new attempt started as local job {new_job}",
                    new_job_id=str(new_job))
 
@@ -480,7 +471,7 @@ def settings_from_run(run_dir: Path, *, interval_s: float | None = None) -> tupl
     """(settings, watchdog.enable) from ``RUN_DIR/resolved.toml``."""
     from hpcppo.config import load_resolved
 
-    compiled = load_resolved(Path(run_dir) / "resolved.toml")
+    compiled = load_resolved(RunPaths(run_dir).resolved)
     wd, site = compiled.experiment.watchdog, compiled.site
     settings = Settings(interval_s=interval_s or wd.interval_s, heartbeat_factor=wd.heartbeat_factor,
                         min_heartbeat_s=wd.min_heartbeat_s, scheduler=site.scheduler,

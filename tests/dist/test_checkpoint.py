@@ -19,9 +19,9 @@ import torch
 from _models import Critic, batch, disk_full_on_rank, lm_loss, tiny_lm
 from _spawn import run_distributed
 
-from hpcppo.distributed import layout
 from hpcppo.distributed.checkpoint import CheckpointManager, CorruptCheckpointError, NoIntactCheckpointError
 from hpcppo.errors import RunStateError
+from hpcppo.rundir import checkpoints as layout
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -472,7 +472,7 @@ def test_marker_and_layout_helpers(tmp_path):
 
 
 def test_layout_does_not_import_torch():
-    code = "import sys, hpcppo.distributed.layout; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, hpcppo.rundir.checkpoints; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
@@ -494,7 +494,7 @@ def test_abandon_after_rollback_hides_the_old_branch(tmp_path):
 
 def test_an_optimizer_that_never_stepped_is_recorded_empty(tmp_path):
     """Saving must not create state for it (DCP would, with a zero-lr step), and loading restores it empty."""
-    from hpcppo.distributed.layout import read_marker
+    from hpcppo.rundir.checkpoints import read_marker
 
     mgr = CheckpointManager(tmp_path, keep_last=0)
     stepped_model, stepped = _tiny(1)

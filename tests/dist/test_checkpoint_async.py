@@ -23,8 +23,8 @@ from _models import batch, disk_full_on_rank, lm_loss
 from _spawn import run_distributed
 from test_checkpoint import _build, _models, _snapshot, _train_step
 
-from hpcppo.distributed import layout
 from hpcppo.distributed.checkpoint import CheckpointManager
+from hpcppo.rundir import checkpoints as layout
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -56,7 +56,7 @@ def test_a_clean_exit_lets_the_background_save_in_flight_commit(tmp_path, random
     import signal
     import time
 
-    from hpcppo import exitcodes
+    from hpcppo.rundir import exitcodes
 
     run = _run(tmp_path, random_tiny, "settle", ["checkpoint.async_save=true", "checkpoint.save_every=1",
                                                  "checkpoint.save_on_preempt=false", "trainer.total_steps=200"])

@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from hpcppo import events as hevents
 from hpcppo import metrics as hmetrics
-from hpcppo.distributed import layout
 from hpcppo.errors import RunStateError
+from hpcppo.rundir import events as hevents
+from hpcppo.rundir import checkpoints as layout
 
 from _harness import compile_run, launch_ranks, logs_of, wait_all, write_spec
 

@@ -34,8 +34,8 @@ from pathlib import Path
 import attrs
 import pytest
 
-from hpcppo import exitcodes
 from hpcppo import metrics as hmetrics
+from hpcppo.rundir import control, exitcodes
 
 from _harness import (comparable, compile_run, final_weights, launch_ranks, logs_of, rows_logged, wait_all,
                       write_spec)
@@ -76,7 +76,7 @@ def _preempt(run, procs):
 
 
 def _pause(run, procs):
-    (run / "control" / "PAUSE").write_text("operator: fault matrix")
+    control.request_pause(run, "operator: fault matrix")
 
 
 def _exit_record_says_requeue(run):
@@ -84,8 +84,7 @@ def _exit_record_says_requeue(run):
 
 
 def _clear_pause(run):
-    for marker in ("PAUSE", "PAUSED"):  # what `hpcppo resume` does before it submits the next attempt
-        (run / "control" / marker).unlink(missing_ok=True)
+    control.clear_pause(run)  # what `hpcppo resume` does before it submits the next attempt
 
 
 def _row_five_is_torn(run):

@@ -9,7 +9,7 @@ import pytest
 
 from hpcppo import metrics as hmetrics
 from hpcppo.cli import main
-from hpcppo.launch.rundir import list_runs
+from hpcppo.rundir import list_runs
 
 from _harness import REPO
 

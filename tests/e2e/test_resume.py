@@ -11,8 +11,8 @@ import time
 import pytest
 import torch
 
-from hpcppo import exitcodes
 from hpcppo import metrics as hmetrics
+from hpcppo.rundir import control, exitcodes
 
 from _harness import (comparable, compile_run, final_weights, launch_ranks, logs_of, wait_all, wait_for_commit,
                       write_spec)
@@ -79,7 +79,7 @@ def test_export_loads_with_from_pretrained(tmp_path, random_tiny):
 def test_pause_request_then_resume_through_the_cli(tmp_path, random_tiny, capsys):
     from hpcppo.cli import main
     from hpcppo.launch.status import run_status
-    from hpcppo.launch.rundir import RunDir
+    from hpcppo.rundir import RunDir
 
     spec = write_spec(tmp_path / "exp.toml", random_tiny)
     paused = compile_run(spec, tmp_path / "runs", ["trainer.total_steps=6", "checkpoint.save_every=0"])
@@ -88,7 +88,7 @@ def test_pause_request_then_resume_through_the_cli(tmp_path, random_tiny, capsys
     while not list((paused / "metrics").glob("*.h5")) or len(hmetrics.load(paused)) < 1:
         assert time.monotonic() < deadline and all(p.poll() is None for p in procs), logs_of(paused)
         time.sleep(0.1)
-    (paused / "control" / "PAUSE").write_text("operator: inspecting the KL")
+    control.request_pause(paused, "operator: inspecting the KL")
     assert wait_all(procs) == [exitcodes.PAUSED] * 2, logs_of(paused)
     stopped_at = int((paused / "control" / "PAUSED").read_text().split(":")[0].split()[1])
     assert 1 <= stopped_at < 6 and (paused / "checkpoints" / f"step-{stopped_at}" / "COMMITTED").exists()
@@ -110,7 +110,7 @@ def test_checkpoints_during_critic_warmup_change_nothing(tmp_path, random_tiny):
     """While the critic warms up the actor's optimizer has no state: a checkpoint leaves it out (asking DCP for it
     would create state with a zero-lr step, i.e. one more Adam step) and a resume from such a checkpoint continues
     exactly like a run that never stopped."""
-    from hpcppo.distributed.layout import read_marker
+    from hpcppo.rundir.checkpoints import read_marker
 
     spec = write_spec(tmp_path / "exp.toml", random_tiny)
     common = ["critic.warmup_updates=2", "trainer.total_steps=4"]

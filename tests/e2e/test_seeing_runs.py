@@ -19,7 +19,7 @@ from hpcppo.analysis import plot
 from hpcppo.analysis.targets import Target
 from hpcppo.cli import main
 from hpcppo.launch import status
-from hpcppo.launch.rundir import RunDir
+from hpcppo.rundir import RunDir
 
 from _harness import REPO, write_spec
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from _harness import logs_of, write_spec
 
 from hpcppo.launch import jobs, status
-from hpcppo.launch.rundir import RunDir
+from hpcppo.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,9 +12,9 @@ import signal
 import h5py
 import pytest
 
-from hpcppo import control, events
 from hpcppo import metrics as hmetrics
 from hpcppo.cli import main
+from hpcppo.rundir import control, events
 
 from _harness import (REPO, comparable, compile_run, final_weights, launch_ranks, logs_of, wait_all, wait_for_commit,
                       write_spec)
@@ -172,7 +172,7 @@ def test_set_grad_clip_tightens_both_clips_and_is_kept_in_checkpoints(tmp_path, 
 
 @pytest.mark.slow
 def test_a_rollback_with_no_checkpoint_before_the_anomaly_pauses_with_that_reason(tmp_path, random_tiny):
-    from hpcppo import exitcodes
+    from hpcppo.rundir import exitcodes
 
     spec = write_spec(tmp_path / "exp.toml", random_tiny, extra=KL_SPEC)
     run = compile_run(spec, tmp_path / "runs", BASE + ["checkpoint.save_every=5", "debug.inject.kl_spike_at_step=2"])
@@ -188,7 +188,7 @@ def test_a_rollback_with_no_checkpoint_before_the_anomaly_pauses_with_that_reaso
 
 @pytest.mark.slow
 def test_a_requeue_rule_checkpoints_and_exits_for_the_scheduler_and_does_not_fire_again(tmp_path, random_tiny):
-    from hpcppo import exitcodes
+    from hpcppo.rundir import exitcodes
 
     spec = write_spec(tmp_path / "exp.toml", random_tiny, extra=_rule(
         "slow_node_requeue", "perf/tokens_per_s", "requeue", max_count=1))

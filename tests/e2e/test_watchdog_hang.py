@@ -11,9 +11,9 @@ import time
 import h5py
 import pytest
 
-from hpcppo import events
 from hpcppo import metrics as hmetrics
 from hpcppo.launch import jobs, status
+from hpcppo.rundir import events
 
 from _harness import logs_of, write_spec
 

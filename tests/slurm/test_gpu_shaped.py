@@ -27,11 +27,12 @@ from pathlib import Path
 
 import pytest
 
+from hpcppo import jobenv
 from hpcppo.cli import main
 from hpcppo.config import compile_config
 from hpcppo.launch import render, status
-from hpcppo.launch.rundir import RunDir, list_runs
 from hpcppo.resources import resource_dir
+from hpcppo.rundir import RunDir, list_runs
 
 pytestmark = pytest.mark.slurm
 
@@ -157,7 +158,7 @@ def test_two_by_eight_preflight_through_the_gpu_sites_srun_line(slurm_cluster, t
     assert [r["slurm"]["SLURM_NODEID"] for r in report["ranks"]] == ["0"] * 8 + ["1"] * 8
     # Every task sees the node's 8 allocated GPUs (no --gpu-bind): ranks pick cuda:<local rank> among them.
     assert {r["gpus"]["CUDA_VISIBLE_DEVICES"] for r in report["ranks"]} == {"0,1,2,3,4,5,6,7"}
-    assert report["master"] == f"g1:{render.PORT_BASE + int(job_id) % render.PORT_SPAN}"
+    assert report["master"] == f"g1:{jobenv.PORT_BASE + int(job_id) % jobenv.PORT_SPAN}"
     assert sorted(p.name for p in (run.logs / f"attempt-{job_id}.0").iterdir()) == sorted(
         f"rank-{r}.log" for r in range(16))
 

@@ -12,7 +12,7 @@ import pytest
 from hpcppo.cli import main
 from hpcppo.errors import SchedulerError
 from hpcppo.launch import status
-from hpcppo.launch.rundir import RunDir, list_runs
+from hpcppo.rundir import RunDir, list_runs
 
 pytestmark = pytest.mark.slurm
 

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from hpcppo import jobenv
 from hpcppo.cli import main
-from hpcppo.launch import render, slurm, status
-from hpcppo.launch.rundir import RunDir, list_runs
+from hpcppo.launch import slurm, status
+from hpcppo.rundir import RunDir, list_runs
 
 pytestmark = pytest.mark.slurm
 
@@ -75,7 +76,7 @@ def test_two_node_preflight_then_a_requeue_is_attempt_one(tmp_path, launched, ca
     report = json.loads((run.path / "preflight.json").read_text())
     # ranks 0-1 on n1 and n2, rendezvous at n1 on the port derived from the job id
     assert [(r["rank"], r["host"]) for r in report["ranks"]] == [(0, "n1"), (1, "n2")]
-    assert report["master"] == f"n1:{render.PORT_BASE + int(job_id) % render.PORT_SPAN}"
+    assert report["master"] == f"n1:{jobenv.PORT_BASE + int(job_id) % jobenv.PORT_SPAN}"
     assert report["checks"]["ranks"] == {"ok": True, "seen": [0, 1]}
     assert report["checks"]["allreduce"]["ok"] and report["checks"]["world_size"]["actual"] == 2
     first_finish = report["finished_at"]

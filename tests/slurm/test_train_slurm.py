@@ -13,7 +13,7 @@ from _harness import logs_of, rows_logged, write_spec  # noqa: E402
 from hpcppo import metrics as hmetrics  # noqa: E402
 from hpcppo.launch import jobs, slurm  # noqa: E402
 from hpcppo.launch.status import run_status  # noqa: E402
-from hpcppo.launch.rundir import RunDir  # noqa: E402
+from hpcppo.rundir import RunDir  # noqa: E402
 
 
 
@@ -51,7 +51,7 @@ def test_usr2_checkpoints_requeues_and_resumes(slurm_cluster, random_tiny, tmp_p
 
 def test_watchdog_restarts_a_nan_critic_pauses_on_kl_and_resume_finishes(slurm_cluster, random_tiny, tmp_path,
                                                                           wait_until):
-    from hpcppo import events
+    from hpcppo.rundir import events
 
     spec = write_spec(tmp_path / "exp.toml", random_tiny, name="slurm-watchdog", extra="""
 [algorithm]

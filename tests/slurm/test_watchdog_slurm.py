@@ -12,11 +12,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
 from _harness import write_spec  # noqa: E402
 
-from hpcppo import events  # noqa: E402
 from hpcppo import metrics as hmetrics  # noqa: E402
 from hpcppo.launch import jobs, slurm  # noqa: E402
-from hpcppo.launch.rundir import RunDir  # noqa: E402
 from hpcppo.launch.status import run_status  # noqa: E402
+from hpcppo.rundir import events  # noqa: E402
+from hpcppo.rundir import RunDir  # noqa: E402
 
 # The startup allowance (3 x min_heartbeat_s = 60 s) covers two ranks importing torch on the oversubscribed
 # emulated nodes; after two rows the threshold is max(20 s, 3 x the median step time).

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from hpcppo.cli import main
-from hpcppo.launch.rundir import RunDir
 from hpcppo.metrics import STANDARD_COLUMNS, MetricsWriter, load
+from hpcppo.rundir import RunDir
 from test_analysis_summary import compiled_run
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ from hpcppo.analysis import follow as fl
 from hpcppo.cli import main
 from hpcppo.errors import HpcppoError, RunStateError
 from hpcppo.launch import jobs
-from hpcppo.launch.rundir import RunDir
+from hpcppo.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 ARITH = REPO / "examples" / "arith-tiny.toml"
@@ -150,7 +150,7 @@ def fake_controller(run: RunDir) -> subprocess.Popen:
     """A process that status takes for the local job's submitit controller (its command line names submitit
     and the run's submitit folder): the run is RUNNING while it lives."""
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "submitit",
-                             str(run.path / "submitit")])
+                             str(run.submitit)])
 
 
 def test_ctrl_c_detaches_and_the_job_goes_on(tmp_path):

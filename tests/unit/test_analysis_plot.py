@@ -11,8 +11,8 @@ from hpcppo.analysis import plot
 from hpcppo.analysis.targets import Target
 from hpcppo.cli import main
 from hpcppo.errors import ConfigError
-from hpcppo.events import append_event
 from hpcppo.metrics import STANDARD_COLUMNS, MetricsWriter
+from hpcppo.rundir.events import append_event
 
 
 def write_run(run, *, rollback_at: int | None = 12, back_to: int = 10, steps: int = 20, attempt: int = 0):

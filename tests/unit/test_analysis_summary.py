@@ -13,8 +13,8 @@ import pytest
 from hpcppo.analysis.summary import ema_last, first_nonfinite, summarize_target
 from hpcppo.analysis.targets import Target, resolve_target
 from hpcppo.cli import main
-from hpcppo.events import append_event
 from hpcppo.metrics import MetricsWriter
+from hpcppo.rundir.events import append_event
 
 REPO = Path(__file__).resolve().parents[2]
 ARITH = REPO / "examples" / "arith-tiny.toml"

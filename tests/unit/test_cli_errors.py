@@ -477,7 +477,8 @@ def test_a_run_id_collision_draws_another_id(tmp_path, monkeypatch, capsys):
 
 def test_a_collision_at_the_rename_is_retried(tmp_path, monkeypatch):
     """Another process makes the same run directory between the existence check and the rename."""
-    from hpcppo.launch import jobs, rundir
+    from hpcppo.launch import jobs
+    from hpcppo.rundir import record
 
     runs = tmp_path / "runs"
     ids = iter(["arith-tiny-20260101-000000-aaaa", "arith-tiny-20260101-000000-bbbb"])
@@ -490,7 +491,7 @@ def test_a_collision_at_the_rename_is_retried(tmp_path, monkeypatch):
             (Path(dst) / "spec.toml").write_text("theirs")
         return real_rename(src, dst)
 
-    monkeypatch.setattr(rundir.os, "rename", racing_rename)
+    monkeypatch.setattr(record.os, "rename", racing_rename)
     crun = jobs.compile_run(ARITH, "local", [], runs_root=str(runs), check_paths=False)
     assert crun.run.run_id.endswith("bbbb")
     assert (runs / "arith-tiny-20260101-000000-aaaa" / "spec.toml").read_text() == "theirs"

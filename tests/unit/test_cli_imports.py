@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcppo.launch.rundir import RunDir
+from hpcppo.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 ARITH = REPO / "examples" / "arith-tiny.toml"
@@ -157,8 +157,8 @@ def test_seeing_runs_commands_do_not_import_torch(setup):
 
 def test_metric_commands_do_not_import_torch(setup):
     """metrics summary / export (pyarrow) and compare, on runs with a metric log and events."""
-    from hpcppo.events import append_event
     from hpcppo.metrics import STANDARD_COLUMNS, MetricsWriter
+    from hpcppo.rundir.events import append_event
 
     tmp, runs, env = setup
     ids = [_make_run(runs, "local", "1", env, tmp) for _ in range(2)]

@@ -14,7 +14,7 @@ import pytest
 
 from hpcppo.cli import main
 from hpcppo.launch import status
-from hpcppo.launch.rundir import list_runs
+from hpcppo.rundir import list_runs
 
 pytestmark = pytest.mark.slow
 

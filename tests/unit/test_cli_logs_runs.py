@@ -14,8 +14,8 @@ import pytest
 from hpcppo.analysis import logs
 from hpcppo.cli import main
 from hpcppo.launch import jobs, status
-from hpcppo.launch.rundir import RunDir
 from hpcppo.metrics import STANDARD_COLUMNS, MetricsWriter
+from hpcppo.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 ARITH = REPO / "examples" / "arith-tiny.toml"

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from hpcppo import control
 from hpcppo.cli import main
-from hpcppo.control import RequestError
 from hpcppo.errors import RunIdError, RunStateError, SchedulerError
 from hpcppo.launch import jobs
-from hpcppo.launch.rundir import RunDir
+from hpcppo.rundir import control
+from hpcppo.rundir import RunDir
+from hpcppo.rundir.control import RequestError
 
 REPO = Path(__file__).resolve().parents[2]
 ARITH = REPO / "examples" / "arith-tiny.toml"

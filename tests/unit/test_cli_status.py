@@ -16,7 +16,7 @@ import pytest
 from hpcppo.cli import main
 from hpcppo.errors import RunStateError
 from hpcppo.launch import status
-from hpcppo.launch.rundir import RunDir
+from hpcppo.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 ARITH = REPO / "examples" / "arith-tiny.toml"
@@ -171,7 +171,7 @@ def test_cancel_of_a_run_never_submitted(tmp_path, capsys):
 
 
 def test_status_of_one_run_shows_its_last_events(env, capsys):
-    from hpcppo import events
+    from hpcppo.rundir import events
 
     fake, runs, run, submitted = env
     fake.answer("sacct", sacct_line("RUNNING", submitted + dt.timedelta(seconds=1)))

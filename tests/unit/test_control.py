@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcppo import control
-from hpcppo.control import Request, RequestError, acknowledge, pending, submit_request
+from hpcppo.rundir import control
+from hpcppo.rundir.control import Request, RequestError, acknowledge, pending, submit_request
 
 REPO = Path(__file__).resolve().parents[2]
 NAME_RE = r"^\d{8}T\d{6}\.\d{6}-\d+-[0-9a-f]{4}\.json$"
@@ -178,7 +178,7 @@ def test_request_is_frozen(run):
 
 WRITER = """
 import sys
-from hpcppo.control import submit_request
+from hpcppo.rundir.control import submit_request
 for i in range(int(sys.argv[2])):
     submit_request(sys.argv[1], "rollback", to_step=i, lr_scale=0.5)
 """

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from hpcppo import events
-from hpcppo.events import EVENTS_FILE, append_event, read_events
+from hpcppo.rundir import events
+from hpcppo.rundir.events import EVENTS_FILE, append_event, read_events
 
 
 def _lines(run_dir):
@@ -127,7 +127,7 @@ def test_concurrent_appenders_in_several_processes_write_only_whole_lines(tmp_pa
 
 
 def test_module_imports_no_numpy_h5py_or_torch():
-    code = ("import sys, hpcppo.events; "
+    code = ("import sys, hpcppo.rundir.events; "
             "print(sorted(m for m in ('numpy', 'h5py', 'torch', 'pandas') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

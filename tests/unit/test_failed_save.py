@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import errno
 
-from hpcppo.distributed import layout
 from hpcppo.errors import StorageError
+from hpcppo.rundir import checkpoints as layout
 
 
 class _LikeDcpFailure(BaseException):

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 import hpcppo.metrics as hm
-from hpcppo.events import append_event
 from hpcppo.metrics import MetricsWriter
+from hpcppo.rundir.events import append_event
 
 COLS = ("reward/mean", "kl/actor_ref")
 

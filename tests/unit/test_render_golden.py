@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcppo import jobenv
 from hpcppo.config import compile_config
 from hpcppo.launch import render
 
@@ -121,7 +122,7 @@ def test_script_anatomy(name):
         assert f'export {name_}="{value}"' in text
     # rendezvous
     assert 'mapfile -t HPCPPO_HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")' in text
-    assert f"MASTER_PORT=$(( {render.PORT_BASE} + SLURM_JOB_ID % {render.PORT_SPAN} ))" in text
+    assert f"MASTER_PORT=$(( {jobenv.PORT_BASE} + SLURM_JOB_ID % {jobenv.PORT_SPAN} ))" in text
     # one srun; one task per GPU (or CPU rank); the entry point's only argument is the run directory
     srun = text[text.index("\nsrun \\\n") + 1 :].split("\nrc=$?", 1)[0]
     assert text.count("\nsrun ") == 1
@@ -147,8 +148,6 @@ def test_container_variants():
 
 def test_rendered_rendezvous_block_runs(tmp_path):
     """Execute the rendezvous block with a stand-in ``scontrol``: first host, port from the job id."""
-    from hpcppo.distributed.env import port_from_job_id
-
     text = (GOLDEN / "a100-cluster.sbatch").read_text()
     block = text[text.index("# ---- rendezvous") : text.index("# ---- watchdog")]
     bin_dir = tmp_path / "bin"
@@ -162,8 +161,8 @@ def test_rendered_rendezvous_block_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr
     addr, port = proc.stdout.splitlines()[-1].split()
     assert addr == "gpu07"
-    # the batch script and the trainer (hpcppo.distributed.env) derive the same port from the job id
-    assert int(port) == port_from_job_id("4242424") == render.PORT_BASE + 4242424 % render.PORT_SPAN
+    # the batch script and the trainer (hpcppo.distributed.env, through jobenv) derive the same port from the job id
+    assert int(port) == jobenv.port_from_job_id("4242424") == jobenv.PORT_BASE + 4242424 % jobenv.PORT_SPAN
 
 
 def _srun_command(text: str) -> str:

@@ -23,8 +23,11 @@ import pytest
 
 from hpcppo.cli import main
 from hpcppo.errors import PathError, RunBusyError, RunStateError
-from hpcppo.launch import jobs, rundir, status, submit
-from hpcppo.launch.rundir import LOCK, LOCK_STALE_S, RunDir
+from hpcppo.launch import jobs, status, submit
+from hpcppo.rundir import RunDir
+from hpcppo.rundir import lock as run_lock
+from hpcppo.rundir.lock import LOCK_STALE_S
+from hpcppo.rundir.paths import LOCK
 
 REPO = Path(__file__).resolve().parents[2]
 ARITH = REPO / "examples" / "arith-tiny.toml"
@@ -41,7 +44,7 @@ def stopped_run(tmp_path) -> RunDir:
     run = crun.run
     run.add_attempt(job_id=DEAD_PID, scheduler="local", state="RUNNING", kind="submit")
     for task in (0, 1):
-        path = JobPaths(run.path / status.SUBMITIT_DIR, job_id=DEAD_PID, task_id=task).result_pickle
+        path = JobPaths(run.submitit, job_id=DEAD_PID, task_id=task).result_pickle
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(pickle.dumps(("success", 75)))
     assert status.run_status(run)["state"] == "PREEMPTED"
@@ -58,7 +61,7 @@ def recorded_submissions(tmp_path, monkeypatch):
     def fake_submit_local(run: RunDir, ranks: int, minutes: float) -> str:
         time.sleep(0.3)
         proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "submitit",
-                                 str(run.path / status.SUBMITIT_DIR)], start_new_session=True)
+                                 str(run.submitit)], start_new_session=True)
         with open(log, "a") as f:
             f.write(f"{os.getpid()} {proc.pid}\n")
         run.add_attempt(job_id=str(proc.pid), scheduler="local", state="RUNNING", kind="resume")
@@ -222,7 +225,7 @@ def test_without_hard_links_the_lock_is_an_exclusive_create(stopped_run, monkeyp
     with stopped_run.lock("resume"):
         assert json.loads((stopped_run.path / LOCK).read_text())["pid"] == os.getpid()
         with pytest.raises(RunBusyError):
-            rundir._acquire(stopped_run.path / LOCK, stopped_run.run_id, "cancel")  # another holder's attempt
+            run_lock._acquire(stopped_run.path / LOCK, stopped_run.run_id, "cancel")  # another holder's attempt
     assert not (stopped_run.path / LOCK).exists()
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from hpcppo.errors import RunIdError
 from hpcppo.fsutil import atomic_write_text
-from hpcppo.launch.rundir import RunDir, create_run_dir, new_run_id, validate_run_id
+from hpcppo.rundir import RunDir, create_run_dir, new_run_id, validate_run_id
 
 
 def test_new_run_id_format():

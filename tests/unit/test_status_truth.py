@@ -21,7 +21,7 @@ import pytest
 from hpcppo.cli import main
 from hpcppo.errors import RunRecordError, RunStateError
 from hpcppo.launch import jobs, status, submit
-from hpcppo.launch.rundir import RunDir
+from hpcppo.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 ARITH = REPO / "examples" / "arith-tiny.toml"
@@ -223,7 +223,7 @@ DEAD_PID = "999999999"  # a local job id is its controller's pid: this one is ne
 def write_result(run: RunDir, task: int, outcome: str, payload, mtime: float | None = None) -> None:
     from submitit.core.utils import JobPaths
 
-    path = JobPaths(run.path / status.SUBMITIT_DIR, job_id=DEAD_PID, task_id=task).result_pickle
+    path = JobPaths(run.submitit, job_id=DEAD_PID, task_id=task).result_pickle
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(pickle.dumps((outcome, payload)))
     if mtime is not None:

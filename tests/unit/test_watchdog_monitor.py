@@ -16,10 +16,10 @@ from pathlib import Path
 import h5py
 import pytest
 
-from hpcppo import exitcodes
-from hpcppo.events import append_event, read_events
 from hpcppo.launch.slurm import parse_step_ids
 from hpcppo.metrics import MetricsWriter
+from hpcppo.rundir import exitcodes
+from hpcppo.rundir.events import append_event, read_events
 from hpcppo.watchdog import monitor
 from hpcppo.watchdog.monitor import (LogFollower, Monitor, Settings, TrainerProcesses, heartbeat_threshold_s,
                                      startup_allowance_s, step_durations)
@@ -323,7 +323,7 @@ def test_the_entry_point_exits_at_once_when_the_job_already_ended(tmp_path):
 
 
 def test_locally_a_trainer_gone_after_a_users_cancel_is_not_dead(tmp_path, monkeypatch):
-    from hpcppo.launch.rundir import RunDir
+    from hpcppo.rundir import RunDir
 
     monkeypatch.setattr(monitor, "DEAD_GRACE_S", 0.3)
     run = RunDir(tmp_path)

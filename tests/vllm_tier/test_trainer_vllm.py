@@ -15,10 +15,10 @@ import signal
 import pytest
 from _harness import REPO, comparable, compile_run, launch_ranks, logs_of, wait_all, wait_for_commit, write_spec
 
-from hpcppo import events
 from hpcppo import metrics as hmetrics
 from hpcppo.cli import main
-from hpcppo.launch.rundir import list_runs
+from hpcppo.rundir import events
+from hpcppo.rundir import list_runs
 
 VLLM = ["rollout.engine=vllm"]
 SYNCED = 1e-5  # rollout/logprob_gap bound: the engine's log-probs are the actor's
@@ -108,8 +108,8 @@ def test_rollback_and_kill_resume_continue_with_the_actors_weights(tmp_path, ran
 @pytest.mark.slow
 def test_vllm_run_on_two_slurm_nodes(slurm_cluster, random_tiny, tmp_path, wait_until):
     from hpcppo.launch import jobs, slurm
-    from hpcppo.launch.rundir import RunDir
     from hpcppo.launch.status import run_status
+    from hpcppo.rundir import RunDir
 
     spec = write_spec(tmp_path / "exp.toml", random_tiny, name="slurm-vllm")
     crun = jobs.compile_run(spec, "local-slurm", [*VLLM, "trainer.total_steps=4", "checkpoint.save_every=0"],

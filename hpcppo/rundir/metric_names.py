@@ -4,6 +4,7 @@ watchdog rule's metric on a login node without loading the HDF5 stack. ``hpcppo.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 #: Columns every trainer declares; a trainer may add its own (e.g. ``val/score/<data_source>``).
 STANDARD_COLUMNS: tuple[str, ...] = (
@@ -78,3 +79,53 @@ def is_trainer_column(name: str) -> bool:
     """Whether the trainer can log ``name`` (a rule watching anything else would never fire)."""
     return name in STANDARD_COLUMNS or name in OPTIONAL_COLUMNS or (
         name.startswith(VALIDATION_PREFIX) and len(name) > len(VALIDATION_PREFIX))
+
+
+class Headline(NamedTuple):
+    """One headline metric: what a person looks at first."""
+
+    name: str
+    better: str | None  # "max" or "min": the direction in which a value is better; None: no "best"
+    views: frozenset[str]  # where it is shown (see VIEWS)
+
+
+#: Where headline metrics are shown: the trainer's log line, ``hpcppo metrics summary``, ``hpcppo compare``,
+#: ``hpcppo follow``, ``hpcppo plot`` without ``-m``, and the few lines printed when a job waited for ends.
+VIEWS: tuple[str, ...] = ("log", "summary", "compare", "follow", "plot", "end")
+
+
+def _h(name: str, better: str | None, views: str) -> Headline:
+    return Headline(name, better, frozenset(views.split()))
+
+
+#: The headline metrics, in display order: every view lists its own in this order.
+HEADLINE: tuple[Headline, ...] = (
+    _h("reward/mean", "max", "log summary compare follow plot end"),
+    _h("score/mean", "max", "log summary compare end"),
+    _h("val/score", "max", "log summary compare"),
+    _h("kl/actor_ref", None, "log summary compare follow plot end"),
+    _h("kl/coef", None, "summary compare follow plot end"),
+    _h("response/length_mean", None, "end"),
+    _h("actor/pg_loss", None, "log summary"),
+    _h("actor/kl_loss", None, "summary"),
+    _h("critic/vf_loss", None, "log summary"),
+    _h("actor/pg_clipfrac", None, "summary"),
+    _h("critic/vf_clipfrac", None, "summary"),
+    _h("critic/vf_explained_var", "max", "summary compare"),
+    _h("actor/entropy", None, "summary"),
+    _h("actor/grad_norm", None, "summary"),
+    _h("critic/grad_norm", None, "summary"),
+    _h("perf/tokens_per_s", "max", "summary compare follow"),
+    _h("perf/step_time_s", "min", "log summary compare"),
+)
+
+
+def headline(view: str) -> tuple[Headline, ...]:
+    """The headline metrics shown in ``view`` (one of :data:`VIEWS`), in display order."""
+    if view not in VIEWS:
+        raise ValueError(f"unknown view {view!r}; views: {', '.join(VIEWS)}")
+    return tuple(h for h in HEADLINE if view in h.views)
+
+
+def headline_names(view: str) -> tuple[str, ...]:
+    return tuple(h.name for h in headline(view))

@@ -33,6 +33,7 @@ from typing import Any
 
 from hpcppo.errors import RunStateError, StorageError
 from hpcppo.fsutil import atomic_write_bytes, fsync_dir
+from hpcppo.rundir.paths import RunPaths
 
 try:  # the same function as zlib.crc32 (same polynomial, same values), ~5x faster; releases the GIL like zlib's
     from isal.isal_zlib import crc32
@@ -48,7 +49,12 @@ _CHUNK = 8 << 20
 
 def checkpoints_root(run_dir: str | os.PathLike[str]) -> Path:
     """``<run_dir>/checkpoints``."""
-    return Path(run_dir) / "checkpoints"
+    return RunPaths(run_dir).checkpoints
+
+
+def tmp_dir(root: str | os.PathLike[str], step: int, token: str) -> Path:
+    """``<root>/step-<step>.tmp-<token>``: where checkpoint ``step`` is written before it is renamed into place."""
+    return Path(root) / f"step-{step}.tmp-{token}"
 
 
 def step_dir(root: str | os.PathLike[str], step: int) -> Path:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from hpcppo.events import append_event
+from hpcppo.analysis.summary import format_start_end, start_end
 from hpcppo.metrics import MetricsWriter
-from hpcppo.metrics.summary import format_summary, summarize
+from hpcppo.rundir.events import append_event
 
 
 def test_summary_counts_the_watchdog_events_and_shows_kl_coef(tmp_path):
@@ -14,9 +14,9 @@ def test_summary_counts_the_watchdog_events_and_shows_kl_coef(tmp_path):
     for step in (4, 6):
         append_event(tmp_path, kind="watchdog.raise_kl_coef", step=step, source="watchdog")
     append_event(tmp_path, kind="watchdog.rollback", step=5, source="watchdog", checkpoint=4)
-    summary = summarize(tmp_path)
+    summary = start_end(tmp_path)
     assert summary["events"] == {"watchdog.raise_kl_coef": 2, "watchdog.rollback": 1}
-    text = format_summary(summary)
+    text = format_start_end(summary)
     assert "events                 2 x watchdog.raise_kl_coef, 1 x watchdog.rollback" in text
     assert "kl/coef                0.001 -> 0.0015" in text
 
@@ -24,4 +24,4 @@ def test_summary_counts_the_watchdog_events_and_shows_kl_coef(tmp_path):
 def test_summary_without_events_has_no_events_line(tmp_path):
     with MetricsWriter(tmp_path, ["reward/mean"], attempt=0) as w:
         w.log(1, {"reward/mean": 0.5})
-    assert "events" not in summarize(tmp_path) and "events" not in format_summary(summarize(tmp_path))
+    assert "events" not in start_end(tmp_path) and "events" not in format_start_end(start_end(tmp_path))

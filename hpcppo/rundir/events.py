@@ -34,15 +34,43 @@ import operator
 import os
 import re
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
-__all__ = ["EVENTS_FILE", "SOURCES", "append_event", "read_events"]
+from hpcppo.rundir.paths import EVENTS, RunPaths
+
+__all__ = ["EVENTS_FILE", "SOURCES", "append_event", "kind_tail", "read_events", "watchdog_kind"]
 
 log = logging.getLogger(__name__)
 
-EVENTS_FILE = "events.jsonl"
+EVENTS_FILE = EVENTS  # the file's name in the run directory
 SOURCES: tuple[str, ...] = ("watchdog", "control", "monitor", "trainer")
+
+# Event kinds, in the HDF5 log (the trainer's) and in events.jsonl (watchdog, control and monitor actions).
+# The trainer:
+RESUME = "resume"  # resumed from a checkpoint
+PREEMPTED = "preempted"  # stopped on a preemption signal, checkpointed, requeue (exit 75)
+PAUSED = "paused"  # stopped on a pause request (exit 76)
+REQUEUE = "requeue"  # stopped for a requeue asked by a rule (exit 75)
+CHECKPOINT_CORRUPT = "checkpoint.corrupt"  # a committed checkpoint found damaged at resume
+CONTROL_ROLLBACK = "control.rollback"  # a `hpcppo rollback` request applied
+CONTROL_REJECTED = "control.rejected"  # a `hpcppo rollback` request refused
+WATCHDOG_PREFIX = "watchdog."  # + a rule's action (hpcppo.watchdog.PRECEDENCE), or SUPPRESSED
+SUPPRESSED = "suppressed"  # an action a stronger one of the same step superseded
+# The monitor beside the trainer:
+HANG = "hang"
+TRAINER_DEAD = "trainer_dead"
+MONITOR_ERROR = "monitor.error"
+MONITOR_RESTARTED = "monitor.restarted"
+
+
+def watchdog_kind(action: str) -> str:
+    """The kind of the event a watchdog rule's ``action`` (``rollback``, ``pause`` ...) is recorded as."""
+    return f"{WATCHDOG_PREFIX}{action}"
+
+
+def kind_tail(kind: str) -> str:
+    """A kind's last dotted part, so that ``watchdog.pause`` and the trainer's ``pause`` read alike."""
+    return kind.rsplit(".", 1)[-1]
 _RESERVED = ("time", "kind", "step", "attempt", "source", "message")
 # The same rule as the HDF5 log's event kinds, so an event can be mirrored there unchanged.
 _KIND_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
@@ -117,7 +145,7 @@ def append_event(run_dir: str | os.PathLike[str], *, kind: str, step: int | None
     }
     record.update({str(k): _jsonable(v) for k, v in details.items()})
     line = (json.dumps(record, allow_nan=False, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-    path = Path(run_dir) / EVENTS_FILE
+    path = RunPaths(run_dir).events
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)  # RDWR: one pread of the last byte
     try:
         if not _ends_with_newline(fd):
@@ -147,7 +175,7 @@ def read_events(run_dir: str | os.PathLike[str], *, kinds: str | Iterable[str] |
     A line that is not a JSON object (the torn last line of a writer that died, a line clobbered on NFS) is
     skipped with a warning; non-finite values stay as the strings ``"nan"``/``"inf"``/``"-inf"``.
     """
-    path = Path(run_dir) / EVENTS_FILE
+    path = RunPaths(run_dir).events
     try:
         data = path.read_bytes()
     except FileNotFoundError:

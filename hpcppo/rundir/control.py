@@ -1,12 +1,16 @@
-"""The run's control inbox: requests from the login node (``hpcppo rollback``) to the trainer.
+"""The run's control inbox: requests from the login node (``hpcppo rollback``) to the trainer, and the pause files.
 
-Layout under ``runs/<id>/control/``::
+Layout under ``runs/<id>/control/`` (the names are :mod:`hpcppo.rundir.paths`')::
 
     requests/<name>.json   waiting; <name> = <UTC yyyymmddTHHMMSS.ffffff>-<pid>-<4 hex>, so a plain sort is
                            the arrival order
     done/<name>.json       acknowledged: the request, the trainer's ``outcome`` and the ``acked`` time
     rejected/<name>        a file in the inbox that is not a valid request, moved aside unchanged, and
                            rejected/<name>.reason saying why
+    PAUSE                  a request to pause at the next step boundary; its text is the reason
+                           (:func:`request_pause`; the trainer removes it when it pauses)
+    PAUSED                 written by rank 0 when the run stopped on request: ``step <N>: <reason>``
+                           (``hpcppo status`` shows it; ``hpcppo resume`` removes both files)
 
 A request file is written to a temporary file in ``requests/`` (dot name, ignored by readers), fsynced and
 renamed: the trainer never reads half a request, and two CLI calls at once make two distinct files.
@@ -37,9 +41,11 @@ import attrs
 
 from hpcppo.errors import HpcppoError
 from hpcppo.fsutil import atomic_write_json, atomic_write_text, fsync_dir
+from hpcppo.rundir.paths import RunPaths
 
-__all__ = ["ACTIONS", "DEFAULT_LR_SCALE", "Request", "RequestError", "acknowledge", "done", "pending",
-           "submit_request", "validate_params", "wait_for_ack", "withdraw"]
+__all__ = ["ACTIONS", "DEFAULT_LR_SCALE", "Request", "RequestError", "acknowledge", "clear_pause", "done",
+           "is_paused", "pause_reason_requested", "pause_requested", "pause_served", "paused_reason", "pending",
+           "record_paused", "request_pause", "submit_request", "validate_params", "wait_for_ack", "withdraw"]
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +54,6 @@ ACTIONS: dict[str, tuple[str, ...]] = {"rollback": ("to_step", "lr_scale")}
 #: lr_scale of a rollback request that gives none: the default rule's (``kl_rollback``).
 DEFAULT_LR_SCALE = 0.5
 
-REQUESTS, DONE, REJECTED = "requests", "done", "rejected"
 _NAME_RE = re.compile(r"^(?P<stem>\d{8}T\d{6}\.\d{6}-\d+-[0-9a-f]{4})\.json$")
 _KEYS = ("id", "action", "to_step", "lr_scale", "created", "requested_by")
 
@@ -81,9 +86,9 @@ class Request:
                 "created": self.created, "requested_by": self.requested_by}
 
 
-def _control(run_dir: Any) -> Path:
-    """``<run_dir>/control``; ``run_dir`` is a path or a :class:`hpcppo.launch.rundir.RunDir`."""
-    return Path(getattr(run_dir, "path", run_dir)) / "control"
+def _paths(run_dir: Any) -> RunPaths:
+    """The paths of ``run_dir``, a path or a :class:`hpcppo.rundir.RunDir`."""
+    return RunPaths(getattr(run_dir, "path", run_dir))
 
 
 def validate_params(action: str, **params: Any) -> dict[str, Any]:
@@ -126,7 +131,7 @@ def submit_request(run_dir: Any, action: str, **params: Any) -> Request:
         raise FileNotFoundError(f"{root}: no such run directory")
     now = _dt.datetime.now(_dt.timezone.utc)
     stem = f"{now:%Y%m%dT%H%M%S.%f}-{os.getpid()}-{secrets.token_hex(2)}"
-    inbox = _control(root) / REQUESTS
+    inbox = _paths(root).requests
     request = Request(id=stem, action=action, created=now.isoformat(timespec="microseconds"),
                       path=inbox / f"{stem}.json", requested_by=_requester(), **values)
     atomic_write_json(request.path, request.to_dict())
@@ -164,9 +169,9 @@ def _parse(path: Path) -> Request:
                    requested_by=data.get("requested_by", ""), **values)
 
 
-def _reject(path: Path, reason: str) -> None:
-    """Move a bad file to ``rejected/`` unchanged and write why beside it; never raises."""
-    rejected = path.parent.parent / REJECTED  # control/requests/<name> -> control/rejected
+def _reject(path: Path, rejected: Path, reason: str) -> None:
+    """Move a bad file to ``rejected`` (the run's ``control/rejected/``) unchanged and write why beside it; never
+    raises."""
     try:
         rejected.mkdir(parents=True, exist_ok=True)
         os.replace(path, rejected / path.name)
@@ -185,9 +190,9 @@ def pending(run_dir: Any) -> list[Request]:
     Temporary files (dot names) and directories are skipped; any other file that is not a valid request
     is moved to ``control/rejected/`` with a ``.reason`` file. Never raises on a bad or vanishing file.
     """
-    inbox = _control(run_dir) / REQUESTS
+    paths = _paths(run_dir)
     try:
-        entries = sorted(inbox.iterdir(), key=lambda p: p.name)
+        entries = sorted(paths.requests.iterdir(), key=lambda p: p.name)
     except OSError:  # no inbox yet (nothing was ever requested), or unreadable
         return []
     out = []
@@ -199,13 +204,13 @@ def pending(run_dir: Any) -> list[Request]:
         except FileNotFoundError:
             continue  # withdrawn or acknowledged meanwhile
         except (OSError, ValueError) as exc:
-            _reject(path, str(exc) or type(exc).__name__)
+            _reject(path, paths.rejected, str(exc) or type(exc).__name__)
     return out
 
 
 def done(run_dir: Any, request_id: str) -> dict[str, Any] | None:
     """The acknowledgement of a request (its content, ``outcome`` and ``acked``), or None if not yet."""
-    path = _control(run_dir) / DONE / f"{request_id}.json"
+    path = _paths(run_dir).done / f"{request_id}.json"
     try:
         return json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
@@ -218,11 +223,11 @@ def acknowledge(run_dir: Any, request: Request, outcome: dict[str, Any]) -> None
     Idempotent: a second call (say after a crash between the two steps) keeps the first outcome and
     only removes the request if it is still there.
     """
-    target = _control(run_dir) / DONE / request.name
+    target = _paths(run_dir).done / request.name
     if not target.exists():
         acked = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
         atomic_write_json(target, {**request.to_dict(), "outcome": dict(outcome), "acked": acked})
-    inbox = _control(run_dir) / REQUESTS
+    inbox = _paths(run_dir).requests
     with contextlib.suppress(FileNotFoundError):
         (inbox / request.name).unlink()
         fsync_dir(inbox)
@@ -230,7 +235,7 @@ def acknowledge(run_dir: Any, request: Request, outcome: dict[str, Any]) -> None
 
 def withdraw(run_dir: Any, request: Request) -> bool:
     """Remove a request nobody has acknowledged yet (its submission failed); True when it was removed."""
-    inbox = _control(run_dir) / REQUESTS
+    inbox = _paths(run_dir).requests
     try:
         (inbox / request.name).unlink()
     except FileNotFoundError:
@@ -247,3 +252,48 @@ def wait_for_ack(run_dir: Any, request: Request, *, timeout_s: float, poll_s: fl
         if ack is not None or time.monotonic() >= deadline:
             return ack
         time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())) or 0.01)
+
+
+# ----------------------------------------------------------------------------- pause
+def request_pause(run_dir: Any, reason: str) -> Path:
+    """Ask the trainer to pause at its next step boundary; ``reason`` becomes the reason ``hpcppo status`` shows."""
+    return atomic_write_text(_paths(run_dir).pause_request, reason.strip() + "\n")
+
+
+def pause_requested(run_dir: Any) -> bool:
+    return _paths(run_dir).pause_request.exists()
+
+
+def pause_reason_requested(run_dir: Any) -> str:
+    """The text of the pause request ("" when there is none or it cannot be read)."""
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        return _paths(run_dir).pause_request.read_text().strip()
+    return ""
+
+
+def pause_served(run_dir: Any) -> None:
+    """Rank 0, once it paused on the request: remove it (it would pause the next attempt again)."""
+    _paths(run_dir).pause_request.unlink(missing_ok=True)
+
+
+def record_paused(run_dir: Any, step: int, reason: str) -> None:
+    """Rank 0, on pausing (on request or by a watchdog rule): say why, as ``step <N>: <reason>``."""
+    atomic_write_text(_paths(run_dir).paused, f"step {step}: {reason}\n")
+
+
+def paused_reason(run_dir: Any) -> str | None:
+    """Why the run stopped on request, or None when it did not (or the file is empty or unreadable)."""
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        return _paths(run_dir).paused.read_text().strip() or None
+    return None
+
+
+def is_paused(run_dir: Any) -> bool:
+    return _paths(run_dir).paused.exists()
+
+
+def clear_pause(run_dir: Any) -> None:
+    """Remove the pause request and the paused record (``hpcppo resume``, before it submits)."""
+    paths = _paths(run_dir)
+    for path in (paths.pause_request, paths.paused):
+        path.unlink(missing_ok=True)
