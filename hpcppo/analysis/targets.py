@@ -44,6 +44,15 @@ def _run_dir_of(path: Path) -> Path | None:
     return next((c for c in candidates if RunPaths(c).resolved.is_file()), None)
 
 
+def _exists(path: Path) -> bool:
+    """``path.exists()``, False where the OS cannot even look it up (a name too long, a NUL byte): such a text
+    is then judged as a run id by :func:`~hpcppo.rundir.validate_run_id`, the check every run command shares."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
 def resolve_target(text: str, runs_root: Callable[[], Path]) -> Target:
     """The run or file ``text`` names; ``runs_root`` is called only when ``text`` is a run id.
 
@@ -52,7 +61,7 @@ def resolve_target(text: str, runs_root: Callable[[], Path]) -> Target:
         RunIdError: no path, and no run of that id under the runs root (the message lists some).
     """
     path = Path(text).expanduser()
-    if path.exists():
+    if _exists(path):
         path = path.resolve()
         run_dir = _run_dir_of(path)
         if path.is_dir() and run_dir is None and RunPaths(path).metrics.is_dir():

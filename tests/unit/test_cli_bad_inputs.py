@@ -14,7 +14,7 @@ import pytest
 from hpcppo.cli import main
 from hpcppo.config.convert import MAX_INPUT_BYTES
 from hpcppo.config.verl_import import MAX_SETTINGS, YAML_MAX_DEPTH
-from hpcppo.errors import ConfigError, PathError, ResolveError
+from hpcppo.errors import ConfigError, PathError, ResolveError, RunIdError
 
 REPO = Path(__file__).resolve().parents[2]
 ARITH = REPO / "examples" / "arith-tiny.toml"
@@ -303,3 +303,31 @@ def test_import_verl_from_an_endless_stdin_ends_at_once(tmp_path):
     assert proc.returncode == ConfigError.exit_code, proc.stderr
     assert proc.stderr.count("\n") == 1 and f"<stdin>: is larger than {MAX_INPUT_BYTES // 1024} KiB" in proc.stderr
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- run ids and options of the run commands
+RUN_ID_COMMANDS = [("follow",), ("logs",), ("metrics", "summary"), ("metrics", "export", "-o", "m.csv"), ("plot",),
+                   ("compare",), ("status",), ("cancel",), ("resume",), ("rollback",), ("export", "--out", "x"),
+                   ("watchdog", "replay")]
+
+
+def run_cmd(capsys, runs: Path, command: tuple[str, ...], run_id: str) -> tuple[int, str, float]:
+    words = list(command)
+    at = 2 if words[0] in ("metrics", "watchdog") else 1  # the RUN argument follows the (sub)command
+    return run(capsys, *words[:at], run_id, *words[at:], "--runs-root", str(runs))
+
+
+@pytest.mark.parametrize("command", RUN_ID_COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_a_five_thousand_character_run_id_is_refused_like_everywhere(command, tmp_path, runs, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rc, err, _ = run_cmd(capsys, runs, command, "r" * 5000)
+    assert_one_line(rc, err, RunIdError.exit_code, "invalid run id 'rrrr", "no '/' or '..'", runs=runs)
+
+
+@pytest.mark.parametrize("command", RUN_ID_COMMANDS[:6], ids=lambda c: " ".join(c[:2]))
+@pytest.mark.parametrize("text", ["a/b", "run/../../x", "../nope", "x/" + "r" * 5000])
+def test_a_run_path_that_is_not_there_is_one_line(command, text, tmp_path, runs, capsys, monkeypatch):
+    # These commands also take a run directory or a metric file: a text with '/' is a path, reported as one.
+    monkeypatch.chdir(tmp_path)
+    rc, err, _ = run_cmd(capsys, runs, command, text)
+    assert_one_line(rc, err, PathError.exit_code, "no such run directory or metric file", runs=runs)
