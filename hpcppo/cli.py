@@ -437,10 +437,26 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Longest --interval of follow: time.sleep refuses what does not fit a C timestamp, and an hour between looks is
+#: already no longer following.
+MAX_INTERVAL_S = 3600.0
+
+
+def _check_option(ok: bool, option: str, value: Any, allowed: str) -> None:
+    """One line for an option's value that argparse's type let through (a number out of its range)."""
+    if not ok:
+        from hpcppo.errors import ConfigError
+
+        raise ConfigError(f"{option} {value}: must be {allowed}")
+
+
 def cmd_follow(args: argparse.Namespace) -> int:
     from hpcppo.analysis.follow import follow
     from hpcppo.analysis.logs import open_run
 
+    # `not 0 < nan` holds, so nan is refused with 0 and the negatives
+    _check_option(0 < args.interval <= MAX_INTERVAL_S, "--interval", args.interval,
+                  f"a number of seconds > 0 and <= {MAX_INTERVAL_S:g}")
     run = open_run(args.run, lambda: _runs_root(args))
     st = follow(run, poll_s=args.interval)
     if st is None:  # detached with Ctrl-C
@@ -454,6 +470,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
     from hpcppo.analysis import logs
     from hpcppo.launch.status import FINAL_STATES, run_status, state_text
 
+    _check_option(args.lines is None or args.lines >= 0, "-n/--lines", args.lines,
+                  "a whole number of lines >= 0 (0: none of what is there)")
     run = logs.open_run(args.run, lambda: _runs_root(args))
     waiting = False
     try:
@@ -601,7 +619,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("follow", help="watch a run live until its job ends: state, a progress bar over the steps, "
                                       "reward, KL, events (Ctrl-C detaches; the job goes on)")
     p.add_argument("run", help="run id (or run directory)")
-    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between looks (default: 1)")
+    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between looks, > 0 and <= 3600 (default: 1)")
     _add_runs_root_args(p)
     p.set_defaults(func=cmd_follow)
 
@@ -611,7 +629,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                                        "rank 0's on a local run)")
     p.add_argument("--attempt", default=None, metavar="A",
                    help="attempt (local-1745, 4242.0, or a job id: its latest restart; default: the newest)")
-    p.add_argument("-n", "--lines", type=int, default=None, metavar="N", help="only the last N lines")
+    p.add_argument("-n", "--lines", type=int, default=None, metavar="N", help="only the last N lines (0: none, with -f only what comes)")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing what is appended until the job ends")
     _add_runs_root_args(p)
     p.set_defaults(func=cmd_logs)

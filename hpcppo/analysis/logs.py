@@ -273,6 +273,8 @@ def _tail_start(f: BinaryIO, lines: int) -> int:
     """Offset of the last ``lines`` lines of ``f``."""
     f.seek(0, os.SEEK_END)
     end = pos = f.tell()
+    if lines <= 0:  # -n 0, as tail -n 0: nothing of what is there (-f then prints only what comes)
+        return end
     found, block = 0, 65536
     while pos > 0:
         step = min(block, pos)

@@ -331,3 +331,28 @@ def test_a_run_path_that_is_not_there_is_one_line(command, text, tmp_path, runs,
     monkeypatch.chdir(tmp_path)
     rc, err, _ = run_cmd(capsys, runs, command, text)
     assert_one_line(rc, err, PathError.exit_code, "no such run directory or metric file", runs=runs)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "-nan", "inf", "1e300"])
+def test_follow_refuses_an_interval_that_is_not_a_positive_number_of_seconds(value, runs, capsys):
+    rc, err, _ = run(capsys, "follow", "some-run", f"--interval={value}", "--runs-root", str(runs))
+    assert_one_line(rc, err, ConfigError.exit_code, f"--interval {float(value)}", "a number of seconds > 0",
+                    "<= 3600", runs=runs)
+
+
+def test_logs_refuses_a_negative_line_count(runs, capsys):
+    rc, err, _ = run(capsys, "logs", "some-run", "-n", "-5", "--runs-root", str(runs))
+    assert_one_line(rc, err, ConfigError.exit_code, "-n/--lines -5", "a whole number of lines >= 0", runs=runs)
+
+
+def test_logs_n_zero_prints_none_of_the_log(tmp_path):
+    from io import BytesIO
+
+    from hpcppo.analysis.logs import copy_log
+
+    log = tmp_path / "job.log"
+    log.write_bytes(b"one\ntwo\nthree\n")
+    for lines, shown in [(0, b""), (1, b"three\n"), (2, b"two\nthree\n"), (9, b"one\ntwo\nthree\n")]:
+        out = BytesIO()
+        assert copy_log(log, out, lines=lines) == len(log.read_bytes())
+        assert out.getvalue() == shown, lines
