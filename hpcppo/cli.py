@@ -122,7 +122,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from hpcppo.rundir import RunDir
 
     root = _runs_root(args)
-    if args.run:
+    if args.run is not None:  # an empty id ('' from an unset variable) is refused, not read as "every run"
         run = RunDir.open(root, args.run)
         st, attempts = status.run_detail(run)
         if st["state"] == "UNREADABLE":

@@ -77,6 +77,10 @@ def explain(key: str) -> str:
     """Help, type, default and allowed values of a dotted key (``actor.lr``, ``site.slurm.partition``,
     ``plan.world_size``, ``watchdog.rules.action``); a section lists its keys. ConfigError if unknown."""
     key = key.strip()
+    if not key:  # an empty argument is a slip (an unset shell variable), not a request for the whole tree
+        top = ", ".join([*section_fields(_ROOTS[""]), "site", "plan"])
+        raise ConfigError(f"config explain: empty key; name one, e.g. actor.lr (a section lists its keys); "
+                          f"top-level keys: {top}")
     if key in ("site", "plan"):
         key += "."
     prefix = next(p for p in ("site.", "plan.", "") if key.startswith(p))

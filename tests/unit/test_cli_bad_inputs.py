@@ -356,3 +356,15 @@ def test_logs_n_zero_prints_none_of_the_log(tmp_path):
         out = BytesIO()
         assert copy_log(log, out, lines=lines) == len(log.read_bytes())
         assert out.getvalue() == shown, lines
+
+
+def test_status_of_an_empty_run_id_is_refused_not_the_list_of_runs(runs, capsys):
+    rc, err, _ = run(capsys, "status", "", "--runs-root", str(runs))
+    assert_one_line(rc, err, RunIdError.exit_code, "invalid run id ''", runs=runs)
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("key", ["", "  "])
+def test_config_explain_of_an_empty_key_is_refused(key, capsys):
+    rc, err, _ = run(capsys, "config", "explain", key)
+    assert_one_line(rc, err, ConfigError.exit_code, "config explain: empty key", "e.g. actor.lr", "actor, critic")
