@@ -237,10 +237,10 @@ def _draw_metric(ax: Any, s: Series, name: str, color: str, smooth: Smoothing, s
     xs, ys = cur["x"].to_numpy() / scale, cur[name].to_numpy(dtype=float)
     if smooth.active and len(ys) > 2 and not sparse:
         ax.plot(xs, ys, color=color, lw=0.8, alpha=0.25)
-        ax.plot(xs, smooth.apply(ys), color=color, lw=1.6, label=s.label if first else None)
+        ax.plot(xs, smooth.apply(ys), color=color, lw=1.6, label=_plain(s.label) if first else None)
     else:
         ax.plot(xs, ys, color=color, lw=1.6, marker="o" if sparse else None, ms=3.5,
-                label=s.label if first else None)
+                label=_plain(s.label) if first else None)
     drawn = False
     for lineage, lead in _segments(rows):
         seg_x, seg_y = lineage["x"].to_numpy() / scale, lineage[name].to_numpy(dtype=float)
@@ -253,9 +253,24 @@ def _draw_metric(ax: Any, s: Series, name: str, color: str, smooth: Smoothing, s
     return drawn
 
 
+def _plain(text: str) -> str:
+    """``text`` drawn as typed. A title or a run's name is a label, not TeX: '$5 runs' or a file name with '$'
+    must show its dollars, not fail in mathtext's parser (``--title '$\\frac{1}{0}$'`` raised ParseException), so
+    every '$' is escaped and :func:`draw` turns ``text.usetex`` off (a matplotlibrc may turn it on)."""
+    return text.replace("$", r"\$")
+
+
 def draw(series: Sequence[Series], metrics: Sequence[str], out: Path, *, x: str = "step",
          smooth: Smoothing = Smoothing("none"), title: str | None = None, dpi: int = 100) -> Path:
     """Write the figure of ``series`` to ``out`` (format from its suffix); returns ``out``."""
+    import matplotlib
+
+    with matplotlib.rc_context({"text.usetex": False}):  # labels are plain text (_plain)
+        return _draw(series, metrics, out, x=x, smooth=smooth, title=title, dpi=dpi)
+
+
+def _draw(series: Sequence[Series], metrics: Sequence[str], out: Path, *, x: str, smooth: Smoothing,
+          title: str | None, dpi: int) -> Path:
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
@@ -274,18 +289,18 @@ def draw(series: Sequence[Series], metrics: Sequence[str], out: Path, *, x: str 
                 mcolor, style = MARKS[category]
                 ax.axvline(pos / scale, color=mcolor, ls=style, lw=1.0, alpha=0.8)
                 used_marks.add(category)
-        ax.set_ylabel(name, fontsize=9)
+        ax.set_ylabel(_plain(name), fontsize=9)
         ax.grid(True, alpha=0.3, lw=0.5)
         ax.tick_params(labelsize=8)
     axes[-1].set_xlabel(_x_label(x, scale, unit), fontsize=9)
-    handles = [Line2D([], [], color=c, lw=1.6, label=s.label) for s, c in zip(series, colors)]
+    handles = [Line2D([], [], color=c, lw=1.6, label=_plain(s.label)) for s, c in zip(series, colors)]
     if abandoned:
         handles.append(Line2D([], [], color="0.4", lw=1.1, ls="--", alpha=0.6, label="abandoned branch"))
     for category in MARKS:
         if category in used_marks:
             handles.append(Line2D([], [], color=MARKS[category][0], ls=MARKS[category][1], lw=1.0, label=category))
     smoothed = f"smoothed {smooth.kind}:{smooth.value:g} (raw values faint)" if smooth.active else None
-    heading = "; ".join(t for t in (title, smoothed) if t) or None
+    heading = "; ".join(_plain(t) for t in (title, smoothed) if t) or None
     fig.legend(handles=handles, loc="outside upper center", ncols=min(len(handles), 4), fontsize=8, frameon=False,
                title=heading, title_fontsize=8)
     out.parent.mkdir(parents=True, exist_ok=True)

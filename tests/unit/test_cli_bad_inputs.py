@@ -368,3 +368,35 @@ def test_status_of_an_empty_run_id_is_refused_not_the_list_of_runs(runs, capsys)
 def test_config_explain_of_an_empty_key_is_refused(key, capsys):
     rc, err, _ = run(capsys, "config", "explain", key)
     assert_one_line(rc, err, ConfigError.exit_code, "config explain: empty key", "e.g. actor.lr", "actor, critic")
+
+
+def metric_run(path: Path) -> Path:
+    from hpcppo.metrics import STANDARD_COLUMNS, MetricsWriter
+
+    (path / "metrics").mkdir(parents=True)
+    with MetricsWriter(path, STANDARD_COLUMNS, attempt=0, swmr=False) as w:
+        for step in range(1, 4):
+            w.log(step, {"reward/mean": step / 3})
+    return path
+
+
+@pytest.mark.parametrize("title", [r"$\frac{1}{0}$", r"$\frac{1}$", "$5 per run", r"a \$ and $x^$"])  # 2, 4: bad TeX
+@pytest.mark.parametrize("usetex", [False, True])  # a matplotlibrc with text.usetex on (no LaTeX here) is overridden
+def test_plot_draws_a_title_as_plain_text(title, usetex, tmp_path, capsys):
+    import matplotlib
+
+    run_dir, out = metric_run(tmp_path / "r$1"), tmp_path / "fig.png"
+    with matplotlib.rc_context({"text.usetex": usetex}):
+        rc = main(["plot", str(run_dir), "-m", "reward/mean", "--title", title, "-o", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0 and captured.err == "", captured.err
+    assert out.read_bytes().startswith(b"\x89PNG")
+
+
+def test_plot_labels_are_never_mathtext():
+    from matplotlib.cbook import is_math_text
+
+    from hpcppo.analysis.plot import _plain
+
+    for text in (r"$\frac{1}{0}$", "$5 per run", "$a$ $b$", r"\$x$"):
+        assert not is_math_text(_plain(text)), text
