@@ -27,6 +27,21 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
             os.close(fd)
 
 
+def require_parent_dir(out: str | os.PathLike[str]) -> None:
+    """PathError unless the user's output file ``out`` has an existing parent directory.
+
+    :func:`atomic_write` creates missing directories, which is right for paths hpcppo owns (a run directory)
+    but not for a path the user typed (``-o /nonexistent/dir/m.csv`` made directories under ``/``): a typo
+    there is reported, not built.
+    """
+    from hpcppo.errors import PathError
+
+    parent = Path(out).parent
+    if not parent.is_dir():
+        why = "is not a directory" if parent.exists() else "does not exist (create it first, or write elsewhere)"
+        raise PathError(f"{out} cannot be written: {parent} {why}")
+
+
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any], *, mode: int = 0o644) -> Path:
     """Call ``write(binary_file)`` on a temporary file, then fsync and rename it to ``path``."""
     path = Path(path)

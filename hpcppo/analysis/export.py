@@ -20,7 +20,7 @@ from typing import IO, Any
 
 from hpcppo.analysis.targets import Target, damage_error, no_rows_error
 from hpcppo.errors import ConfigError, PathError
-from hpcppo.fsutil import atomic_write
+from hpcppo.fsutil import atomic_write, require_parent_dir
 from hpcppo.metrics import load
 
 FORMATS = ("parquet", "csv")
@@ -53,7 +53,7 @@ def export_metrics(target: Target, out: str | os.PathLike[str], *, fmt: str | No
         ConfigError: an unknown format.
         RunStateError: no row to export (the message says why: a pending job, ...).
         UnknownColumnError: a name in ``columns`` is not a column of the log.
-        PathError: ``out`` cannot be written (a missing parent directory is created), or the log is unreadable.
+        PathError: ``out`` cannot be written (its parent directory must exist), or the log is unreadable.
     """
     import pyarrow as pa
 
@@ -61,6 +61,7 @@ def export_metrics(target: Target, out: str | os.PathLike[str], *, fmt: str | No
     fmt = export_format(out, fmt)
     if out.is_dir():
         raise PathError(f"{out}: is a directory; -o names the file to write")
+    require_parent_dir(out)  # before the log is read: a typo in -o costs nothing
     view = {"attempts": "all", "branches": "all"} if all_attempts else {"attempts": "latest", "branches": "current"}
     frame = load(target.path, columns=columns, locking=locking, **view)
     if not len(frame):

@@ -27,6 +27,7 @@ from hpcppo.config.convert import MAX_INPUT_BYTES, read_input
 from hpcppo.config.experiment import Experiment
 from hpcppo.config.load import _check_leaf, experiment_from_data, leaf_keys, lookup_field
 from hpcppo.errors import ConfigError, HpcppoError, PathError
+from hpcppo.fsutil import require_parent_dir
 
 __all__ = ["Setting", "Imported", "read_command_line", "read_yaml", "translate", "import_verl", "render_doc"]
 
@@ -469,9 +470,7 @@ def import_verl(source: str, out: Path, *, force: bool = False, name: str | None
         _check_leaf(lookup_field(Experiment, "name"), name, key="name", label="--name")
     if out.is_dir():
         raise PathError(f"{out} is a directory; give the file to write, e.g. {out / 'exp.toml'}")
-    if not out.parent.is_dir():  # atomic_write would create the missing directories, under / if need be
-        why = "is not a directory" if out.parent.exists() else "does not exist (create it first, or write elsewhere)"
-        raise PathError(f"{out} cannot be written: {out.parent} {why}")
+    require_parent_dir(out)
     if out.exists() and not force:
         raise PathError(f"{out} exists; pass --force to replace it")
     if _looks_like_yaml(text, source):

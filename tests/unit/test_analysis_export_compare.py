@@ -24,6 +24,7 @@ def run(tmp_path):
 
 def test_export_parquet_is_the_current_history(run, tmp_path, capsys):
     out = tmp_path / "out" / "m.parquet"
+    out.parent.mkdir()  # -o writes only where the parent directory exists (issue 25)
     assert main(["metrics", "export", run.name, "--runs-root", str(run.parent), "-o", str(out)]) == 0
     assert capsys.readouterr().out.startswith(f"wrote {out}: 11 rows x 12 columns of {run.name} (parquet, the "
                                               "current history)")

@@ -400,3 +400,20 @@ def test_plot_labels_are_never_mathtext():
 
     for text in (r"$\frac{1}{0}$", "$5 per run", "$a$ $b$", r"\$x$"):
         assert not is_math_text(_plain(text)), text
+
+
+@pytest.mark.parametrize("where", ["missing/deeper/m.csv", "afile/m.csv"])
+def test_metrics_export_creates_no_directories_for_its_output(where, tmp_path, capsys):
+    run_dir = metric_run(tmp_path / "r1")
+    (tmp_path / "afile").write_text("")
+    out = tmp_path / where
+    rc, err, _ = run(capsys, "metrics", "export", str(run_dir), "-o", str(out))
+    why = "is not a directory" if where.startswith("afile") else "does not exist"
+    assert_one_line(rc, err, PathError.exit_code, f"{out} cannot be written", f"{out.parent} {why}")
+    assert not (tmp_path / "missing").exists() and (tmp_path / "afile").is_file()
+
+
+def test_metrics_export_writes_where_the_parent_exists(tmp_path, capsys):
+    run_dir, out = metric_run(tmp_path / "r1"), tmp_path / "m.csv"
+    assert main(["metrics", "export", str(run_dir), "-o", str(out)]) == 0
+    assert out.read_text().startswith("step") or "reward/mean" in out.read_text().splitlines()[0]
