@@ -397,7 +397,7 @@ class VLLMRolloutEngine:
 
         self._wake(weights=True, kv=False)  # KV cache stays unmapped while the weights arrive: a lower peak
         model = _inference_model(self.llm)
-        device = next(iter(model.parameters())).device
+        device = next(model.parameters()).device
         received = 0
 
         def moved(stream: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:

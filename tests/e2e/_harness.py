@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -120,6 +121,15 @@ def wait_for_commit(run_dir: Path, step: int, procs: list[subprocess.Popen], tim
         if time.monotonic() > deadline:
             raise AssertionError("no checkpoint in time:\n" + logs_of(run_dir))
         time.sleep(0.05)
+
+
+
+def kill_at_commit(run_dir: Path, step: int, procs: list[subprocess.Popen]) -> None:
+    """SIGKILL every rank as soon as checkpoint ``step`` is committed (a crash right after a save), and reap them."""
+    wait_for_commit(run_dir, step, procs)
+    for p in procs:
+        p.send_signal(signal.SIGKILL)
+    wait_all(procs)
 
 
 def rows_logged(run_dir: Path) -> int:

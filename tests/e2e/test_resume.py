@@ -14,7 +14,7 @@ import torch
 from hpcppo import metrics as hmetrics
 from hpcppo.rundir import control, exitcodes
 
-from _harness import (comparable, compile_run, final_weights, launch_ranks, logs_of, wait_all, wait_for_commit,
+from _harness import (comparable, compile_run, final_weights, kill_at_commit, launch_ranks, logs_of, wait_all,
                       write_spec)
 
 
@@ -117,11 +117,7 @@ def test_checkpoints_during_critic_warmup_change_nothing(tmp_path, random_tiny):
     plain = compile_run(spec, tmp_path / "runs", common + ["checkpoint.save_every=0"])
     often = compile_run(spec, tmp_path / "runs", common + ["checkpoint.save_every=1"])
     plain_procs = launch_ranks(plain, 2, "a0")
-    procs = launch_ranks(often, 2, "a0")
-    wait_for_commit(often, 2, procs)
-    for p in procs:
-        p.send_signal(signal.SIGKILL)
-    wait_all(procs)
+    kill_at_commit(often, 2, launch_ranks(often, 2, "a0"))
     assert read_marker(often / "checkpoints" / "step-1")["optimizers"] == ["critic"]
     assert wait_all(launch_ranks(often, 2, "a1")) == [0, 0], logs_of(often)
     assert wait_all(plain_procs) == [0, 0], logs_of(plain)

@@ -7,7 +7,6 @@ on a stopped run and on a running one."""
 from __future__ import annotations
 
 import json
-import signal
 
 import h5py
 import pytest
@@ -16,8 +15,8 @@ from hpcppo import metrics as hmetrics
 from hpcppo.cli import main
 from hpcppo.rundir import control, events
 
-from _harness import (REPO, comparable, compile_run, final_weights, launch_ranks, logs_of, wait_all, wait_for_commit,
-                      write_spec)
+from _harness import (REPO, comparable, compile_run, final_weights, kill_at_commit, launch_ranks, logs_of, wait_all,
+                      wait_for_commit, write_spec)
 
 # A reference model makes kl/actor_ref real; a small lr keeps this random model's natural KL far below the
 # default thresholds (0.05) over these few steps, so only the injected faults trip the rules.
@@ -84,11 +83,7 @@ def test_kl_spike_rolls_back_raises_kl_coef_and_a_killed_run_resumes_identically
 
     # Killed after the rollback (at the commit of step 6 on the new branch) and resumed: the same run.
     resumed = compile_run(spec, tmp_path / "runs", overrides)
-    procs = launch_ranks(resumed, 2, "a0")
-    wait_for_commit(resumed, 6, procs)
-    for p in procs:
-        p.send_signal(signal.SIGKILL)
-    wait_all(procs)
+    kill_at_commit(resumed, 6, launch_ranks(resumed, 2, "a0"))
     assert wait_all(launch_ranks(resumed, 2, "a1")) == [0, 0], logs_of(resumed)
     a, b = comparable(hmetrics.load(straight)), comparable(hmetrics.load(resumed))
     assert a.equals(b), (a - b).abs().max().sort_values().tail(10)

@@ -10,10 +10,8 @@ same spec runs as a 2-node Slurm job.
 
 from __future__ import annotations
 
-import signal
-
 import pytest
-from _harness import REPO, comparable, compile_run, launch_ranks, logs_of, wait_all, wait_for_commit, write_spec
+from _harness import REPO, comparable, compile_run, kill_at_commit, launch_ranks, logs_of, wait_all, write_spec
 
 from hpcppo import metrics as hmetrics
 from hpcppo.cli import main
@@ -91,11 +89,7 @@ def test_rollback_and_kill_resume_continue_with_the_actors_weights(tmp_path, ran
     # Killed after the rollback (at the commit of step 6) and resumed: a fresh engine, synced before its first
     # rollout, and the same run as the straight one, row for row.
     resumed = compile_run(spec, tmp_path / "runs", overrides)
-    procs = launch_ranks(resumed, 2, "a0")
-    wait_for_commit(resumed, 6, procs)
-    for p in procs:
-        p.send_signal(signal.SIGKILL)
-    wait_all(procs)
+    kill_at_commit(resumed, 6, launch_ranks(resumed, 2, "a0"))
     assert wait_all(launch_ranks(resumed, 2, "a1")) == [0, 0], logs_of(resumed)
     after = hmetrics.load(resumed)
     assert sorted(set(after["attempt"])) == [0, 1]
