@@ -36,7 +36,7 @@ import attrs
 if TYPE_CHECKING:  # only attributes are read: no import of the config package at run time
     from hpcppo.config.watchdog import Rule
 
-__all__ = ["PRECEDENCE", "Action", "Decision", "WatchdogState", "decide", "raised_kl_coef", "rollback_target",
+__all__ = ["PRECEDENCE", "Action", "Decision", "WatchdogState", "decide", "rollback_target",
            "unknown_metrics"]
 
 PRECEDENCE: tuple[str, ...] = ("pause", "requeue", "rollback", "restart_critic", "raise_kl_coef", "set_grad_clip")
@@ -268,15 +268,6 @@ def decide(history: Sequence[Row], rules: Sequence[Rule], state: WatchdogState) 
                if _eligible(rule, state, step) and (a := _match(rule, history, step)) is not None]
     applied, suppressed = _arbitrate(matched)
     return Decision(actions=applied, state=_advance(state, applied), suppressed=suppressed)
-
-
-def raised_kl_coef(current: float, action: Action) -> float:
-    """The kl_coef after a raise_kl_coef action: current x factor, clamped to [min_value, max_value]."""
-    if action.kind != "raise_kl_coef" or action.factor is None or action.min_value is None or action.max_value is None:
-        raise ValueError(f"raised_kl_coef needs a raise_kl_coef action, got {action.kind!r} from rule {action.rule!r}")
-    if not math.isfinite(current):
-        raise ValueError(f"the current kl_coef must be a finite number, got {current}")
-    return min(max(current * action.factor, action.min_value), action.max_value)
 
 
 def _anomaly_start(anomaly_step: int, history: Sequence[Row], rule: Rule) -> int:
