@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import attrs
 from torch.distributed.checkpoint.api import CheckpointException
 
 from hpcppo.distributed.checkpoint import NoIntactCheckpointError
@@ -216,6 +217,12 @@ class Recovery:
                               set_aside_as=str(bad.set_aside_as))
         c.kl_ctrl.load_state_dict(extra["kl_ctrl"])
         state = TrainingState.from_checkpoint(extra, kl_coef=c.kl_ctrl.value, actor_version=state.actor_version + 1)
+        if state.watchdog.paused_by is not None:  # the run stopped on a rule's pause, and a person resumed it
+            rule = state.watchdog.paused_by
+            state = attrs.evolve(state, watchdog=state.watchdog.rearmed())
+            self.audit.record(state.step, events.watchdog_kind(events.REARMED), f"{rule}: re-armed on resume after "
+                              f"the pause it asked for ({state.watchdog.fired.get(rule, 0)} firing(s) counted)",
+                              rule=rule)
         self.restore_schedules(extra, state.lr_scale)
         c.sampler.load_state_dict(extra["sampler"])
         self.reoffload_optimizers()

@@ -110,6 +110,8 @@ def respond(decision: Decision, state: TrainingState, hands: Hands, rules: Mappi
         kind = events.watchdog_kind(action.kind)
         if action.kind in ("pause", "requeue"):
             hands.record(judged, kind, f"{action.rule}: {action.reason}", **detail)
+            if action.kind == "pause":  # saved with the pause's checkpoint: a person's resume re-arms the rule
+                state = attrs.evolve(state, watchdog=state.watchdog.paused(action.rule))
             return Outcome(state, hands.stop(state, action.kind, f"watchdog rule {action.rule}: {action.reason}"))
         if action.kind in ("rollback", "restart_critic"):
             committed = list(hands.committed())
@@ -145,4 +147,5 @@ def _pause_without_target(actions: Sequence[Action], state: TrainingState, hands
         state = state.compose_lr_scale(1.0 / action.lr_scale)  # no rollback happened: no lr cut either
     for rest in actions[1:]:
         hands.record(judged, _SUPPRESSED, f"{rest.rule}: {rest.reason} (superseded by the pause)", **describe(rest))
+    state = attrs.evolve(state, watchdog=state.watchdog.paused(action.rule))
     return Outcome(state, hands.stop(state, "pause", reason))

@@ -198,3 +198,17 @@ def test_a_rollback_request_is_applied_and_acknowledged(tmp_path: Path) -> None:
     refused = control.submit_request(tmp_path, "rollback", to_step=0)
     assert t.at_boundary() is None and t.state.step == 1
     assert control.done(tmp_path, refused.id)["outcome"]["status"] == "rejected"
+
+
+def test_the_rule_that_paused_is_re_armed_when_the_run_is_resumed(tmp_path: Path) -> None:
+    kl_pause = Rule(name="kl_pause", metric="kl/actor_ref", condition="gt", threshold=0.1, action="pause",
+                    max_count=1, cooldown_steps=0)
+    t = make_trainer(tmp_path, [kl_pause])
+    assert t.obey(play_step(t, {"kl/actor_ref": 0.2})) == exitcodes.PAUSED
+    control.clear_pause(tmp_path)  # what `hpcppo resume` does
+    again = make_trainer(tmp_path, [kl_pause])
+    again.state = again.recovery.resume(again.state)
+    assert again.state.watchdog.fired == {"kl_pause": 0} and again.state.watchdog.paused_by is None
+    assert events.watchdog_kind(events.REARMED) in kinds(tmp_path)
+    # A second excursion pauses the run again instead of passing unwatched (max_count = 1).
+    assert again.obey(play_step(again, {"kl/actor_ref": 0.3})) == exitcodes.PAUSED
