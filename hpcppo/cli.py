@@ -356,7 +356,7 @@ def cmd_import_verl(args: argparse.Namespace) -> int:
     # One character past the limit is enough for the library to refuse the input; an endless stdin does not hang.
     stdin_text = sys.stdin.read(verl_import.MAX_INPUT_BYTES + 1) if args.input == "-" else None
     imp, problem = verl_import.import_verl(args.input, Path(args.out), force=args.force, name=args.name,
-                                           stdin_text=stdin_text)
+                                           stdin_text=stdin_text, watchdog=args.watchdog)
     for line in verl_import.format_report(imp):
         print(f"hpcppo: {line}", file=sys.stderr)
     print(f"wrote {args.out}: {len(imp.values)} keys from verl, {len(imp.report)} settings not translated "
@@ -705,6 +705,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.add_argument("--name", default=None, help="experiment name (default: trainer.experiment_name, else the input's "
                                                 "file name)")
+    p.add_argument("--watchdog", choices=("off", "defaults"), default="off",
+                   help="off (default): none of hpcppo's built-in watchdog rules, as verl has none (the hang monitor "
+                        "stays on); defaults: the built-in rules (rollback with lr x 0.5, KL raises ...), listed in "
+                        "the file")
     p.add_argument("--table", action="store_true", help="print the verl key mapping (docs/verl.md) and exit")
     p.set_defaults(func=cmd_import_verl)
 

@@ -121,8 +121,30 @@ def _none_is_default(value: Any, ctx: Mapping[str, Any]) -> Any:
 
 
 def _warmup(value: Any, ctx: Mapping[str, Any]) -> Any:
+    # Both count training steps: verl steps its scheduler once per update_actor/update_critic (fsdp_workers.py).
     if value is None or (isinstance(value, int) and value < 0):
         raise Ignored("-1: verl then uses lr_warmup_steps_ratio (see that key)")
+    return value
+
+
+def _warmup_ratio(key: str) -> Convert:
+    def convert(value: Any, ctx: Mapping[str, Any]) -> Any:
+        # fsdp_workers.py (_build_model_optimizer): the ratio applies only when lr_warmup_steps < 0 (default -1).
+        steps = ctx.get(key, -1)
+        if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0:
+            raise Ignored(f"verl uses {key}={steps} instead (the ratio only when lr_warmup_steps is -1)")
+        return value
+    return convert
+
+
+def _clip_ratio(value: Any, ctx: Mapping[str, Any]) -> Any:
+    # At verl b178a3c ActorConfig (verl/workers/config/actor.py) sets clip_ratio_low = clip_ratio_high = 0.2, not
+    # None, and compute_policy_loss_vanilla (verl/trainer/ppo/core_algos.py) clips with those, falling back to
+    # clip_ratio only where one is None. (Older verl YAMLs had them null, so clip_ratio alone set both.)
+    low, high = ctx.get(A + "clip_ratio_low", 0.2), ctx.get(A + "clip_ratio_high", 0.2)
+    if low is not None and high is not None:
+        raise Ignored(f"verl clips with clip_ratio_low = {low} and clip_ratio_high = {high} (both default to 0.2 in "
+                      f"verl's ActorConfig): clip_ratio alone changes nothing there; set clip_ratio_low/high")
     return value
 
 
@@ -172,6 +194,22 @@ def _reward_name(value: Any, ctx: Mapping[str, Any]) -> Any:
     if not ctx.get("custom_reward_function.path"):
         raise Ignored("without custom_reward_function.path verl ignores it too")
     return _reward_path(ctx["custom_reward_function.path"], ctx)
+
+
+REWARD_KWARGS = "custom_reward_function.reward_kwargs"
+
+
+def _reward_kwargs(value: Any, ctx: Mapping[str, Any]) -> Any:
+    # verl binds them to the custom function only (get_custom_reward_fn in verl/trainer/ppo/reward.py: a partial
+    # over reward_fn_config.reward_kwargs); without a path it scores with default_compute_score and drops them.
+    if not isinstance(value, dict):
+        raise Untranslatable(f"{value!r}: verl takes a mapping of keyword arguments")
+    if not value:
+        raise Ignored("{}: no keyword arguments")
+    if not ctx.get("custom_reward_function.path"):
+        raise Ignored("without custom_reward_function.path verl scores with default_compute_score and does not "
+                      "pass them")
+    return value
 
 
 def _critic_warmup(value: Any, ctx: Mapping[str, Any]) -> Any:
@@ -232,9 +270,10 @@ def _optim(verl: str, role: str) -> list[Entry]:
         m(o + "lr", f"{role}.lr"),
         m(o + "weight_decay", f"{role}.weight_decay"),
         m(o + "betas", f"{role}.betas"),
-        m(o + "lr_warmup_steps", f"{role}.warmup_steps", "-1 = use lr_warmup_steps_ratio", _warmup),
-        uns(o + "lr_warmup_steps_ratio", "a warm-up as a fraction of the total steps: give lr_warmup_steps "
-                                         f"({role}.warmup_steps) instead", ok=(0.0,)),
+        m(o + "lr_warmup_steps", f"{role}.warmup_steps", "training steps in both; -1 = use lr_warmup_steps_ratio",
+          _warmup),
+        m(o + "lr_warmup_steps_ratio", f"{role}.warmup_ratio", "only when lr_warmup_steps is -1, as in verl",
+          _warmup_ratio(o + "lr_warmup_steps"), context=True),
         m(o + "clip_grad", f"{role}.grad_clip"),
         m(o + "min_lr_ratio", f"{role}.min_lr_ratio", "", _none_is_default),
         m(o + "lr_scheduler_type", f"{role}.lr_schedule", "constant or cosine", _schedule),
@@ -361,8 +400,10 @@ def _build_entries() -> list[Entry]:
         ign("data.return_raw_chat", "a detail of verl's dataset output"),
         ign("data.return_full_prompt", "a detail of verl's dataset output"),
         ign("data.return_multi_modal_inputs", "hpcppo trains on text prompts"),
-        ign("data.image_key", "hpcppo trains on text prompts"),
-        ign("data.video_key", "hpcppo trains on text prompts"),
+        ign("data.image_key", "on a command line, import-verl refuses the run (vision-language); in a YAML, verl's "
+                              "default: compile refuses data with an images column"),
+        ign("data.video_key", "on a command line, import-verl refuses the run (vision-language); in a YAML, verl's "
+                              "default: compile refuses data with a videos column"),
         ign("data.image_patch_size", "hpcppo trains on text prompts"),
         ign("data.dataloader_num_workers", "hpcppo tokenises in the training process"),
         ign("data.use_shm", "hpcppo reads the Parquet files directly"),
@@ -384,7 +425,8 @@ def _build_entries() -> list[Entry]:
         m(A + "ppo_micro_batch_size", "actor.ppo_micro_batch_size_per_gpu",
           "verl's deprecated global micro-batch, divided by nnodes x n_gpus_per_node", _per_gpu, context=True),
         m(A + "ppo_epochs", "actor.ppo_epochs"),
-        m(A + "clip_ratio", "actor.clip_ratio"),
+        m(A + "clip_ratio", "actor.clip_ratio", "only where clip_ratio_low/high are null: verl defaults both to 0.2",
+          _clip_ratio, context=True),
         m(A + "clip_ratio_low", "actor.clip_ratio_low", "", _none_is_default),
         m(A + "clip_ratio_high", "actor.clip_ratio_high", "", _none_is_default),
         m(A + "clip_ratio_c", "actor.clip_ratio_c", "the dual-clip bound (> 1)"),
@@ -589,6 +631,13 @@ def _build_entries() -> list[Entry]:
           _reward_path, context=True),
         m("custom_reward_function.name", "data.reward_fn", "combined with custom_reward_function.path", _reward_name,
           context=True),
+        m(REWARD_KWARGS, "data.reward_kwargs", "keyword arguments of the function custom_reward_function.path names",
+          _reward_kwargs, context=True),
+        uns("reward_model.reward_kwargs", "keyword arguments of verl's reward manager (load_reward_manager in "
+                                          "verl/trainer/ppo/reward.py, passed whatever reward_model.enable says): the "
+                                          "DAPO manager's overlong_buffer_cfg and max_resp_len (an overlong penalty) "
+                                          "are not in hpcppo, whose scoring is verl's naive manager, which takes none",
+            ok=({},), prefix=True),
         uns("reward_model.enable", "hpcppo scores with rule-based functions (data.reward_fn), not a reward model",
             ok=(False,)),
         uns("reward_model.reward_manager", "hpcppo's scoring is verl's naive reward manager", ok=("naive",)),
@@ -664,7 +713,7 @@ def hint(key: str) -> str | None:
     e = lookup(key) if not key.startswith("+") else None
     if e is not None:
         who = "not a verl key either" if e.kind == NOT_VERL else "verl's name"
-        extra = f" ({e.note})" if e.kind == NOT_VERL else ""
+        extra = f" ({e.note})" if e.kind == NOT_VERL or (e.context and e.note) else ""
         return f"{key} is {who}; {_target_text(e)}{extra}"
     matches = _suffix_matches(key)
     targets = sorted({e.hpcppo for e in matches})
