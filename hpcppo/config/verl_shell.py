@@ -452,8 +452,10 @@ class Script:
         self.uncertain.pop(name, None)
         if append and name in self.variables:
             old = self.variables[name]
-            value = (old + value) if isinstance(old, list) and isinstance(value, list) else \
-                (old if isinstance(old, str) else " ".join(old)) + (value if isinstance(value, str) else " ".join(value))
+            if isinstance(old, list) and isinstance(value, list):
+                value = old + value
+            else:
+                value = _joined(old) + _joined(value)
         self.variables[name] = value
 
     def run(self, cmd: _Command) -> None:
@@ -509,6 +511,10 @@ class Script:
         expanded = [f for w in words for f in self.expand(w)]
         if expanded and all("=" in t and "." in t.partition("=")[0] for t in expanded):
             self.loose.append((cmd.line, expanded))
+
+
+def _joined(value: str | list[str]) -> str:
+    return value if isinstance(value, str) else " ".join(value)
 
 
 def _split_fields(text: str) -> list[str | None]:

@@ -25,7 +25,8 @@ def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float, betas: 
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas), foreach=True)
 
 
-def warmup_optimizer_steps(warmup_steps: int, warmup_ratio: float, total_steps: int, optimizer_steps_per_step: int) -> int:
+def warmup_optimizer_steps(warmup_steps: int, warmup_ratio: float, total_steps: int,
+                           optimizer_steps_per_step: int) -> int:
     """The warm-up in optimizer steps from the spec's, which counts training steps as verl does.
 
     verl steps its lr scheduler once per training step (fsdp_workers.py: ``actor_lr_scheduler.step()`` at the end of
