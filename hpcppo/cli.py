@@ -327,12 +327,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from hpcppo import config
-    from hpcppo.planning import report
-    from hpcppo.planning.estimate import estimate
+    from hpcppo import compiler
+    from hpcppo.sizing import report
+    from hpcppo.sizing.estimate import estimate
 
     # Not refused here when it does not fit: the table shows what is over, compile refuses.
-    compiled = config.compile_config(Path(args.spec), args.site, args.override, check_paths=False, check_memory=False)
+    compiled = compiler.compile_config(Path(args.spec), args.site, args.override, check_paths=False, check_memory=False)
     budget = estimate(compiled.site, compiled.experiment, compiled.plan)
     if args.json:
         print(json.dumps(report.as_json(budget, site=compiled.site.name, spec=args.spec), indent=2, allow_nan=False))
@@ -367,9 +367,9 @@ def cmd_import_verl(args: argparse.Namespace) -> int:
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
-    from hpcppo import config
+    from hpcppo import compiler, config
 
-    compiled = config.compile_config(Path(args.spec), args.site, args.override, check_paths=False)
+    compiled = compiler.compile_config(Path(args.spec), args.site, args.override, check_paths=False)
     if args.toml:
         sys.stdout.write(config.to_toml(compiled))
     else:

@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 
 from hpcppo.config.fields import opt, parse_slurm_time
-from hpcppo.planning.catalog import GPU_KINDS
+from hpcppo.sizing.catalog import GPU_KINDS
 
 __all__ = ["Site", "SlurmSection", "LocalSection", "EnvSection", "ContainerSection", "PathsSection",
            "Hdf5Section", "TemplatesSection"]
@@ -189,7 +189,7 @@ class Site:
     scheduler: str = opt("slurm", choices=("slurm", "local"),
                          help="slurm (sbatch via submitit) or local (submitit's LocalExecutor on this machine).")
     gpu: str = opt("", choices=("", *GPU_KINDS),
-                   help="GPU kind, for hpcppo plan and the memory check of compile (hpcppo.planning.catalog); "
+                   help="GPU kind, for hpcppo plan and the memory check of compile (hpcppo.sizing.catalog); "
                         "\"\" = unknown or none.")
     slurm: SlurmSection = opt(factory=SlurmSection, help="Slurm request settings.")
     local: LocalSection = opt(factory=LocalSection, help="Local executor settings.")

@@ -20,6 +20,8 @@ from typing import Any
 
 import attrs
 
+from hpcppo import config
+from hpcppo.compiler import compile_config, compile_preflight
 from hpcppo.errors import HpcppoError, RunIdError, RunStateError
 from hpcppo.fsutil import atomic_write_text
 from hpcppo.launch import render as _render
@@ -56,13 +58,11 @@ def compile_run(
     Every error is raised before the run directory appears: the directory is filled in a hidden
     temporary directory and renamed into place only when everything succeeded.
     """
-    from hpcppo import config
-
     if kind == "preflight":
-        compiled = config.compile_preflight(site_name, nodes=nodes, overrides=overrides, runs_root_override=runs_root)
+        compiled = compile_preflight(site_name, nodes=nodes, overrides=overrides, runs_root_override=runs_root)
     else:
         assert exp_path is not None
-        compiled = config.compile_config(exp_path, site_name, overrides, check_paths=check_paths)
+        compiled = compile_config(exp_path, site_name, overrides, check_paths=check_paths)
     root = config.runs_root(compiled.site, runs_root)
     origin = config.runs_root_origin(compiled.site, runs_root)
     python = compiled.site.env.python or sys.executable
