@@ -477,7 +477,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     try:
         while True:
             try:
-                path, note = logs.find_log(run, rank=args.rank, attempt=args.attempt)
+                path, note = logs.find_log(run, rank=args.rank, attempt=args.attempt, watchdog=args.watchdog)
                 break
             except HpcppoError as exc:  # no log yet: -f waits for the job to write one
                 st = run_status(run) if args.follow and not logs.log_attempts(run) else None
@@ -623,10 +623,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runs_root_args(p)
     p.set_defaults(func=cmd_follow)
 
-    p = sub.add_parser("logs", help="print a run's job log: the batch log, or one rank's (-f follows it live)")
+    p = sub.add_parser("logs", help="print a run's job log: the batch log, one rank's or the watchdog's (-f follows it "
+                                    "live)")
     p.add_argument("run", help="run id (or run directory)")
-    p.add_argument("--rank", type=int, default=None, metavar="R", help="this rank's log (default: the batch log; "
-                                                                       "rank 0's on a local run)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--rank", type=int, default=None, metavar="R", help="this rank's log (default: the batch log; "
+                                                                           "rank 0's on a local run)")
+    which.add_argument("--watchdog", action="store_true",
+                       help="the log of the monitor beside the trainer (logs/attempt-<A>/watchdog.log)")
     p.add_argument("--attempt", default=None, metavar="A",
                    help="attempt (local-1745, 4242.0, or a job id: its latest restart; default: the newest)")
     p.add_argument("-n", "--lines", type=int, default=None, metavar="N", help="only the last N lines (0: none, with -f only what comes)")

@@ -18,11 +18,10 @@ from hpcppo.analysis.summary import duration, fmt, steps_text, summarize_target
 from hpcppo.analysis.targets import Target, resolved_data
 from hpcppo.errors import ConfigError, HpcppoError
 from hpcppo.rundir import metric_names
-from hpcppo.rundir.events import kind_tail
+from hpcppo.rundir.events import kind_tail, shown_in
 
 OUTCOMES: tuple[str, ...] = metric_names.headline_names("compare")
-_WATCHDOG_KINDS = ("rollback", "pause", "paused", "raise_kl_coef", "restart_critic", "set_grad_clip", "requeue",
-                   "hang", "trainer_dead")
+_WATCHDOG_KINDS = shown_in("compare")  # the "watchdog / stops" row
 
 
 def _flatten(data: Any, prefix: str, out: dict[str, str]) -> None:

@@ -1,10 +1,10 @@
 """What a run left behind, read from a login node: its job logs, its events, and the list of runs.
 
-* ``hpcppo logs RUN [--rank R] [--attempt A] [-f]``: :func:`find_log` picks the file, :func:`follow_file` tails it.
-  A Slurm job writes its batch log to ``logs/slurm-<job>.out`` and each rank's output to
+* ``hpcppo logs RUN [--rank R | --watchdog] [--attempt A] [-f]``: :func:`find_log` picks the file,
+  :func:`follow_file` tails it. A Slurm job writes its batch log to ``logs/slurm-<job>.out`` and each rank's output to
   ``logs/attempt-<job>.<restart>/rank-<r>.log``; a local job writes ``logs/attempt-local-<job>/rank-<r>.log`` (the job
-  script runs once per rank there, so a local run has no batch log of its own). ``watchdog.log`` sits beside
-  the rank logs.
+  script runs once per rank there, so a local run has no batch log of its own). ``watchdog.log`` (the monitor's
+  output, ``--watchdog``) sits beside the rank logs.
 * ``hpcppo runs``: :func:`run_rows` is every run under a runs root, newest first, with its job state and how
   far its training got (step of total, last reward and KL from the metric log).
 
@@ -237,15 +237,15 @@ def _ranks(folder: Path) -> list[int]:
     return sorted(int(m.group(1)) for p in folder.iterdir() if (m := RANK_LOG_RE.match(p.name)))
 
 
-def find_log(run: Any, *, rank: int | None = None, attempt: str | None = None,
+def find_log(run: Any, *, rank: int | None = None, attempt: str | None = None, watchdog: bool = False,
              scheduler: str | None = None) -> tuple[Path, str | None]:
     """The log file to show and a note about the choice (``None`` when there is nothing to say).
 
-    Without ``rank``: the attempt's batch log (Slurm), or rank 0's log on a local run. Without ``attempt``: the
-    newest attempt.
+    Without ``rank``: the attempt's batch log (Slurm), or rank 0's log on a local run; with ``watchdog``: the
+    attempt's ``watchdog.log``. Without ``attempt``: the newest attempt.
 
     Raises:
-        RunStateError: the run has no log yet.
+        RunStateError: the run has no log yet, or the attempt no watchdog log.
         PathError: no such attempt or rank (the message lists those that exist).
     """
     attempts = log_attempts(run)
@@ -253,6 +253,13 @@ def find_log(run: Any, *, rank: int | None = None, attempt: str | None = None,
         raise RunStateError(f"{run.run_id}: no job log yet", hint=f"nothing under {run.logs}")
     chosen = _pick_attempt(run, attempt, attempts)
     folder = run.log_dir(chosen)
+    if watchdog:
+        path = run.watchdog_log(chosen)
+        if not path.is_file():
+            raise RunStateError(f"{run.run_id}: attempt {chosen} has no watchdog log (the monitor did not run, or "
+                                f"has not written yet)",
+                                hint=f"in {folder}: {', '.join(sorted(p.name for p in folder.iterdir())) or 'nothing'}")
+        return path, None
     ranks = _ranks(folder)
     if rank is None:
         batch = run.batch_log(_job_of(chosen))

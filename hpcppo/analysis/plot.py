@@ -31,20 +31,15 @@ from hpcppo.analysis.targets import Target
 from hpcppo.errors import ConfigError
 from hpcppo.metrics.schema import UnknownColumnError
 from hpcppo.rundir import metric_names
-from hpcppo.rundir.events import kind_tail
+from hpcppo.rundir.events import PLOT_MARKS, plot_mark
 
 X_AXES = ("step", "time", "tokens")
 FORMATS = ("png", "pdf", "svg")
 DEFAULT_METRICS = metric_names.headline_names("plot")
-# Event kinds drawn as vertical lines: (category, colour, line style). Kinds are matched by their last part, so
-# "watchdog.rollback" and a trainer's "rollback" are the same mark.
-MARKS: dict[str, tuple[str, str]] = {
-    "rollback": ("#d62728", "--"),
-    "pause": ("#ff7f0e", ":"),
-    "resume": ("#2ca02c", "-."),
-}
-_MARK_OF_KIND = {"rollback": "rollback", "pause": "pause", "paused": "pause", "preempted": "pause",
-                 "requeue": "pause", "resume": "resume", "resumed": "resume"}
+# Event kinds drawn as vertical lines: category -> (colour, line style); which kinds belong to which category is
+# hpcppo.rundir.events.SHOWN (matched on a kind's last part: "watchdog.rollback" and "control.rollback" alike).
+_STYLES: dict[str, tuple[str, str]] = {"rollback": ("#d62728", "--"), "pause": ("#ff7f0e", ":"), "resume": ("#2ca02c", "-.")}
+MARKS: dict[str, tuple[str, str]] = {category: _STYLES[category] for category in PLOT_MARKS}
 _TOKENS = ("perf/tokens_per_s", "perf/step_time_s")
 
 
@@ -150,7 +145,7 @@ def _marks(run: str | os.PathLike[str], rows: pd.DataFrame, x: str) -> list[tupl
 
     marks: list[tuple[str, float]] = []
     for _, event in events(run).iterrows():
-        category = _MARK_OF_KIND.get(kind_tail(str(event["kind"])))
+        category = plot_mark(str(event["kind"]))
         if category is None:
             continue
         pos = _event_x(event, rows, x)
