@@ -33,6 +33,7 @@ from hpcppo.metrics import load, metric_files
 from hpcppo.metrics.schema import UnknownColumnError
 from hpcppo.rundir import metric_names
 from hpcppo.rundir.events import kind_tail, read_events, shown_in
+from hpcppo.timefmt import format_elapsed
 
 SMOOTH = 0.9
 #: Event kinds (matched on their last dotted part) listed one by one; the rest are only counted.
@@ -230,8 +231,6 @@ def fmt(value: float | None) -> str:
 
 def duration(seconds: float) -> str:
     """``H:MM:SS`` as ``hpcppo status`` writes it, to the nearest second."""
-    from hpcppo.launch.status import format_elapsed
-
     return format_elapsed(round(seconds))
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from hpcppo.config.fields import opt, parse_slurm_time
+from hpcppo.config.fields import FieldValueError, opt, parse_slurm_time
 from hpcppo.sizing.catalog import GPU_KINDS
 
 __all__ = ["Site", "SlurmSection", "LocalSection", "EnvSection", "ContainerSection", "PathsSection",
@@ -149,8 +149,6 @@ class ContainerSection:
     extra_args: list[str] = opt(factory=list, help="Extra arguments for the runtime (each one shell-quoted).")
 
     def __attrs_post_init__(self) -> None:
-        from hpcppo.config.fields import FieldValueError
-
         if self.runtime != "none" and not self.image:
             raise FieldValueError("image", f"runtime = {self.runtime!r} needs an image")
 
@@ -203,8 +201,6 @@ class Site:
         help="Experiment keys this site sets for its hardware (e.g. model.dtype); the spec and -o override them.")
 
     def __attrs_post_init__(self) -> None:
-        from hpcppo.config.fields import FieldValueError
-
         threads = self.env.threads_per_rank
         if self.scheduler == "slurm" and threads > self.slurm.cpus_per_task:
             # More OpenMP threads than the cores Slurm binds to a rank only oversubscribes them.

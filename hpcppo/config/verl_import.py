@@ -27,7 +27,7 @@ from hpcppo.config.convert import MAX_INPUT_BYTES, read_input
 from hpcppo.config.experiment import Experiment
 from hpcppo.config.load import _check_leaf, experiment_from_data, leaf_keys, lookup_field
 from hpcppo.errors import ConfigError, HpcppoError, PathError
-from hpcppo.fsutil import require_parent_dir
+from hpcppo.fsutil import atomic_write_text, require_parent_dir
 
 __all__ = ["Setting", "Imported", "read_command_line", "read_yaml", "translate", "import_verl", "render_doc"]
 
@@ -450,8 +450,6 @@ def import_verl(source: str, out: Path, *, force: bool = False, name: str | None
     """Read ``source`` (a file, or ``-`` with ``stdin_text``), write ``out`` atomically; returns the translation and
     the compile check's error (None when the written spec loads). Raises on unreadable input or an existing ``out``
     without ``force``."""
-    from hpcppo.fsutil import atomic_write_text
-
     if source == "-":
         text, label, stem = stdin_text or "", "<stdin>", "verl-import"
         if len(text) > MAX_INPUT_BYTES:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcppo.errors import HpcppoError, SchedulerError
+from hpcppo.launch import slurm  # the only module that knows where sbatch lives
 from hpcppo.launch.status import LOCAL_SIGNAL_DELAY_S, local_controller_alive
 from hpcppo.rundir import RunDir, exitcodes
 from hpcppo.rundir.paths import RunPaths, local_attempt
@@ -63,8 +64,6 @@ def _slurm_executor_class() -> type:
 
 def submit_slurm(run: RunDir, nodes: int, ranks_per_node: int) -> str:
     """Submit ``run.script`` with sbatch through submitit; returns the job id."""
-    from hpcppo.launch import slurm  # the only module that knows where sbatch lives
-
     slurm.sbatch_path()  # clear SchedulerError when sbatch is not on PATH
     import submitit
 
