@@ -26,10 +26,12 @@ from hpcppo.config import verl
 from hpcppo.config.convert import MAX_INPUT_BYTES, read_input
 from hpcppo.config.experiment import Experiment
 from hpcppo.config.load import _check_leaf, experiment_from_data, leaf_keys, lookup_field
-from hpcppo.config.verl_read import (YAML_MAX_DEPTH, YAML_MAX_VALUES, Read, Setting, locate_config, read_command_line,
-                                     read_input_text, read_yaml, read_yaml_config, show)
+from hpcppo.config.verl_read import (VERL_BASE_CONFIGS, VERL_OTHER_CONFIGS, YAML_MAX_DEPTH, YAML_MAX_VALUES, Read,
+                                     Setting, locate_config, read_command_line, read_input_text, read_yaml,
+                                     read_yaml_config, show)
+from hpcppo.config.watchdog import default_rules
 from hpcppo.errors import ConfigError, HpcppoError, PathError
-from hpcppo.fsutil import require_parent_dir
+from hpcppo.fsutil import atomic_write_text, require_parent_dir
 
 __all__ = ["Setting", "Imported", "read_command_line", "read_yaml", "translate", "import_verl", "render_doc",
            "MAX_SETTINGS", "YAML_MAX_DEPTH", "YAML_MAX_VALUES", "WATCHDOG_MODES"]
@@ -234,8 +236,6 @@ def _watchdog(imp: Imported, mode: str) -> None:
     """verl applies no watchdog rules; hpcppo's built-in ones change a run (a rollback halves the lr, KL raises the
     KL coefficient). ``off`` (the import's default): the run is the script's, and the hang monitor, which changes
     nothing in the training, stays on; ``defaults``: the built-in rules, listed in the file."""
-    from hpcppo.config.watchdog import default_rules
-
     if mode not in WATCHDOG_MODES:
         raise ConfigError(f"--watchdog {mode!r}: allowed: {', '.join(WATCHDOG_MODES)}")
     rules = "; ".join(f"{r.name}: {r.metric} {r.condition} {r.threshold:g} -> {r.action}" for r in default_rules())
@@ -367,8 +367,6 @@ def _follow_config(read: Read, label: str, script_dir: Path, cwd: Path) -> None:
     """The YAML named by ``--config-name``: its settings go first (the command line overrides them, as in Hydra);
     verl's own trainer configs are the base (ppo_trainer) or reported (the Megatron one); a YAML not found is
     reported, never skipped quietly."""
-    from hpcppo.config.verl_read import VERL_BASE_CONFIGS, VERL_OTHER_CONFIGS
-
     name = (read.config_name or "").removesuffix(".yaml")
     shown = f"--config-name={read.config_name}"
     path_is_verls = read.config_path in (None, "config", "./config", "verl/trainer/config")
@@ -429,8 +427,6 @@ def import_verl(source: str, out: Path, *, force: bool = False, name: str | None
     """Read ``source`` (a file, or ``-`` with ``stdin_text``), write ``out`` atomically; returns the translation and
     the compile check's error (None when the written spec loads). Raises on unreadable input or an existing ``out``
     without ``force``."""
-    from hpcppo.fsutil import atomic_write_text
-
     if source == "-":
         text, label, stem = stdin_text or "", "<stdin>", "verl-import"
         if len(text) > MAX_INPUT_BYTES:

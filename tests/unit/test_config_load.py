@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcppo.config import compile_config, load_experiment
+from hpcppo.compiler import compile_config
+from hpcppo.config import load_experiment
 from hpcppo.errors import ConfigError, PathError
 
 BASE = """\

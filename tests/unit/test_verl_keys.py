@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from hpcppo.cli import main
-from hpcppo.config import compile_config, explain, parse_overrides
+from hpcppo.compiler import compile_config
+from hpcppo.config import explain, parse_overrides
 from hpcppo.config.verl import VerlNameWarning
 from hpcppo.errors import ConfigError
 
