@@ -233,3 +233,15 @@ def test_data_with_images_is_refused(tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "geo.parquet")
     with pytest.raises(ConfigError, match="column\\(s\\) 'images'.*text-only"):
         read_prompts(tmp_path / "geo.parquet")
+
+
+def test_an_if_with_a_known_condition_runs_its_branch_and_unknown_words_are_reported(tmp_path):
+    text = ('backend=fsdp\nBASE="data.train_batch_size=8"\nif [[ $backend == megatron ]]; then\n'
+            '  EXTRA="actor_rollout_ref.actor.megatron.param_offload=True"\nelif [ "$backend" = fsdp ]; then\n'
+            '  EXTRA="actor_rollout_ref.actor.fsdp_config.param_offload=True"\nelse\n  EXTRA=""\nfi\n'
+            'if [ "$MODE" = x ]; then MORE="data.shuffle=False"; fi\n' + CMD + "$BASE $EXTRA $MORE")
+    (tmp_path / "run.sh").write_text(text)
+    imp, _ = import_verl(str(tmp_path / "run.sh"), tmp_path / "exp.toml", cwd=tmp_path, environ={})
+    assert imp.values["trainer.train_batch_size"] == 8 and imp.values["actor.fsdp.param_offload"] is True
+    kind, why = _why(imp)["$MORE"]
+    assert kind == "unresolved" and "if/fi" in why
