@@ -39,7 +39,7 @@ def cmd_import_verl(args: argparse.Namespace) -> int:
     # One character past the limit is enough for the library to refuse the input; an endless stdin does not hang.
     stdin_text = sys.stdin.read(verl_import.MAX_INPUT_BYTES + 1) if args.input == "-" else None
     imp, problem = verl_import.import_verl(args.input, Path(args.out), force=args.force, name=args.name,
-                                           stdin_text=stdin_text)
+                                           stdin_text=stdin_text, watchdog=args.watchdog)
     for line in verl_import.format_report(imp):
         print(f"hpcppo: {line}", file=sys.stderr)
     print(f"wrote {args.out}: {len(imp.values)} keys from verl, {len(imp.report)} settings not translated "

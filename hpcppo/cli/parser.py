@@ -209,6 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.add_argument("--name", default=None, help="experiment name (default: trainer.experiment_name, else the input's "
                                                 "file name)")
+    p.add_argument("--watchdog", choices=("off", "defaults"), default="off",
+                   help="off (default): none of hpcppo's built-in watchdog rules, as verl has none (the hang monitor "
+                        "stays on); defaults: the built-in rules (rollback with lr x 0.5, KL raises ...), listed in "
+                        "the file")
     p.add_argument("--table", action="store_true", help="print the verl key mapping (docs/verl.md) and exit")
     p.set_defaults(func="configure:cmd_import_verl")
 
