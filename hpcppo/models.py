@@ -22,6 +22,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from hpcppo.algos.losses import entropy_from_logits, entropy_metric
+from hpcppo.errors import PathError
+
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """``clamp(cumsum(mask) - 1, min=0)``: 0.. along the tokens of each row, 0 on left padding. ``[B, T]``."""
@@ -61,8 +64,6 @@ def _load_kwargs(dtype: torch.dtype | str, trust_remote_code: bool, attn_impleme
 
 
 def _check_dir(path: str | os.PathLike[str]) -> Path:
-    from hpcppo.errors import PathError
-
     p = Path(path)
     if not (p / "config.json").is_file():
         raise PathError(f"model path {str(p)!r} is not a Hugging Face model directory (no config.json)")
@@ -242,8 +243,6 @@ def forward_log_probs(
     log_probs = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     entropy = None
     if with_entropy:
-        from hpcppo.algos.losses import entropy_from_logits, entropy_metric
-
         entropy = entropy_from_logits(logits) if entropy_grad else entropy_metric(logits)
     return log_probs, entropy
 

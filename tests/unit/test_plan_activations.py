@@ -15,8 +15,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from hpcppo.algos import losses
 from hpcppo.models import forward_log_probs
-from hpcppo.planning.catalog import ModelShape
-from hpcppo.planning.estimate import _layer_acts, _logits
+from hpcppo.sizing.catalog import ModelShape
+from hpcppo.sizing.estimate import _layer_acts, _logits
 
 
 def peak_bytes(fn) -> int:
