@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from hpcppo.errors import PathError
+
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     """Make a directory's entries (creations, renames) durable. Filesystems that cannot fsync a
@@ -34,8 +36,6 @@ def require_parent_dir(out: str | os.PathLike[str]) -> None:
     but not for a path the user typed (``-o /nonexistent/dir/m.csv`` made directories under ``/``): a typo
     there is reported, not built.
     """
-    from hpcppo.errors import PathError
-
     parent = Path(out).parent
     if not parent.is_dir():
         why = "is not a directory" if parent.exists() else "does not exist (create it first, or write elsewhere)"

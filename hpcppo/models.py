@@ -21,6 +21,10 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from hpcppo.algos.losses import entropy_from_logits, entropy_metric
+from hpcppo.errors import PathError
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -61,8 +65,6 @@ def _load_kwargs(dtype: torch.dtype | str, trust_remote_code: bool, attn_impleme
 
 
 def _check_dir(path: str | os.PathLike[str]) -> Path:
-    from hpcppo.errors import PathError
-
     p = Path(path)
     if not (p / "config.json").is_file():
         raise PathError(f"model path {str(p)!r} is not a Hugging Face model directory (no config.json)")
@@ -240,8 +242,6 @@ def _token_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: f
     log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     entropy = None
     if with_entropy:
-        from hpcppo.algos.losses import entropy_from_logits, entropy_metric
-
         entropy = entropy_from_logits(logits) if entropy_grad else entropy_metric(logits)
     return log_probs, entropy
 
@@ -288,8 +288,6 @@ class _LogProbHead(nn.Module):
                                        self.with_entropy, self.entropy_grad)
             self.output = lp.unsqueeze(-1) if ent is None else torch.stack((lp, ent), dim=-1)
             return self.output
-        from torch.utils.checkpoint import checkpoint
-
         grad = torch.is_grad_enabled()
         parts = []
         for lo in range(0, response_len, step):

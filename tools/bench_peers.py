@@ -182,7 +182,7 @@ def fmt(s: dict[str, float], scale: float = 1.0) -> str:
 
 
 def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    from hpcppo.config import compile_config
+    from hpcppo.compiler import compile_config
     from hpcppo.distributed import env as dist_env
     from hpcppo.rundir import RunPaths
     from hpcppo.train.build import build_components

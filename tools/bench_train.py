@@ -90,7 +90,7 @@ def plain_actor(paths: dict[str, Path], actor: Any) -> tuple[torch.nn.Module, to
 # ---------------------------------------------------------------------------------------------- main
 def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     """Build, train, measure the reference rates; returns the figures."""
-    from hpcppo.config import compile_config
+    from hpcppo.compiler import compile_config
     from hpcppo.distributed import env as dist_env
     from hpcppo.metrics import load as load_metrics
     from hpcppo.rundir import RunPaths

@@ -16,18 +16,17 @@ from typing import Any
 
 from hpcppo.analysis.summary import duration, fmt, steps_text, summarize_target
 from hpcppo.analysis.targets import Target, resolved_data
+from hpcppo.config import load_resolved, provenance_rows
+from hpcppo.config.fields import fmt_value
 from hpcppo.errors import ConfigError, HpcppoError
 from hpcppo.rundir import metric_names
-from hpcppo.rundir.events import kind_tail
+from hpcppo.rundir.events import kind_tail, shown_in
 
 OUTCOMES: tuple[str, ...] = metric_names.headline_names("compare")
-_WATCHDOG_KINDS = ("rollback", "pause", "paused", "raise_kl_coef", "restart_critic", "set_grad_clip", "requeue",
-                   "hang", "trainer_dead")
+_WATCHDOG_KINDS = shown_in("compare")  # the "watchdog / stops" row
 
 
 def _flatten(data: Any, prefix: str, out: dict[str, str]) -> None:
-    from hpcppo.config.fields import fmt_value
-
     if isinstance(data, dict) and data:
         for k, v in data.items():
             _flatten(v, f"{prefix}.{k}" if prefix else str(k), out)
@@ -39,7 +38,6 @@ def config_keys(target: Target) -> tuple[dict[str, str], str | None]:
     """``{key: value as TOML text}`` of ``target``'s resolved config, and a note when it was read as plain TOML."""
     if target.resolved is None or not target.resolved.is_file():
         return {}, "no resolved.toml (a bare metric file)"
-    from hpcppo.config import load_resolved, provenance_rows
 
     try:
         return {key: value for key, value, _ in provenance_rows(load_resolved(target.resolved))}, None

@@ -28,8 +28,13 @@ import pandas as pd
 
 from hpcppo.analysis.logs import last_value, number_text, total_steps
 from hpcppo.errors import HpcppoError, RunStateError
+from hpcppo.launch import status
+from hpcppo.launch.status import FINAL_STATES, state_text
+from hpcppo.metrics import events as load_run_events
+from hpcppo.metrics import load
 from hpcppo.rundir import metric_names
 from hpcppo.rundir.paths import RunPaths
+from hpcppo.timefmt import format_elapsed
 
 DETACHED = "detached from {run}: the job goes on (hpcppo follow {run} to watch it again, hpcppo cancel {run} to stop it)"
 _ETA_WINDOW = 20  # rows of the current attempt the step rate is measured over
@@ -75,8 +80,6 @@ def make_view(state: str, rows: pd.DataFrame, total: int | None, elapsed_s: floa
 
 def clock(seconds: float | None) -> str:
     """``H:MM:SS`` as ``hpcppo status`` writes it (never below 0), ``-`` when unknown."""
-    from hpcppo.launch.status import format_elapsed
-
     return format_elapsed(None if seconds is None else max(0.0, seconds))
 
 
@@ -125,13 +128,11 @@ class RunReader:
 
     def refresh(self) -> bool:
         """Read the log again if a file changed; True when it did."""
-        from hpcppo.metrics import events, load
-
         sig = self._stat()
         if sig == self._signature:
             return False
         self.rows = load(self.run_dir)
-        self._events = events(self.run_dir)
+        self._events = load_run_events(self.run_dir)
         self._signature = sig
         return True
 
@@ -259,8 +260,6 @@ def follow(run: Any, *, out: TextIO | None = None, live: bool | None = None, pol
     Raises:
         RunStateError: the run was never submitted.
     """
-    from hpcppo.launch import status
-
     out = out or sys.stdout
     get_status = get_status or status.run_status
     st = get_status(run)
@@ -281,8 +280,6 @@ def follow(run: Any, *, out: TextIO | None = None, live: bool | None = None, pol
 
 def _loop(run: Any, reader: RunReader, display: Any, st: dict[str, Any], total: int | None, poll_s: float,
           status_every_s: float, unknown_grace_s: float, get_status: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
-    from hpcppo.launch.status import FINAL_STATES, state_text
-
     reader.refresh()
     earlier = reader.new_events()
     if len(earlier) > _EARLIER_EVENTS and isinstance(display, PlainDisplay):

@@ -1,10 +1,10 @@
 """What a run left behind, read from a login node: its job logs, its events, and the list of runs.
 
-* ``hpcppo logs RUN [--rank R] [--attempt A] [-f]``: :func:`find_log` picks the file, :func:`follow_file` tails it.
-  A Slurm job writes its batch log to ``logs/slurm-<job>.out`` and each rank's output to
+* ``hpcppo logs RUN [--rank R | --watchdog] [--attempt A] [-f]``: :func:`find_log` picks the file,
+  :func:`follow_file` tails it. A Slurm job writes its batch log to ``logs/slurm-<job>.out`` and each rank's output to
   ``logs/attempt-<job>.<restart>/rank-<r>.log``; a local job writes ``logs/attempt-local-<job>/rank-<r>.log`` (the job
-  script runs once per rank there, so a local run has no batch log of its own). ``watchdog.log`` sits beside
-  the rank logs.
+  script runs once per rank there, so a local run has no batch log of its own). ``watchdog.log`` (the monitor's
+  output, ``--watchdog``) sits beside the rank logs.
 * ``hpcppo runs``: :func:`run_rows` is every run under a runs root, newest first, with its job state and how
   far its training got (step of total, last reward and KL from the metric log).
 
@@ -27,7 +27,12 @@ from typing import Any, BinaryIO
 
 import pandas as pd
 
+from hpcppo.analysis import targets
+from hpcppo.analysis.targets import resolve_target
 from hpcppo.errors import HpcppoError, PathError, RunStateError
+from hpcppo.launch.status import FINAL_STATES, state_text, statuses
+from hpcppo.metrics import load, metric_files
+from hpcppo.rundir import RunDir, list_runs
 from hpcppo.rundir.paths import LOCAL_ATTEMPT_PREFIX, LOG_DIR_PREFIX, RANK_LOG_RE
 
 _RUN_TIME = re.compile(r"-(\d{8}-\d{6})-[0-9a-f]{4}$")
@@ -42,9 +47,6 @@ def open_run(text: str, runs_root: Callable[[], Path]) -> Any:
         PathError: a path that does not exist or is no run directory (a lone metric file has no job).
         RunIdError: no such run under the runs root.
     """
-    from hpcppo.analysis.targets import resolve_target
-    from hpcppo.rundir import RunDir
-
     target = resolve_target(text, runs_root)
     if target.run_dir is None:
         raise PathError(f"{text}: not a run directory", hint="a run id, or a directory with resolved.toml")
@@ -67,8 +69,6 @@ def _created(run: Any) -> float:
 
 def total_steps(run: Any) -> int | None:
     """The run's planned number of training steps, from ``resolved.toml`` (``None`` when unknown)."""
-    from hpcppo.analysis import targets
-
     return targets.total_steps(targets.resolved_data(targets.Target(run.run_id, run.path, run.path)))
 
 
@@ -84,8 +84,6 @@ def progress(run: Any) -> dict[str, Any]:
     """How far the run's training got: ``step`` (last logged), ``reward``, ``kl``, ``kl_coef`` (last finite values),
     ``last_row_time``; ``error`` when its metric log cannot be read. Only the newest attempt's file is read: its
     last row is always part of the current history."""
-    from hpcppo.metrics import load, metric_files
-
     out: dict[str, Any] = {"step": None, "reward": None, "kl": None, "kl_coef": None, "last_row_time": None}
     try:
         for path in reversed(metric_files(run.path)):
@@ -104,8 +102,6 @@ def progress(run: Any) -> dict[str, Any]:
 
 def known_states() -> list[str]:
     """State names a run can have (Slurm's, the local executor's and ours), for ``--state`` checks."""
-    from hpcppo.launch.status import FINAL_STATES
-
     live = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED",
             "CONFIGURING", "COMPLETING", "STOPPED", "SIGNALING", "STAGE_OUT", "SPECIAL_EXIT", "RESV_DEL_HOLD"}
     return sorted(set(FINAL_STATES) | live | {"NOT_SUBMITTED", "UNKNOWN", "UNREADABLE"})
@@ -142,9 +138,6 @@ def run_rows(runs_root: Path, *, states: Iterable[str] = (), name: str | None = 
         states: keep runs in these states (see :func:`check_states`).
         name: keep run ids containing this text, or matching it as a glob when it has ``*?[``.
     """
-    from hpcppo.launch.status import statuses
-    from hpcppo.rundir import list_runs
-
     wanted = check_states(states) if states else set()
     runs = [r for r in list_runs(runs_root) if name is None or _name_matches(r.run_id, name)]
     runs.sort(key=lambda r: (_created(r), r.run_id), reverse=True)
@@ -179,8 +172,6 @@ RUN_COLUMNS = ("run", "state", "step", "reward", "kl", "site", "job", "age")
 
 def run_row_cells(row: dict[str, Any]) -> tuple[str, ...]:
     """One row of the run table, in :data:`RUN_COLUMNS` order."""
-    from hpcppo.launch.status import state_text
-
     if row.get("error"):
         step = "unreadable"
     elif row["step"] is None:
@@ -237,15 +228,15 @@ def _ranks(folder: Path) -> list[int]:
     return sorted(int(m.group(1)) for p in folder.iterdir() if (m := RANK_LOG_RE.match(p.name)))
 
 
-def find_log(run: Any, *, rank: int | None = None, attempt: str | None = None,
+def find_log(run: Any, *, rank: int | None = None, attempt: str | None = None, watchdog: bool = False,
              scheduler: str | None = None) -> tuple[Path, str | None]:
     """The log file to show and a note about the choice (``None`` when there is nothing to say).
 
-    Without ``rank``: the attempt's batch log (Slurm), or rank 0's log on a local run. Without ``attempt``: the
-    newest attempt.
+    Without ``rank``: the attempt's batch log (Slurm), or rank 0's log on a local run; with ``watchdog``: the
+    attempt's ``watchdog.log``. Without ``attempt``: the newest attempt.
 
     Raises:
-        RunStateError: the run has no log yet.
+        RunStateError: the run has no log yet, or the attempt no watchdog log.
         PathError: no such attempt or rank (the message lists those that exist).
     """
     attempts = log_attempts(run)
@@ -253,6 +244,13 @@ def find_log(run: Any, *, rank: int | None = None, attempt: str | None = None,
         raise RunStateError(f"{run.run_id}: no job log yet", hint=f"nothing under {run.logs}")
     chosen = _pick_attempt(run, attempt, attempts)
     folder = run.log_dir(chosen)
+    if watchdog:
+        path = run.watchdog_log(chosen)
+        if not path.is_file():
+            raise RunStateError(f"{run.run_id}: attempt {chosen} has no watchdog log (the monitor did not run, or "
+                                f"has not written yet)",
+                                hint=f"in {folder}: {', '.join(sorted(p.name for p in folder.iterdir())) or 'nothing'}")
+        return path, None
     ranks = _ranks(folder)
     if rank is None:
         batch = run.batch_log(_job_of(chosen))

@@ -27,24 +27,22 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from hpcppo.analysis.targets import Target
+from hpcppo.analysis.summary import ema
+from hpcppo.analysis.targets import Target, no_rows_error
 from hpcppo.errors import ConfigError
+from hpcppo.metrics import events as load_run_events
+from hpcppo.metrics import load
 from hpcppo.metrics.schema import UnknownColumnError
 from hpcppo.rundir import metric_names
-from hpcppo.rundir.events import kind_tail
+from hpcppo.rundir.events import PLOT_MARKS, plot_mark
 
 X_AXES = ("step", "time", "tokens")
 FORMATS = ("png", "pdf", "svg")
 DEFAULT_METRICS = metric_names.headline_names("plot")
-# Event kinds drawn as vertical lines: (category, colour, line style). Kinds are matched by their last part, so
-# "watchdog.rollback" and a trainer's "rollback" are the same mark.
-MARKS: dict[str, tuple[str, str]] = {
-    "rollback": ("#d62728", "--"),
-    "pause": ("#ff7f0e", ":"),
-    "resume": ("#2ca02c", "-."),
-}
-_MARK_OF_KIND = {"rollback": "rollback", "pause": "pause", "paused": "pause", "preempted": "pause",
-                 "requeue": "pause", "resume": "resume", "resumed": "resume"}
+# Event kinds drawn as vertical lines: category -> (colour, line style); which kinds belong to which category is
+# hpcppo.rundir.events.SHOWN (matched on a kind's last part: "watchdog.rollback" and "control.rollback" alike).
+_STYLES: dict[str, tuple[str, str]] = {"rollback": ("#d62728", "--"), "pause": ("#ff7f0e", ":"), "resume": ("#2ca02c", "-.")}
+MARKS: dict[str, tuple[str, str]] = {category: _STYLES[category] for category in PLOT_MARKS}
 _TOKENS = ("perf/tokens_per_s", "perf/step_time_s")
 
 
@@ -56,8 +54,6 @@ class Smoothing:
     def apply(self, y: np.ndarray) -> np.ndarray:
         """``y`` (finite values only) smoothed."""
         if self.kind == "ema" and self.value > 0 and len(y):
-            from hpcppo.analysis.summary import ema
-
             return ema(y, self.value)
         if self.kind == "window" and self.value > 1:
             return pd.Series(y).rolling(int(self.value), min_periods=1).mean().to_numpy()
@@ -120,8 +116,6 @@ class Series:
 def history(run: str | os.PathLike[str]) -> pd.DataFrame:
     """Every row of ``run`` (abandoned branches and re-done steps too) in logging order, with the boolean
     ``current`` column of :func:`hpcppo.metrics.load` (the row is on the current history)."""
-    from hpcppo.metrics import load
-
     frame = load(run, attempts="all", branches="all")
     return frame.sort_values(["attempt", "seq"], kind="stable", ignore_index=True)
 
@@ -146,11 +140,9 @@ def _event_x(event: pd.Series, rows: pd.DataFrame, x: str) -> float | None:
 
 
 def _marks(run: str | os.PathLike[str], rows: pd.DataFrame, x: str) -> list[tuple[str, float]]:
-    from hpcppo.metrics import events
-
     marks: list[tuple[str, float]] = []
-    for _, event in events(run).iterrows():
-        category = _MARK_OF_KIND.get(kind_tail(str(event["kind"])))
+    for _, event in load_run_events(run).iterrows():
+        category = plot_mark(str(event["kind"]))
         if category is None:
             continue
         pos = _event_x(event, rows, x)
@@ -166,8 +158,6 @@ def load_series(runs: Sequence[Target], metrics: Sequence[str], x: str) -> list[
         UnknownColumnError: a metric (or, for ``x="tokens"``, a throughput column) is in no run's log.
         RunStateError: no run has a row yet (why, for the first one: not submitted, pending ...).
     """
-    from hpcppo.analysis.targets import no_rows_error
-
     if x not in X_AXES:
         raise ConfigError(f"-x {x!r}: expected one of {', '.join(X_AXES)}")
     loaded = [(t.name, t.path, history(t.path)) for t in runs]

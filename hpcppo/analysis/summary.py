@@ -32,12 +32,12 @@ from hpcppo.metrics import events as load_run_events
 from hpcppo.metrics import load, metric_files
 from hpcppo.metrics.schema import UnknownColumnError
 from hpcppo.rundir import metric_names
-from hpcppo.rundir.events import kind_tail, read_events
+from hpcppo.rundir.events import kind_tail, read_events, shown_in
+from hpcppo.timefmt import format_elapsed
 
 SMOOTH = 0.9
 #: Event kinds (matched on their last dotted part) listed one by one; the rest are only counted.
-NOTABLE = ("rollback", "pause", "paused", "requeue", "resume", "preempted", "hang", "trainer_dead", "stop",
-           "restart_critic", "raise_kl_coef", "set_grad_clip", "suppressed")
+NOTABLE = shown_in("summary")
 _SPARSE_NAMES = ("time/checkpoint_s",)
 _SPARSE_PREFIXES = ("val/",)
 LAST_EVENTS = 10
@@ -231,8 +231,6 @@ def fmt(value: float | None) -> str:
 
 def duration(seconds: float) -> str:
     """``H:MM:SS`` as ``hpcppo status`` writes it, to the nearest second."""
-    from hpcppo.launch.status import format_elapsed
-
     return format_elapsed(round(seconds))
 
 

@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from hpcppo.errors import PathError, RunStateError
+from hpcppo.launch import status
+from hpcppo.metrics import metric_files
+from hpcppo.rundir import RunDir
 from hpcppo.rundir.paths import RunPaths, in_metrics_dir, is_metrics_dir
 
 
@@ -70,7 +73,6 @@ def resolve_target(text: str, runs_root: Callable[[], Path]) -> Target:
         return Target(name=name, path=path, run_dir=run_dir)
     if os.sep in text or text.endswith((".h5", ".hdf5")) or text in (".", ".."):
         raise PathError(f"{text}: no such run directory or metric file")
-    from hpcppo.rundir import RunDir
 
     run = RunDir.open(runs_root(), text)
     return Target(name=run.run_id, path=run.path, run_dir=run.path)
@@ -108,14 +110,10 @@ def total_steps(data: dict[str, Any]) -> int | None:
 def no_rows_error(target: Target) -> RunStateError:
     """Why ``target`` has no row to show, in one line: a job not started yet, a run never submitted, a job that
     ended before its first row, or a log still empty."""
-    from hpcppo.metrics import metric_files
-
     files = metric_files(target.path)
     if target.resolved is None or not target.resolved.is_file():
         what = "has no metric file (attempt-NNNN.h5)" if not files else "has no row yet"
         return RunStateError(f"{target.name}: {what}")
-    from hpcppo.launch import status
-    from hpcppo.rundir import RunDir
 
     st = status.run_status(RunDir(target.run_dir))
     state, reason = st.get("state", "UNKNOWN"), st.get("reason")

@@ -2,7 +2,7 @@
 
 Typical use::
 
-    compiled = compile_config("examples/arith-tiny.toml", "local", ["actor.lr=2e-6"])
+    compiled = compile_config("examples/arith-tiny.toml", "local", ["actor.lr=2e-6"])  # hpcppo.compiler
     compiled.plan.world_size, compiled.provenance["actor.lr"]   # -> 2, "override"
     write_resolved(compiled, run_dir / "resolved.toml")           # the job reads it with load_resolved()
 
@@ -13,8 +13,8 @@ spec's directory. No torch import here or below: the login-node CLI uses this pa
 
 from __future__ import annotations
 
-from hpcppo.config.compiled import (Compiled, JobSection, check_experiment_paths, compile_config, compile_preflight,
-                                    load_resolved, runs_root, runs_root_origin, to_toml, write_resolved)
+from hpcppo.config.compiled import (Compiled, JobSection, check_experiment_paths, load_resolved, runs_root,
+                                    runs_root_origin, to_toml, write_resolved)
 from hpcppo.config.experiment import (ActorSection, AlgorithmSection, CheckpointSection, CriticSection, DataSection,
                                       Experiment, FsdpSection, KlCtrlSection, ModelSection, ReferenceSection,
                                       ResourcesSection, RolloutSection, TrainerSection)
@@ -27,7 +27,7 @@ from hpcppo.config.site import Site
 from hpcppo.config.watchdog import Rule, WatchdogSection, default_rules
 
 __all__ = [
-    "Compiled", "JobSection", "compile_config", "compile_preflight", "check_experiment_paths", "load_resolved", "to_toml", "write_resolved", "runs_root",
+    "Compiled", "JobSection", "check_experiment_paths", "load_resolved", "to_toml", "write_resolved", "runs_root",
     "runs_root_origin",
     "Experiment", "ModelSection", "DataSection", "RolloutSection", "FsdpSection", "ActorSection", "CriticSection",
     "ReferenceSection", "KlCtrlSection", "AlgorithmSection", "TrainerSection", "CheckpointSection",

@@ -1,5 +1,6 @@
-"""``compile_config``: site + spec + overrides -> ``Compiled`` (site, experiment, plan, provenance);
-``to_toml`` / ``load_resolved`` write and read ``resolved.toml``, the job's only input.
+"""``Compiled`` (site, experiment, plan, provenance, job): what :mod:`hpcppo.compiler` makes of a site, a spec and
+overrides; ``to_toml`` / ``load_resolved`` write and read ``resolved.toml``, the job's only input; the checks of the
+model paths and the rollout engine; ``runs_root``.
 """
 
 from __future__ import annotations
@@ -7,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +18,14 @@ import hpcppo
 from hpcppo.config.convert import converter, read_input, read_toml, structure
 from hpcppo.config.experiment import Experiment
 from hpcppo.config.fields import opt
-from hpcppo.config.load import (expand_path_text, experiment_from_data, load_experiment_with_provenance,
-                                load_site_with_provenance, parse_overrides)
+from hpcppo.config.load import expand_path_text
 from hpcppo.config.plan import RunPlan
 from hpcppo.config.resolve import resolve
 from hpcppo.config.site import Site
-from hpcppo.config.watchdog import check_rule_metrics
 from hpcppo.errors import ConfigError, PathError
+from hpcppo.fsutil import atomic_write_text
 
-__all__ = ["Compiled", "JobSection", "compile_config", "compile_preflight", "check_experiment_paths", "to_toml",
+__all__ = ["Compiled", "JobSection", "check_experiment_paths", "check_engine_installed", "to_toml",
            "load_resolved", "write_resolved", "runs_root", "runs_root_origin", "RUNS_ROOT_ENV"]
 
 _SECTIONS = ("source", "job", "site", "experiment", "plan", "provenance")
@@ -135,90 +134,6 @@ def check_engine_installed(site: Site, experiment: Experiment) -> None:
                           f"or use rollout.engine = \"hf\"", key="rollout.engine")
 
 
-def compile_config(spec: str | os.PathLike[str], site: str | os.PathLike[str] = "local",
-                   overrides: Iterable[str] = (), *, check_paths: bool = True, cwd: Path | None = None,
-                   check_memory: bool = True) -> Compiled:
-    """Load the site (name or path) and the spec, apply ``-o key=value`` overrides, resolve the plan.
-
-    ``check_paths=False`` skips the existence check of model and data paths (for ``config show`` on a
-    login node where they exist only on the cluster); submission keeps it on. Relative paths in
-    overrides are relative to ``cwd`` (default: the current directory). ``check_memory`` refuses a colocation
-    that cannot fit a GPU of the site (hpcppo.planning.check_colocation; ``hpcppo plan`` shows the budget).
-    """
-    spec_path = Path(spec)
-    try:
-        spec_text = read_input(spec_path).decode("utf-8")
-    except (OSError, UnicodeDecodeError, ConfigError):
-        spec_text = ""  # read_toml below reports the problem with the file name
-    exp_data, site_data = parse_overrides(overrides)
-    site_obj, site_prov, site_file = load_site_with_provenance(site, site_data)
-    experiment, exp_prov = load_experiment_with_provenance(spec_path, exp_data, site=site_obj,
-                                                           site_file=str(site_file), cwd=cwd)
-    if check_paths:
-        check_experiment_paths(experiment)
-        from hpcppo.data.check import check_experiment_data  # pyarrow: only when the data is checked
-
-        check_experiment_data(experiment)  # schema, data sources, reward_fn, prompt lengths, rows per batch
-        check_engine_installed(site_obj, experiment)
-    check_rule_metrics(experiment.watchdog, file=str(spec_path))
-    plan = resolve(site_obj, experiment)
-    if check_memory:
-        from hpcppo.planning import check_colocation
-
-        check_colocation(site_obj, experiment, plan)
-    job = JobSection(kind="train", collective_timeout_s=experiment.trainer.collective_timeout_s)
-    return Compiled(site=site_obj, experiment=experiment, plan=plan, provenance=_merge_prov(exp_prov, site_prov),
-                    job=job, spec_path=str(spec_path.resolve()), site_path=str(Path(site_file).resolve()),
-                    spec_text=spec_text)
-
-
-def _merge_prov(exp_prov: dict[str, str], site_prov: dict[str, str]) -> dict[str, str]:
-    provenance = dict(exp_prov)
-    provenance.update({f"site.{k}": v for k, v in site_prov.items()})
-    return provenance
-
-
-def compile_preflight(site: str | os.PathLike[str] = "local", *, nodes: int | None = None,
-                      overrides: Iterable[str] = (), cwd: Path | None = None,
-                      runs_root_override: str | os.PathLike[str] | None = None) -> Compiled:
-    """A preflight job for ``site``: the whole launch path, no model or data.
-
-    The generated spec asks for ``nodes`` nodes (default: the site's largest allocation on Slurm, 1
-    locally), all ranks per node, 10 minutes and a batch that divides any world size; ``overrides``
-    apply as usual (e.g. ``resources.time=00:05:00``, ``site.slurm.partition=debug``). The job checks that it
-    can write the runs root (:func:`runs_root` with ``runs_root_override``, the same rule the run directory
-    follows) and the site's scratch directory.
-    """
-    exp_data, site_data = parse_overrides(overrides)
-    site_obj, site_prov, site_file = load_site_with_provenance(site, site_data)
-    n_nodes = nodes if nodes is not None else (site_obj.max_nodes if site_obj.scheduler == "slurm" else 1)
-    # Ranks per node only depend on the site; the batch is then one prompt per rank.
-    ranks = site_obj.gpus_per_node or (site_obj.local.procs_per_node if site_obj.scheduler == "local" else 1)
-    world = max(1, n_nodes) * ranks
-    data = {
-        "name": "preflight",
-        "description": f"preflight of site {site_obj.name}",
-        "model": {"path": "unused-by-preflight"},
-        "data": {"train_files": ["unused-by-preflight.parquet"]},
-        "trainer": {"train_batch_size": world, "total_steps": 1},
-        "actor": {"ppo_mini_batch_size": world, "ppo_micro_batch_size_per_gpu": 1},
-        "resources": {"nodes": n_nodes, "time": "00:10:00"},
-        "checkpoint": {"save_on_preempt": False},
-        "watchdog": {"enable": False},
-    }
-    spec_text = "# generated by hpcppo preflight\n" + tomli_w.dumps(data)
-    experiment, exp_prov = experiment_from_data(data, "preflight spec", None, exp_data, site=site_obj,
-                                                site_file=str(site_file), cwd=cwd)
-    plan = resolve(site_obj, experiment)
-    paths = [str(runs_root(site_obj, runs_root_override, cwd=cwd))]
-    if site_obj.paths.scratch:
-        paths.append(expand_path_text(site_obj.paths.scratch, key="site.paths.scratch", label=str(site_file)))
-    job = JobSection(kind="preflight", collective_timeout_s=min(300.0, experiment.trainer.collective_timeout_s),
-                     preflight_paths=paths)
-    return Compiled(site=site_obj, experiment=experiment, plan=plan, provenance=_merge_prov(exp_prov, site_prov),
-                    job=job, spec_path="", site_path=str(Path(site_file).resolve()), spec_text=spec_text)
-
-
 def _drop_none(value: Any) -> Any:
     # TOML has no null: unset optional fields are omitted and come back as their default (None).
     if isinstance(value, dict):
@@ -249,8 +164,6 @@ def to_toml(compiled: Compiled) -> str:
 
 def write_resolved(compiled: Compiled, path: str | os.PathLike[str]) -> Path:
     """Write ``resolved.toml`` atomically (temporary file, fsync, rename)."""
-    from hpcppo.fsutil import atomic_write_text
-
     return atomic_write_text(path, to_toml(compiled))
 
 

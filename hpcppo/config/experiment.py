@@ -8,6 +8,8 @@ them absolute.
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from hpcppo import estimators
@@ -53,12 +55,17 @@ def _check_time(value: str) -> str | None:
     return None if seconds > 0 else f"{value!r} must be a positive duration"
 
 
+# The built-in scorers data.reward_fn can name (hpcppo.data.rewards.BUILTINS; a test keeps the two in step).
+REWARD_BUILTINS = ("gsm8k", "math", "math_verify", "math_dapo", "arith")
+
+
 def _check_reward_fn(value: str) -> str | None:
-    if value == "auto":
+    if value == "auto" or value in REWARD_BUILTINS:
         return None
     module, sep, func = value.partition(":")
     if not sep or not module or not func.isidentifier():
-        return f"{value!r} must be \"auto\" or \"module:function\" (e.g. \"my_rewards:score\")"
+        return (f"{value!r} must be \"auto\", a built-in ({', '.join(REWARD_BUILTINS)}) or \"module:function\" "
+                f"(e.g. \"my_rewards:score\")")
     return None
 
 
@@ -97,9 +104,14 @@ class DataSection:
                                                     "data.filter_overlong_prompts; compile reports how many.")
     shuffle: bool = opt(True, help="Shuffle the training prompts each epoch (seeded).")
     reward_fn: str = opt("auto", check=_check_reward_fn,
-                         help="\"auto\" = dispatch on each row's data_source with verl's names (openai/gsm8k, "
-                              "lighteval/MATH, HuggingFaceH4/MATH-500, math_dapo, aime* ...; docs/data.md), or "
-                              "\"module:function\" / \"path/to/file.py:function\" for your own scorer.")
+                         help="\"auto\" = dispatch on each row's data_source as verl's default_compute_score does "
+                              "(openai/gsm8k, lighteval/MATH, HuggingFaceH4/MATH-500, math_dapo, aime* ...; "
+                              "docs/data.md); a built-in for every row (gsm8k, math, math_verify, math_dapo, arith); "
+                              "or \"module:function\" / \"path/to/file.py:function\" for your own scorer.")
+    reward_kwargs: dict[str, Any] = opt(factory=dict,
+                                        help="Keyword arguments for the reward function data.reward_fn names (a "
+                                             "built-in or yours), as verl's custom_reward_function.reward_kwargs; "
+                                             "not with \"auto\".")
     gsm8k_method: str = opt("strict", choices=("strict", "flexible"),
                             help="GSM8K scoring: strict = verl's rule (the last '#### ' + number, compared as a "
                                  "string: '18.00' is not '18'); flexible = the last number anywhere, compared "
@@ -108,6 +120,9 @@ class DataSection:
     def __attrs_post_init__(self) -> None:
         if not self.train_files:
             raise FieldValueError("train_files", "needs at least one Parquet file")
+        if self.reward_kwargs and self.reward_fn == "auto":
+            raise FieldValueError("reward_kwargs", "needs a named reward_fn (a built-in or \"module:function\"): "
+                                                   "\"auto\" picks a scorer per row (its option is gsm8k_method)")
 
 
 @attrs.frozen(kw_only=True)
@@ -153,11 +168,21 @@ def _optimizer_fields(lr: float, grad_clip_help: str) -> dict[str, object]:
         lr=opt(lr, gt=0.0, le=10.0, help="Learning rate (AdamW)."),
         weight_decay=opt(0.01, ge=0.0, help="AdamW weight decay."),
         betas=opt(factory=lambda: [0.9, 0.999], check=_check_betas, help="AdamW betas [beta1, beta2]."),
-        warmup_steps=opt(0, ge=0, help="Linear learning-rate warm-up, in optimizer steps."),
+        warmup_steps=opt(0, ge=0, help="Linear learning-rate warm-up, in training steps (verl's unit: its scheduler "
+                                       "steps once per training step); the lr rises over every optimizer step in them."),
+        warmup_ratio=opt(0.0, ge=0.0, le=1.0, help="Warm-up as a fraction of the training steps, int(ratio x total "
+                                                   "steps), as verl's lr_warmup_steps_ratio; used when warmup_steps "
+                                                   "is 0."),
         lr_schedule=opt("constant", choices=_LR_SCHEDULES, help="Learning-rate schedule after warm-up."),
         min_lr_ratio=opt(0.0, ge=0.0, le=1.0, help="Final lr as a fraction of lr (cosine/linear)."),
         grad_clip=opt(1.0, gt=0.0, help=grad_clip_help),
     )
+
+
+def _check_warmup(section: object) -> None:
+    if getattr(section, "warmup_steps") > 0 and getattr(section, "warmup_ratio") > 0:
+        raise FieldValueError("warmup_ratio", "set warmup_steps or warmup_ratio, not both (warmup_ratio applies only "
+                                              "when warmup_steps is 0, as verl's ratio when lr_warmup_steps is -1)")
 
 
 _A = _optimizer_fields(1e-6, "Clip the actor's global gradient norm to this value.")
@@ -172,6 +197,7 @@ class ActorSection:
     weight_decay: float = _A["weight_decay"]
     betas: list[float] = _A["betas"]
     warmup_steps: int = _A["warmup_steps"]
+    warmup_ratio: float = _A["warmup_ratio"]
     lr_schedule: str = _A["lr_schedule"]
     min_lr_ratio: float = _A["min_lr_ratio"]
     grad_clip: float = _A["grad_clip"]
@@ -190,6 +216,9 @@ class ActorSection:
                             help="KL estimator of the KL loss; a trailing '+' uses k2's gradient (straight-through).")
     fsdp: FsdpSection = opt(factory=FsdpSection, help="FSDP2 options of the actor.")
 
+    def __attrs_post_init__(self) -> None:
+        _check_warmup(self)
+
 
 @attrs.frozen(kw_only=True)
 class CriticSection:
@@ -199,6 +228,7 @@ class CriticSection:
     weight_decay: float = _C["weight_decay"]
     betas: list[float] = _C["betas"]
     warmup_steps: int = _C["warmup_steps"]
+    warmup_ratio: float = _C["warmup_ratio"]
     lr_schedule: str = _C["lr_schedule"]
     min_lr_ratio: float = _C["min_lr_ratio"]
     grad_clip: float = _C["grad_clip"]
@@ -210,6 +240,9 @@ class CriticSection:
     warmup_updates: int = opt(0, ge=0, help="Critic warm-up: the actor is not updated during the first N steps "
                                              "(verl's critic_warmup = N + 1: verl counts steps from 1).")
     fsdp: FsdpSection = opt(factory=FsdpSection, help="FSDP2 options of the critic.")
+
+    def __attrs_post_init__(self) -> None:
+        _check_warmup(self)
 
 
 @attrs.frozen(kw_only=True)

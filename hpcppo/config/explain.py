@@ -17,7 +17,7 @@ from hpcppo.config.fields import did_you_mean, fmt_value
 from hpcppo.config.load import leaf_keys
 from hpcppo.config.plan import RunPlan
 from hpcppo.config.site import Site
-from hpcppo.config.watchdog import Rule
+from hpcppo.config.watchdog import Rule, default_rules
 from hpcppo.errors import ConfigError
 
 __all__ = ["explain", "provenance_rows", "render_provenance"]
@@ -57,8 +57,6 @@ def _describe(key: str, attribute: attrs.Attribute) -> str:
         return "\n".join(lines)
     lines.append(f"  type:    {type_text(attribute.type)}")
     if key == "watchdog.rules":
-        from hpcppo.config.watchdog import default_rules
-
         lines.append("  default: the built-in rules (set watchdog.defaults = false to drop them):")
         lines.extend(f"    {_rule_text(r)}" for r in default_rules())
     else:

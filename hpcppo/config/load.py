@@ -27,12 +27,13 @@ from typing import Any
 
 import attrs
 
+from hpcppo.config import verl
 from hpcppo.config.convert import is_section, read_toml, section_fields, structure, type_text
 from hpcppo.config.experiment import Experiment
 from hpcppo.config.fields import FieldValueError, did_you_mean, fmt_value
-from hpcppo.config import verl
 from hpcppo.config.site import Site
 from hpcppo.errors import ConfigError, SiteNotFoundError
+from hpcppo.resources import sites_dir
 
 __all__ = ["Layer", "load_site", "load_site_with_provenance", "load_experiment", "load_experiment_with_provenance",
            "parse_overrides", "site_search_dirs", "experiment_from_data", "available_sites", "lookup_field", "OVERRIDE_LABEL",
@@ -292,8 +293,6 @@ def parse_overrides(overrides: Iterable[str]) -> tuple[dict[str, Any], dict[str,
 
 def site_search_dirs() -> list[Path]:
     """Where site names are looked up, in order: $HPCPPO_SITES_DIR, ~/.config/hpcppo/sites, packaged sites/."""
-    from hpcppo.resources import sites_dir
-
     dirs = [Path(d) for d in os.environ.get("HPCPPO_SITES_DIR", "").split(os.pathsep) if d]
     for d in dirs:
         _usable(d, "directory", "$HPCPPO_SITES_DIR", "directories separated by ':'")

@@ -12,8 +12,8 @@ from typing import Any
 
 import attrs
 
-from hpcppo.config.fields import opt, parse_slurm_time
-from hpcppo.planning.catalog import GPU_KINDS
+from hpcppo.config.fields import FieldValueError, opt, parse_slurm_time
+from hpcppo.sizing.catalog import GPU_KINDS
 
 __all__ = ["Site", "SlurmSection", "LocalSection", "EnvSection", "ContainerSection", "PathsSection",
            "Hdf5Section", "TemplatesSection"]
@@ -149,8 +149,6 @@ class ContainerSection:
     extra_args: list[str] = opt(factory=list, help="Extra arguments for the runtime (each one shell-quoted).")
 
     def __attrs_post_init__(self) -> None:
-        from hpcppo.config.fields import FieldValueError
-
         if self.runtime != "none" and not self.image:
             raise FieldValueError("image", f"runtime = {self.runtime!r} needs an image")
 
@@ -189,7 +187,7 @@ class Site:
     scheduler: str = opt("slurm", choices=("slurm", "local"),
                          help="slurm (sbatch via submitit) or local (submitit's LocalExecutor on this machine).")
     gpu: str = opt("", choices=("", *GPU_KINDS),
-                   help="GPU kind, for hpcppo plan and the memory check of compile (hpcppo.planning.catalog); "
+                   help="GPU kind, for hpcppo plan and the memory check of compile (hpcppo.sizing.catalog); "
                         "\"\" = unknown or none.")
     slurm: SlurmSection = opt(factory=SlurmSection, help="Slurm request settings.")
     local: LocalSection = opt(factory=LocalSection, help="Local executor settings.")
@@ -203,8 +201,6 @@ class Site:
         help="Experiment keys this site sets for its hardware (e.g. model.dtype); the spec and -o override them.")
 
     def __attrs_post_init__(self) -> None:
-        from hpcppo.config.fields import FieldValueError
-
         threads = self.env.threads_per_rank
         if self.scheduler == "slurm" and threads > self.slurm.cpus_per_task:
             # More OpenMP threads than the cores Slurm binds to a rank only oversubscribes them.

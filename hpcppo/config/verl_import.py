@@ -14,8 +14,8 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import shlex
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,20 +26,15 @@ from hpcppo.config import verl
 from hpcppo.config.convert import MAX_INPUT_BYTES, read_input
 from hpcppo.config.experiment import Experiment
 from hpcppo.config.load import _check_leaf, experiment_from_data, leaf_keys, lookup_field
+from hpcppo.config.verl_read import (VERL_BASE_CONFIGS, VERL_OTHER_CONFIGS, YAML_MAX_DEPTH, YAML_MAX_VALUES, Read,
+                                     Setting, locate_config, read_command_line, read_input_text, read_yaml,
+                                     read_yaml_config, show)
+from hpcppo.config.watchdog import default_rules
 from hpcppo.errors import ConfigError, HpcppoError, PathError
-from hpcppo.fsutil import require_parent_dir
+from hpcppo.fsutil import atomic_write_text, require_parent_dir
 
-__all__ = ["Setting", "Imported", "read_command_line", "read_yaml", "translate", "import_verl", "render_doc"]
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One verl setting as read: dotted key (``+`` dropped), parsed value, and how it was written."""
-
-    key: str
-    value: Any
-    text: str
-    default: bool = False  # not in the input: verl's default, written because hpcppo's differs
+__all__ = ["Setting", "Imported", "read_command_line", "read_yaml", "translate", "import_verl", "render_doc",
+           "MAX_SETTINGS", "YAML_MAX_DEPTH", "YAML_MAX_VALUES", "WATCHDOG_MODES"]
 
 
 @dataclass
@@ -56,183 +51,7 @@ class Imported:
         self.report.append((kind, s.text, why))
 
 
-# ------------------------------------------------------------------------------------------------ reading
-
-_SHELL_OPS = {"|", "||", "&&", ";", "&", "|&"}
-_REDIRECT = re.compile(r"^\d*[<>]")
-_VAR = re.compile(r"\$(?:\{(\w+)(?::-([^}]*))?\}|(\w+))")
-_ASSIGN = re.compile(r"^([A-Za-z_]\w*)=(.*)$", re.S)
-
-
-def _substitute(text: str, variables: dict[str, str]) -> str:
-    """The script's own variables substituted (``${NAME:-default}`` takes the default when the script does not set
-    NAME); anything else, ``$HOME`` say, stays as written."""
-    def one(mo: re.Match[str]) -> str:
-        name = mo.group(1) or mo.group(3)
-        if name in variables:
-            return variables[name]
-        return mo.group(2) if mo.group(2) is not None else mo.group(0)
-
-    return _VAR.sub(one, text)
-
-
-def read_command_line(text: str) -> tuple[list[Setting], list[str]]:
-    """Settings of a verl command line (or a script that runs one), and notes on what was skipped."""
-    joined = re.sub(r"\\\r?\n", " ", text)
-    variables: dict[str, str] = {}
-    settings: list[Setting] = []
-    notes: list[str] = []
-    found_command = False
-    loose: list[tuple[int, list[str]]] = []  # key=value lines outside a main_ppo command
-    for lineno, line in enumerate(joined.splitlines(), 1):
-        try:
-            tokens = shlex.split(line, comments=True)
-        except ValueError as exc:
-            notes.append(f"line {lineno}: not read ({exc}): {line.strip()[:80]}")
-            continue
-        if not tokens:
-            continue
-        module = next((i for i, t in enumerate(tokens) if "main_ppo" in t), None)
-        if module is None:
-            if tokens[0] == "export":
-                tokens = tokens[1:]
-            if len(tokens) == 1 and (a := _ASSIGN.match(tokens[0])) and not found_command:
-                variables[a.group(1)] = _substitute(a.group(2), variables)
-            elif all("=" in t and "." in t.partition("=")[0] for t in tokens):
-                loose.append((lineno, tokens))
-            elif not found_command and tokens[0] not in ("set", "cd", "ulimit", "source", "."):
-                notes.append(f"line {lineno}: not a verl setting, skipped: {line.strip()[:80]}")
-            continue
-        if found_command:
-            notes.append(f"line {lineno}: a second verl command; only the first is imported")
-            continue
-        found_command = True
-        for tok in tokens[:module]:
-            if _ASSIGN.match(tok):
-                notes.append(f"environment variable {tok} for the verl command: not a setting (the site's "
-                             f"[env.vars] sets job variables)")
-        args = tokens[module + 1:]
-        settings += _settings_from(args, variables, notes)
-    for lineno, tokens in loose:
-        if found_command:  # a line cut off from the command (a missing backslash): verl would not see it either
-            notes.append(f"line {lineno}: {' '.join(tokens)[:80]} is outside the verl command (a missing \\ at the "
-                         f"end of the line before?), not imported")
-        else:  # a bare list of overrides
-            settings += _settings_from(tokens, variables, notes)
-    return settings, notes
-
-
-def _settings_from(args: list[str], variables: dict[str, str], notes: list[str]) -> list[Setting]:
-    out = []
-    it = iter(args)
-    for tok in it:
-        if tok in _SHELL_OPS or _REDIRECT.match(tok):
-            break  # a pipe or redirection ends the command (`2>&1 | tee log`)
-        if tok in ("$@", "$*", "${@}"):
-            notes.append(f"{tok}: the script's own arguments are not known here; add them to the input")
-            continue
-        if tok.startswith("-"):
-            name, eq, _ = tok.partition("=")
-            if name in ("--config-path", "--config-name", "-cp", "-cn", "--config-dir", "-cd") and not eq:
-                tok += "=" + next(it, "")
-            notes.append(f"{tok}: Hydra's option is not followed; import the YAML it names as well "
-                         f"(hpcppo import-verl FILE.yaml)")
-            continue
-        if tok.startswith("~"):
-            notes.append(f"{tok}: deleting a key (Hydra's ~) has no counterpart; the key keeps hpcppo's default")
-            continue
-        key, eq, raw = tok.partition("=")
-        if not eq:
-            notes.append(f"{tok}: not key=value, skipped")
-            continue
-        value = verl.parse_value(_substitute(raw, variables))
-        out.append(Setting(key.lstrip("+"), value, tok))
-    return out
-
-
-def _flatten(data: Any, prefix: str, out: list[Setting], notes: list[str]) -> None:
-    for key, value in data.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            _flatten(value, dotted + ".", out, notes)
-        else:
-            out.append(Setting(dotted, value, f"{dotted}={_show(value)}"))
-
-
-# A verl config is a few hundred values, a few levels deep; anchors that expand past these bounds (a "billion
-# laughs" document, an alias to itself) are refused before anything walks the expanded tree.
-YAML_MAX_VALUES = 100_000
 MAX_SETTINGS = 5_000
-YAML_MAX_DEPTH = 64
-
-
-def _check_yaml_size(node: Any, label: str) -> None:
-    """Count the values ``node`` expands to (aliases counted each time they are used), without expanding them;
-    ``ConfigError`` when past :data:`YAML_MAX_VALUES` or :data:`YAML_MAX_DEPTH` (a cycle is past both)."""
-    import yaml
-
-    count = 0
-    stack = [(node, 1)]
-    while stack:
-        current, depth = stack.pop()
-        count += 1
-        if count > YAML_MAX_VALUES:
-            raise ConfigError(f"expands to more than {YAML_MAX_VALUES:,} values (anchors and aliases used over and "
-                              f"over, or an alias to itself); a verl config has a few hundred", file=label)
-        if depth > YAML_MAX_DEPTH:
-            raise ConfigError(f"nested more than {YAML_MAX_DEPTH} levels deep (or an alias to itself); a verl config "
-                              f"nests a few levels", file=label)
-        if isinstance(current, yaml.SequenceNode):
-            stack.extend((child, depth + 1) for child in current.value)
-        elif isinstance(current, yaml.MappingNode):
-            for key, value in current.value:
-                stack.extend(((key, depth + 1), (value, depth + 1)))
-
-
-def _load_yaml(text: str, label: str) -> Any:
-    import yaml
-
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        _check_yaml_size(node, label)
-        return loader.construct_document(node)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"not valid YAML: {str(exc).splitlines()[0]}", file=label) from None
-    except RecursionError:  # the composer recurses once per level
-        raise ConfigError(f"nested more than {YAML_MAX_DEPTH} levels deep; a verl config nests a few levels",
-                          file=label) from None
-    finally:
-        loader.dispose()
-
-
-def read_yaml(text: str, label: str) -> tuple[list[Setting], list[str]]:
-    """Settings of a verl YAML config (nested mappings flattened to dotted keys)."""
-    data = _load_yaml(text, label)
-    if not isinstance(data, dict):
-        raise ConfigError("a verl YAML config is a mapping of sections (data:, actor_rollout_ref:, ...)", file=label)
-    notes = []
-    if "defaults" in data:
-        notes.append("defaults: Hydra's composition list is not followed; import the composed config (verl prints "
-                     "it with `python3 -m verl.trainer.main_ppo --cfg job`)")
-        data = {k: v for k, v in data.items() if k != "defaults"}
-    settings: list[Setting] = []
-    _flatten(data, "", settings, notes)
-    return settings, notes
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, list):
-        return "[" + ",".join(_show(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{k}:{_show(v)}" for k, v in value.items()) + "}"
-    return str(value)
 
 
 # ------------------------------------------------------------------------------------------------ translating
@@ -292,16 +111,34 @@ def _paths(target: str, value: Any, s: Setting, cwd: Path, out_dir: Path, imp: I
     return rebased if isinstance(value, list) else rebased[0]
 
 
+_INTERPOLATION = re.compile(r"^\$\{([A-Za-z_][\w.]*)\}$")
+
+
 def _unresolved(value: Any) -> bool:
     return isinstance(value, str) and ("${" in value and value.strip().startswith("${") or value == "???")
+
+
+def _interpolate(imp: Imported, s: Setting, ctx: Mapping[str, Any]) -> Setting | None:
+    """A Hydra interpolation ``${other.key}`` takes the other key's value when the input sets it (OmegaConf resolves
+    it so); otherwise the setting is reported and None returned."""
+    ref = _INTERPOLATION.match(s.value.strip()) if isinstance(s.value, str) else None
+    if ref and ref.group(1) in ctx:
+        value = ctx[ref.group(1)]
+        return Setting(s.key, value, s.text, s.default, portable=value)
+    if not s.default:
+        what = f"a Hydra interpolation of {ref.group(1)}, which the input does not set" if ref else \
+            "a Hydra interpolation or a missing value (???)"
+        imp.skip("ignored", s, f"{what}: verl fills it from verl's default there; the key keeps hpcppo's default")
+    return None
 
 
 def _apply(imp: Imported, s: Setting, ctx: dict[str, Any], cwd: Path, out_dir: Path) -> None:
     e = verl.lookup(s.key)
     if _unresolved(s.value):
-        if not s.default:
-            imp.skip("ignored", s, "a Hydra interpolation or a missing value: verl fills it from another key")
-        return
+        resolved = _interpolate(imp, s, ctx)
+        if resolved is None:
+            return
+        s = resolved
     if e is None:
         close = difflib.get_close_matches(s.key, [x.verl for x in verl.ENTRIES], n=1, cutoff=0.8)
         imp.skip("unknown", s, "not in hpcppo's verl table" + (f" (did you mean {close[0]}?)" if close else
@@ -313,11 +150,16 @@ def _apply(imp: Imported, s: Setting, ctx: dict[str, Any], cwd: Path, out_dir: P
     if e.kind == verl.IGNORED:
         imp.skip("ignored", s, e.note)
         return
+    if s.unknown:  # never a guess: the value bash would use is not known here
+        written, why = s.unknown[0]
+        imp.skip("unresolved", s, f"{written} cannot be known here ({why}); set the value in the spec by hand, or "
+                                  f"set the variable and import again")
+        return
     if e.kind == verl.UNSUPPORTED:
         if e.accepts(s.value):
-            imp.skip("ignored", s, f"{_show(s.value)} is what hpcppo does ({e.note})")
+            imp.skip("ignored", s, f"{show(s.value)} is what hpcppo does ({e.note})")
         else:
-            accepted = ", ".join(_show(v) for v in e.ok)
+            accepted = ", ".join(show(v) for v in e.ok)
             imp.skip("unsupported", s, e.note + (f" (accepted: {accepted})" if accepted else ""))
         return
     try:
@@ -329,6 +171,11 @@ def _apply(imp: Imported, s: Setting, ctx: dict[str, Any], cwd: Path, out_dir: P
         imp.skip("unsupported", s, str(exc))
         return
     target = e.hpcppo
+    if s.environ_names and target in _PATH_KEYS and s.portable is not None:
+        value = verl.translate(e, s.portable, ctx)  # ${NAME} kept: compile expands it where it runs
+    elif s.environ_names:
+        shown = ", ".join(f"${n}={os.environ.get(n, '')}" for n in s.environ_names)
+        imp.notes.append(f"{s.key}: {shown} taken from this environment (the script does not set it)")
     try:
         _check_leaf(lookup_field(Experiment, target), value, key=target, label=LABEL)
     except ConfigError as exc:
@@ -341,13 +188,13 @@ def _apply(imp: Imported, s: Setting, ctx: dict[str, Any], cwd: Path, out_dir: P
         if imp.values[target] == value:
             imp.comments[target].append(origin)
         elif target in _SMALLEST_WINS and value < imp.values[target]:
-            imp.skip("conflict", first, f"{target} takes the smaller {_show(value)} of {s.text}: hpcppo has one "
+            imp.skip("conflict", first, f"{target} takes the smaller {show(value)} of {s.text}: hpcppo has one "
                                         f"setting for both, and the smaller fits wherever verl's larger one did")
             imp.values[target], imp.comments[target], imp.sources[target] = value, [origin], s
         else:
             why = ("the smaller is kept: it fits wherever verl's larger one did" if target in _SMALLEST_WINS
                    else "the first is kept")
-            imp.skip("conflict", s, f"{target} is already {_show(imp.values[target])} from {first.text}; hpcppo has "
+            imp.skip("conflict", s, f"{target} is already {show(imp.values[target])} from {first.text}; hpcppo has "
                                     f"one setting for both ({why})")
         return
     imp.values[target] = value
@@ -355,14 +202,69 @@ def _apply(imp: Imported, s: Setting, ctx: dict[str, Any], cwd: Path, out_dir: P
     imp.sources[target] = s
 
 
+def _gather_reward_kwargs(settings: list[Setting]) -> list[Setting]:
+    """``custom_reward_function.reward_kwargs.NAME=V`` settings (and a whole mapping) as one setting of the mapping,
+    in place of the first: hpcppo has one key for them (data.reward_kwargs)."""
+    key = verl.REWARD_KWARGS
+    parts = [s for s in settings if s.key == key or s.key.startswith(key + ".")]
+    if not parts:
+        return settings
+    merged: dict[str, Any] = {}
+    for s in parts:
+        if s.key == key:
+            merged = dict(s.value) if isinstance(s.value, dict) else {"": s.value}
+        else:
+            target = merged
+            *path, leaf = s.key[len(key) + 1:].split(".")
+            for p in path:
+                target = target.setdefault(p, {})
+            target[leaf] = s.value
+    if "" in merged:  # not a mapping: keep it as written for the entry to refuse
+        whole = parts[-1]
+    else:
+        whole = Setting(key, merged, f"{key}={show(merged)}", portable=merged,
+                        unknown=tuple(u for s in parts for u in s.unknown))
+    first = settings.index(parts[0])
+    rest = [s for s in settings if s not in parts]
+    return rest[:first] + [whole] + rest[first:]
+
+
+WATCHDOG_MODES = ("off", "defaults")
+
+
+def _watchdog(imp: Imported, mode: str) -> None:
+    """verl applies no watchdog rules; hpcppo's built-in ones change a run (a rollback halves the lr, KL raises the
+    KL coefficient). ``off`` (the import's default): the run is the script's, and the hang monitor, which changes
+    nothing in the training, stays on; ``defaults``: the built-in rules, listed in the file."""
+    if mode not in WATCHDOG_MODES:
+        raise ConfigError(f"--watchdog {mode!r}: allowed: {', '.join(WATCHDOG_MODES)}")
+    rules = "; ".join(f"{r.name}: {r.metric} {r.condition} {r.threshold:g} -> {r.action}" for r in default_rules())
+    imp.values["watchdog.enable"] = True
+    if mode == "off":
+        imp.values["watchdog.defaults"] = False
+        imp.comments["watchdog.enable"] = ["import-verl --watchdog off: the hang monitor stays on (it cancels and "
+                                           "requeues a job whose steps stop; the training itself is unchanged)"]
+        imp.comments["watchdog.defaults"] = [f"import-verl --watchdog off: none of hpcppo's built-in rules, as in verl "
+                                             f"(--watchdog defaults turns on {rules})"]
+        imp.notes.append("watchdog: hpcppo's built-in rules are off, as verl has none (`import-verl --watchdog "
+                         "defaults` or [watchdog] defaults = true turns them on); the hang monitor stays on")
+    else:
+        imp.values["watchdog.defaults"] = True
+        imp.comments["watchdog.enable"] = ["import-verl --watchdog defaults: the hang monitor and the rules below"]
+        imp.comments["watchdog.defaults"] = [f"import-verl --watchdog defaults: hpcppo's built-in rules, which verl "
+                                             f"does not apply: {rules}"]
+        imp.notes.append(f"watchdog: hpcppo's built-in rules are on (--watchdog defaults), which verl does not "
+                         f"apply and which change the run when they fire: {rules}")
+
+
 def translate(settings: list[Setting], *, name: str | None = None, default_name: str = "verl-import",
-              cwd: Path | None = None, out_dir: Path | None = None) -> Imported:
+              cwd: Path | None = None, out_dir: Path | None = None, watchdog: str = "off") -> Imported:
     """Translate verl settings (later ones win, as in Hydra) into hpcppo values and a report."""
     cwd = cwd or Path.cwd()
     out_dir = out_dir or cwd
     imp = Imported()
     last: dict[str, Setting] = {}
-    for s in settings:
+    for s in _gather_reward_kwargs(settings):
         if s.key in last:
             imp.notes.append(f"{s.key} is given twice; the later {s.text} wins, as in verl")
         last[s.key] = s
@@ -382,7 +284,9 @@ def translate(settings: list[Setting], *, name: str | None = None, default_name:
             continue  # verl's default val_files are its own GSM8K test set; hpcppo validates only when told
         if key.endswith("fsdp_size") and nodes == 1:
             continue  # hsdp = auto is off on one node already
-        _apply(imp, Setting(key, value, f"{key}={_show(value)}", default=True), {**ctx, key: value}, cwd, out_dir)
+        _apply(imp, Setting(key, value, f"{key}={show(value)}", default=True), {**ctx, key: value}, cwd, out_dir)
+    _derived_defaults(imp, ctx, cwd, out_dir)
+    _watchdog(imp, watchdog)
     imp.notes.append("resources.time is hpcppo's default (01:00:00) unless the site sets one; verl has no wall-time "
                      "limit: set resources.time for your partition (the job checkpoints and requeues at the limit)")
     if name:
@@ -393,11 +297,25 @@ def translate(settings: list[Setting], *, name: str | None = None, default_name:
     return imp
 
 
+def _derived_defaults(imp: Imported, ctx: Mapping[str, Any], cwd: Path, out_dir: Path) -> None:
+    """verl's defaults that follow another key: critic.loss_agg_mode is
+    ``${oc.select:actor_rollout_ref.actor.loss_agg_mode,token-mean}`` in _generated_ppo_trainer.yaml (the critic
+    aggregates as the actor does), where hpcppo's critic keeps token-mean."""
+    actor_mode = ctx.get(verl.A + "loss_agg_mode")
+    if "critic.loss_agg_mode" not in ctx and actor_mode is not None and "critic.loss_agg_mode" not in imp.values:
+        key = "critic.loss_agg_mode"
+        _apply(imp, Setting(key, actor_mode, f"{key}=${{{verl.A}loss_agg_mode}} = {show(actor_mode)}", default=True),
+               {**ctx, key: actor_mode}, cwd, out_dir)
+
+
 # ------------------------------------------------------------------------------------------------ writing
 
 def _toml_value(value: Any) -> str:
     if isinstance(value, list):  # on one line, so that the line's comment follows it
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table, on one line too
+        keys = [k if re.fullmatch(r"[A-Za-z0-9_-]+", str(k)) else _toml_value(str(k)) for k in value]
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in zip(keys, value.values())) + "}"
     return tomli_w.dumps({"v": value}).strip()[len("v = "):]
 
 
@@ -445,13 +363,70 @@ def _looks_like_yaml(text: str, path: str) -> bool:
     return bool(re.match(r"^[A-Za-z_][\w-]*:\s*($|#|\S)", first)) and "=" not in first
 
 
+def _follow_config(read: Read, label: str, script_dir: Path, cwd: Path) -> None:
+    """The YAML named by ``--config-name``: its settings go first (the command line overrides them, as in Hydra);
+    verl's own trainer configs are the base (ppo_trainer) or reported (the Megatron one); a YAML not found is
+    reported, never skipped quietly."""
+    name = (read.config_name or "").removesuffix(".yaml")
+    shown = f"--config-name={read.config_name}"
+    path_is_verls = read.config_path in (None, "config", "./config", "verl/trainer/config")
+    if path_is_verls and name in VERL_BASE_CONFIGS:
+        return
+    if path_is_verls and name in VERL_OTHER_CONFIGS:
+        read.reports.append(("unsupported", shown, VERL_OTHER_CONFIGS[name]))
+        return
+    if "$" in name:
+        read.reports.append(("unresolved", shown, "the config's name cannot be known here (set in an if/fi, or from "
+                                                   "the environment); its settings are not imported: import the YAML "
+                                                   "as well (hpcppo import-verl FILE.yaml)"))
+        return
+    found, tried = locate_config(read, script_dir, cwd)
+    if found is None:
+        looked = ", ".join(str(t) for t in tried[:4]) or "nowhere (--config-path is not known here)"
+        read.reports.append(("unsupported", f"--config-path={read.config_path} {shown}",
+                             f"the YAML was not found (looked in {looked}); its settings are not imported: import "
+                             f"it as well (hpcppo import-verl FILE.yaml) or run from verl's checkout"))
+        return
+    try:
+        text = read_input(found).decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PathError(f"{found} (named by {shown} in {label}) cannot be read: {exc}") from None
+    sub = read_yaml_config(text, str(found))
+    read.settings[:0] = sub.settings
+    read.reports[:0] = sub.reports
+    read.notes.append(f"{shown}: read {found} ({len(sub.settings)} settings; the command line overrides them)")
+
+
+# A vision-language run: hpcppo trains text models only (its dataset reads text prompts, its models are causal LMs),
+# and a VL run imported as text-only would train something else. Cues, each named in the refusal.
+_VL_KEYS = ("data.image_key", "data.video_key", "actor_rollout_ref.actor.freeze_vision_tower",
+            "data.return_multi_modal_inputs")
+_VL_MODEL = re.compile(r"(?i)(?:^|[-_/])(?:[\w.]*-vl\b|glm-?4\.?1v|minicpm-?o|llava|internvl)")
+_VL_DATA = re.compile(r"(?i)geo3k|geometry3k")
+
+
+def refuse_vision_language(settings: list[Setting], label: str) -> None:
+    """``ConfigError`` in one line when the input is a vision-language run, naming the setting that says so."""
+    for s in settings:
+        key = s.key
+        if key in _VL_KEYS and s.value not in (None, False, "", "null") and not s.from_yaml:
+            cue = f"{s.text} (images or videos in the prompts)"
+        elif key.endswith("model.path") and isinstance(s.value, str) and _VL_MODEL.search(s.value):
+            cue = f"{s.text} (a vision-language model)"
+        elif key in ("data.train_files", "data.val_files") and _VL_DATA.search(str(s.value)):
+            cue = f"{s.text} (verl's geometry3k data: prompts with images)"
+        else:
+            continue
+        raise ConfigError(f"a vision-language run ({cue}); hpcppo trains text-only models on text prompts, so it "
+                          f"is not imported", file=label)
+
+
 def import_verl(source: str, out: Path, *, force: bool = False, name: str | None = None, stdin_text: str | None = None,
-                cwd: Path | None = None) -> tuple[Imported, str | None]:
+                cwd: Path | None = None, watchdog: str = "off",
+                environ: Mapping[str, str] | None = None) -> tuple[Imported, str | None]:
     """Read ``source`` (a file, or ``-`` with ``stdin_text``), write ``out`` atomically; returns the translation and
     the compile check's error (None when the written spec loads). Raises on unreadable input or an existing ``out``
     without ``force``."""
-    from hpcppo.fsutil import atomic_write_text
-
     if source == "-":
         text, label, stem = stdin_text or "", "<stdin>", "verl-import"
         if len(text) > MAX_INPUT_BYTES:
@@ -473,19 +448,25 @@ def import_verl(source: str, out: Path, *, force: bool = False, name: str | None
     require_parent_dir(out)
     if out.exists() and not force:
         raise PathError(f"{out} exists; pass --force to replace it")
+    cwd = cwd or Path.cwd()
+    script_dir = Path(source).resolve().parent if source != "-" else cwd
     if _looks_like_yaml(text, source):
-        settings, notes = read_yaml(text, label)
+        read = read_yaml_config(text, label)
     else:
-        settings, notes = read_command_line(text)
+        read = read_input_text(text, environ)
+        if read.config_name is not None:
+            _follow_config(read, label, script_dir, cwd)
+    settings, notes = read.settings, read.notes
     if len(settings) > MAX_SETTINGS:  # each unknown key costs a did-you-mean over the whole table
         raise ConfigError(f"has {len(settings):,} settings; allowed: at most {MAX_SETTINGS:,} (a verl run sets a few "
                           f"hundred)", file=label)
-    if not settings:
+    if not settings and not read.reports:
         raise ConfigError("no verl settings found (expected `python3 -m verl.trainer.main_ppo key=value ...` or a "
                           "verl YAML config)", file=label)
-    cwd = cwd or Path.cwd()
+    refuse_vision_language(settings, label)
     out_dir = out.resolve().parent
-    imp = translate(settings, name=name, default_name=stem, cwd=cwd, out_dir=out_dir)
+    imp = translate(settings, name=name, default_name=stem, cwd=cwd, out_dir=out_dir, watchdog=watchdog)
+    imp.report[:0] = read.reports
     imp.notes[:0] = notes
     text_out = to_toml(imp, label)
     problem = _check(text_out, str(out), out_dir)
@@ -507,8 +488,8 @@ def format_report(imp: Imported) -> list[str]:
 
 DOC_HEAD = """# verl keys in hpcppo
 
-Generated by `hpcppo import-verl --table` from `hpcppo/config/verl.py` (tests/unit/test_verl_doc.py checks that this
-file matches); verl keys as of verl commit {commit}.
+Generated by `hpcppo import-verl --table` from `hpcppo/config/verl_table.py` (tests/unit/test_verl_doc.py checks that
+this file matches); verl keys as of verl commit {commit}.
 
 `hpcppo import-verl run_ppo.sh -o exp.toml` translates a verl command line (or `FILE.yaml`) with this table and
 reports every key it does not translate. The same table answers `-o` with a verl key (applied under its hpcppo name,
@@ -516,7 +497,23 @@ with a warning), `hpcppo config explain VERL_KEY`, and the did-you-mean of an un
 
 Batch sizes use verl's vocabulary: `ppo_mini_batch_size` counts prompts, the `*_per_gpu` micro-batches count samples
 per GPU. Kinds: a key of hpcppo; *not a verl key* (people type it; the right key is named); *ignored* (hpcppo gives
-the same result without it); *not supported* (hpcppo cannot honour it; the values it accepts are listed).
+the same result without it); *not supported* (hpcppo cannot honour it; the values it accepts are listed). The
+report adds *unresolved*: a value the script computes in a way that cannot be known here (`$(date)`, a variable set
+nowhere or inside `if`/`fi`); it is never replaced by a guess.
+
+**Reading a script** (`hpcppo/config/verl_shell.py`): what bash would expand, nothing run: the script's variables,
+`${{B:-"${{HOME}}/b"}}` defaults (the environment's value when it sets B, else the default), `$((1024 * 8))`, arrays
+spliced with `"${{DATA[@]}}"`, multi-line strings split by an unquoted `$ACTOR_CONFIG`. A variable the script does not
+set but the environment does keeps its name in paths (`${{HOME}}/data/...`: compile expands it where it runs) and its
+value elsewhere (noted on stderr). `--config-path`/`--config-name` YAMLs are read first and the command line
+overrides them; verl's `ppo_megatron_trainer` is reported. YAML values are read as OmegaConf reads them (`3e-7` is a
+float). A vision-language run (`data.image_key`, a `-VL` model, verl's geometry3k data) is refused in one line.
+
+**Semantics that differ by default**: warm-up counts training steps in both (verl steps its lr scheduler once per
+training step; hpcppo ramps the lr over every optimizer step within them); at this commit verl's `clip_ratio_low`
+and `clip_ratio_high` default to 0.2, so `clip_ratio` alone changes nothing and is reported; `critic.loss_agg_mode`
+follows the actor's. verl has no watchdog: the import writes `[watchdog] defaults = false` (`--watchdog off`, the
+default; the hang monitor stays on) or hpcppo's built-in rules with `--watchdog defaults`, and says which.
 
 When the input leaves one of these unset, the import writes verl's default, because hpcppo's differs: {defaults}
 (`trainer.val_before_train` only when `data.val_files` is given, `fsdp_size` only on more than one node).
@@ -531,7 +528,7 @@ def _group(key: str) -> str:
 
 def render_doc() -> str:
     """docs/verl.md: the mapping table, one section per verl config group, from the entries the importer uses."""
-    defaults = ", ".join(f"`{k}={_show(v)}`" for k, v in VERL_DEFAULTS)
+    defaults = ", ".join(f"`{k}={show(v)}`" for k, v in VERL_DEFAULTS)
     out = [DOC_HEAD.format(commit=verl.VERL_COMMIT, defaults=defaults)]
     groups: dict[str, list[verl.Entry]] = {}
     for e in verl.ENTRIES:

@@ -105,7 +105,7 @@ def check_data(data: Any, *, train_batch_size: int, tokenizer_dir: str | None) -
     if auto:
         build_reward_fn("auto", gsm8k={"method": data.gsm8k_method})
     else:
-        build_reward_fn(data.reward_fn)
+        build_reward_fn(data.reward_fn, **data.reward_kwargs)
     counter = PromptLengths.load(tokenizer_dir, data.max_prompt_length, report)
     report.lengths_checked = counter is not None
     for key, items in (("data.train_files", data.train_files), ("data.val_files", data.val_files)):

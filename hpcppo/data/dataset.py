@@ -37,6 +37,7 @@ GSM8K_EXTRA_INFO_TYPE = pa.struct(
     [("split", pa.string()), ("index", pa.int64()), ("answer", pa.string()), ("question", pa.string())]
 )
 REQUIRED_COLUMNS = ("data_source", "reward_model")  # plus the prompt column (prompt_key)
+VISION_COLUMNS = ("images", "videos")  # verl's default data.image_key and data.video_key
 OPTIONAL_COLUMNS = ("ability", "extra_info")
 TRUNCATION_MODES = ("error", "left", "right", "middle")
 #: files that are not Parquet but look like prompt data: named in the error, with how to convert them
@@ -196,6 +197,15 @@ def validate_schema(schema: pa.Schema, file: str, prompt_key: str) -> None:
             file=file,
             hint="is the prompt column named differently? set data.prompt_key" if prompt_key in missing else None,
         )
+
+    # verl's dataset puts the images/videos columns into the prompt (RLHFDataset._build_messages, data.image_key and
+    # data.video_key, default "images" and "videos"): trained as text only, the run would differ from verl's. A
+    # column of nulls only (type null) holds no media.
+    media = [c for c in VISION_COLUMNS if c in schema.names and not pa.types.is_null(schema.field(c).type)]
+    if media:
+        raise ConfigError(f"has column(s) {', '.join(repr(c) for c in media)}: prompts with images or videos (verl "
+                          f"feeds them to a vision-language model); hpcppo trains text-only models on text prompts: "
+                          f"drop the column(s) for a text-only run", file=file)
 
     def bad(column: str, expected: str) -> ConfigError:
         return ConfigError(f"column {column!r} has type {schema.field(column).type}, expected {expected}", file=file)

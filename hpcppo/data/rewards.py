@@ -7,14 +7,16 @@ Every reward function is called exactly as verl calls them, with keyword argumen
 so a ``compute_score`` written for verl works here unchanged (a dict with a ``"score"`` key is accepted too, as
 verl does). :func:`build_reward_fn` turns a spec into such a function:
 
-- ``"auto"``: dispatch on ``data_source`` with verl's names — ``openai/gsm8k`` -> :func:`gsm8k_compute_score`,
-  ``lighteval/MATH``, ``DigitalLearningGmbH/MATH-lighteval``, ``HuggingFaceH4/MATH-500`` -> ``math``,
-  ``math_dapo``, ``math``, ``math_dapo_reasoning``, ``aime*`` -> ``math_dapo`` (both in
-  :mod:`hpcppo.data.math_reward`), ``hpcppo/arith`` -> ``hpcppo.data.synthetic:compute_score``; each is imported on
-  first use. An unknown data_source raises, naming ``data.reward_fn`` and listing the known ones. Options per
-  built-in go in as ``gsm8k={"method": "flexible"}``.
-- ``"gsm8k"`` / ``"arith"`` / ``"math"`` / ``"math_dapo"``: that built-in for every row, options as keyword
-  arguments.
+- ``"auto"``: dispatch on ``data_source`` exactly as verl's ``default_compute_score`` does
+  (verl/utils/reward_score/__init__.py, volcengine/verl b178a3c): ``openai/gsm8k`` -> ``gsm8k`` (verl's strict
+  rule), ``lighteval/MATH``, ``DigitalLearningGmbH/MATH-lighteval``, ``HuggingFaceH4/MATH-500`` -> ``math`` (verl's
+  string-normalising math_reward), ``math_dapo``, ``math``, ``math_dapo_reasoning``, ``aime*`` -> ``math_dapo``
+  (verl's Minerva-normalising math_dapo; both in :mod:`hpcppo.data.math_verl`), ``hpcppo/arith`` ->
+  ``hpcppo.data.synthetic:compute_score``; each is imported on first use. The sources verl scores with code
+  hpcppo does not have (prime_math, sandboxed code, geometry3k, Search-R1) are refused, naming verl's scorer, as is
+  an unknown data_source (verl raises NotImplementedError); both name ``data.reward_fn``.
+- a built-in by name for every row: ``"gsm8k"``, ``"math"``, ``"math_verify"`` (verl's math_verify scorer, math-verify
+  equivalence), ``"math_dapo"``, ``"arith"``; options (``data.reward_kwargs``) as keyword arguments.
 - ``"package.module:function"`` or ``"path/to/file.py:function"``: user code, options as keyword arguments. It is
   loaded and its signature checked at build time, so a typo fails before the job spends GPU time.
 
@@ -36,7 +38,6 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from hpcppo.data.math_reward import MATH_DAPO_DATA_SOURCES, MATH_DAPO_PREFIX, MATH_DATA_SOURCES
 from hpcppo.errors import ConfigError, HpcppoError, PathError
 
 
@@ -140,10 +141,15 @@ def gsm8k_compute_score(
 BUILTINS: dict[str, str] = {
     "gsm8k": "hpcppo.data.rewards:gsm8k_compute_score",
     "arith": "hpcppo.data.synthetic:compute_score",
-    "math": "hpcppo.data.math_reward:math_compute_score",
-    "math_dapo": "hpcppo.data.math_reward:math_dapo_compute_score",
+    "math": "hpcppo.data.math_verl:hendrycks_score",
+    "math_verify": "hpcppo.data.math_reward:math_verify_compute_score",
+    "math_dapo": "hpcppo.data.math_verl:minerva_score",
 }
-#: data_source -> built-in name, used by "auto" (verl's default_compute_score names)
+# default_compute_score's branches (distinct names: their order does not matter).
+MATH_DATA_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
+MATH_DAPO_DATA_SOURCES = ("math_dapo", "math", "math_dapo_reasoning")
+MATH_DAPO_PREFIX = "aime"  # verl: data_source.startswith("aime")
+#: data_source -> built-in name, used by "auto"
 DATA_SOURCES: dict[str, str] = {
     "openai/gsm8k": "gsm8k",
     "hpcppo/arith": "arith",
@@ -152,6 +158,16 @@ DATA_SOURCES: dict[str, str] = {
 }
 #: data_source prefix -> built-in name (verl: every data_source starting with "aime" is scored as math_dapo)
 DATA_SOURCE_PREFIXES: dict[str, str] = {MATH_DAPO_PREFIX: "math_dapo"}
+#: data sources default_compute_score scores with a module hpcppo does not have: data_source -> verl's scorer
+VERL_ONLY_SOURCES: dict[str, str] = {
+    **dict.fromkeys(("numina_aops_forum", "numina_synthetic_math", "numina_amc_aime", "numina_synthetic_amc",
+                     "numina_cn_k12", "numina_olympiads"), "prime_math (sympy-based grading)"),
+    **dict.fromkeys(("codecontests", "apps", "codeforces", "taco"), "sandbox_fusion or prime_code (runs the code)"),
+    "hiyouga/geometry3k": "geo3k (a vision-language task)",
+    **dict.fromkeys(("searchR1_nq", "searchR1_triviaqa", "searchR1_popqa", "searchR1_hotpotqa",
+                     "searchR1_2wikimultihopqa", "searchR1_musique", "searchR1_bamboogle"),
+                    "search_r1_like_qa_em (exact match for Search-R1)"),
+}
 
 
 def builtin_for(data_source: str) -> str | None:
@@ -288,9 +304,15 @@ def _builtin(name: str, kwargs: Mapping[str, Any]) -> RewardFn:
 
 
 def unknown_data_source(data_source: str, file: str | None = None) -> ConfigError:
-    """The error for a data_source "auto" has no scorer for: names the key that fixes it and the known sources."""
+    """The error for a data_source "auto" has no scorer for: names the key that fixes it and the known sources (or,
+    for a source verl scores with a module hpcppo lacks, that module)."""
+    own = f"set {REWARD_KEY} = \"module:function\" (or \"path/to/file.py:function\") to score it yourself"
+    if data_source in VERL_ONLY_SOURCES:
+        return ConfigError(f"data_source {data_source!r}: verl's default_compute_score scores it with "
+                           f"{VERL_ONLY_SOURCES[data_source]}, which hpcppo does not have ({REWARD_KEY} = \"auto\")",
+                           key=REWARD_KEY, file=file, hint=own)
     close = difflib.get_close_matches(str(data_source), list(DATA_SOURCES), n=1)
-    own = f"or set {REWARD_KEY} = \"module:function\" (or \"path/to/file.py:function\") to score it yourself"
+    own = "or " + own
     return ConfigError(
         f"no built-in reward for data_source {data_source!r} ({REWARD_KEY} = \"auto\"); known data sources: "
         f"{known_data_sources()}", key=REWARD_KEY, file=file,

@@ -29,30 +29,29 @@ collectives issued from two threads on one group could interleave and pair one r
 rank's training all-reduce. At most one save is in flight: the next ``save``, ``load``, ``verify``,
 ``abandon_after``, ``set_aside`` and ``wait`` first wait for it and re-raise its failure (``failed_step`` names its
 step); the queries (``latest_committed``, ``list_committed``) wait for it too but leave the failure to be raised by
-the next of those (the trainer handles failures where it calls ``save``). A kill during the background write leaves ``step-<N>.tmp-*`` without a marker: the previous
-committed checkpoint stays the newest, and retention removes the debris later.
+the next of those (the trainer handles failures where it calls ``save``). A kill during the background write leaves
+``step-<N>.tmp-*`` without a marker: the previous committed checkpoint stays the newest, and retention removes the
+debris later.
 
 Damage. ``load`` checks every file's size and the small files' CRC-32 first (``verify``), and turns a file that
 cannot be read into ``CorruptCheckpointError`` naming it — on every rank alike, so that all ranks take the same
 decision. ``load_newest_intact`` (resume) also checks the shards' CRC-32 and falls back to the previous committed
 checkpoint, setting the damaged ones aside once an older one has loaded.
+
+The parts of a checkpoint (file names, RNG states, reading them back, one verdict for all ranks) are in
+:mod:`hpcppo.distributed.checkpoint_io`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
 import os
-import random
-import re
 import shutil
 import sys
 import threading
 import time
 import uuid
-import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
@@ -62,7 +61,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -73,34 +71,18 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.optim import Optimizer
 
 from hpcppo.distributed import dcp_io
-from hpcppo.distributed.env import all_gather_object, barrier, broadcast_object, get_rank, get_world_size
+from hpcppo.distributed.checkpoint_io import (DCP_DIR, EXTRA_FILE, agreed, check_weights_only, gather, is_shard, owner,
+                                              quiet_without_process_group, read_dcp, read_small, rng_file, rng_state,
+                                              set_rng_state)
+from hpcppo.distributed.checkpoint_io import write_durable  # looked up here: tests replace it
+from hpcppo.distributed.env import barrier, broadcast_object, get_rank, get_world_size
 from hpcppo.errors import RunStateError
 from hpcppo.rundir import checkpoints as layout
 from hpcppo.rundir.checkpoints import CorruptCheckpointError
 
 log = logging.getLogger(__name__)
 
-EXTRA_FILE = "extra.pt"
 _WORKER_PREFIX = "hpcppo-checkpoint"  # the thread that commits background saves
-DCP_DIR = "dcp"
-# Files named after the rank that wrote them: DCP's FileSystemWriter shards (``__<rank>_<n>.distcp``), RNG states.
-# Should DCP ever name its files otherwise, rank 0 digests and checks them all: slower, still right.
-_RANK_FILE_RE = re.compile(rf"^(?:{DCP_DIR}/__(\d+)_\d+\.distcp|rng-rank(\d+)\.pt)$")
-
-
-def _rng_file(rank: int) -> str:
-    return f"rng-rank{rank}.pt"
-
-
-def _is_shard(name: str) -> bool:
-    return name.startswith(f"{DCP_DIR}/") and name.endswith(".distcp")
-
-
-def _owner(name: str, world_size: int) -> int:
-    """The rank that digests (at save) and checks (at load) checkpoint file ``name``: the rank that wrote it, folded
-    onto the current world size; rank 0 for the rest (``extra.pt``, DCP's ``.metadata``)."""
-    m = _RANK_FILE_RE.match(name)
-    return int(m.group(1) or m.group(2)) % world_size if m else 0
 
 
 class NoIntactCheckpointError(RunStateError):
@@ -118,148 +100,6 @@ class Resumed(NamedTuple):
     step: int
     extra: dict[str, Any]
     damaged: list[CorruptCheckpointError]  # newer checkpoints found damaged and set aside, newest first
-
-
-def check_weights_only(obj: Any, what: str = "extra") -> bytes:
-    """Serialise ``obj`` with ``torch.save`` and prove it loads back with ``weights_only=True``.
-
-    Raises ``TypeError`` naming the first offending top-level key, at save time rather than at resume time.
-    """
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    try:
-        torch.load(io.BytesIO(buf.getvalue()), weights_only=True)
-    except Exception as exc:  # the unpickler raises UnpicklingError or RuntimeError depending on the type
-        if isinstance(obj, Mapping):
-            for key, value in obj.items():
-                check_weights_only(value, f"{what}[{key!r}]")  # raises, naming the deepest offending key
-        raise TypeError(f"{what} cannot be loaded with torch.load(weights_only=True); store plain Python "
-                        f"types and tensors (no numpy arrays or custom classes): {exc}") from None
-    return buf.getvalue()
-
-
-def rng_state() -> dict[str, Any]:
-    """This process's RNG states as plain types and tensors (loadable with ``weights_only=True``)."""
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    try:
-        import numpy as np
-    except ImportError:  # pragma: no cover - numpy is a dependency
-        return state
-    np_state = np.random.get_state(legacy=False)
-    # weights_only refuses ndarrays: keep the MT19937 key as a uint32-valued tensor.
-    np_state["state"]["key"] = torch.from_numpy(np_state["state"]["key"].astype("int64"))
-    state["numpy"] = np_state
-    return state
-
-
-def set_rng_state(state: Mapping[str, Any]) -> None:
-    """Inverse of ``rng_state``."""
-    torch.set_rng_state(state["torch"])
-    random.setstate(_tuplify(state["python"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    if "numpy" in state:
-        import numpy as np
-
-        np_state = dict(state["numpy"])
-        np_state["state"] = dict(np_state["state"])
-        np_state["state"]["key"] = np_state["state"]["key"].numpy().astype(np.uint32)
-        np.random.set_state(np_state)
-
-
-def _tuplify(obj: Any) -> Any:
-    # random.setstate wants tuples; a round trip through pickle keeps them, but be tolerant of lists.
-    return tuple(_tuplify(x) for x in obj) if isinstance(obj, (list, tuple)) else obj
-
-
-@contextlib.contextmanager
-def _quiet_without_process_group(single: bool = False) -> Iterator[None]:
-    # Without a process group, or told to work alone (``single``: no_dist=True on purpose), DCP warns that it
-    # "assumes a single process".
-    with warnings.catch_warnings():
-        if single or not dist.is_initialized():
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-        yield
-
-
-def _gather(obj: Any, group: Any) -> list[Any]:
-    """``all_gather_object`` on ``group`` (None: the default group, or this process alone without one)."""
-    if group is None:
-        return all_gather_object(obj)
-    out: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, obj, group=group)
-    return out
-
-
-@contextlib.contextmanager
-def _agreed(what: str, group: Any = None) -> Iterator[None]:
-    """Run a block on every rank, then raise on every rank if it failed on any (instead of a barrier).
-
-    A rank that fails alone would otherwise leave the others waiting at the next collective until the timeout.
-    Damage found on any rank is every rank's verdict: each raises the same ``CorruptCheckpointError`` (the lowest
-    failing rank's), so that all of them fall back, or stop, together.
-    """
-    error = None
-    try:
-        yield
-    except CorruptCheckpointError as exc:
-        error = exc
-        report: Any = (str(exc.path), exc.file, exc.reason)
-    except Exception as exc:  # reported to every rank below, then re-raised here with its traceback
-        error = exc
-        report = repr(exc)
-    failures = [(r, e) for r, e in enumerate(_gather(None if error is None else report, group)) if e]
-    damage = [e for _, e in failures if isinstance(e, tuple)]
-    if damage:
-        raise CorruptCheckpointError(*damage[0]) from error
-    if error is not None:
-        raise error
-    if failures:
-        raise RuntimeError(f"checkpoint {what} failed on rank(s) " + "; ".join(f"{r}: {e}" for r, e in failures))
-
-
-def _read_dcp(state: dict[str, Any], path: Path, *, direct: bool = False) -> tuple[int, int]:
-    """``dcp.load`` of ``path/dcp`` into ``state``, on this rank alone; a shard or ``.metadata`` that cannot be read
-    raises ``CorruptCheckpointError``, anything else (a state dict that does not match the checkpoint's) the error
-    DCP met. Run it inside :func:`_agreed` (every rank's verdict in one collective).
-
-    Each rank plans and reads its own chunks (``no_dist``): a load needs no global plan — DCP's
-    ``create_default_global_load_plan`` only checks it — and DCP's collective steps would gather and scatter every
-    rank's pickled plan twice (2 gloo ranks, 86.5M parameters: 0.05-0.4 s, against 0.1 s of reading). ``direct``
-    (the marker's tensor layout is the one this machine reads as is) lets stored chunks be read straight into
-    ``state``'s tensors (:class:`~hpcppo.distributed.dcp_io.DirectReader`). Returns (tensors read in place,
-    tensors read)."""
-    reader = dcp_io.DirectReader(path / DCP_DIR, direct=direct)
-    try:
-        with _quiet_without_process_group(single=True):
-            dcp.load(state, storage_reader=reader, planner=dcp_io.WeightsOnlyLoadPlanner(), no_dist=True)
-    except CheckpointException as exc:  # a BaseException holding this rank's failure, with its traceback
-        for error, trace in exc.failures.values():
-            if any(frame.name in ("read_data", "read_metadata") for frame in trace or ()):
-                why = f"cannot be read on rank {get_rank()} ({layout.one_line(error)})"
-                raise CorruptCheckpointError(path, DCP_DIR, why) from exc
-            raise error from exc
-        raise RuntimeError(f"reading {path / DCP_DIR} failed: {exc}") from exc
-    return reader.direct_items, reader.tensor_items
-
-
-def _read_small(path: Path, name: str) -> Any:
-    """``torch.load(weights_only=True)`` of ``path/name``; bytes it cannot unpickle are damage, named."""
-    try:
-        return torch.load(path / name, weights_only=True)
-    except FileNotFoundError:
-        raise CorruptCheckpointError(path, name, "missing") from None
-    except Exception as exc:  # UnpicklingError, RuntimeError (zip archive), EOFError, ...: the bytes are bad
-        raise CorruptCheckpointError(path, name, f"cannot be read ({layout.one_line(exc)})") from exc
-
-
-def _write_durable(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 class _SaveJob(NamedTuple):
@@ -385,7 +225,7 @@ class CheckpointManager:
                            t0, writer.digests)
             state = self._state(models, stepped)
             upload = None
-            with _quiet_without_process_group():  # DCP agrees on failures across ranks by itself
+            with quiet_without_process_group():  # DCP agrees on failures across ranks by itself
                 if background:  # returns once `state` is copied to new CPU tensors (module docstring)
                     upload = dcp.async_save(state, storage_writer=writer, planner=dcp_io.ContiguousSavePlanner(),
                                             process_group=self._background_group(), no_dist=not dist.is_initialized())
@@ -429,10 +269,10 @@ class CheckpointManager:
         try:
             if upload is not None:
                 upload.result()  # DCP's CheckpointException when any rank failed: raised on every rank
-            with _agreed(f"writing {tmp}", group):  # every rank's files are on disk before rank 0 publishes them
+            with agreed(f"writing {tmp}", group):  # every rank's files are on disk before rank 0 publishes them
                 files = self._write_own_files(tmp, job.extra_bytes, job.rng_bytes, job.written)
-            manifest = {name: record for part in _gather(files, group) for name, record in part.items()}
-            with _agreed(f"committing {self.step_dir(step)}", group):  # nobody returns before the commit
+            manifest = {name: record for part in gather(files, group) for name, record in part.items()}
+            with agreed(f"committing {self.step_dir(step)}", group):  # nobody returns before the commit
                 if self.rank == 0:
                     self._publish(step, tmp, job.token,
                                   job.marker | {"time": time.time(), "files": dict(sorted(manifest.items()))})
@@ -455,15 +295,15 @@ class CheckpointManager:
         """
         files = {}
         if rng_bytes is not None:
-            _write_durable(tmp / _rng_file(self.rank), rng_bytes)
-            files[_rng_file(self.rank)] = layout.file_record(rng_bytes)
+            write_durable(tmp / rng_file(self.rank), rng_bytes)
+            files[rng_file(self.rank)] = layout.file_record(rng_bytes)
         if extra_bytes is not None:
-            _write_durable(tmp / EXTRA_FILE, extra_bytes)
+            write_durable(tmp / EXTRA_FILE, extra_bytes)
             files[EXTRA_FILE] = layout.file_record(extra_bytes)
         t0 = time.perf_counter()
         for entry in sorted((tmp / DCP_DIR).iterdir()):
             name = f"{DCP_DIR}/{entry.name}"
-            if entry.is_file() and _owner(name, self.world_size) == self.rank:
+            if entry.is_file() and owner(name, self.world_size) == self.rank:
                 seen = written.get(entry.name)
                 if seen is not None and seen[0] == entry.stat().st_size:
                     files[name] = layout.digest_record(*seen)
@@ -517,12 +357,12 @@ class CheckpointManager:
         """
         self.wait()
         path = self._committed_dir(step)
-        with _agreed(f"verifying {path}"):
+        with agreed(f"verifying {path}"):
             marker = self._marker(path)
             files = marker.get("files") or {}
             for name in sorted(files):
-                if _owner(name, self.world_size) == self.rank:
-                    why = layout.check_file(path, name, files[name], checksum=shards or not _is_shard(name))
+                if owner(name, self.world_size) == self.rank:
+                    why = layout.check_file(path, name, files[name], checksum=shards or not is_shard(name))
                     if why is not None:
                         raise CorruptCheckpointError(path, name, why)
         return marker
@@ -552,12 +392,12 @@ class CheckpointManager:
         state = self._state(models, optimizers)
         direct = marker.get("tensor_layout") == {"order": dcp_io.LAYOUT, "byteorder": sys.byteorder}
         rng = None
-        with _agreed(f"loading {path}"):  # every file is read rank by rank; one verdict for all of them
-            self.last_load_direct = _read_dcp(state, path, direct=direct)
-            extra = _read_small(path, EXTRA_FILE)
-            rng_path = path / _rng_file(self.rank)
+        with agreed(f"loading {path}"):  # every file is read rank by rank; one verdict for all of them
+            self.last_load_direct = read_dcp(state, path, direct=direct)
+            extra = read_small(path, EXTRA_FILE)
+            rng_path = path / rng_file(self.rank)
             if restore_rng and marker.get("world_size") == self.world_size and rng_path.is_file():
-                rng = _read_small(path, rng_path.name)
+                rng = read_small(path, rng_path.name)
         for name, model in models.items():
             if name in optimizers:
                 set_state_dict(model, optimizers[name], model_state_dict=state["model"][name],

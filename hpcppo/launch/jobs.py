@@ -20,11 +20,15 @@ from typing import Any
 
 import attrs
 
+from hpcppo import config
+from hpcppo.compiler import compile_config, compile_preflight
 from hpcppo.errors import HpcppoError, RunIdError, RunStateError
 from hpcppo.fsutil import atomic_write_text
 from hpcppo.launch import render as _render
+from hpcppo.launch import slurm, submit
 from hpcppo.launch.status import FINAL_STATES, Status, parse_time, run_status
-from hpcppo.rundir import RunDir, RunIdTakenError, RunPaths, create_run_dir, new_run_id
+from hpcppo.rundir import RunDir, RunIdTakenError, RunPaths, control, create_run_dir, new_run_id
+from hpcppo.rundir import checkpoints as layout
 
 RUN_ID_TRIES = 8
 """Fresh run ids drawn before giving up when each one is taken (4 hex digits per second: a collision is rare)."""
@@ -56,13 +60,11 @@ def compile_run(
     Every error is raised before the run directory appears: the directory is filled in a hidden
     temporary directory and renamed into place only when everything succeeded.
     """
-    from hpcppo import config
-
     if kind == "preflight":
-        compiled = config.compile_preflight(site_name, nodes=nodes, overrides=overrides, runs_root_override=runs_root)
+        compiled = compile_preflight(site_name, nodes=nodes, overrides=overrides, runs_root_override=runs_root)
     else:
         assert exp_path is not None
-        compiled = config.compile_config(exp_path, site_name, overrides, check_paths=check_paths)
+        compiled = compile_config(exp_path, site_name, overrides, check_paths=check_paths)
     root = config.runs_root(compiled.site, runs_root)
     origin = config.runs_root_origin(compiled.site, runs_root)
     python = compiled.site.env.python or sys.executable
@@ -114,9 +116,6 @@ def resume_run(run: RunDir) -> str:
     committed checkpoint is the last step) unless a rollback request is queued (:func:`rollback_run` writes one
     and then resumes): there is nothing else to resume. ``RunBusyError`` while another command changes the run.
     """
-    from hpcppo import config
-    from hpcppo.rundir import control
-
     with run.lock("resume"):
         st = _status_to_decide_on(run)
         if not _stopped(st):
@@ -136,8 +135,6 @@ def resume_run(run: RunDir) -> str:
 
 def _submit(run: RunDir, compiled: Any) -> str:
     """Submit the run's ``job.sbatch`` to its site's scheduler as a new attempt; returns the job id."""
-    from hpcppo.launch import submit
-
     plan = compiled.plan
     if compiled.site.scheduler == "slurm":
         return submit.submit_slurm(run, plan.nodes, plan.ranks_per_node)
@@ -193,13 +190,9 @@ def _cancel_locked(run: RunDir, st: Status) -> dict[str, Any]:
     if st["state"] in FINAL_STATES:
         return {"job_id": job_id, "state": st["state"], "cancelled": False}
     if st["scheduler"] == "slurm":
-        from hpcppo.launch import slurm
-
         slurm.cancel(job_id)
         cancelled = True
     else:
-        from hpcppo.launch import submit
-
         cancelled = submit.cancel_local(run, job_id)
     if cancelled:
         run.update_attempt(job_id, cancel_requested_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
@@ -230,17 +223,12 @@ def rollback_run(run: RunDir, *, to_step: int | None = None, lr_scale: float | N
     request is withdrawn. A job that ends between the status query and the request leaves the request
     queued: the next ``hpcppo resume`` applies it.
     """
-    from hpcppo.rundir import control
-
     control.validate_params("rollback", to_step=to_step, lr_scale=lr_scale)
     with run.lock("rollback"):
         return _rollback_locked(run, to_step=to_step, lr_scale=lr_scale)
 
 
 def _rollback_locked(run: RunDir, *, to_step: int | None, lr_scale: float | None) -> Rollback:
-    from hpcppo.rundir import control
-    from hpcppo.rundir import checkpoints as layout
-
     committed = layout.list_committed(run.checkpoints)
     eligible = [s for s in committed if to_step is None or s <= to_step]
     if not eligible:

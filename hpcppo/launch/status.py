@@ -51,11 +51,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcppo.errors import RunRecordError
+from hpcppo.errors import RunRecordError, SchedulerError
+from hpcppo.launch import slurm
 from hpcppo.launch.slurm import FINISHED_STATES
 from hpcppo.rundir import RunDir, control, exitcodes
 from hpcppo.rundir.checkpoints import latest_committed
 from hpcppo.rundir.paths import RUN_JSON
+from hpcppo.timefmt import format_elapsed
 
 
 LOCAL_SIGNAL_DELAY_S = 30
@@ -138,9 +140,6 @@ def _statuses(runs: Sequence[RunDir]) -> list[tuple[Status, dict[str, Any]]]:
     infos: dict[str, Any] = {}
     query_error = None
     if slurm_jobs:
-        from hpcppo.errors import SchedulerError
-        from hpcppo.launch import slurm
-
         try:
             # submitted_after: a record older than our submission is another job with a reused id.
             infos = slurm.query_jobs(list(slurm_jobs), submitted_after=slurm_jobs)
@@ -451,16 +450,6 @@ def local_job_info(run: RunDir, job_id: str, ntasks: int) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- text for the CLI
-
-
-def format_elapsed(seconds: float | None) -> str:
-    """``H:MM:SS``, or ``-`` when unknown."""
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}:{m:02d}:{s:02d}"
 
 
 def state_text(st: Status) -> str:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcppo.errors import HpcppoError, SchedulerError
+from hpcppo.launch import slurm  # the only module that knows where sbatch lives
 from hpcppo.launch.status import LOCAL_SIGNAL_DELAY_S, local_controller_alive
 from hpcppo.rundir import RunDir, exitcodes
 from hpcppo.rundir.paths import RunPaths, local_attempt
@@ -35,11 +36,21 @@ def _noop() -> None:  # pragma: no cover - pickled by submitit, never run (our s
     return None
 
 
+# submitit has no public way to submit a script of one's own: its public parameters (``setup``, ``teardown``,
+# ``additional_parameters``, ``srun_args``) only add to the text that ``submitit/slurm/slurm.py:
+# _make_sbatch_string`` writes, which always ends in ``srun ... -m submitit.core._submit``. The text of the file
+# that ``sbatch`` gets comes from one method, ``SlurmExecutor._make_submission_file_text(self, command, uid)``
+# (``submitit/slurm/slurm.py``), called by ``PicklingExecutor._submit_command`` (``submitit/core/core.py``); it has that
+# name and signature in every release from 1.0 to 1.5.4. pyproject.toml pins ``submitit>=1.5.4,<1.6`` and
+# ``tests/unit/test_submitit_pin.py`` checks the installed version and the hook.
+SUBMITIT_HOOK = "_make_submission_file_text"
+
+
 def _slurm_executor_class() -> type:
     import submitit
 
     class ScriptSlurmExecutor(submitit.SlurmExecutor):
-        """A SlurmExecutor whose submission file is our rendered script, byte for byte."""
+        """A SlurmExecutor whose submission file is our rendered script, byte for byte (see ``SUBMITIT_HOOK``)."""
 
         def __init__(self, folder: Path, script_text: str):
             super().__init__(folder=folder)
@@ -53,8 +64,6 @@ def _slurm_executor_class() -> type:
 
 def submit_slurm(run: RunDir, nodes: int, ranks_per_node: int) -> str:
     """Submit ``run.script`` with sbatch through submitit; returns the job id."""
-    from hpcppo.launch import slurm  # the only module that knows where sbatch lives
-
     slurm.sbatch_path()  # clear SchedulerError when sbatch is not on PATH
     import submitit
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from hpcppo.rollout.base import RolloutEngine
+from hpcppo.rollout.hf import HFRolloutEngine
+from hpcppo.rollout.vllm_engine import VLLMRolloutEngine
 
 ENGINE_KINDS = ("hf", "vllm")
 
@@ -16,11 +18,7 @@ def build_engine(kind: str, **kwargs: Any) -> RolloutEngine:
     Raises ``ValueError`` naming the known kinds for anything else.
     """
     if kind == "hf":
-        from hpcppo.rollout.hf import HFRolloutEngine
-
         return HFRolloutEngine.from_pretrained(**kwargs)
     if kind == "vllm":
-        from hpcppo.rollout.vllm_engine import VLLMRolloutEngine
-
         return VLLMRolloutEngine(**kwargs)
     raise ValueError(f"unknown rollout engine {kind!r}; known engines: {', '.join(ENGINE_KINDS)}")

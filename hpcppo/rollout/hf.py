@@ -21,15 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from hpcppo.models import position_ids_from_mask
-from hpcppo.rollout.base import (
-    PromptInput,
-    RolloutBatch,
-    SamplingParams,
-    assemble_batch,
-    left_pad,
-    prompt_lists,
-)
+from hpcppo.distributed.weights import clean_name
+from hpcppo.models import load_causal_lm, position_ids_from_mask
+from hpcppo.rollout.base import PromptInput, RolloutBatch, SamplingParams, assemble_batch, left_pad, prompt_lists
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -105,8 +99,6 @@ class HFRolloutEngine:
         ``dtype`` is a torch dtype or its name (``"bfloat16"``, ``"float32"``, ``"auto"`` = as saved); ``device``
         defaults to the current CUDA device when there is one, else CPU.
         """
-        from hpcppo.models import load_causal_lm
-
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         model = load_causal_lm(model_path, dtype=dtype, trust_remote_code=trust_remote_code,
@@ -193,8 +185,6 @@ class HFRolloutEngine:
         arrive, they must be equal. Raises ``KeyError`` for an unknown name or missing parameters and ``ValueError``
         for a shape mismatch, a name sent twice, or tied copies that disagree.
         """
-        from hpcppo.distributed.weights import clean_name
-
         written: dict[int, str] = {}
         seen: set[str] = set()
         received = 0

@@ -57,6 +57,9 @@ from typing import Any
 
 import torch
 
+from hpcppo.distributed.env import export_launcher_vars
+from hpcppo.distributed.weights import clean_name
+from hpcppo.models import as_torch_dtype
 from hpcppo.rollout.base import PromptInput, RolloutBatch, SamplingParams, batch_from_lists, prompt_lists
 
 VLLM_MISSING = ("rollout.engine = \"vllm\" needs vLLM in the job's Python: pip install 'hpcppo[vllm]' on GPU nodes, "
@@ -278,8 +281,6 @@ class VLLMRolloutEngine:
             raise ValueError(f"sleep_level must be 1 (offload weights) or 2 (discard them), got {sleep_level}")
         vllm = _import_vllm()
         if dist_env is not None:
-            from hpcppo.distributed.env import export_launcher_vars
-
             export_launcher_vars(dist_env)
         # external_launcher runs the engine core in-process; say so explicitly (vLLM also forces it). vllm.envs
         # reads variables lazily, so setting it after the import still takes effect.
@@ -337,8 +338,6 @@ class VLLMRolloutEngine:
     @property
     def sync_dtype(self) -> torch.dtype | None:
         """The dtype to gather the actor's weights in (the engine's): bf16 traffic instead of fp32 masters."""
-        from hpcppo.models import as_torch_dtype
-
         try:
             value = as_torch_dtype(self._dtype)
         except ValueError:
@@ -393,8 +392,6 @@ class VLLMRolloutEngine:
         runs that processing again on what arrives. Each tensor is moved to the engine's device as it passes.
         Raises ``KeyError`` if the model did not load every parameter it has (vLLM itself rejects unknown names).
         """
-        from hpcppo.distributed.weights import clean_name
-
         self._wake(weights=True, kv=False)  # KV cache stays unmapped while the weights arrive: a lower peak
         model = _inference_model(self.llm)
         device = next(model.parameters()).device

@@ -34,11 +34,12 @@ import operator
 import os
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from hpcppo.rundir.paths import EVENTS, RunPaths
 
-__all__ = ["EVENTS_FILE", "SOURCES", "append_event", "kind_tail", "read_events", "watchdog_kind"]
+__all__ = ["EVENTS_FILE", "SOURCES", "WATCHDOG_ACTIONS", "EVENT_VIEWS", "PLOT_MARKS", "SHOWN", "Shown", "append_event",
+           "kind_tail", "plot_mark", "read_events", "shown_in", "watchdog_kind"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,60 @@ HANG = "hang"
 TRAINER_DEAD = "trainer_dead"
 MONITOR_ERROR = "monitor.error"
 MONITOR_RESTARTED = "monitor.restarted"
+
+
+#: The actions of watchdog rules, highest precedence first; a rule's action is recorded as ``watchdog.<action>``.
+#: The same names as ``hpcppo.watchdog.PRECEDENCE`` and ``hpcppo.config.watchdog.RULE_ACTIONS`` (a test checks).
+WATCHDOG_ACTIONS: tuple[str, ...] = ("pause", "requeue", "rollback", "restart_critic", "raise_kl_coef", "set_grad_clip")
+
+#: Where the events are shown (matched on a kind's last dotted part, :func:`kind_tail`, so that ``watchdog.rollback``
+#: and ``control.rollback`` read alike): ``summary`` lists each such event (``hpcppo metrics summary``, the last
+#: ten), ``compare`` counts them in its "watchdog / stops" row, ``plot`` draws them as a vertical line of a category.
+EVENT_VIEWS: tuple[str, ...] = ("summary", "compare", "plot")
+#: The plot's categories of marks, in legend order.
+PLOT_MARKS: tuple[str, ...] = ("rollback", "pause", "resume")
+
+
+class Shown(NamedTuple):
+    """How the views show the events of one kind tail."""
+
+    tail: str
+    views: frozenset[str]  # a subset of EVENT_VIEWS
+    mark: str | None  # the plot's category (one of PLOT_MARKS) when "plot" is in views
+
+
+def _s(tail: str, views: str, mark: str | None = None) -> Shown:
+    return Shown(tail, frozenset(views.split()), mark)
+
+
+#: The one table of the views' event kinds; a tail that is not here is only counted (summary's counts).
+SHOWN: tuple[Shown, ...] = (
+    _s("rollback", "summary compare plot", "rollback"),  # watchdog.rollback, control.rollback
+    _s("pause", "summary compare plot", "pause"),  # watchdog.pause
+    _s(REQUEUE, "summary compare plot", "pause"),  # the trainer's requeue, watchdog.requeue
+    _s("restart_critic", "summary compare"),
+    _s("raise_kl_coef", "summary compare"),
+    _s("set_grad_clip", "summary compare"),
+    _s(SUPPRESSED, "summary"),
+    _s(PAUSED, "summary compare plot", "pause"),
+    _s(PREEMPTED, "summary plot", "pause"),
+    _s(RESUME, "summary plot", "resume"),
+    _s(HANG, "summary compare"),
+    _s(TRAINER_DEAD, "summary compare"),
+)
+
+
+def shown_in(view: str) -> frozenset[str]:
+    """The kind tails ``view`` (one of :data:`EVENT_VIEWS`) shows."""
+    if view not in EVENT_VIEWS:
+        raise ValueError(f"unknown view {view!r}; views: {', '.join(EVENT_VIEWS)}")
+    return frozenset(s.tail for s in SHOWN if view in s.views)
+
+
+def plot_mark(kind: str) -> str | None:
+    """The plot's category of marks for an event of ``kind`` (one of :data:`PLOT_MARKS`), or None."""
+    tail = kind_tail(kind)
+    return next((s.mark for s in SHOWN if s.tail == tail and "plot" in s.views), None)
 
 
 def watchdog_kind(action: str) -> str:

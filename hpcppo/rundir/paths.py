@@ -132,6 +132,10 @@ class RunPaths:
     def rank_log(self, attempt_key: str, rank: int | str) -> Path:
         return self.log_dir(attempt_key) / rank_log_name(rank)
 
+    def watchdog_log(self, attempt_key: str) -> Path:
+        """``logs/attempt-<attempt key>/watchdog.log``: the output of the monitor beside the trainer."""
+        return self.log_dir(attempt_key) / WATCHDOG_LOG
+
     def batch_log(self, job_id: str) -> Path:
         return self.logs / batch_log_name(job_id)
 

@@ -30,7 +30,7 @@ from hpcppo.metrics.schema import trainer_columns
 from hpcppo.rollout import RolloutEngine, SamplingParams, build_engine
 from hpcppo.rollout.base import generation_config_eos, stop_token_ids
 from hpcppo.rundir import RunPaths
-from hpcppo.train.optim import LRSchedule, build_optimizer
+from hpcppo.train.optim import LRSchedule, build_optimizer, warmup_optimizer_steps
 from hpcppo.train.signals import PreemptionFlag
 
 log = logging.getLogger("hpcppo.train")
@@ -121,7 +121,8 @@ def build_datasets(data: DataSection, tokenizer: Any) -> tuple[PromptDataset, Pr
 
 def build_score_fn(data: DataSection) -> Callable[..., list[float]]:
     spec = data.reward_fn
-    fn = build_reward_fn(spec, gsm8k={"method": data.gsm8k_method}) if spec == "auto" else build_reward_fn(spec)
+    fn = build_reward_fn(spec, gsm8k={"method": data.gsm8k_method}) if spec == "auto" else \
+        build_reward_fn(spec, **data.reward_kwargs)
 
     def score(sources, texts, truths, extras):
         return score_batch(fn, sources, texts, truths, extras)
@@ -206,7 +207,9 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
     ac = cfg.actor
     actor_optim = build_optimizer(actor, lr=ac.lr, weight_decay=ac.weight_decay, betas=ac.betas)
     actor_updates = total_steps * plan.actor_optimizer_steps_per_step
-    actor_lr = LRSchedule(actor_optim, base_lr=ac.lr, warmup_steps=ac.warmup_steps, total_steps=actor_updates,
+    actor_lr = LRSchedule(actor_optim, base_lr=ac.lr, warmup_steps=warmup_optimizer_steps(
+                              ac.warmup_steps, ac.warmup_ratio, total_steps, plan.actor_optimizer_steps_per_step),
+                          total_steps=actor_updates,
                           schedule=ac.lr_schedule, min_lr_ratio=ac.min_lr_ratio)
 
     reference = None
@@ -222,8 +225,11 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
             apply_activation_checkpointing(critic)
         _sharded(critic, mesh, cc.fsdp, model_cfg.dtype)
         critic_optim = build_optimizer(critic, lr=cc.lr, weight_decay=cc.weight_decay, betas=cc.betas)
-        critic_updates = total_steps * plan.critic_ppo_epochs * plan.mini_batches_per_epoch_critic
-        critic_lr = LRSchedule(critic_optim, base_lr=cc.lr, warmup_steps=cc.warmup_steps, total_steps=critic_updates,
+        critic_per_step = plan.critic_ppo_epochs * plan.mini_batches_per_epoch_critic
+        critic_updates = total_steps * critic_per_step
+        critic_lr = LRSchedule(critic_optim, base_lr=cc.lr, warmup_steps=warmup_optimizer_steps(
+                                   cc.warmup_steps, cc.warmup_ratio, total_steps, critic_per_step),
+                               total_steps=critic_updates,
                                schedule=cc.lr_schedule, min_lr_ratio=cc.min_lr_ratio)
 
     ro = cfg.rollout

@@ -25,6 +25,19 @@ def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float, betas: 
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas), foreach=True)
 
 
+def warmup_optimizer_steps(warmup_steps: int, warmup_ratio: float, total_steps: int,
+                           optimizer_steps_per_step: int) -> int:
+    """The warm-up in optimizer steps from the spec's, which counts training steps as verl does.
+
+    verl steps its lr scheduler once per training step (fsdp_workers.py: ``actor_lr_scheduler.step()`` at the end of
+    ``update_actor``, ``critic_lr_scheduler.step()`` in ``update_critic``) and, when lr_warmup_steps is negative,
+    warms up for ``int(lr_warmup_steps_ratio * total_steps)`` of them (``_build_model_optimizer``,
+    ``_build_critic_model_optimizer``). Here the lr moves at every optimizer step, so the same span of training
+    steps is ``optimizer_steps_per_step`` times as many optimizer steps. 0 stays 0."""
+    steps = warmup_steps if warmup_steps > 0 else int(warmup_ratio * total_steps)
+    return steps * optimizer_steps_per_step
+
+
 def lr_factor(step: int, *, warmup_steps: int, total_steps: int, schedule: str, min_lr_ratio: float) -> float:
     """Multiplier of the base lr after ``step`` optimizer steps: linear warm-up, then constant/cosine/linear decay."""
     if warmup_steps > 0 and step < warmup_steps:

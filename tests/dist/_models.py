@@ -73,15 +73,15 @@ def disk_full_on_rank(failing_rank: int, rank: int) -> Iterator[None]:
     """Within the block, the checkpoint manager's durable writes raise ENOSPC on ``failing_rank`` only."""
     import hpcppo.distributed.checkpoint as ckpt
 
-    real_write = ckpt._write_durable
+    real_write = ckpt.write_durable
 
     def failing_write(path, data):
         if rank == failing_rank:
             raise OSError(28, "No space left on device")
         real_write(path, data)
 
-    ckpt._write_durable = failing_write
+    ckpt.write_durable = failing_write
     try:
         yield
     finally:
-        ckpt._write_durable = real_write
+        ckpt.write_durable = real_write

@@ -52,13 +52,13 @@ def test_background_save_writes_the_state_of_the_call_not_the_state_at_write_tim
     model, opt = _tiny()
     # The small files are written after DCP's shards, in the save's thread: hold them until the step below is done,
     # so the training step certainly runs while the write is in flight.
-    real_write, release = ckpt._write_durable, __import__("threading").Event()
+    real_write, release = ckpt.write_durable, __import__("threading").Event()
 
     def held_write(path, data):
         assert release.wait(30), "the test never released the write"
         real_write(path, data)
 
-    monkeypatch.setattr(ckpt, "_write_durable", held_write)
+    monkeypatch.setattr(ckpt, "write_durable", held_write)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     moment = opt.state[model.weight]["exp_avg"].clone()
     rng_at_call = torch.get_rng_state()
@@ -91,7 +91,7 @@ def test_a_failed_background_save_raises_at_the_next_wait_once_and_commits_nothi
     def full_disk(path, data):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(ckpt, "_write_durable", full_disk)
+    monkeypatch.setattr(ckpt, "write_durable", full_disk)
     mgr.save(2, models={"m": model}, optimizers={"m": opt}, extra={"step": 2}, background=True)
     assert mgr.latest_committed() == 1  # a query settles the failed save without raising it ...
     with pytest.raises(OSError, match="No space left"):  # ... the next save (or wait) raises it, naming its step
@@ -205,7 +205,7 @@ _KILL_SCRIPT = textwrap.dedent("""
     if where == "dcp":  # inside DCP's own write of the shards
         FileSystemWriter.write_data = slow(FileSystemWriter.write_data)
     else:  # after the shards, while this rank's small files are written (before the commit)
-        ckpt._write_durable = slow(ckpt._write_durable)
+        ckpt.write_durable = slow(ckpt.write_durable)
     t0 = time.perf_counter()
     mgr.save(2, models={"m": model}, optimizers={"m": opt}, extra={"step": 2}, background=True)
     print(json.dumps({"returned_after_s": time.perf_counter() - t0}), flush=True)

@@ -1,6 +1,6 @@
 """The planner's per-parameter bytes are what the trainer really allocates: the actor built as hpcppo builds it
 (float32 load, ``_sharded`` with a bf16 compute dtype over a 2-rank gloo mesh, ``build_optimizer``), measured after one
-forward/backward and one AdamW step, against ``hpcppo.planning``'s numbers. Also checks the parameter count formula
+forward/backward and one AdamW step, against ``hpcppo.sizing``'s numbers. Also checks the parameter count formula
 against a real transformers Qwen2 model."""
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ def _measure(rank: int, world_size: int) -> dict:
 
 
 def test_the_planner_counts_what_fsdp_and_adamw_allocate():
-    from hpcppo.planning.catalog import ModelShape
-    from hpcppo.planning.estimate import _trained
+    from hpcppo.sizing.catalog import ModelShape
+    from hpcppo.sizing.estimate import _trained
     from hpcppo.config.experiment import FsdpSection
 
     results = run_distributed(_measure, 2)

@@ -20,14 +20,15 @@ def test_grpo_with_kl_loss_entropy_and_cosine_schedule(tmp_path, random_tiny):
     run = compile_run(spec, tmp_path / "runs", [
         "algorithm.adv_estimator=grpo", "actor.use_kl_loss=true", "actor.kl_loss_coef=0.01",
         "actor.kl_loss_type=low_var_kl", "actor.entropy_coeff=0.01", "actor.lr_schedule=cosine",
-        "actor.warmup_steps=2", "trainer.total_steps=3", "checkpoint.save_every=0",
+        "actor.warmup_steps=1", "trainer.total_steps=3", "checkpoint.save_every=0",
     ])
     assert wait_all(launch_ranks(run, 2, "a0")) == [0, 0], logs_of(run)
     df = hmetrics.load(run)
     assert list(df["step"]) == [1, 2, 3]
     assert df["critic/vf_loss"].isna().all()  # no critic with GRPO
     assert df["actor/kl_loss"].notna().all() and df["kl/actor_ref"].notna().all()
-    # 3 steps x 2 optimizer steps (16 prompts / 8 per mini-batch): warm-up 2 steps, then cosine decay.
+    # 3 steps x 2 optimizer steps (16 prompts / 8 per mini-batch): warm-up 1 training step (its 2 optimizer steps,
+    # as verl counts warm-up in training steps), then cosine decay.
     lrs = df["actor/lr"].tolist()
     assert lrs[0] == pytest.approx(1e-4) and lrs[-1] < lrs[0], lrs
     assert all(math.isfinite(x) for x in df["actor/pg_loss"])

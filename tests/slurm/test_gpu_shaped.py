@@ -29,7 +29,7 @@ import pytest
 
 from hpcppo import jobenv
 from hpcppo.cli import main
-from hpcppo.config import compile_config
+from hpcppo.compiler import compile_config
 from hpcppo.launch import render, status
 from hpcppo.resources import resource_dir
 from hpcppo.rundir import RunDir, list_runs

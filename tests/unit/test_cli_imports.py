@@ -105,7 +105,7 @@ def test_login_node_commands_do_not_import_torch(setup):
         ["plan", str(REPO / "examples" / "gsm8k-qwen2.5-7b.toml"), "--site", "a100-cluster", "--json"],
         ["config", "explain", "site.slurm.partition"],
         ["config", "explain", "data.train_batch_size"],  # a verl name: the pointer and the hpcppo key
-        ["config", "show", str(ARITH), "-o", "actor_rollout_ref.actor.clip_ratio=0.3"],
+        ["config", "show", str(ARITH), "-o", "actor_rollout_ref.actor.clip_ratio_c=4.0"],
         ["import-verl", str(REPO / "examples" / "verl-gsm8k.sh"), "-o", str(tmp / "verl-gsm8k.toml"), "--force"],
         ["import-verl", "--table"],
         ["rollback", slurm_run, "--to", "5", *root],  # job 4242 runs: a request in its control inbox

@@ -197,3 +197,19 @@ def test_a_run_with_an_unreadable_log_is_still_listed(runs, capsys):
     assert "attempt-0000.h5" in rows[local.run_id]["error"]  # what is wrong with it: the reader says
     assert main(["runs", "--runs-root", str(root)]) == 0
     assert "unreadable" in capsys.readouterr().out
+
+
+def test_logs_watchdog_shows_the_monitors_log_of_an_attempt(runs, capsys):
+    root, local, slurm, _ = runs
+    (slurm.log_dir("4242.0") / "watchdog.log").write_text("monitor of 4242.0\n")
+    (slurm.log_dir("4242.1") / "watchdog.log").write_text("monitor of 4242.1\nhang: no row for 700 s\n")
+    assert main(["logs", slurm.run_id, "--watchdog", "--runs-root", str(root)]) == 0
+    out, err = capsys.readouterr()
+    assert out == "monitor of 4242.1\nhang: no row for 700 s\n" and "attempt-4242.1/watchdog.log" in err
+    assert main(["logs", slurm.run_id, "--watchdog", "--attempt", "4242.0", "-n", "1", "--runs-root", str(root)]) == 0
+    assert capsys.readouterr().out == "monitor of 4242.0\n"
+    rc, err = one_line_error(capsys, ["logs", local.run_id, "--watchdog", "--runs-root", str(root)])
+    assert "attempt local-1745 has no watchdog log" in err and "rank-0.log, rank-1.log" in err
+    with pytest.raises(SystemExit):  # one log at a time
+        main(["logs", slurm.run_id, "--watchdog", "--rank", "0", "--runs-root", str(root)])
+    assert "argument --rank: not allowed with argument --watchdog" in capsys.readouterr().err

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from hpcppo import estimators
-from hpcppo.config import compile_config, explain
+from hpcppo.compiler import compile_config
+from hpcppo.config import explain
 from hpcppo.errors import ConfigError, ResolveError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,8 +65,8 @@ def test_declaring_needs_no_torch(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys, hpcppo.config, hpcppo.estimators as e; e.declare('test_cfg_light');"
-            "c = hpcppo.config.compile_config(sys.argv[1], 'local', ['algorithm.adv_estimator=test_cfg_light'],"
+    code = ("import sys, hpcppo.compiler, hpcppo.estimators as e; e.declare('test_cfg_light');"
+            "c = hpcppo.compiler.compile_config(sys.argv[1], 'local', ['algorithm.adv_estimator=test_cfg_light'],"
             " check_paths=False); print(c.plan.needs_critic, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, str(ARITH)], capture_output=True, text=True, check=True, cwd=tmp_path)
     assert out.stdout.split() == ["False", "False"]

@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from hpcppo.config import compile_config
+from hpcppo.compiler import compile_config
 from hpcppo.errors import ConfigError
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcppo.config import compile_config, load_experiment
+from hpcppo.compiler import compile_config
+from hpcppo.config import load_experiment
 from hpcppo.errors import ConfigError, PathError
 
 BASE = """\
@@ -105,7 +106,8 @@ def test_wrong_types_are_not_coerced(tmp_path):
          "\"reinforce_plus_plus\", \"reinforce_plus_plus_baseline\" (did you mean 'grpo'?)"),
         ('[actor]\nkl_loss_type = "k4"\n', "actor.kl_loss_type: \"k4\" is not allowed"),
         ('[resources]\ntime = "1:2:3:4"\n', "resources.time: '1:2:3:4' is not a Slurm time"),
-        ('reward_fn = "nocolon"\n', "data.reward_fn: 'nocolon' must be \"auto\" or \"module:function\""),
+        ('reward_fn = "nocolon"\n', "data.reward_fn: 'nocolon' must be \"auto\", a built-in (gsm8k, math, "
+                                     "math_verify, math_dapo, arith) or \"module:function\""),
         ("[actor]\nbetas = [0.9]\n", "actor.betas: [0.9] must be two numbers in [0, 1)"),
         ('name = "bad name"\n', "name: \"bad name\" does not match"),
         ("[rollout]\ntop_k = 0\n", "rollout.top_k: 0 must be -1 (off) or > 0"),

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcppo.config import compile_config, load_experiment, load_site, parse_overrides
+from hpcppo.compiler import compile_config
+from hpcppo.config import load_experiment, load_site, parse_overrides
 from hpcppo.errors import ConfigError
 
 BASE = """\

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcppo.config import (compile_config, compile_preflight, explain, load_resolved, provenance_rows,
-                           render_provenance, to_toml, write_resolved)
+from hpcppo.compiler import compile_config, compile_preflight
+from hpcppo.config import explain, load_resolved, provenance_rows, render_provenance, to_toml, write_resolved
 from hpcppo.errors import ConfigError
 from hpcppo.resources import resource_dir
 
@@ -127,8 +127,8 @@ def test_provenance_table(tmp_path):
 
 
 def test_config_package_does_not_import_torch():
-    code = ("import sys, hpcppo.config as c\n"
-            "c.compile_config('examples/arith-tiny.toml', 'local', check_paths=False)\n"
+    code = ("import sys, hpcppo.compiler, hpcppo.config as c\n"
+            "hpcppo.compiler.compile_config('examples/arith-tiny.toml', 'local', check_paths=False)\n"
             "c.explain('actor.lr')\n"
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'numpy'))\n"
             "print(bad)\n")

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcppo.config import available_sites, compile_config, load_site, parse_slurm_time
+from hpcppo.compiler import compile_config
+from hpcppo.config import available_sites, load_site, parse_slurm_time
 from hpcppo.errors import ConfigError, SiteNotFoundError
 from hpcppo.resources import resource_dir, sites_dir
 

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from hpcppo.cli import main
-from hpcppo.config import compile_config
+from hpcppo.compiler import compile_config
 from hpcppo.config.experiment import DataSection
 from hpcppo.data import check as check_mod
 from hpcppo.data.check import check_data

@@ -132,3 +132,53 @@ def test_module_imports_no_numpy_h5py_or_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
     assert events.SOURCES == ("watchdog", "control", "monitor", "trainer")
+
+
+def _written_kinds() -> set[str]:
+    """Every kind the code names: the module's kind constants and ``watchdog.<action>``."""
+    constants = {v for k, v in vars(events).items() if k.isupper() and isinstance(v, str)
+                 and k not in ("EVENTS_FILE", "WATCHDOG_PREFIX")}
+    return constants | {events.watchdog_kind(a) for a in events.WATCHDOG_ACTIONS}
+
+
+def test_watchdog_actions_are_the_rules_actions_in_precedence_order():
+    from hpcppo.config.watchdog import RULE_ACTIONS
+    from hpcppo.watchdog import PRECEDENCE
+
+    assert events.WATCHDOG_ACTIONS == PRECEDENCE
+    assert set(events.WATCHDOG_ACTIONS) == set(RULE_ACTIONS)
+
+
+def test_the_views_table_names_only_kinds_that_are_written():
+    """No entry for a kind nothing writes (the old lists had "stop" and "resumed")."""
+    tails = {events.kind_tail(k) for k in _written_kinds()}
+    assert [s.tail for s in events.SHOWN if s.tail not in tails] == []
+    assert len({s.tail for s in events.SHOWN}) == len(events.SHOWN)
+    for s in events.SHOWN:
+        assert s.views <= set(events.EVENT_VIEWS) and s.views, s
+        assert (s.mark is not None) == ("plot" in s.views) and s.mark in (None, *events.PLOT_MARKS), s
+
+
+def test_what_each_view_shows():
+    """The summary lists stops, resumes, watchdog actions and the monitor's findings; compare counts actions and
+    stops (not resumes or preemptions); the plot marks rollbacks, stops and resumes."""
+    actions = set(events.WATCHDOG_ACTIONS)
+    assert events.shown_in("summary") == actions | {"paused", "preempted", "resume", "hang", "trainer_dead",
+                                                    "suppressed"}
+    assert events.shown_in("compare") == actions | {"paused", "hang", "trainer_dead"}
+    marks = {k: events.plot_mark(k) for k in ("watchdog.rollback", "control.rollback", "watchdog.pause", "paused",
+                                              "preempted", "requeue", "watchdog.requeue", "resume", "hang",
+                                              "watchdog.raise_kl_coef", "checkpoint.corrupt")}
+    assert marks == {"watchdog.rollback": "rollback", "control.rollback": "rollback", "watchdog.pause": "pause",
+                     "paused": "pause", "preempted": "pause", "requeue": "pause", "watchdog.requeue": "pause",
+                     "resume": "resume", "hang": None, "watchdog.raise_kl_coef": None, "checkpoint.corrupt": None}
+    with pytest.raises(ValueError, match="unknown view 'follow'"):
+        events.shown_in("follow")
+
+
+def test_the_analysis_views_take_their_kinds_from_the_table():
+    from hpcppo.analysis import compare, plot, summary
+
+    assert summary.NOTABLE == events.shown_in("summary")
+    assert compare._WATCHDOG_KINDS == events.shown_in("compare")
+    assert list(plot.MARKS) == list(events.PLOT_MARKS)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpcppo.config import compile_config
+from hpcppo.compiler import compile_config
 from hpcppo.distributed import env as dist_env
 from hpcppo.distributed.env import cuda_device_index, detect_env, export_launcher_vars, launcher_vars
 from hpcppo.errors import ConfigError, HpcppoError

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hpcppo import jobenv
-from hpcppo.config import compile_config
+from hpcppo.compiler import compile_config
 from hpcppo.launch import render
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,8 +16,8 @@ from torch.profiler import ProfilerActivity, profile
 from hpcppo import models
 from hpcppo.algos import losses
 from hpcppo.models import forward_log_probs
-from hpcppo.planning.catalog import ModelShape
-from hpcppo.planning.estimate import LOGITS_CHUNK_ELEMENTS, _layer_acts, _logits, logit_chunk_positions
+from hpcppo.sizing.catalog import ModelShape
+from hpcppo.sizing.estimate import LOGITS_CHUNK_ELEMENTS, _layer_acts, _logits, logit_chunk_positions
 
 
 def peak_bytes(fn) -> int:

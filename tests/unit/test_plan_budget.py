@@ -1,4 +1,4 @@
-"""hpcppo.planning: the per-GPU memory budget and the time estimate, on realistic runs, checked against published
+"""hpcppo.sizing: the per-GPU memory budget and the time estimate, on realistic runs, checked against published
 figures (each cited where it is used) and against the trainer's own choices (fp32 master weights, FSDP2 sharding,
 AdamW moments, offload)."""
 
@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from hpcppo.config import FsdpSection, compile_config
+from hpcppo.compiler import compile_config
+from hpcppo.config import FsdpSection
 from hpcppo.errors import ConfigError, ResolveError
-from hpcppo.planning import GPUS, KNOWN_MODELS, ModelShape, check_colocation
-from hpcppo.planning.estimate import _layer_acts, _trained, estimate, model_shape
+from hpcppo.sizing.catalog import GPUS, KNOWN_MODELS, ModelShape
+from hpcppo.sizing.check import check_colocation
+from hpcppo.sizing.estimate import _layer_acts, _trained, estimate, model_shape
 
 REPO = Path(__file__).resolve().parents[2]
 GB = 1e9
@@ -269,7 +271,7 @@ def test_qwen32b_on_2x8_h100_does_not_fit_without_offload_and_compile_says_what_
 
 def test_qwen32b_on_2x8_h100_fits_with_offload(tmp_path, caplog):
     path = q32b_grpo(tmp_path, offload=True)
-    with caplog.at_level(logging.WARNING, logger="hpcppo.planning"):
+    with caplog.at_level(logging.WARNING, logger="hpcppo.sizing"):
         c = compile_config(path, "h100-cluster", check_paths=False)
     budget = check_colocation(c.site, c.experiment, c.plan)
     assert budget is not None and not budget.problems
@@ -304,12 +306,12 @@ def test_an_explicit_kv_cache_replaces_the_share_in_the_budget(tmp_path):
 # ------------------------------------------------------------------------------------------ signal lead, sites
 def test_signal_lead_shorter_than_step_and_checkpoint_warns(tmp_path, caplog):
     path = q32b_grpo(tmp_path, offload=True)
-    with caplog.at_level(logging.WARNING, logger="hpcppo.planning"):
+    with caplog.at_level(logging.WARNING, logger="hpcppo.sizing"):
         compile_config(path, "h100-cluster", ["site.slurm.signal_lead_s=60"], check_paths=False)
     [lead] = [r.getMessage() for r in caplog.records if "signal_lead_s" in r.getMessage()]
     assert "signal_lead_s = 60 s is shorter than an estimated step + checkpoint" in lead and "TIMEOUT" in lead
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="hpcppo.planning"):
+    with caplog.at_level(logging.WARNING, logger="hpcppo.sizing"):
         compile_config(path, "h100-cluster", ["site.slurm.signal_lead_s=7200"], check_paths=False)
     assert not [r for r in caplog.records if "signal_lead_s" in r.getMessage()]
 
@@ -323,7 +325,7 @@ def test_an_unknown_gpu_kind_is_one_line_naming_the_allowed_values(tmp_path):
 
 def test_a_gpu_site_that_cannot_be_judged_says_so(tmp_path, caplog):
     path = q32b_grpo(tmp_path, offload=False)
-    with caplog.at_level(logging.WARNING, logger="hpcppo.planning"):
+    with caplog.at_level(logging.WARNING, logger="hpcppo.sizing"):
         compile_config(path, "h100-cluster", ["site.gpu="], check_paths=False)
         compile_config(path, "h100-cluster", ["model.path=somewhere/my-own-model"], check_paths=False)
     notes = [r.getMessage() for r in caplog.records if "GPU memory not checked" in r.getMessage()]

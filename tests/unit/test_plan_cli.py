@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from hpcppo.cli import main
-from hpcppo.planning import GPUS
+from hpcppo.sizing.catalog import GPUS
 
 REPO = Path(__file__).resolve().parents[2]
 GSM8K = REPO / "examples" / "gsm8k-qwen2.5-7b.toml"

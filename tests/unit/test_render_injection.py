@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hpcppo.cli import main
-from hpcppo.config import compile_config
+from hpcppo.compiler import compile_config
 from hpcppo.errors import ConfigError
 from hpcppo.launch import render
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcppo.config import compile_config
+from hpcppo.compiler import compile_config
 from hpcppo.launch import render
 from hpcppo.rundir import RunDir, RunPaths, control, events, exitcodes, metric_names
 from hpcppo.rundir.paths import attempt_files_in, in_metrics_dir, is_metrics_dir

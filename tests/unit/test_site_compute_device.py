@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from hpcppo.cli import main
-from hpcppo.config import compile_config, load_site
+from hpcppo.compiler import compile_config
+from hpcppo.config import load_site
 from hpcppo.errors import ConfigError, ResolveError
 from hpcppo.launch import render
 from hpcppo.resources import resource_dir

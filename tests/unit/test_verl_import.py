@@ -163,7 +163,8 @@ def test_nothing_is_dropped_silently(tmp_path):
                      "actor_rollout_ref.actor.fsdp_config.forward_prefetch": "ignored",
                      "reward_model.enable": "unsupported", "actor_rollout_ref.actor.use_dynamic_bsz": "ignored",
                      "totally.unknown": "unknown", "trainer.logger": "ignored",
-                     "actor_rollout_ref.rollout.prompt_length": "conflict"}
+                     "actor_rollout_ref.rollout.prompt_length": "conflict",
+                     "actor_rollout_ref.actor.clip_ratio": "ignored"}
     why = {text.split("=")[0]: w for _, text, w in imp.report}
     assert "clip_ratio_c" in why["actor_rollout_ref.actor.use_dual_clip"]
     assert "critic.cliprange_value" in why["critic.vf_clip_param"]
@@ -193,11 +194,13 @@ def test_a_pasted_script_is_read_as_the_shell_would_pass_it():
             "   trainer.total_epochs=2 $@ 2>&1 | tee log.txt\n"
             "    trainer.nnodes=2\n"
             "python3 -m verl.trainer.main_ppo trainer.total_epochs=9\n")
-    settings, notes = read_command_line(text)
+    settings, notes = read_command_line(text, environ={"HOME": "/home/u"})
     got = {s.key: s.value for s in settings}
     assert got == {"data.train_files": ["/lustre/gsm8k/train.parquet", "/lustre/gsm8k/extra.parquet"],
                    "actor_rollout_ref.model.path": "/models/qwen 7b", "actor_rollout_ref.actor.optim.lr": 3e-6,
-                   "data.val_files": "$HOME/test.parquet", "trainer.total_epochs": 2, "data.prompt_key": "question"}
+                   "data.val_files": "/home/u/test.parquet", "trainer.total_epochs": 2, "data.prompt_key": "question"}
+    # the environment's $HOME stays a variable in the portable form (compile expands it where it runs)
+    assert {s.key: s.portable for s in settings}["data.val_files"] == "${HOME}/test.parquet"
     joined = "\n".join(notes)
     for part in ("PYTHONUNBUFFERED=1", "--config-name=ppo_megatron_trainer", "~trainer.logger", "$@",
                  "a second verl command", "trainer.nnodes=2 is outside the verl command"):
@@ -215,7 +218,8 @@ def test_a_nested_yaml_is_flattened_and_hydra_parts_are_reported():
     got = {s.key: s.value for s in settings}
     assert got["actor_rollout_ref.actor.clip_ratio_high"] == 0.28 and got["data.truncation"] == "middle"
     assert got["data.train_files"] == ["data/a.parquet", "data/b.parquet"]
-    assert any(n.startswith("defaults:") for n in notes)
+    # defaults: [ppo_trainer, _self_] is verl's base config, the one every import starts from: nothing to report
+    assert not any("defaults" in n for n in notes), notes
 
 
 # ------------------------------------------------------------------------------------------------ end to end
@@ -226,11 +230,12 @@ def test_the_gsm8k_example_imports_and_compiles_on_a100_cluster(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "wrote" in r.stderr and "[ignored] trainer.logger" in r.stderr
     assert "hpcppo: warning: actor_rollout_ref.model.path: Qwen/Qwen2.5-7B looks like a Hugging Face hub id" in r.stderr
-    assert "hpcppo: warning: data.train_files: $HOME/data/gsm8k/train.parquet left as written" in r.stderr
+    assert "hpcppo: warning: data.train_files: ${HOME}/data/gsm8k/train.parquet left as written" in r.stderr
     # Every translated line names the verl setting it came from.
     lines = _spec_lines(out)
-    assert lines and all("  # from verl " in ln or "  # verl's default " in ln for ln in lines), lines
-    assert 'clip_ratio = 0.2  # from verl actor_rollout_ref.actor.clip_ratio=0.2' in lines
+    assert lines and all("  # from verl " in ln or "  # verl's default " in ln or "  # import-verl --watchdog off: " in ln
+                         for ln in lines), lines
+    assert 'clip_ratio_c = 3.0  # from verl actor_rollout_ref.actor.clip_ratio_c=3.0' in lines
     # The model and the data live on the cluster ($HOME there, a downloaded Qwen2.5-7B): --no-check-paths, as on a
     # login node that cannot see them.
     runs = tmp_path / "runs"

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from hpcppo.cli import main
-from hpcppo.config import compile_config, explain, parse_overrides
+from hpcppo.compiler import compile_config
+from hpcppo.config import explain, parse_overrides
 from hpcppo.config.verl import VerlNameWarning
 from hpcppo.errors import ConfigError
 
@@ -18,11 +19,11 @@ ARITH = REPO / "examples" / "arith-tiny.toml"
 
 
 def test_o_with_a_verl_key_is_applied_under_the_hpcppo_name_with_a_warning():
-    with pytest.warns(VerlNameWarning, match=r"actor_rollout_ref\.actor\.clip_ratio=0\.3 is verl's name; in hpcppo "
-                                             r"this is actor\.clip_ratio: applied as actor\.clip_ratio = 0\.3"):
-        compiled = compile_config(ARITH, "local", ["actor_rollout_ref.actor.clip_ratio=0.3"], check_paths=False)
-    assert compiled.experiment.actor.clip_ratio == 0.3
-    assert compiled.provenance["actor.clip_ratio"] == "override"
+    with pytest.warns(VerlNameWarning, match=r"actor_rollout_ref\.actor\.clip_ratio_c=4\.0 is verl's name; in hpcppo "
+                                             r"this is actor\.clip_ratio_c: applied as actor\.clip_ratio_c = 4\.0"):
+        compiled = compile_config(ARITH, "local", ["actor_rollout_ref.actor.clip_ratio_c=4.0"], check_paths=False)
+    assert compiled.experiment.actor.clip_ratio_c == 4.0
+    assert compiled.provenance["actor.clip_ratio_c"] == "override"
 
 
 def test_o_translates_verl_values_too():
@@ -90,11 +91,11 @@ def test_config_explain_answers_a_verl_name():
 
 
 def test_cli_prints_the_warning_as_one_line(tmp_path, capsys):
-    rc = main(["config", "show", str(ARITH), "-o", "actor_rollout_ref.actor.clip_ratio=0.3"])
+    rc = main(["config", "show", str(ARITH), "-o", "actor_rollout_ref.actor.clip_ratio_c=4.0"])
     err = capsys.readouterr().err
     assert rc == 0
-    assert err.splitlines() == ["hpcppo: warning: -o actor_rollout_ref.actor.clip_ratio=0.3 is verl's name; in hpcppo "
-                                "this is actor.clip_ratio: applied as actor.clip_ratio = 0.3"]
+    assert err.splitlines() == ["hpcppo: warning: -o actor_rollout_ref.actor.clip_ratio_c=4.0 is verl's name; in hpcppo "
+                                "this is actor.clip_ratio_c: applied as actor.clip_ratio_c = 4.0"]
     assert main(["config", "explain", "trainer.save_freq"]) == 0
     assert "in hpcppo this is `checkpoint.save_every`" in capsys.readouterr().out
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcppo.config import compile_config
+from hpcppo.compiler import compile_config
 from hpcppo.config.compiled import check_engine_installed
 from hpcppo.errors import ConfigError, ResolveError
 

@@ -1,11 +1,11 @@
-"""A :class:`~hpcppo.planning.estimate.Budget` as rich tables (``hpcppo plan``) or as JSON (``--json``)."""
+"""A :class:`~hpcppo.sizing.estimate.Budget` as rich tables (``hpcppo plan``) or as JSON (``--json``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from hpcppo.planning.catalog import GIB
-from hpcppo.planning.estimate import Budget
+from hpcppo.sizing.catalog import GIB
+from hpcppo.sizing.estimate import Budget
 
 __all__ = ["render", "as_json"]
 

@@ -34,7 +34,7 @@ from typing import Any
 from hpcppo.config.experiment import Experiment, FsdpSection
 from hpcppo.config.plan import RunPlan
 from hpcppo.config.site import Site
-from hpcppo.planning.catalog import ASSUMPTIONS, GIB, GPUS, KNOWN_MODELS, Constant, GpuSpec, ModelShape
+from hpcppo.sizing.catalog import ASSUMPTIONS, GIB, GPUS, KNOWN_MODELS, Constant, GpuSpec, ModelShape
 
 __all__ = ["Item", "Phase", "Budget", "model_shape", "estimate", "dtype_bytes"]
 

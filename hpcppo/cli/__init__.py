@@ -1,0 +1,56 @@
+"""``hpcppo`` command line: parse, call the library, print, map error classes to exit codes.
+
+Commands that do not train (compile, submit --dry-run, status, cancel, rollback, watchdog replay, config) never
+import torch: they are meant for login nodes. Each command is a function of one module of this package
+(:mod:`~hpcppo.cli.submit`, :mod:`~hpcppo.cli.control`, :mod:`~hpcppo.cli.seeing`, :mod:`~hpcppo.cli.configure`,
+and :mod:`~hpcppo.cli.model` for the two that need torch); the parser (:mod:`hpcppo.cli.parser`) names it, and
+:func:`dispatch` imports that module when the command runs, so a command loads its own libraries only. The library
+raises :class:`hpcppo.errors.HpcppoError` subclasses; :func:`main` prints one line for them and returns the class's
+exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import warnings
+from typing import Any
+
+from hpcppo.cli.common import err
+from hpcppo.cli.parser import build_parser
+from hpcppo.config.verl import VerlNameWarning
+from hpcppo.errors import HpcppoError
+
+__all__ = ["main", "build_parser", "dispatch"]
+
+_default_showwarning = warnings.showwarning
+
+
+def dispatch(handler: str, args: argparse.Namespace) -> int:
+    """Run the command function ``handler`` (``"<module>:<function>"`` of this package) on ``args``."""
+    module, name = handler.split(":")
+    return int(getattr(importlib.import_module(f"{__name__}.{module}"), name)(args) or 0)
+
+
+def _show_warning(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
+                  line: str | None = None) -> None:
+    """verl key names accepted under their hpcppo names: one line on stderr, like the errors."""
+    if issubclass(category, VerlNameWarning):
+        print(f"hpcppo: warning: {message}", file=sys.stderr)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    warnings.showwarning = _show_warning
+    try:
+        return dispatch(args.func, args)
+    except HpcppoError as exc:
+        err(str(exc))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        err("interrupted")
+        return 130

@@ -1,0 +1,63 @@
+"""Commands about configuration, no run directory involved: plan, config show/explain, import-verl."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from hpcppo import compiler, config
+from hpcppo.cli.common import err
+from hpcppo.config import verl_import
+from hpcppo.errors import HpcppoError
+from hpcppo.sizing import report
+from hpcppo.sizing.estimate import estimate
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    # Not refused here when it does not fit: the table shows what is over, compile refuses.
+    compiled = compiler.compile_config(Path(args.spec), args.site, args.override, check_paths=False, check_memory=False)
+    budget = estimate(compiled.site, compiled.experiment, compiled.plan)
+    if args.json:
+        print(json.dumps(report.as_json(budget, site=compiled.site.name, spec=args.spec), indent=2, allow_nan=False))
+    else:
+        from rich.console import Console
+
+        console = Console(width=max(120, Console().width))
+        for part in report.render(budget, site=compiled.site.name, spec=args.spec):
+            console.print(part)
+    return 0
+
+
+def cmd_import_verl(args: argparse.Namespace) -> int:
+    if args.table:
+        sys.stdout.write(verl_import.render_doc())
+        return 0
+    if args.input is None:
+        raise HpcppoError("give a verl command line or YAML file (or - for stdin), or --table")
+    # One character past the limit is enough for the library to refuse the input; an endless stdin does not hang.
+    stdin_text = sys.stdin.read(verl_import.MAX_INPUT_BYTES + 1) if args.input == "-" else None
+    imp, problem = verl_import.import_verl(args.input, Path(args.out), force=args.force, name=args.name,
+                                           stdin_text=stdin_text, watchdog=args.watchdog)
+    for line in verl_import.format_report(imp):
+        print(f"hpcppo: {line}", file=sys.stderr)
+    print(f"wrote {args.out}: {len(imp.values)} keys from verl, {len(imp.report)} settings not translated "
+          f"(listed above and at the end of the file)", file=sys.stderr)
+    if problem:  # a cross-field check the single values could not see: written anyway, to be edited
+        err(f"{args.out} does not load yet: {problem}")
+    return 0
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    compiled = compiler.compile_config(Path(args.spec), args.site, args.override, check_paths=False)
+    if args.toml:
+        sys.stdout.write(config.to_toml(compiled))
+    else:
+        sys.stdout.write(config.render_provenance(compiled))
+    return 0
+
+
+def cmd_config_explain(args: argparse.Namespace) -> int:
+    print(config.explain(args.key))
+    return 0
