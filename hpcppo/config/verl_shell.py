@@ -19,6 +19,7 @@ Nothing here executes a command. No torch.
 from __future__ import annotations
 
 import ast
+import fnmatch
 import operator
 import re
 from collections.abc import Mapping
@@ -35,7 +36,7 @@ _ASSIGN = re.compile(r"^([A-Za-z_]\w*)(\+?)=(.*)$", re.S)
 _OPEN_BLOCK = {"if": "if/fi", "while": "while/done", "until": "until/done", "for": "for/done", "case": "case/esac",
                "select": "select/done"}
 _CLOSE_BLOCK = {"fi", "done", "esac"}
-_LEADING = {"then", "else", "do", "{", "}", "!", "time", "elif"}
+_LEADING = {"then", "do", "{", "}", "!", "time"}
 _DECLARE = {"export", "declare", "typeset", "local", "readonly"}
 
 
@@ -218,6 +219,13 @@ def _arith(node: ast.AST) -> int:
 
 
 @dataclass
+class _Block:
+    kind: str  # "if/fi", "for/done" ...
+    mode: str  # "run": bash runs this branch; "skip": it does not; "uncertain": not known here
+    taken: bool | None  # an if: a branch has run (True), none yet (False), not known (None)
+
+
+@dataclass
 class Script:
     """What reading a script found: the verl command's words (expanded, with marks), the notes, the variables."""
 
@@ -228,7 +236,7 @@ class Script:
     command: list[str] | None = None  # the words after main_ppo
     command_line: int = 0
     loose: list[tuple[int, list[str]]] = field(default_factory=list)  # key=value lines outside a verl command
-    _depth: list[str] = field(default_factory=list)
+    _depth: list[_Block] = field(default_factory=list)
     _noted: set[str] = field(default_factory=set)
 
     # -- one word -> fields
@@ -364,6 +372,8 @@ class Script:
         return False
 
     def _braced(self, written: str, body: str) -> str:
+        if body[:1] in ("@", "*"):  # ${@:2} and the like: the script's arguments again
+            return self._special(body[0], written)
         mo = re.fullmatch(r"(\w+)(?:\[(@|\*|\d+)\])?(?:(:?[-=+?])(.*))?", body, re.S)
         if mo is None:  # ${#x}, ${x%y}, ${x/a/b}, ${x:0:3} ...
             return _unknown(written, f"{written}: bash's string operations are not evaluated here")
@@ -444,9 +454,9 @@ class Script:
             value: str | list[str] = [f for c in _scan(raw[1:-1]) for w in c.words for f in self.expand(w)]
         else:
             value = self.scalar(raw)
-        if self._depth:
-            self.uncertain[name] = (f"${name} is assigned inside {self._depth[-1]} (line {line}): which branch runs "
-                                    f"is not known here")
+        if self._uncertain_block():
+            self.uncertain[name] = (f"${name} is assigned inside {self._uncertain_block()} (line {line}): which "
+                                    f"branch runs is not known here")
             self.variables.pop(name, None)
             return
         self.uncertain.pop(name, None)
@@ -458,21 +468,78 @@ class Script:
                 value = _joined(old) + _joined(value)
         self.variables[name] = value
 
+    # -- blocks: an if whose condition is known runs only its taken branch, as bash would
+    def _skipping(self) -> bool:
+        return any(b.mode == "skip" for b in self._depth)
+
+    def _uncertain_block(self) -> str | None:
+        return next((b.kind for b in reversed(self._depth) if b.mode == "uncertain"), None)
+
+    def condition(self, words: list[str]) -> bool | None:
+        """``[ a = b ]``, ``[[ a == b ]]``, ``!=``, ``-n``, ``-z`` on known values; None for anything else."""
+        if len(words) < 2 or (words[0], words[-1]) not in (("[", "]"), ("[[", "]]")):
+            return None
+        inner = words[1:-1]
+        values = []
+        for w in inner:
+            value, _, unknowns = resolve(self.scalar(w), self.environ)
+            if unknowns:
+                return None
+            values.append(value)
+        if len(values) == 3 and values[1] in ("=", "==", "!="):
+            pattern = inner[2]
+            equal = fnmatch.fnmatchcase(values[0], values[2]) if words[0] == "[[" and not pattern.startswith(("'", '"')) \
+                else values[0] == values[2]
+            return equal if values[1] != "!=" else not equal
+        if len(values) == 2 and values[0] in ("-n", "-z"):
+            return bool(values[1]) == (values[0] == "-n")
+        if len(values) == 1:
+            return bool(values[0])
+        return None
+
+    def _branch(self, head: str, rest: list[str]) -> None:
+        """if / elif / else / fi and the other blocks: which branch runs, when it can be known."""
+        if head in _CLOSE_BLOCK:
+            if self._depth:
+                self._depth.pop()
+            return
+        if head in _OPEN_BLOCK:
+            if self._skipping():
+                self._depth.append(_Block(_OPEN_BLOCK[head], "skip", True))
+            elif head == "if":
+                known = self.condition(rest)
+                self._depth.append(_Block("if/fi", {True: "run", False: "skip", None: "uncertain"}[known], known))
+            else:  # loops and case: which body runs, and how often, is not known here
+                self._depth.append(_Block(_OPEN_BLOCK[head], "uncertain", None))
+            return
+        if not self._depth:
+            return
+        block = self._depth[-1]
+        if block.taken is True:
+            block.mode = "skip"
+        elif head == "elif" and block.taken is False:
+            known = self.condition(rest)
+            block.mode, block.taken = {True: "run", False: "skip", None: "uncertain"}[known], known
+        else:  # else after branches not taken, or anything after an unknown condition
+            block.mode = "run" if block.taken is False else "uncertain"
+
     def run(self, cmd: _Command) -> None:
         words = list(cmd.words)
         while words and words[0] in _LEADING:
             words.pop(0)
-        if words and words[0].endswith(")") and self._depth and self._depth[-1] == "case/esac" and "=" not in words[0]:
+        if words and words[0] in ("elif", "else"):
+            self._branch(words[0], words[1:] if words[0] == "elif" else [])
+            words = words[1:] if words[0] == "else" else []
+        if words and words[0].endswith(")") and self._depth and self._depth[-1].kind == "case/esac" \
+                and "=" not in words[0]:
             words.pop(0)  # a case pattern
         if not words:
             return
         head = words[0]
-        if head in _OPEN_BLOCK:
-            self._depth.append(_OPEN_BLOCK[head])
+        if head in _OPEN_BLOCK or head in _CLOSE_BLOCK:
+            self._branch(head, words[1:])
             return
-        if head in _CLOSE_BLOCK:
-            if self._depth:
-                self._depth.pop()
+        if self._skipping():
             return
         if head == "function" or re.fullmatch(r"[A-Za-z_][\w-]*\(\)", head):
             return
