@@ -245,3 +245,19 @@ def test_an_if_with_a_known_condition_runs_its_branch_and_unknown_words_are_repo
     assert imp.values["trainer.train_batch_size"] == 8 and imp.values["actor.fsdp.param_offload"] is True
     kind, why = _why(imp)["$MORE"]
     assert kind == "unresolved" and "if/fi" in why
+
+
+def test_compile_refuses_a_vision_language_model(tmp_path):
+    from hpcppo.config import check_experiment_paths, load_experiment
+
+    (tmp_path / "vl").mkdir()
+    (tmp_path / "vl" / "config.json").write_text(
+        '{"architectures": ["Qwen2_5_VLForConditionalGeneration"], "vision_config": {"depth": 32}, '
+        '"max_position_embeddings": 4096}')
+    (tmp_path / "train.parquet").write_bytes(b"")
+    spec = tmp_path / "exp.toml"
+    spec.write_text('name = "vl"\n[model]\npath = "vl"\n[data]\ntrain_files = ["train.parquet"]\n')
+    with pytest.raises(ConfigError) as err:
+        check_experiment_paths(load_experiment(spec))
+    text = str(err.value)
+    assert "model.path" in text and "vision-language model" in text and "Qwen2_5_VL" in text
