@@ -219,8 +219,11 @@ def runs_root(site: Site, override: str | os.PathLike[str] | None = None, *, cwd
     symbolic links are resolved.
     """
     raw = os.fspath(override) if override else (os.environ.get(RUNS_ROOT_ENV) or site.paths.runs_root)
-    path = Path(expand_path_text(raw, key=runs_root_origin(site, override)))
-    return ((cwd or Path.cwd()) / path).resolve()
+    path = ((cwd or Path.cwd()) / Path(expand_path_text(raw, key=runs_root_origin(site, override)))).resolve()
+    if path.exists() and not path.is_dir():  # a file: "no runs" would be a lie, and compile would fail later
+        raise PathError(f"{runs_root_origin(site, override)}: {path} is not a directory",
+                        hint="runs are kept in a directory of run directories")
+    return path
 
 
 def runs_root_origin(site: Site, override: str | os.PathLike[str] | None = None) -> str:
