@@ -202,3 +202,39 @@ def test_fault_then_resume_is_exact(name, tmp_path, random_tiny, straight):
     assert bool(list(ckpt_root.glob("step-4.corrupt-*"))) == (name == "newest_checkpoint_corrupt")
     kinds = set(hmetrics.load_events(run)["kind"])
     assert "resume" in kinds and (not fault.event or fault.event in kinds), kinds
+
+
+# ----------------------------------------------------------------------------- faults around the job, not in it (issue 25)
+def _wait_final(run_dir: Path, timeout: float = 300) -> dict:
+    from hpcppo.launch import status
+    from hpcppo.rundir import RunDir
+
+    run = RunDir(run_dir)
+    deadline = time.monotonic() + timeout
+    while True:
+        st = status.run_status(run)
+        if st["state"] in status.FINAL_STATES or time.monotonic() > deadline:
+            return st
+        time.sleep(1)
+
+
+@pytest.mark.slow
+def test_a_working_directory_deleted_after_submit_does_not_kill_the_local_job(tmp_path, random_tiny):
+    """The job ran in the caller's cwd: deleted after the submit, the ranks died at start ("Cannot load
+    libtorch_cpu.so", rank 0 exited with 2). The controller, the ranks and the monitor start in the run directory."""
+    import sys
+
+    spec = write_spec(tmp_path / "exp.toml", random_tiny, name="cwd")
+    gone, runs = tmp_path / "gone", tmp_path / "runs"
+    gone.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "hpcppo.cli", "submit", str(spec), "--site", "local", "--runs-root",
+                           str(runs), "-o", "trainer.total_steps=2", "-o", "checkpoint.save_every=2"], cwd=gone,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    shutil.rmtree(gone)  # at once: the ranks are still importing torch
+    [run] = list(runs.iterdir())
+    st = _wait_final(run)
+    assert st["state"] == "COMPLETED", (st, logs_of(run))
+    assert list(hmetrics.load(run)["step"]) == [1, 2]
+    for log in (run / "logs").rglob("rank-*.log"):
+        assert "FATAL" not in log.read_text(errors="replace"), log
