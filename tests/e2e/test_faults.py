@@ -238,3 +238,50 @@ def test_a_working_directory_deleted_after_submit_does_not_kill_the_local_job(tm
     assert list(hmetrics.load(run)["step"]) == [1, 2]
     for log in (run / "logs").rglob("rank-*.log"):
         assert "FATAL" not in log.read_text(errors="replace"), log
+
+
+def _cli(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "hpcppo.cli", *argv], capture_output=True, text=True, timeout=120,
+                          cwd=cwd)
+
+
+@pytest.mark.slow
+def test_a_run_directory_copied_elsewhere_resumes_into_the_copy(tmp_path, random_tiny):
+    """The copy's job.sbatch named the original: resumed, the copy recorded the attempt and the original got the
+    training (the copy said COMPLETED with checkpoint 4, the original FAILED with checkpoint 12). Resume renders
+    the script for the directory it is in; status says what a copy not yet resumed is."""
+    spec = write_spec(tmp_path / "exp.toml", random_tiny, name="copied")
+    runs, elsewhere = tmp_path / "runs", tmp_path / "elsewhere"
+    done = _cli("submit", str(spec), "--site", "local", "--runs-root", str(runs), "-o", "trainer.total_steps=4",
+                "-o", "checkpoint.save_every=2", "-o", "debug.inject.kill_rank_at_step=3", "-o", "debug.inject.kill_rank=1")
+    assert done.returncode == 0, done.stderr
+    [original] = list(runs.iterdir())
+    st = _wait_final(original)
+    assert st["state"] == "FAILED" and st["latest_checkpoint"] == 2, (st, logs_of(original))
+    before = sorted(str(p.relative_to(original)) for p in original.rglob("*"))
+
+    elsewhere.mkdir()
+    copy = elsewhere / original.name
+    shutil.copytree(original, copy, symlinks=True)
+    shown = _cli("status", original.name, "--runs-root", str(elsewhere))
+    assert shown.returncode == 0, shown.stderr
+    assert f"copied from {original} (job.sbatch runs there" in shown.stdout, shown.stdout
+
+    resumed = _cli("resume", original.name, "--runs-root", str(elsewhere))
+    assert resumed.returncode == 0, resumed.stderr
+    st = _wait_final(copy)
+    assert st["state"] == "COMPLETED" and st["latest_checkpoint"] == 4 and st["moved_from"] is None, (st, logs_of(copy))
+    assert list(hmetrics.load(copy)["step"]) == [1, 2, 3, 4]
+    assert f"HPCPPO_RUN_DIR={copy}\n" in (copy / "job.sbatch").read_text()
+    from hpcppo.rundir import events
+
+    moved = events.read_events(copy, kinds=[events.RUN_MOVED])
+    assert len(moved) == 1 and moved[0]["previous_dir"] == str(original), moved
+    # The original is as it was: nothing of the copy's attempt went there.
+    assert sorted(str(p.relative_to(original)) for p in original.rglob("*")) == before
+    from hpcppo.launch import status
+    from hpcppo.rundir import RunDir
+
+    assert status.run_status(RunDir(original))["state"] == "FAILED"
