@@ -37,7 +37,7 @@ from hpcppo.distributed.weights import iter_full_params
 from hpcppo.models import compute_log_probs, compute_values
 from hpcppo.rollout.base import derive_seed
 from hpcppo.rundir import control, events, exitcodes, metric_names
-from hpcppo.train import batching
+from hpcppo.train import batching, validation
 from hpcppo.train.build import Components, build_components, freeze_long_lived_objects
 from hpcppo.train.inject import FaultInjector
 from hpcppo.train.recovery import Recovery
@@ -275,14 +275,19 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        """Greedy decoding on the validation prompts (sharded over ranks); mean score per data source."""
+        """Decode ``rollout.val_n`` responses per validation prompt (sharded over ranks) and score them: the mean
+        score per data source and overall and, for ``val_n`` > 1, verl's statistics per data source
+        (:mod:`hpcppo.train.validation`: mean@n, std@n, best@k, worst@k, maj@k)."""
         c = self.c
         if c.val_data is None:
             return {}
         c.engine.wake_up()
         self.sync_engine()
-        sums = [[0.0, 0.0] for _ in c.val_sources]
         g = c.groups
+        n = c.val_sampling.n
+        stats = metric_names.validation_stats(n)
+        # Per data source: score sum, sample count, then each statistic's sum and count over prompts.
+        sums = [[0.0] * (2 + 2 * len(stats)) for _ in c.val_sources]
         # Sharded over rollout groups: the ranks of a tensor-parallel group decode the same prompts with the same
         # seed, and only the group's first rank counts the scores.
         mine = list(range(g.dp_rank, len(c.val_data), g.dp_size))
@@ -293,18 +298,32 @@ class Trainer:
             prompts = [c.val_data[i] for i in mine[start : start + 64]]
             out = c.engine.generate([p.input_ids for p in prompts], sampling)
             texts = c.tokenizer.batch_decode(out.response_ids * out.response_mask, skip_special_tokens=True)
-            records = [p.record for p in prompts]
+            records = [prompts[int(j)].record for j in out.prompt_index]  # n rows per prompt, prompt-major
+            preds: list[Any] = []
             scores = c.score_fn([r.data_source for r in records], texts, [r.ground_truth for r in records],
-                                [r.extra_info for r in records])
-            for r, s in zip(records, scores):
-                row = sums[c.val_sources.index(r.data_source)]
-                row[0] += s if g.is_tp_leader else 0.0
-                row[1] += 1 if g.is_tp_leader else 0
+                                [r.extra_info for r in records], preds=preds)
+            if not g.is_tp_leader:
+                continue
+            for i, prompt in enumerate(prompts):
+                row = sums[c.val_sources.index(prompt.record.data_source)]
+                row[0] += sum(scores[i * n : (i + 1) * n])
+                row[1] += n
+                got = validation.prompt_stats(scores[i * n : (i + 1) * n], preds[i * n : (i + 1) * n])
+                for j, name in enumerate(stats):
+                    if name in got:
+                        row[2 + 2 * j] += got[name]
+                        row[3 + 2 * j] += 1
         c.engine.sleep()
+        width = len(sums[0]) if sums else 0
         flat = all_reduce_host([x for row in sums for x in row], "sum")
-        totals = [(flat[2 * i], flat[2 * i + 1]) for i in range(len(c.val_sources))]
-        metrics = {f"val/score/{src}": total / max(n, 1) for src, (total, n) in zip(c.val_sources, totals)}
-        metrics["val/score"] = sum(t for t, _ in totals) / max(sum(n for _, n in totals), 1)
+        totals = [flat[i * width : (i + 1) * width] for i in range(len(c.val_sources))]
+        metrics = {f"{metric_names.VALIDATION_PREFIX}{src}": t[0] / max(t[1], 1)
+                   for src, t in zip(c.val_sources, totals)}
+        metrics["val/score"] = sum(t[0] for t in totals) / max(sum(t[1] for t in totals), 1)
+        for src, t in zip(c.val_sources, totals):
+            for j, name in enumerate(stats):
+                if t[3 + 2 * j] > 0:  # maj@k only where the reward function reports a pred (as verl)
+                    metrics[f"{metric_names.VALIDATION_PREFIX}{src}/{name}"] = t[2 + 2 * j] / t[3 + 2 * j]
         return metrics
 
     def peak_memory_gb(self) -> float:
