@@ -294,7 +294,7 @@ def _draw(series: Sequence[Series], metrics: Sequence[str], out: Path, *, x: str
     fig.legend(handles=handles, loc="outside upper center", ncols=min(len(handles), 4), fontsize=8, frameon=False,
                title=heading, title_fontsize=8)
     out.parent.mkdir(parents=True, exist_ok=True)
-    extra = {"pil_kwargs": {"optimize": True}} if fmt == "png" else {}
+    extra: dict[str, Any] = {"pil_kwargs": {"optimize": True}} if fmt == "png" else {}
     fig.savefig(out, format=fmt, dpi=dpi, metadata=_metadata(fmt), **extra)
     return out
 

@@ -162,7 +162,7 @@ class FsdpSection:
     reduce_dtype: str = opt("float32", choices=DTYPE_NAMES, help="Dtype of gradient reduction.")
 
 
-def _optimizer_fields(lr: float, grad_clip_help: str) -> dict[str, object]:
+def _optimizer_fields(lr: float, grad_clip_help: str) -> dict[str, Any]:
     # Shared by actor and critic; a function keeps one source for help and ranges.
     return dict(
         lr=opt(lr, gt=0.0, le=10.0, help="Learning rate (AdamW)."),

@@ -213,7 +213,8 @@ def _arith(node: ast.AST) -> int:
         if isinstance(node.op, ast.Pow) and abs(b) > 64:
             raise ValueError("exponent too large")
         if type(node.op) in _ARITH_OPS:
-            return _ARITH_OPS[type(node.op)](a, b)
+            result: int = _ARITH_OPS[type(node.op)](a, b)
+            return result
     raise ValueError("not integer arithmetic")
 
 
