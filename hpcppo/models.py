@@ -22,6 +22,7 @@ from typing import Any, cast
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from hpcppo.algos.losses import entropy_from_logits, entropy_metric
 from hpcppo.errors import PathError
@@ -209,6 +210,97 @@ def _accepts_logits_to_keep(model: nn.Module) -> bool:
     return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
+LOGITS_CHUNK_ELEMENTS = 1 << 26
+"""Logits per chunk of :func:`forward_log_probs` (256 MiB in float32): the LM head, the log-softmax, the gather and
+the entropy run over chunks of response positions of about this many logits, never over the whole
+``[micro_batch, response, vocab]`` block (a 150k vocabulary at 4k positions is 2.4 GB of float32 per row of the
+micro-batch). A micro-batch whose logits fit one chunk runs exactly as one block."""
+
+# Configuration attributes of models whose forward changes the LM head's output before returning it (Gemma 2/3's
+# soft-capping, Cohere's and Granite's scales): their log-probs are taken from the whole logits, as before.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def _chunkable_head(model: nn.Module) -> nn.Linear | None:
+    """The model's LM head when :func:`forward_log_probs` may stand in for it (an ``nn.Linear`` at ``lm_head``,
+    applied by the model's forward to ``slice_logits_to_keep(hidden)`` and returned as ``logits`` untouched), else
+    None."""
+    head = getattr(model, "lm_head", None)
+    if not isinstance(head, nn.Linear) or not _accepts_logits_to_keep(model):
+        return None
+    config = getattr(model, "config", None)
+    if any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS):
+        return None
+    return head
+
+
+def _token_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool,
+                     entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``[B, r, V]`` logits in any dtype, ``[B, r]`` targets -> float32 ``[B, r]`` log-probs (and entropies)."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits.div_(temperature)  # in place (as verl does): one [B, r, V] float32 tensor fewer
+    # gather - logsumexp: the same value as log_softmax().gather() without a second [B, r, V] tensor.
+    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    entropy = None
+    if with_entropy:
+        entropy = entropy_from_logits(logits) if entropy_grad else entropy_metric(logits)
+    return log_probs, entropy
+
+
+def _chunk_positions(batch: int, response_len: int, vocab: int, chunk_elements: int) -> int:
+    """Response positions per chunk: ``batch x positions x vocab`` within ``chunk_elements``, at least one."""
+    return max(1, chunk_elements // max(1, batch * vocab))
+
+
+class _LogProbHead(nn.Module):
+    """Stands in for a model's LM head during one forward of :func:`forward_log_probs`.
+
+    It receives what the head would (the hidden states of the last ``R + 1`` positions) and returns ``[B, R, 1]``
+    log-probs, or ``[B, R, 2]`` log-probs and entropies, computed chunk by chunk of positions; the model's forward
+    returns that as its ``logits``. Running inside the model's own forward matters under FSDP2: the root unit's
+    parameters (the head's weight among them) are gathered there, and its backward hooks are put on that output.
+
+    With autograd, each chunk is checkpointed (``torch.utils.checkpoint``, non-reentrant): only its hidden states are
+    kept, and backward recomputes the chunk's logits (one more LM-head matmul over the response) instead of holding
+    every chunk's logits, softmax and gradients at once.
+    """
+
+    def __init__(self, head: nn.Linear, targets: torch.Tensor, *, temperature: float, with_entropy: bool,
+                 entropy_grad: bool, chunk_elements: int):
+        super().__init__()
+        object.__setattr__(self, "head", head)  # not a child: the model's parameter names stay as they are
+        self.targets, self.temperature = targets, temperature
+        self.with_entropy, self.entropy_grad, self.chunk_elements = with_entropy, entropy_grad, chunk_elements
+        self.output: torch.Tensor | None = None
+
+    def _chunk(self, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               targets: torch.Tensor) -> torch.Tensor:
+        lp, ent = _token_log_probs(nn.functional.linear(hidden, weight, bias), targets, self.temperature,
+                                   self.with_entropy, self.entropy_grad)
+        return lp.unsqueeze(-1) if ent is None else torch.stack((lp, ent), dim=-1)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        targets = self.targets
+        batch, response_len = targets.shape
+        weight, bias = self.head.weight, self.head.bias
+        step = _chunk_positions(batch, response_len, weight.shape[0], self.chunk_elements)
+        if step >= response_len:  # one chunk: the LM head over the R + 1 positions, exactly as the whole forward
+            lp, ent = _token_log_probs(nn.functional.linear(hidden, weight, bias)[:, :-1], targets, self.temperature,
+                                       self.with_entropy, self.entropy_grad)
+            self.output = lp.unsqueeze(-1) if ent is None else torch.stack((lp, ent), dim=-1)
+            return self.output
+        grad = torch.is_grad_enabled()
+        parts = []
+        for lo in range(0, response_len, step):
+            hi = min(lo + step, response_len)
+            args = (hidden[:, lo:hi], weight, bias, targets[:, lo:hi])
+            parts.append(checkpoint(self._chunk, *args, use_reentrant=False, preserve_rng_state=False) if grad
+                         else self._chunk(*args))
+        self.output = torch.cat(parts, dim=1)
+        return self.output
+
+
 def forward_log_probs(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -219,6 +311,7 @@ def forward_log_probs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     entropy_grad: bool = True,
+    chunk_elements: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of the last ``response_len`` tokens, for one micro-batch, with autograd.
 
@@ -228,25 +321,35 @@ def forward_log_probs(
         temperature: logits are divided by it (the rollout's sampling temperature; 1 for greedy rollouts).
         entropy_grad: with False the entropy is a metric only (:func:`~hpcppo.algos.losses.entropy_metric`: the same
             values, detached, computed in blocks), so no ``[B, R, V]`` softmax is kept for backward.
+        chunk_elements: logits per chunk (default :data:`LOGITS_CHUNK_ELEMENTS`).
 
     Returns:
         ``log_probs [B, R]`` float32 = ``log_softmax(logits / T)[response token]`` and ``entropy [B, R]`` float32
-        (or None). Only the ``R + 1`` last positions' logits are materialised (``logits_to_keep``).
+        (or None). The LM head, log-softmax, gather and entropy run over chunks of response positions of at most
+        ``chunk_elements`` logits (or one position of every row, if that is more), inside the model's forward
+        (``_LogProbHead``); for a model whose forward transforms the head's output (``_LOGIT_TRANSFORMS``) or that
+        has no ``lm_head``, from the whole ``R + 1`` last positions' logits (``logits_to_keep``).
     """
     _check_inputs(input_ids, attention_mask, position_ids, response_len)
-    extra = {"logits_to_keep": response_len + 1} if _accepts_logits_to_keep(model) else {}
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
-                **extra)
-    logits = out.logits[:, -response_len - 1:-1, :].float()  # [B, R, V]
-    if temperature != 1.0:
-        logits = logits.div_(temperature)  # in place (as verl does): one [B, R, V] float32 tensor fewer
-    targets = input_ids[:, -response_len:].unsqueeze(-1)
-    # gather - logsumexp: the same value as log_softmax().gather() without a second [B, R, V] tensor.
-    log_probs = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    entropy = None
-    if with_entropy:
-        entropy = entropy_from_logits(logits) if entropy_grad else entropy_metric(logits)
-    return log_probs, entropy
+    targets = input_ids[:, -response_len:]
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    head = _chunkable_head(model)
+    if head is None:
+        extra = {"logits_to_keep": response_len + 1} if _accepts_logits_to_keep(model) else {}
+        logits = model(**kwargs, **extra).logits[:, -response_len - 1:-1, :]
+        return _token_log_probs(logits, targets, temperature, with_entropy, entropy_grad)
+    stand_in = _LogProbHead(head, targets, temperature=temperature, with_entropy=with_entropy,
+                            entropy_grad=entropy_grad,
+                            chunk_elements=LOGITS_CHUNK_ELEMENTS if chunk_elements is None else chunk_elements)
+    model.lm_head = stand_in
+    try:
+        out = model(**kwargs, logits_to_keep=response_len + 1).logits
+    finally:
+        model.lm_head = head
+    if out is not stand_in.output:  # the forward transformed what the head returned: these are not log-probs
+        raise RuntimeError(f"{type(model).__name__}'s forward changed its LM head's output; add the config attribute "
+                           "that makes it do so to hpcppo.models._LOGIT_TRANSFORMS")
+    return out[..., 0], (out[..., 1] if with_entropy else None)
 
 
 def forward_values(

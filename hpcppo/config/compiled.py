@@ -24,6 +24,7 @@ from hpcppo.config.resolve import resolve
 from hpcppo.config.site import Site
 from hpcppo.errors import ConfigError, PathError
 from hpcppo.fsutil import atomic_write_text
+from hpcppo.rundir.record import runs_root_error
 
 __all__ = ["Compiled", "JobSection", "check_experiment_paths", "check_engine_installed", "to_toml",
            "load_resolved", "write_resolved", "runs_root", "runs_root_origin", "RUNS_ROOT_ENV"]
@@ -97,13 +98,23 @@ def _positions(config: dict[str, Any]) -> tuple[str, int] | None:
     return None
 
 
+def _refuse_vision_language(key: str, path: str, config: dict[str, Any]) -> None:
+    """``ConfigError`` for a vision-language model (its config.json has a ``vision_config``, as Qwen2.5-VL's,
+    Qwen3-VL's and GLM-4.1V's do): hpcppo feeds text prompts to a causal LM and would train it as text only."""
+    if isinstance(config.get("vision_config"), dict):
+        architectures = ", ".join(map(str, config.get("architectures") or [])) or "no architectures listed"
+        raise ConfigError(f"{path} is a vision-language model (config.json has a vision_config; {architectures}); "
+                          f"allowed: a text-only causal LM (hpcppo trains on text prompts)", key=key)
+
+
 def check_experiment_paths(experiment: Experiment) -> None:
     """``PathError`` naming the key and path of the first model or data path that does not exist or holds no model;
     ``ConfigError`` when a prompt and its response do not fit the model's positions."""
     m, d = experiment.model, experiment.data
     config = _model_config("model.path", m.path)
+    _refuse_vision_language("model.path", m.path, config)
     if m.critic_path:
-        _model_config("model.critic_path", m.critic_path)
+        _refuse_vision_language("model.critic_path", m.critic_path, _model_config("model.critic_path", m.critic_path))
     if m.tokenizer_path and not Path(m.tokenizer_path).is_dir():
         what = "does not exist" if not Path(m.tokenizer_path).exists() else "is not a directory"
         raise PathError(f"model.tokenizer_path: {m.tokenizer_path} {what} (a Hugging Face tokenizer directory is "
@@ -209,8 +220,10 @@ def runs_root(site: Site, override: str | os.PathLike[str] | None = None, *, cwd
     symbolic links are resolved.
     """
     raw = os.fspath(override) if override else (os.environ.get(RUNS_ROOT_ENV) or site.paths.runs_root)
-    path = Path(expand_path_text(raw, key=runs_root_origin(site, override)))
-    return ((cwd or Path.cwd()) / path).resolve()
+    path = ((cwd or Path.cwd()) / Path(expand_path_text(raw, key=runs_root_origin(site, override)))).resolve()
+    if path.exists() and not path.is_dir():  # a file: "no runs" would be a lie, and compile would fail later
+        raise runs_root_error(path, runs_root_origin(site, override), "exists and is not a directory")
+    return path
 
 
 def runs_root_origin(site: Site, override: str | os.PathLike[str] | None = None) -> str:

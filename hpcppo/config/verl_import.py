@@ -111,31 +111,44 @@ def _paths(target: str, value: Any, s: Setting, cwd: Path, out_dir: Path, imp: I
     return rebased if isinstance(value, list) else rebased[0]
 
 
-_INTERPOLATION = re.compile(r"^\$\{([A-Za-z_][\w.]*)\}$")
+# OmegaConf interpolations as verl writes them: ${other.key}, and ${oc.select:other.key,default} (the default when
+# the other key is unset).
+_INTERPOLATION = re.compile(r"^\$\{(?:oc\.select:)?(\.?[A-Za-z_][\w.]*)(?:,(.*))?\}$", re.S)
 
 
 def _unresolved(value: Any) -> bool:
     return isinstance(value, str) and ("${" in value and value.strip().startswith("${") or value == "???")
 
 
-def _interpolate(imp: Imported, s: Setting, ctx: Mapping[str, Any]) -> Setting | None:
-    """A Hydra interpolation ``${other.key}`` takes the other key's value when the input sets it (OmegaConf resolves
-    it so); otherwise the setting is reported and None returned."""
+def _interpolate(imp: Imported, s: Setting, e: verl.Entry | None, ctx: Mapping[str, Any]) -> Setting | None:
+    """An OmegaConf interpolation takes the other key's value when the input sets it, else its ``oc.select``
+    default, as OmegaConf resolves it; otherwise the setting is reported (unresolved where the key matters here)
+    and None returned."""
     ref = _INTERPOLATION.match(s.value.strip()) if isinstance(s.value, str) else None
-    if ref and ref.group(1) in ctx:
-        value = ctx[ref.group(1)]
+    other = ref and (s.key.rpartition(".")[0] + ref.group(1) if ref.group(1).startswith(".") else ref.group(1))
+    if ref and (other in ctx or ref.group(2) is not None):  # ${.key}: a key beside this one
+        value = ctx[other] if other in ctx else verl.parse_value(ref.group(2))
         return Setting(s.key, value, s.text, s.default, portable=value)
     if not s.default:
-        what = f"a Hydra interpolation of {ref.group(1)}, which the input does not set" if ref else \
+        what = f"a Hydra interpolation of {other}, which the input does not set" if ref else \
             "a Hydra interpolation or a missing value (???)"
-        imp.skip("ignored", s, f"{what}: verl fills it from verl's default there; the key keeps hpcppo's default")
+        if e is None or e.kind == verl.IGNORED:
+            imp.skip("ignored", s, f"{what}: verl fills it from verl's default there; {e.note if e else 'not a key'}")
+        else:
+            imp.skip("unresolved", s, f"{what}: its value is verl's default for that key, not known here; set "
+                                      f"{e.hpcppo or 'it'} in the spec by hand")
     return None
 
 
 def _apply(imp: Imported, s: Setting, ctx: dict[str, Any], cwd: Path, out_dir: Path) -> None:
     e = verl.lookup(s.key)
+    if s.unknown and e is not None and e.kind in (verl.MAP, verl.UNSUPPORTED):  # never a guess
+        written, why = s.unknown[0]
+        imp.skip("unresolved", s, f"{written} cannot be known here ({why}); set the value in the spec by hand, or "
+                                  f"set the variable and import again")
+        return
     if _unresolved(s.value):
-        resolved = _interpolate(imp, s, ctx)
+        resolved = _interpolate(imp, s, e, ctx)
         if resolved is None:
             return
         s = resolved
@@ -149,11 +162,6 @@ def _apply(imp: Imported, s: Setting, ctx: dict[str, Any], cwd: Path, out_dir: P
         return
     if e.kind == verl.IGNORED:
         imp.skip("ignored", s, e.note)
-        return
-    if s.unknown:  # never a guess: the value bash would use is not known here
-        written, why = s.unknown[0]
-        imp.skip("unresolved", s, f"{written} cannot be known here ({why}); set the value in the spec by hand, or "
-                                  f"set the variable and import again")
         return
     if e.kind == verl.UNSUPPORTED:
         if e.accepts(s.value):

@@ -129,6 +129,11 @@ def read_input_text(text: str, environ: Mapping[str, str] | None = None) -> Read
                 continue
             out.notes.append(f"{shown}: a command-line option of verl's, not a setting; skipped")
             continue
+        value, _, unknowns = resolve(word, environ)
+        if unknowns and "=" not in value.partition(unknowns[0][0])[0]:  # settings whose words are not known
+            out.reports.append(("unresolved", shown, f"{unknowns[0][1]}: the settings it holds are not known here; "
+                                                     f"add them to the input"))
+            continue
         s = _setting(word, environ)
         out.settings.append(s) if isinstance(s, Setting) else out.notes.append(s)
     return out

@@ -19,10 +19,12 @@ Nothing here executes a command. No torch.
 from __future__ import annotations
 
 import ast
-import operator
+import fnmatch
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from hpcppo.config.verl_lex import Command, arith, scan, skip_dollar, skip_quoted
 
 __all__ = ["Script", "read_script", "resolve", "UNKNOWN_OPEN", "ENV_OPEN"]
 
@@ -35,7 +37,7 @@ _ASSIGN = re.compile(r"^([A-Za-z_]\w*)(\+?)=(.*)$", re.S)
 _OPEN_BLOCK = {"if": "if/fi", "while": "while/done", "until": "until/done", "for": "for/done", "case": "case/esac",
                "select": "select/done"}
 _CLOSE_BLOCK = {"fi", "done", "esac"}
-_LEADING = {"then", "else", "do", "{", "}", "!", "time", "elif"}
+_LEADING = {"then", "do", "{", "}", "!", "time"}
 _DECLARE = {"export", "declare", "typeset", "local", "readonly"}
 
 
@@ -61,161 +63,11 @@ def resolve(text: str, environ: Mapping[str, str]) -> tuple[str, str, list[tuple
     return _SPAN.sub(value, text), _SPAN.sub(portable, text), unknowns
 
 
-# ------------------------------------------------------------------------------------------------ scanning
-
 @dataclass
-class _Command:
-    line: int
-    words: list[str] = field(default_factory=list)  # raw words, quotes kept
-    ends_with: str = ""  # the operator after it: ";", "&&", "|", ...
-    redirected: bool = False
-
-
-def _skip_quoted(text: str, i: int, quote: str) -> int:
-    """Index just past the closing ``quote`` of a quoted string opening at ``i`` (or the end of the text)."""
-    j = i + 1
-    while j < len(text) and text[j] != quote:
-        if quote == '"' and text[j] == "\\":
-            j += 1
-        elif quote == '"' and text[j] == "$" and j + 1 < len(text) and text[j + 1] in "({":
-            j = _skip_dollar(text, j) - 1
-        elif quote == '"' and text[j] == "`":
-            j = _skip_quoted(text, j, "`") - 1
-        j += 1
-    return min(j + 1, len(text))
-
-
-def _skip_group(text: str, i: int, open_: str, close: str) -> int:
-    """Index just past the ``close`` matching the ``open_`` at ``i``, quotes respected."""
-    depth, j = 0, i
-    while j < len(text):
-        ch = text[j]
-        if ch == "\\":
-            j += 2
-            continue
-        if ch in "'\"`" and not (ch == "'" and open_ == "{"):
-            j = _skip_quoted(text, j, ch)
-            continue
-        if ch == "'" and open_ == "{":  # ${x:-'a}'}: quotes count inside ${} too
-            j = _skip_quoted(text, j, ch)
-            continue
-        if ch == open_:
-            depth += 1
-        elif ch == close:
-            depth -= 1
-            if depth == 0:
-                return j + 1
-        j += 1
-    return len(text)
-
-
-def _skip_dollar(text: str, i: int) -> int:
-    """Index past the ``$(...)``, ``$((...))`` or ``${...}`` starting at ``i``."""
-    return _skip_group(text, i + 1, text[i + 1], ")" if text[i + 1] == "(" else "}")
-
-
-def _scan(text: str) -> list[_Command]:
-    """Commands with their raw words: continuations joined, comments dropped, arrays kept as one word."""
-    commands: list[_Command] = []
-    cur = _Command(1)
-    line, i, n = 1, 0, len(text)
-
-    def finish(op: str) -> None:
-        nonlocal cur
-        cur.ends_with = op
-        if cur.words or cur.redirected:
-            commands.append(cur)
-        cur = _Command(line)
-
-    while i < n:
-        ch = text[i]
-        if ch == "\\" and text[i + 1:i + 2] == "\n":
-            i, line = i + 2, line + 1
-            continue
-        if ch in " \t\r":
-            i += 1
-            continue
-        if ch == "#":
-            while i < n and text[i] != "\n":
-                i += 1
-            continue
-        if ch == "\n":
-            line += 1
-            i += 1
-            finish(";")
-            continue
-        if ch in ";&|":
-            op = text[i:i + 2] if text[i:i + 2] in ("&&", "||", ";;", "|&") else ch
-            i += len(op)
-            finish(op)
-            continue
-        if ch in "<>":
-            i = _skip_redirect(text, i)
-            cur.redirected = True
-            continue
-        if not cur.words:
-            cur.line = line
-        start = i
-        while i < n and text[i] not in " \t\r\n;&|<>":
-            c = text[i]
-            if c == "\\":
-                i += 2
-            elif c in "'\"`":
-                i = _skip_quoted(text, i, c)
-            elif c == "$" and text[i + 1:i + 2] in ("(", "{"):
-                i = _skip_dollar(text, i)
-            elif c == "(" and re.fullmatch(r"[A-Za-z_]\w*\+?=", text[start:i]):
-                i = _skip_group(text, i, "(", ")")  # NAME=( ... ): an array, newlines and comments inside
-            else:
-                i += 1
-        word = text[start:i]
-        if word.isdigit() and i < n and text[i] in "<>":  # 2>&1: the fd is part of the redirection
-            continue
-        line += word.count("\n")
-        cur.words.append(word.replace("\\\n", ""))  # a line continuation inside a word (`'x'\` at a line's end)
-    finish(";")
-    return commands
-
-
-def _skip_redirect(text: str, i: int) -> int:
-    j = i
-    while j < len(text) and text[j] in "<>&":
-        j += 1
-    while j < len(text) and text[j] in " \t":
-        j += 1
-    while j < len(text) and text[j] not in " \t\r\n;&|<>":
-        j = _skip_quoted(text, j, text[j]) if text[j] in "'\"" else j + 1
-    return j
-
-
-# ------------------------------------------------------------------------------------------------ expanding
-
-_ARITH_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Mod: operator.mod,
-              ast.Pow: operator.pow, ast.LShift: operator.lshift, ast.RShift: operator.rshift}
-
-
-def _arith(node: ast.AST) -> int:
-    """bash's integer arithmetic on a parsed expression: ``/`` truncates toward zero, as C does."""
-    if isinstance(node, ast.Expression):
-        return _arith(node.body)
-    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
-        return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        v = _arith(node.operand)
-        return -v if isinstance(node.op, ast.USub) else v
-    if isinstance(node, ast.BinOp):
-        a, b = _arith(node.left), _arith(node.right)
-        if isinstance(node.op, (ast.Div, ast.FloorDiv)):
-            if b == 0:
-                raise ValueError("division by zero")
-            q = abs(a) // abs(b)
-            return q if (a >= 0) == (b >= 0) else -q
-        if isinstance(node.op, ast.Pow) and abs(b) > 64:
-            raise ValueError("exponent too large")
-        if type(node.op) in _ARITH_OPS:
-            result: int = _ARITH_OPS[type(node.op)](a, b)
-            return result
-    raise ValueError("not integer arithmetic")
+class _Block:
+    kind: str  # "if/fi", "for/done" ...
+    mode: str  # "run": bash runs this branch; "skip": it does not; "uncertain": not known here
+    taken: bool | None  # an if: a branch has run (True), none yet (False), not known (None)
 
 
 @dataclass
@@ -229,7 +81,7 @@ class Script:
     command: list[str] | None = None  # the words after main_ppo
     command_line: int = 0
     loose: list[tuple[int, list[str]]] = field(default_factory=list)  # key=value lines outside a verl command
-    _depth: list[str] = field(default_factory=list)
+    _depth: list[_Block] = field(default_factory=list)
     _noted: set[str] = field(default_factory=set)
 
     # -- one word -> fields
@@ -254,11 +106,11 @@ class Script:
         while i < n:
             ch = raw[i]
             if ch == "'":
-                j = _skip_quoted(raw, i, "'")
+                j = skip_quoted(raw, i, "'")
                 add(raw[i + 1:j - 1], True)
                 i = j
             elif ch == '"':
-                j = _skip_quoted(raw, i, '"')
+                j = skip_quoted(raw, i, '"')
                 inner = raw[i + 1:j - 1]
                 many = re.fullmatch(r"\$\{(\w+)\[[@]\]\}", inner)
                 if inner in ("$@", "${@}", "$*", "${*}"):  # "$@": one field per argument, and there are none
@@ -278,7 +130,7 @@ class Script:
                 text, i = self._dollar(raw, i)
                 add(text, False)
             elif ch == "`":
-                j = _skip_quoted(raw, i, "`")
+                j = skip_quoted(raw, i, "`")
                 add(_unknown(raw[i:j], "a command's output is not known here"), False)
                 i = j
             else:
@@ -305,7 +157,7 @@ class Script:
                 text, i = self._dollar(inner, i)
                 out.append(text)
             elif ch == "`":
-                j = _skip_quoted(inner, i, "`")
+                j = skip_quoted(inner, i, "`")
                 out.append(_unknown(inner[i:j], "a command's output is not known here"))
                 i = j
             else:
@@ -316,13 +168,13 @@ class Script:
     def _dollar(self, raw: str, i: int) -> tuple[str, int]:
         nxt = raw[i + 1:i + 2]
         if raw.startswith("$((", i):
-            j = _skip_dollar(raw, i)
+            j = skip_dollar(raw, i)
             return self._arithmetic(raw[i:j], raw[i + 3:j - 2]), j
         if nxt == "(":
-            j = _skip_dollar(raw, i)
+            j = skip_dollar(raw, i)
             return _unknown(raw[i:j], "a command's output is not known here"), j
         if nxt == "{":
-            j = _skip_dollar(raw, i)
+            j = skip_dollar(raw, i)
             return self._braced(raw[i:j], raw[i + 2:j - 1]), j
         mo = _NAME.match(raw, i + 1)
         if mo:
@@ -365,6 +217,8 @@ class Script:
         return False
 
     def _braced(self, written: str, body: str) -> str:
+        if body[:1] in ("@", "*"):  # ${@:2} and the like: the script's arguments again
+            return self._special(body[0], written)
         mo = re.fullmatch(r"(\w+)(?:\[(@|\*|\d+)\])?(?:(:?[-=+?])(.*))?", body, re.S)
         if mo is None:  # ${#x}, ${x%y}, ${x/a/b}, ${x:0:3} ...
             return _unknown(written, f"{written}: bash's string operations are not evaluated here")
@@ -427,7 +281,7 @@ class Script:
         if unknowns:
             return _unknown(written, f"{written}: {unknowns[0][1]}")
         try:
-            return str(_arith(ast.parse(value.strip() or "0", mode="eval")))
+            return str(arith(ast.parse(value.strip() or "0", mode="eval")))
         except (ValueError, SyntaxError, TypeError, OverflowError) as exc:
             return _unknown(written, f"{written}: not evaluated ({exc})")
 
@@ -442,12 +296,12 @@ class Script:
         assert mo is not None
         name, append, raw = mo.groups()
         if raw.startswith("(") and raw.endswith(")"):
-            value: str | list[str] = [f for c in _scan(raw[1:-1]) for w in c.words for f in self.expand(w)]
+            value: str | list[str] = [f for c in scan(raw[1:-1]) for w in c.words for f in self.expand(w)]
         else:
             value = self.scalar(raw)
-        if self._depth:
-            self.uncertain[name] = (f"${name} is assigned inside {self._depth[-1]} (line {line}): which branch runs "
-                                    f"is not known here")
+        if self._uncertain_block():
+            self.uncertain[name] = (f"${name} is assigned inside {self._uncertain_block()} (line {line}): which "
+                                    f"branch runs is not known here")
             self.variables.pop(name, None)
             return
         self.uncertain.pop(name, None)
@@ -459,21 +313,78 @@ class Script:
                 value = _joined(old) + _joined(value)
         self.variables[name] = value
 
-    def run(self, cmd: _Command) -> None:
+    # -- blocks: an if whose condition is known runs only its taken branch, as bash would
+    def _skipping(self) -> bool:
+        return any(b.mode == "skip" for b in self._depth)
+
+    def _uncertain_block(self) -> str | None:
+        return next((b.kind for b in reversed(self._depth) if b.mode == "uncertain"), None)
+
+    def condition(self, words: list[str]) -> bool | None:
+        """``[ a = b ]``, ``[[ a == b ]]``, ``!=``, ``-n``, ``-z`` on known values; None for anything else."""
+        if len(words) < 2 or (words[0], words[-1]) not in (("[", "]"), ("[[", "]]")):
+            return None
+        inner = words[1:-1]
+        values = []
+        for w in inner:
+            value, _, unknowns = resolve(self.scalar(w), self.environ)
+            if unknowns:
+                return None
+            values.append(value)
+        if len(values) == 3 and values[1] in ("=", "==", "!="):
+            pattern = inner[2]
+            equal = fnmatch.fnmatchcase(values[0], values[2]) if words[0] == "[[" and not pattern.startswith(("'", '"')) \
+                else values[0] == values[2]
+            return equal if values[1] != "!=" else not equal
+        if len(values) == 2 and values[0] in ("-n", "-z"):
+            return bool(values[1]) == (values[0] == "-n")
+        if len(values) == 1:
+            return bool(values[0])
+        return None
+
+    def _branch(self, head: str, rest: list[str]) -> None:
+        """if / elif / else / fi and the other blocks: which branch runs, when it can be known."""
+        if head in _CLOSE_BLOCK:
+            if self._depth:
+                self._depth.pop()
+            return
+        if head in _OPEN_BLOCK:
+            if self._skipping():
+                self._depth.append(_Block(_OPEN_BLOCK[head], "skip", True))
+            elif head == "if":
+                known = self.condition(rest)
+                self._depth.append(_Block("if/fi", {True: "run", False: "skip", None: "uncertain"}[known], known))
+            else:  # loops and case: which body runs, and how often, is not known here
+                self._depth.append(_Block(_OPEN_BLOCK[head], "uncertain", None))
+            return
+        if not self._depth:
+            return
+        block = self._depth[-1]
+        if block.taken is True:
+            block.mode = "skip"
+        elif head == "elif" and block.taken is False:
+            known = self.condition(rest)
+            block.mode, block.taken = {True: "run", False: "skip", None: "uncertain"}[known], known
+        else:  # else after branches not taken, or anything after an unknown condition
+            block.mode = "run" if block.taken is False else "uncertain"
+
+    def run(self, cmd: Command) -> None:
         words = list(cmd.words)
         while words and words[0] in _LEADING:
             words.pop(0)
-        if words and words[0].endswith(")") and self._depth and self._depth[-1] == "case/esac" and "=" not in words[0]:
+        if words and words[0] in ("elif", "else"):
+            self._branch(words[0], words[1:] if words[0] == "elif" else [])
+            words = words[1:] if words[0] == "else" else []
+        if words and words[0].endswith(")") and self._depth and self._depth[-1].kind == "case/esac" \
+                and "=" not in words[0]:
             words.pop(0)  # a case pattern
         if not words:
             return
         head = words[0]
-        if head in _OPEN_BLOCK:
-            self._depth.append(_OPEN_BLOCK[head])
+        if head in _OPEN_BLOCK or head in _CLOSE_BLOCK:
+            self._branch(head, words[1:])
             return
-        if head in _CLOSE_BLOCK:
-            if self._depth:
-                self._depth.pop()
+        if self._skipping():
             return
         if head == "function" or re.fullmatch(r"[A-Za-z_][\w-]*\(\)", head):
             return
@@ -551,6 +462,6 @@ def _split_fields(text: str) -> list[str | None]:
 def read_script(text: str, environ: Mapping[str, str]) -> Script:
     """Read a script (or a pasted command line) in order: variables, then the verl command's words."""
     script = Script(environ=environ)
-    for cmd in _scan(text.replace("\r\n", "\n")):  # a pipe or redirection ends a command (`2>&1 | tee log`)
+    for cmd in scan(text.replace("\r\n", "\n")):  # a pipe or redirection ends a command (`2>&1 | tee log`)
         script.run(cmd)
     return script

@@ -7,6 +7,8 @@ import math
 import attrs
 
 from hpcppo.config.fields import FieldValueError, did_you_mean, opt
+from hpcppo.errors import ConfigError
+from hpcppo.rundir import metric_names as schema  # the trainer's column list (no numpy, no h5py)
 
 __all__ = ["Rule", "WatchdogSection", "default_rules", "check_rule_metrics", "RULE_ACTIONS", "RULE_CONDITIONS"]
 
@@ -36,7 +38,8 @@ class Rule:
     lr_scale: float = opt(0.5, gt=0.0, le=1.0, help="rollback: multiply the learning rates by this factor.")
     grad_clip: float = opt(1.0, gt=0.0, help="set_grad_clip: the new gradient-norm clip.")
     cooldown_steps: int = opt(10, ge=0, help="Steps after firing during which the rule stays quiet.")
-    max_count: int = opt(3, ge=0, help="Times the rule may fire in a run; 0 = never fires (disabled).")
+    max_count: int = opt(3, ge=0, help="Times the rule may fire in a run; 0 = never fires (disabled). A rule whose "
+                                       "action paused the run is re-armed (one firing less) when it is resumed.")
 
     def __attrs_post_init__(self) -> None:
         if self.condition in ("gt", "lt") and not math.isfinite(self.threshold):
@@ -111,9 +114,6 @@ class WatchdogSection:
 def check_rule_metrics(section: WatchdogSection, *, file: str | None = None) -> None:
     """A rule whose metric the trainer never logs would never fire: a typo must fail at compile time, not leave a
     run unprotected. Raises ``ConfigError`` naming the rule, the metric and the closest column."""
-    from hpcppo.errors import ConfigError
-    from hpcppo.rundir import metric_names as schema  # the trainer's column list (no numpy, no h5py)
-
     if not section.enable:
         return
     for rule in section.rules:
@@ -121,4 +121,4 @@ def check_rule_metrics(section: WatchdogSection, *, file: str | None = None) -> 
             known = schema.trainer_columns()
             raise ConfigError(f"rule {rule.name!r}: metric {rule.metric!r} is not logged by the trainer"
                               f"{did_you_mean(rule.metric, known)}; metrics: {', '.join(known)}, "
-                              f"{schema.VALIDATION_PREFIX}<data_source>", file=file, key="watchdog.rules")
+                              f"{schema.VALIDATION_PREFIX}<data_source>[/<stat>@<k>]", file=file, key="watchdog.rules")

@@ -14,8 +14,9 @@ hpcppo/train/optim.py, hpcppo/models.py):
 * Gathered while a model computes: FSDP's root unit (embeddings, LM head, final norm) for the whole forward/backward,
   the running and the prefetched layer, and in backward one layer's unsharded gradients.
 * Activations: one micro-batch of ``max_prompt_length + max_response_length`` tokens; the log-prob path materialises
-  ``[micro, response + 1, vocab]`` logits in the compute dtype, a float32 copy and float32 temporaries (logsumexp, and
-  the entropy's softmax in an update with ``actor.entropy_coeff > 0``), which is usually the peak.
+  the logits of one chunk of response positions at a time (``LOGITS_CHUNK_ELEMENTS``, or the whole
+  ``[micro, response + 1, vocab]`` when they fit one), in the compute dtype, a float32 copy and float32 temporaries
+  (logsumexp, and the entropy's softmax in an update with ``actor.entropy_coeff > 0``).
 * vLLM takes ``gpu_memory_utilization`` x the device memory while awake (a per-instance limit); its weights (model.dtype,
   split over tensor parallelism) and profiling activations come out of that share and the rest is KV cache. With
   ``rollout.free_cache_engine`` the engine sleeps (level 2) during the update and frees its share.
@@ -190,15 +191,32 @@ def _layer_acts(m: ModelShape, tokens: int, abytes: int, *, checkpointing: bool)
     return m.layers * one
 
 
-def _logits(m: ModelShape, micro: int, response: int, abytes: int, *, update: bool, entropy_bonus: bool = True) -> int:
-    # Without autograd: compute-dtype logits, a float32 copy and a float32 logsumexp temporary (abytes + 8 per
-    # element). The update with an entropy bonus also differentiates the entropy (a float32 softmax kept for
-    # backward), and backward holds the float32 copy, the softmax and the float32 gradients of the gather, logsumexp
-    # and entropy paths before they are summed (abytes + 16). Without a bonus the entropy is a metric taken in blocks
-    # without autograd (algos.entropy_metric) and backward holds the gather and logsumexp paths only (abytes + 14).
-    # All measured on CPU by tests/unit/test_plan_activations.py (hpcppo/models.py forward_log_probs).
-    per = abytes + ((16 if entropy_bonus else 14) if update else 8)
-    return micro * (response + 1) * m.vocab * per
+LOGITS_CHUNK_ELEMENTS = 1 << 26
+"""hpcppo.models.LOGITS_CHUNK_ELEMENTS (this package imports no torch; tests/unit/test_plan_activations.py checks
+that the two agree)."""
+
+
+def logit_chunk_positions(micro: int, response: int, vocab: int, chunk_elements: int = LOGITS_CHUNK_ELEMENTS) -> int:
+    """Response positions per chunk of the log-prob pass (hpcppo.models._chunk_positions): ``response`` when a
+    micro-batch's logits fit one chunk."""
+    return min(response, max(1, chunk_elements // max(1, micro * vocab)))
+
+
+def _logits(m: ModelShape, micro: int, response: int, abytes: int, *, update: bool, entropy_bonus: bool = True,
+            chunk_elements: int = LOGITS_CHUNK_ELEMENTS) -> int:
+    # The log-prob pass runs over chunks of response positions (hpcppo.models.forward_log_probs). Per logit of the
+    # chunk in flight: without autograd a float32 copy and a float32 logsumexp temporary (8 B; the compute-dtype
+    # logits are freed once copied). In an update backward holds the compute-dtype logits, the float32 copy, the
+    # softmax and the float32 gradients of the gather, logsumexp (and entropy) paths: abytes + 14 without an entropy
+    # bonus (the entropy is then a metric, algos.entropy_metric), abytes + 16 with one, abytes + 18 when backward
+    # recomputes a checkpointed chunk (an upper bound: 1.1-1.3x what was measured with 4 and 8 chunks).
+    # All measured on CPU by tests/unit/test_plan_activations.py.
+    positions = logit_chunk_positions(micro, response, m.vocab, chunk_elements)
+    if positions >= response:
+        per = (abytes + (16 if entropy_bonus else 14)) if update else 8
+        return micro * (response + 1) * m.vocab * per
+    per = (abytes + (18 if entropy_bonus else 14)) if update else 8
+    return micro * positions * m.vocab * per
 
 
 def _gib(b: float) -> str:
@@ -291,7 +309,8 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
         Item("gathered layers (compute dtype)", _gathered(m, m.layer_params, pbytes, rbytes, reshard=True, backward=False)),
         # Without autograd nothing is kept across layers: the MLP's gate, up and product, plus the residual stream.
         Item(f"one layer's working set ({lm} x {L} tokens)", lm * L * (2 * m.hidden + 3 * m.intermediate) * pbytes),
-        Item(f"log-prob logits ({lm} x {R + 1} x {m.vocab})", _logits(m, lm, R, pbytes, update=False))]
+        Item(f"log-prob logits ({lm} x {logit_chunk_positions(lm, R, m.vocab)} of {R} x {m.vocab})",
+             _logits(m, lm, R, pbytes, update=False))]
     phases.append(Phase("old log-probs / reference / values", fwd))
 
     am = plan.actor_micro_batch_per_rank
@@ -307,7 +326,8 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
              _gathered(m, m.layer_params, pbytes, rbytes, reshard=exp.actor.fsdp.reshard_after_forward, backward=True)),
         Item(f"activations ({am} x {L} tokens{', checkpointed' if ckpt else ''})",
              _layer_acts(m, am * L, pbytes, checkpointing=ckpt)),
-        Item(f"policy logits{' + entropy' if bonus else ''} ({am} x {R + 1} x {m.vocab})",
+        Item(f"policy logits{' + entropy' if bonus else ''} ({am} x {logit_chunk_positions(am, R, m.vocab)} of {R} x "
+             f"{m.vocab})",
              _logits(m, am, R, pbytes, update=True, entropy_bonus=bonus))]
     phases.append(Phase("actor update", [i for i in update if i.bytes]))
     if actor.optim and not actor_optim_with_acts:  # offloaded moments back for the one optimizer step

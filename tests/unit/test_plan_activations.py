@@ -13,10 +13,11 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from hpcppo import models
 from hpcppo.algos import losses
 from hpcppo.models import forward_log_probs
 from hpcppo.sizing.catalog import ModelShape
-from hpcppo.sizing.estimate import _layer_acts, _logits
+from hpcppo.sizing.estimate import LOGITS_CHUNK_ELEMENTS, _layer_acts, _logits, logit_chunk_positions
 
 
 def peak_bytes(fn) -> int:
@@ -58,8 +59,9 @@ def test_layer_activations(checkpointing):
     assert planned == pytest.approx(measured, rel=0.1), (measured, planned)
 
 
+@pytest.mark.parametrize("chunk_positions", [None, 12, 6])  # None: the whole logits in one chunk
 @pytest.mark.parametrize("update,bonus", [(False, False), (True, True), (True, False)])
-def test_log_prob_logits(update, bonus, monkeypatch):
+def test_log_prob_logits(update, bonus, chunk_positions, monkeypatch):
     vocab, batch, prompt, response = 32000, 4, 16, 48
     model, shape = qwen2(hidden=64, layers=2, intermediate=128, vocab=vocab)  # a large vocabulary: logits dominate
     ids = torch.randint(0, vocab, (batch, prompt + response))
@@ -67,16 +69,31 @@ def test_log_prob_logits(update, bonus, monkeypatch):
     # Blocks far smaller than the logits, as the default block is against a real micro-batch's logits.
     monkeypatch.setattr(losses, "ENTROPY_MIN_ROWS", 16)
     monkeypatch.setattr(losses, "ENTROPY_CHUNK_ELEMENTS", 1)
+    chunk = models.LOGITS_CHUNK_ELEMENTS if chunk_positions is None else batch * chunk_positions * vocab
+    assert logit_chunk_positions(batch, response, vocab, chunk) == (chunk_positions or response)
 
     def step():
         if update:  # as hpcppo.train.update's actor loss: log-probs and entropy, with autograd when it is a bonus
             log_probs, entropy = forward_log_probs(model, ids, mask, pos, response, with_entropy=True,
-                                                   entropy_grad=bonus)
+                                                   entropy_grad=bonus, chunk_elements=chunk)
             (log_probs.sum() + (entropy.sum() if bonus else 0)).backward()
         else:  # old log-probs and the reference's: no autograd
             with torch.no_grad():
-                forward_log_probs(model, ids, mask, pos, response)
+                forward_log_probs(model, ids, mask, pos, response, chunk_elements=chunk)
 
     measured = peak_bytes(step) - 2 * shape.params * (2 if update else 1)
-    planned = _logits(shape, batch, response, 2, update=update, entropy_bonus=bonus)
-    assert planned == pytest.approx(measured, rel=0.1), (measured, planned, measured / (batch * (response + 1) * vocab))
+    planned = _logits(shape, batch, response, 2, update=update, entropy_bonus=bonus, chunk_elements=chunk)
+    if update and chunk_positions:  # the planner's bound for a checkpointed chunk's backward
+        assert measured <= planned <= 1.35 * measured, (measured, planned)
+    else:
+        assert planned == pytest.approx(measured, rel=0.1), (measured, planned, measured / (batch * (response + 1) * vocab))
+    if chunk_positions:  # what chunking is for: a fraction of the whole logits' bytes
+        whole = _logits(shape, batch, response, 2, update=update, entropy_bonus=bonus, chunk_elements=1 << 40)
+        assert measured < whole * (chunk_positions + 1) / response, (measured, whole)
+
+
+def test_the_planner_chunks_as_the_models_do():
+    assert LOGITS_CHUNK_ELEMENTS == models.LOGITS_CHUNK_ELEMENTS
+    for micro, response, vocab in [(4, 4096, 151_936), (1, 100, 64), (64, 2048, 32_000), (3, 7, 10**9)]:
+        want = min(response, models._chunk_positions(micro, response, vocab, LOGITS_CHUNK_ELEMENTS))
+        assert logit_chunk_positions(micro, response, vocab) == want

@@ -233,3 +233,31 @@ def test_data_with_images_is_refused(tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "geo.parquet")
     with pytest.raises(ConfigError, match="column\\(s\\) 'images'.*text-only"):
         read_prompts(tmp_path / "geo.parquet")
+
+
+def test_an_if_with_a_known_condition_runs_its_branch_and_unknown_words_are_reported(tmp_path):
+    text = ('backend=fsdp\nBASE="data.train_batch_size=8"\nif [[ $backend == megatron ]]; then\n'
+            '  EXTRA="actor_rollout_ref.actor.megatron.param_offload=True"\nelif [ "$backend" = fsdp ]; then\n'
+            '  EXTRA="actor_rollout_ref.actor.fsdp_config.param_offload=True"\nelse\n  EXTRA=""\nfi\n'
+            'if [ "$MODE" = x ]; then MORE="data.shuffle=False"; fi\n' + CMD + "$BASE $EXTRA $MORE")
+    (tmp_path / "run.sh").write_text(text)
+    imp, _ = import_verl(str(tmp_path / "run.sh"), tmp_path / "exp.toml", cwd=tmp_path, environ={})
+    assert imp.values["trainer.train_batch_size"] == 8 and imp.values["actor.fsdp.param_offload"] is True
+    kind, why = _why(imp)["$MORE"]
+    assert kind == "unresolved" and "if/fi" in why
+
+
+def test_compile_refuses_a_vision_language_model(tmp_path):
+    from hpcppo.config import check_experiment_paths, load_experiment
+
+    (tmp_path / "vl").mkdir()
+    (tmp_path / "vl" / "config.json").write_text(
+        '{"architectures": ["Qwen2_5_VLForConditionalGeneration"], "vision_config": {"depth": 32}, '
+        '"max_position_embeddings": 4096}')
+    (tmp_path / "train.parquet").write_bytes(b"")
+    spec = tmp_path / "exp.toml"
+    spec.write_text('name = "vl"\n[model]\npath = "vl"\n[data]\ntrain_files = ["train.parquet"]\n')
+    with pytest.raises(ConfigError) as err:
+        check_experiment_paths(load_experiment(spec))
+    text = str(err.value)
+    assert "model.path" in text and "vision-language model" in text and "Qwen2_5_VL" in text
