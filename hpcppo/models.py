@@ -266,6 +266,8 @@ class _LogProbHead(nn.Module):
     every chunk's logits, softmax and gradients at once.
     """
 
+    head: nn.Linear  # set with object.__setattr__ below: declared here, as nn.Module's attribute lookup cannot type it
+
     def __init__(self, head: nn.Linear, targets: torch.Tensor, *, temperature: float, with_entropy: bool,
                  entropy_grad: bool, chunk_elements: int):
         super().__init__()
@@ -343,7 +345,7 @@ def forward_log_probs(
                             chunk_elements=LOGITS_CHUNK_ELEMENTS if chunk_elements is None else chunk_elements)
     model.lm_head = stand_in
     try:
-        out = model(**kwargs, logits_to_keep=response_len + 1).logits
+        out: torch.Tensor = model(**kwargs, logits_to_keep=response_len + 1).logits
     finally:
         model.lm_head = head
     if out is not stand_in.output:  # the forward transformed what the head returned: these are not log-probs
