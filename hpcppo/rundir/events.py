@@ -58,6 +58,8 @@ CONTROL_REJECTED = "control.rejected"  # a `hpcppo rollback` request refused
 WATCHDOG_PREFIX = "watchdog."  # + a rule's action (hpcppo.watchdog.PRECEDENCE), or SUPPRESSED
 SUPPRESSED = "suppressed"  # an action a stronger one of the same step superseded
 REARMED = "rearmed"  # the rule that paused a run may fire again: a person resumed it
+# The CLI:
+RUN_MOVED = "control.moved"  # a copied or moved run directory's job.sbatch rendered again for where it is now
 # The monitor beside the trainer:
 HANG = "hang"
 TRAINER_DEAD = "trainer_dead"
@@ -98,6 +100,7 @@ SHOWN: tuple[Shown, ...] = (
     _s("raise_kl_coef", "summary compare"),
     _s("set_grad_clip", "summary compare"),
     _s(SUPPRESSED, "summary"),
+    _s(REARMED, "summary"),  # watchdog.rearmed
     _s(PAUSED, "summary compare plot", "pause"),
     _s(PREEMPTED, "summary plot", "pause"),
     _s(RESUME, "summary plot", "resume"),
