@@ -12,16 +12,19 @@ import os
 import shutil
 from pathlib import Path
 
-from transformers import AutoTokenizer
-
-from hpcppo.config import load_resolved
-from hpcppo.distributed.checkpoint import CheckpointManager, CorruptCheckpointError
 from hpcppo.errors import PathError, RunStateError
-from hpcppo.models import build_actor
 from hpcppo.rundir import RunPaths
 
 
 def export_actor(run_dir: Path, out_dir: Path, step: int | None = None) -> dict[str, object]:
+    # torch and transformers only when a model is exported: the CLI module that imports this one also serves
+    # `tools make-model`, which returns without torch when its outputs are up to date.
+    from transformers import AutoTokenizer
+
+    from hpcppo.config import load_resolved
+    from hpcppo.distributed.checkpoint import CheckpointManager, CorruptCheckpointError
+    from hpcppo.models import build_actor
+
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     compiled = load_resolved(RunPaths(run_dir).resolved)
     model_cfg = compiled.experiment.model
