@@ -129,6 +129,14 @@ class RunPaths:
             return {}
         return {int(m.group(1)): self.control / n for n in names if (m := pattern.fullmatch(n))}
 
+    def exit_records(self) -> dict[str, Path]:
+        """Every exit record of the run: ``{attempt key: path}`` (empty when ``control/`` cannot be listed)."""
+        try:
+            names = [p.name for p in self.control.iterdir()]
+        except OSError:
+            return {}
+        return {n[len(EXIT_RECORD):]: self.control / n for n in sorted(names) if n.startswith(EXIT_RECORD)}
+
     # metrics/
     def attempt_file(self, attempt: int) -> Path:
         return self.metrics / attempt_filename(attempt)
