@@ -165,13 +165,15 @@ def load_shards(model: nn.Module, directory: str | Path, keys: dict[str, str]) -
     read = 0
     with torch.no_grad():
         for file, items in by_file.items():
-            with safe_open(str(file), framework="pt", device="cpu") as f:
-                for name, key in items:
-                    local, start, stop = _rows(params[name])
-                    if local.numel() == 0:
-                        continue
-                    part = f.get_slice(key)
-                    data = part[start:stop] if local.dim() else f.get_tensor(key)
+            for name, key in items:
+                local, start, stop = _rows(params[name])
+                if local.numel() == 0:
+                    continue
+                # One open per tensor: safetensors maps the file, and the pages a read touches count in the
+                # process's resident set until the map is closed; closed after each tensor, a rank's peak is its
+                # shards plus one slice, not plus its share of every file.
+                with safe_open(str(file), framework="pt", device="cpu") as f:
+                    data = f.get_slice(key)[start:stop] if local.dim() else f.get_tensor(key)
                     read += data.numel() * data.element_size()
                     local.copy_(data.reshape(local.shape))
                     del data
