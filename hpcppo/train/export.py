@@ -15,15 +15,14 @@ import os
 import shutil
 from pathlib import Path
 
+from hpcppo.config import load_resolved
 from hpcppo.errors import PathError, RunStateError
 from hpcppo.rundir import RunPaths
 
 
 def export_actor(run_dir: Path, out_dir: Path, step: int | None = None) -> dict[str, object]:
-    from transformers import AutoTokenizer
-
-    from hpcppo.config import load_resolved
     import torch
+    from transformers import AutoTokenizer
 
     from hpcppo.distributed.checkpoint import CheckpointManager, CorruptCheckpointError
     from hpcppo.distributed.loading import materialize
