@@ -91,7 +91,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     from hpcppo.rollout.hf import HFRolloutEngine
     from hpcppo.train.build import freeze_long_lived_objects
     from hpcppo.train.optim import LRSchedule, build_optimizer
-    from hpcppo.train.update import UpdatePlan, actor_loss, run_update
+    from hpcppo.train.update import UpdateSettings, actor_loss, run_update
 
     dist_env.init_distributed(dist_env.detect_env(device_type="cpu"), timeout_s=1200)
     cfg = Qwen2Config(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
@@ -109,8 +109,8 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     actor = ActorSection(ppo_micro_batch_size_per_gpu=args.micro)
     opt = build_optimizer(model, lr=1e-6, weight_decay=actor.weight_decay, betas=actor.betas)
     lr = LRSchedule(opt, base_lr=1e-6, warmup_steps=0, total_steps=100, schedule="constant", min_lr_ratio=0.0)
-    plan = UpdatePlan(prefix="actor", epochs=1, mini_batch_per_rank=args.samples, micro_batch_per_rank=args.micro,
-                      grad_clip=actor.grad_clip, world_size=world, max_response_length=args.response)
+    settings = UpdateSettings(prefix="actor", epochs=1, mini_batch_per_rank=args.samples, micro_batch_per_rank=args.micro,
+                              grad_clip=actor.grad_clip, world_size=world, max_response_length=args.response)
     loss = actor_loss(model, actor, clip_ratio_low=0.2, clip_ratio_high=0.2, kl_loss=False, temperature=1.0)
     batch = _actor_batch(args, rank)
     a, b, c = (torch.randn(1024, 1024) for _ in range(3))
@@ -118,7 +118,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     mgr = CheckpointManager(root, keep_last=1)
 
     def update() -> None:
-        run_update(batch, model, opt, lr, plan, loss)  # ends with the metrics' all-reduce: every rank is done
+        run_update(batch, model, opt, lr, settings, loss)  # ends with the metrics' all-reduce: every rank is done
 
     def peak() -> float:
         torch.mm(a, b, out=c)

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from hpcppo.analysis.logs import last_value, number_text, total_steps
-from hpcppo.errors import HpcppoError, RunStateError
+from hpcppo.errors import HpcppoError, RunRecordError, RunStateError
 from hpcppo.launch import status
 from hpcppo.launch.status import FINAL_STATES, state_text
 from hpcppo.metrics import events as load_run_events
@@ -259,10 +259,13 @@ def follow(run: Any, *, out: TextIO | None = None, live: bool | None = None, pol
 
     Raises:
         RunStateError: the run was never submitted.
+        RunRecordError: its ``run.json`` cannot be read (truncated, not a run record): which job to follow is
+            unknown, and no final state could ever be seen.
     """
     out = out or sys.stdout
     get_status = get_status or status.run_status
     st = get_status(run)
+    _refuse_unreadable(st)
     if st["state"] == "NOT_SUBMITTED":
         raise RunStateError(f"run {run.run_id} was never submitted; nothing to follow",
                             hint=f"hpcppo resume {run.run_id} submits it")
@@ -276,6 +279,12 @@ def follow(run: Any, *, out: TextIO | None = None, live: bool | None = None, pol
     except KeyboardInterrupt:
         print(DETACHED.format(run=run.run_id), file=sys.stderr, flush=True)
         return None
+
+
+def _refuse_unreadable(st: dict[str, Any]) -> None:
+    if st["state"] == "UNREADABLE":
+        raise RunRecordError(f"{st.get('reason') or 'run.json cannot be read'}; nothing to follow",
+                             hint=f"hpcppo status {st.get('run_id', 'RUN')} shows what is known")
 
 
 def _loop(run: Any, reader: RunReader, display: Any, st: dict[str, Any], total: int | None, poll_s: float,
@@ -310,3 +319,4 @@ def _loop(run: Any, reader: RunReader, display: Any, st: dict[str, Any], total: 
         events = reader.new_events()
         if time.monotonic() - asked >= status_every_s:
             st, asked = get_status(run), time.monotonic()
+            _refuse_unreadable(st)  # run.json damaged while following: stop, it will not say when the job ends

@@ -30,6 +30,7 @@ import pandas as pd
 from hpcppo.analysis.summary import ema
 from hpcppo.analysis.targets import Target, no_rows_error
 from hpcppo.errors import ConfigError
+from hpcppo.fsutil import atomic_write, require_parent_dir
 from hpcppo.metrics import events as load_run_events
 from hpcppo.metrics import load
 from hpcppo.metrics.schema import UnknownColumnError
@@ -293,9 +294,9 @@ def _draw(series: Sequence[Series], metrics: Sequence[str], out: Path, *, x: str
     heading = "; ".join(_plain(t) for t in (title, smoothed) if t) or None
     fig.legend(handles=handles, loc="outside upper center", ncols=min(len(handles), 4), fontsize=8, frameon=False,
                title=heading, title_fontsize=8)
-    out.parent.mkdir(parents=True, exist_ok=True)
     extra = {"pil_kwargs": {"optimize": True}} if fmt == "png" else {}
-    fig.savefig(out, format=fmt, dpi=dpi, metadata=_metadata(fmt), **extra)
+    require_parent_dir(out)  # the user's path: a missing directory is reported, never made
+    atomic_write(out, lambda f: fig.savefig(f, format=fmt, dpi=dpi, metadata=_metadata(fmt), **extra))
     return out
 
 
@@ -315,6 +316,7 @@ def plot_runs(runs: Sequence[Target], metrics: Sequence[str], out: Path, *, x: s
     """Load ``runs`` (:func:`~hpcppo.analysis.targets.resolve_targets`; each labelled by its name) and draw
     ``metrics`` into ``out``."""
     output_format(out)  # a bad name fails before any file is read
+    require_parent_dir(out)  # and so does a directory that is not there
     smoothing = smooth if isinstance(smooth, Smoothing) else parse_smooth(smooth)
     series = load_series(runs, metrics, x)
     return draw(series, metrics, out, x=x, smooth=smoothing, title=title)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from hpcppo import __version__
 from hpcppo.cli.common import DEFAULT_SITE, RUNS_ROOT_HELP
@@ -35,6 +36,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hpcppo {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    _add_run_commands(sub)
+    _add_seeing_commands(sub)
+    _add_config_and_tool_commands(sub)
+    return parser
+
+
+def _add_run_commands(sub: Any) -> None:
+    """compile, submit, preflight, plan, status, cancel, resume, rollback, watchdog: making and steering runs."""
     p = sub.add_parser("compile", help="validate and resolve a spec, write the run directory, print the job script")
     add_compile_args(p)
     p.set_defaults(func="submit:cmd_compile")
@@ -107,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_runs_root_args(q)
     q.set_defaults(func="seeing:cmd_watchdog_replay")
 
+
+def _add_seeing_commands(sub: Any) -> None:
+    """runs, follow, logs, plot, metrics, compare: seeing runs, from the HDF5 logs and the run directories."""
     p = sub.add_parser("runs", help="every run under the runs root, newest first: state, step/total, last "
                                     "reward and KL, site, age")
     p.add_argument("--state", action="append", metavar="STATE",
@@ -152,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_runs_root_args(p)
     p.set_defaults(func="seeing:cmd_plot")
 
+
+def _add_config_and_tool_commands(sub: Any) -> None:
+    """export, config, import-verl, tools: models out, configuration in."""
     p = sub.add_parser("export", help="write a checkpoint's actor as a Hugging Face directory (safetensors)")
     p.add_argument("run", help="run id")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest committed)")
@@ -216,6 +231,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--table", action="store_true", help="print the verl key mapping (docs/verl.md) and exit")
     p.set_defaults(func="configure:cmd_import_verl")
 
+    _add_tool_commands(sub)
+
+
+def _add_tool_commands(sub: Any) -> None:
+    """tools: the project's own (the tiny offline model and its data)."""
     p = sub.add_parser("tools", help="project tools")
     tsub = p.add_subparsers(dest="tools_command", required=True, metavar="TOOL")
     q = tsub.add_parser("make-model", help="build the tiny offline model, tokenizer and arithmetic data (idempotent: "
@@ -231,4 +251,3 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--force", action="store_true", help="rebuild even when up to date")
     q.add_argument("--json", action="store_true", help="print the whole build record (hpcppo_tiny.json) as JSON")
     q.set_defaults(func="model:cmd_make_model")
-    return parser

@@ -24,6 +24,7 @@ from hpcppo.config.resolve import resolve
 from hpcppo.config.site import Site
 from hpcppo.errors import ConfigError, PathError
 from hpcppo.fsutil import atomic_write_text
+from hpcppo.rundir.record import runs_root_error
 
 __all__ = ["Compiled", "JobSection", "check_experiment_paths", "check_engine_installed", "to_toml",
            "load_resolved", "write_resolved", "runs_root", "runs_root_origin", "RUNS_ROOT_ENV"]
@@ -219,8 +220,10 @@ def runs_root(site: Site, override: str | os.PathLike[str] | None = None, *, cwd
     symbolic links are resolved.
     """
     raw = os.fspath(override) if override else (os.environ.get(RUNS_ROOT_ENV) or site.paths.runs_root)
-    path = Path(expand_path_text(raw, key=runs_root_origin(site, override)))
-    return ((cwd or Path.cwd()) / path).resolve()
+    path = ((cwd or Path.cwd()) / Path(expand_path_text(raw, key=runs_root_origin(site, override)))).resolve()
+    if path.exists() and not path.is_dir():  # a file: "no runs" would be a lie, and compile would fail later
+        raise runs_root_error(path, runs_root_origin(site, override), "exists and is not a directory")
+    return path
 
 
 def runs_root_origin(site: Site, override: str | os.PathLike[str] | None = None) -> str:

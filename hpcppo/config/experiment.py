@@ -137,6 +137,9 @@ class RolloutSection:
     top_p: float = opt(1.0, gt=0.0, le=1.0, help="Nucleus sampling mass.")
     top_k: int = opt(-1, help="Top-k sampling; -1 = off.", check=lambda v: None if v == -1 or v > 0 else f"{v} must be -1 (off) or > 0")
     val_temperature: float = opt(0.0, ge=0.0, help="Sampling temperature of validation; 0 = greedy.")
+    val_n: int = opt(1, ge=1, help="Responses per validation prompt; > 1 adds verl's mean@n, std@n, best@k, worst@k "
+                                   "and maj@k per data source (val/score/<data_source>/<stat>).")
+    val_top_p: float = opt(1.0, gt=0.0, le=1.0, help="Nucleus sampling mass of validation (with val_temperature > 0).")
     gpu_memory_utilization: float = opt(0.5, gt=0.0, le=1.0, help="vLLM: fraction of GPU memory for weights and KV cache "
                                                                  "(on vLLM's CPU backend: of NUMA node 0's memory).")
     kv_cache_memory_mb: int = opt(0, ge=0, help="vLLM: KV cache size in MiB, instead of the share "

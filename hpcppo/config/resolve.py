@@ -156,6 +156,38 @@ def _check_trainer(exp: Experiment, needs_critic: bool) -> None:
                            f"never be updated; use fewer warm-up steps")
 
 
+def _actor_fields(exp: Experiment, world: int) -> dict[str, int]:
+    """The actor's update batches per step (``RunPlan``'s ``actor_*`` fields)."""
+    a = exp.actor
+    samples, per_rank, accum, minis = _update_batches(
+        "actor", train=exp.trainer.train_batch_size, mini=a.ppo_mini_batch_size, micro=a.ppo_micro_batch_size_per_gpu,
+        n=exp.rollout.n, dp=world, mini_key=f"actor.ppo_mini_batch_size={a.ppo_mini_batch_size}",
+        micro_key=f"actor.ppo_micro_batch_size_per_gpu={a.ppo_micro_batch_size_per_gpu}")
+    return {"actor_ppo_epochs": a.ppo_epochs, "actor_mini_batch_samples": samples,
+            "actor_mini_batch_per_rank": per_rank, "actor_micro_batch_per_rank": a.ppo_micro_batch_size_per_gpu,
+            "grad_accum_steps_actor": accum, "mini_batches_per_epoch_actor": minis,
+            "actor_optimizer_steps_per_step": a.ppo_epochs * minis}
+
+
+_CRITIC_FIELDS = ("critic_ppo_epochs", "critic_mini_batch_samples", "critic_mini_batch_per_rank",
+                  "critic_micro_batch_per_rank", "grad_accum_steps_critic", "mini_batches_per_epoch_critic")
+
+
+def _critic_fields(exp: Experiment, world: int) -> dict[str, int]:
+    """The critic's update batches per step (``RunPlan``'s ``critic_*`` fields); an unset critic value is the actor's."""
+    a, c = exp.actor, exp.critic
+    mini = c.ppo_mini_batch_size or a.ppo_mini_batch_size
+    micro = c.ppo_micro_batch_size_per_gpu or a.ppo_micro_batch_size_per_gpu
+    mini_key = f"critic.ppo_mini_batch_size={c.ppo_mini_batch_size}" + ("" if c.ppo_mini_batch_size
+                                                                        else f" (= the actor's {mini})")
+    micro_key = f"critic.ppo_micro_batch_size_per_gpu={c.ppo_micro_batch_size_per_gpu}" + (
+        "" if c.ppo_micro_batch_size_per_gpu else f" (= the actor's {micro})")
+    samples, per_rank, accum, minis = _update_batches(
+        "critic", train=exp.trainer.train_batch_size, mini=mini, micro=micro, n=exp.rollout.n, dp=world,
+        mini_key=mini_key, micro_key=micro_key)
+    return dict(zip(_CRITIC_FIELDS, (c.ppo_epochs or a.ppo_epochs, samples, per_rank, micro, accum, minis)))
+
+
 def resolve(site: Site, experiment: Experiment) -> RunPlan:
     """Compute the run's layout and batch arithmetic; ``ResolveError`` on anything that does not fit."""
     exp = experiment
@@ -175,26 +207,10 @@ def resolve(site: Site, experiment: Experiment) -> RunPlan:
         raise ResolveError(f"trainer.train_batch_size={train} prompts cannot be split over {dp} rollout data-parallel "
                            f"groups (world size {world} / rollout.tensor_parallel_size {tp}); use a multiple of {dp}, "
                            f"e.g. {_nearest_multiples(train, dp)}")
-    a = exp.actor
-    a_samples, a_per_rank, a_accum, a_minis = _update_batches(
-        "actor", train=train, mini=a.ppo_mini_batch_size, micro=a.ppo_micro_batch_size_per_gpu, n=n, dp=world,
-        mini_key=f"actor.ppo_mini_batch_size={a.ppo_mini_batch_size}",
-        micro_key=f"actor.ppo_micro_batch_size_per_gpu={a.ppo_micro_batch_size_per_gpu}")
-
+    a, c = exp.actor, exp.critic
     needs_critic = estimators.needs_critic(exp.algorithm.adv_estimator)
-    c = exp.critic
-    c_epochs = c_samples = c_per_rank = c_micro = c_accum = c_minis = 0
-    if needs_critic:
-        c_epochs = c.ppo_epochs or a.ppo_epochs
-        c_mini = c.ppo_mini_batch_size or a.ppo_mini_batch_size
-        c_micro = c.ppo_micro_batch_size_per_gpu or a.ppo_micro_batch_size_per_gpu
-        mini_key = f"critic.ppo_mini_batch_size={c.ppo_mini_batch_size}" + ("" if c.ppo_mini_batch_size
-                                                                            else f" (= the actor's {c_mini})")
-        micro_key = f"critic.ppo_micro_batch_size_per_gpu={c.ppo_micro_batch_size_per_gpu}" + (
-            "" if c.ppo_micro_batch_size_per_gpu else f" (= the actor's {c_micro})")
-        c_samples, c_per_rank, c_accum, c_minis = _update_batches(
-            "critic", train=train, mini=c_mini, micro=c_micro, n=n, dp=world, mini_key=mini_key, micro_key=micro_key)
-
+    actor_fields = _actor_fields(exp, world)
+    critic_fields = _critic_fields(exp, world) if needs_critic else dict.fromkeys(_CRITIC_FIELDS, 0)
     needs_reference = _needs_reference(exp)
     _check_trainer(exp, needs_critic)
     hsdp = exp.resources.hsdp == "on" or (exp.resources.hsdp == "auto" and nodes > 1)
@@ -223,20 +239,9 @@ def resolve(site: Site, experiment: Experiment) -> RunPlan:
         prompts_per_rank=train // dp,
         samples_per_rank=train * n // world,
         logprob_micro_batch_per_rank=exp.rollout.micro_batch_size_per_gpu or a.ppo_micro_batch_size_per_gpu,
-        actor_ppo_epochs=a.ppo_epochs,
-        actor_mini_batch_samples=a_samples,
-        actor_mini_batch_per_rank=a_per_rank,
-        actor_micro_batch_per_rank=a.ppo_micro_batch_size_per_gpu,
-        grad_accum_steps_actor=a_accum,
-        mini_batches_per_epoch_actor=a_minis,
-        actor_optimizer_steps_per_step=a.ppo_epochs * a_minis,
+        **actor_fields,
         needs_critic=needs_critic,
-        critic_ppo_epochs=c_epochs,
-        critic_mini_batch_samples=c_samples,
-        critic_mini_batch_per_rank=c_per_rank,
-        critic_micro_batch_per_rank=c_micro,
-        grad_accum_steps_critic=c_accum,
-        mini_batches_per_epoch_critic=c_minis,
+        **critic_fields,
         needs_reference=needs_reference,
         kl_penalty_in_reward=exp.algorithm.use_kl_in_reward,
         kl_loss=a.use_kl_loss,

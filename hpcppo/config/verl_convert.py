@@ -139,7 +139,8 @@ def warmup_ratio(key: str) -> Convert:
 def clip_ratio(value: Any, ctx: Mapping[str, Any]) -> Any:
     # At verl b178a3c ActorConfig (verl/workers/config/actor.py) sets clip_ratio_low = clip_ratio_high = 0.2, not
     # None, and compute_policy_loss_vanilla (verl/trainer/ppo/core_algos.py) clips with those, falling back to
-    # clip_ratio only where one is None. (Older verl YAMLs had them null, so clip_ratio alone set both.)
+    # clip_ratio only where one is None. verl's ppo_trainer.yaml has set both to 0.2 since 3a27a9864 (2025-04-04,
+    # the DAPO integration); before it there was only clip_ratio, which set both bounds.
     low, high = ctx.get(A + "clip_ratio_low", 0.2), ctx.get(A + "clip_ratio_high", 0.2)
     if low is not None and high is not None:
         raise Ignored(f"verl clips with clip_ratio_low = {low} and clip_ratio_high = {high} (both default to 0.2 in "

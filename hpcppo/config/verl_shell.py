@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import ast
 import fnmatch
-import operator
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from hpcppo.config.verl_lex import Command, arith, scan, skip_dollar, skip_quoted
 
 __all__ = ["Script", "read_script", "resolve", "UNKNOWN_OPEN", "ENV_OPEN"]
 
@@ -60,162 +61,6 @@ def resolve(text: str, environ: Mapping[str, str]) -> tuple[str, str, list[tuple
         return "${" + mo.group(2) + "}" if mo.group(2) is not None else mo.group(1).partition(US)[0]
 
     return _SPAN.sub(value, text), _SPAN.sub(portable, text), unknowns
-
-
-# ------------------------------------------------------------------------------------------------ scanning
-
-@dataclass
-class _Command:
-    line: int
-    words: list[str] = field(default_factory=list)  # raw words, quotes kept
-    ends_with: str = ""  # the operator after it: ";", "&&", "|", ...
-    redirected: bool = False
-
-
-def _skip_quoted(text: str, i: int, quote: str) -> int:
-    """Index just past the closing ``quote`` of a quoted string opening at ``i`` (or the end of the text)."""
-    j = i + 1
-    while j < len(text) and text[j] != quote:
-        if quote == '"' and text[j] == "\\":
-            j += 1
-        elif quote == '"' and text[j] == "$" and j + 1 < len(text) and text[j + 1] in "({":
-            j = _skip_dollar(text, j) - 1
-        elif quote == '"' and text[j] == "`":
-            j = _skip_quoted(text, j, "`") - 1
-        j += 1
-    return min(j + 1, len(text))
-
-
-def _skip_group(text: str, i: int, open_: str, close: str) -> int:
-    """Index just past the ``close`` matching the ``open_`` at ``i``, quotes respected."""
-    depth, j = 0, i
-    while j < len(text):
-        ch = text[j]
-        if ch == "\\":
-            j += 2
-            continue
-        if ch in "'\"`" and not (ch == "'" and open_ == "{"):
-            j = _skip_quoted(text, j, ch)
-            continue
-        if ch == "'" and open_ == "{":  # ${x:-'a}'}: quotes count inside ${} too
-            j = _skip_quoted(text, j, ch)
-            continue
-        if ch == open_:
-            depth += 1
-        elif ch == close:
-            depth -= 1
-            if depth == 0:
-                return j + 1
-        j += 1
-    return len(text)
-
-
-def _skip_dollar(text: str, i: int) -> int:
-    """Index past the ``$(...)``, ``$((...))`` or ``${...}`` starting at ``i``."""
-    return _skip_group(text, i + 1, text[i + 1], ")" if text[i + 1] == "(" else "}")
-
-
-def _scan(text: str) -> list[_Command]:
-    """Commands with their raw words: continuations joined, comments dropped, arrays kept as one word."""
-    commands: list[_Command] = []
-    cur = _Command(1)
-    line, i, n = 1, 0, len(text)
-
-    def finish(op: str) -> None:
-        nonlocal cur
-        cur.ends_with = op
-        if cur.words or cur.redirected:
-            commands.append(cur)
-        cur = _Command(line)
-
-    while i < n:
-        ch = text[i]
-        if ch == "\\" and text[i + 1:i + 2] == "\n":
-            i, line = i + 2, line + 1
-            continue
-        if ch in " \t\r":
-            i += 1
-            continue
-        if ch == "#":
-            while i < n and text[i] != "\n":
-                i += 1
-            continue
-        if ch == "\n":
-            line += 1
-            i += 1
-            finish(";")
-            continue
-        if ch in ";&|":
-            op = text[i:i + 2] if text[i:i + 2] in ("&&", "||", ";;", "|&") else ch
-            i += len(op)
-            finish(op)
-            continue
-        if ch in "<>":
-            i = _skip_redirect(text, i)
-            cur.redirected = True
-            continue
-        if not cur.words:
-            cur.line = line
-        start = i
-        while i < n and text[i] not in " \t\r\n;&|<>":
-            c = text[i]
-            if c == "\\":
-                i += 2
-            elif c in "'\"`":
-                i = _skip_quoted(text, i, c)
-            elif c == "$" and text[i + 1:i + 2] in ("(", "{"):
-                i = _skip_dollar(text, i)
-            elif c == "(" and re.fullmatch(r"[A-Za-z_]\w*\+?=", text[start:i]):
-                i = _skip_group(text, i, "(", ")")  # NAME=( ... ): an array, newlines and comments inside
-            else:
-                i += 1
-        word = text[start:i]
-        if word.isdigit() and i < n and text[i] in "<>":  # 2>&1: the fd is part of the redirection
-            continue
-        line += word.count("\n")
-        cur.words.append(word.replace("\\\n", ""))  # a line continuation inside a word (`'x'\` at a line's end)
-    finish(";")
-    return commands
-
-
-def _skip_redirect(text: str, i: int) -> int:
-    j = i
-    while j < len(text) and text[j] in "<>&":
-        j += 1
-    while j < len(text) and text[j] in " \t":
-        j += 1
-    while j < len(text) and text[j] not in " \t\r\n;&|<>":
-        j = _skip_quoted(text, j, text[j]) if text[j] in "'\"" else j + 1
-    return j
-
-
-# ------------------------------------------------------------------------------------------------ expanding
-
-_ARITH_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Mod: operator.mod,
-              ast.Pow: operator.pow, ast.LShift: operator.lshift, ast.RShift: operator.rshift}
-
-
-def _arith(node: ast.AST) -> int:
-    """bash's integer arithmetic on a parsed expression: ``/`` truncates toward zero, as C does."""
-    if isinstance(node, ast.Expression):
-        return _arith(node.body)
-    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
-        return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        v = _arith(node.operand)
-        return -v if isinstance(node.op, ast.USub) else v
-    if isinstance(node, ast.BinOp):
-        a, b = _arith(node.left), _arith(node.right)
-        if isinstance(node.op, (ast.Div, ast.FloorDiv)):
-            if b == 0:
-                raise ValueError("division by zero")
-            q = abs(a) // abs(b)
-            return q if (a >= 0) == (b >= 0) else -q
-        if isinstance(node.op, ast.Pow) and abs(b) > 64:
-            raise ValueError("exponent too large")
-        if type(node.op) in _ARITH_OPS:
-            return _ARITH_OPS[type(node.op)](a, b)
-    raise ValueError("not integer arithmetic")
 
 
 @dataclass
@@ -261,11 +106,11 @@ class Script:
         while i < n:
             ch = raw[i]
             if ch == "'":
-                j = _skip_quoted(raw, i, "'")
+                j = skip_quoted(raw, i, "'")
                 add(raw[i + 1:j - 1], True)
                 i = j
             elif ch == '"':
-                j = _skip_quoted(raw, i, '"')
+                j = skip_quoted(raw, i, '"')
                 inner = raw[i + 1:j - 1]
                 many = re.fullmatch(r"\$\{(\w+)\[[@]\]\}", inner)
                 if inner in ("$@", "${@}", "$*", "${*}"):  # "$@": one field per argument, and there are none
@@ -285,7 +130,7 @@ class Script:
                 text, i = self._dollar(raw, i)
                 add(text, False)
             elif ch == "`":
-                j = _skip_quoted(raw, i, "`")
+                j = skip_quoted(raw, i, "`")
                 add(_unknown(raw[i:j], "a command's output is not known here"), False)
                 i = j
             else:
@@ -312,7 +157,7 @@ class Script:
                 text, i = self._dollar(inner, i)
                 out.append(text)
             elif ch == "`":
-                j = _skip_quoted(inner, i, "`")
+                j = skip_quoted(inner, i, "`")
                 out.append(_unknown(inner[i:j], "a command's output is not known here"))
                 i = j
             else:
@@ -323,13 +168,13 @@ class Script:
     def _dollar(self, raw: str, i: int) -> tuple[str, int]:
         nxt = raw[i + 1:i + 2]
         if raw.startswith("$((", i):
-            j = _skip_dollar(raw, i)
+            j = skip_dollar(raw, i)
             return self._arithmetic(raw[i:j], raw[i + 3:j - 2]), j
         if nxt == "(":
-            j = _skip_dollar(raw, i)
+            j = skip_dollar(raw, i)
             return _unknown(raw[i:j], "a command's output is not known here"), j
         if nxt == "{":
-            j = _skip_dollar(raw, i)
+            j = skip_dollar(raw, i)
             return self._braced(raw[i:j], raw[i + 2:j - 1]), j
         mo = _NAME.match(raw, i + 1)
         if mo:
@@ -436,7 +281,7 @@ class Script:
         if unknowns:
             return _unknown(written, f"{written}: {unknowns[0][1]}")
         try:
-            return str(_arith(ast.parse(value.strip() or "0", mode="eval")))
+            return str(arith(ast.parse(value.strip() or "0", mode="eval")))
         except (ValueError, SyntaxError, TypeError, OverflowError) as exc:
             return _unknown(written, f"{written}: not evaluated ({exc})")
 
@@ -451,7 +296,7 @@ class Script:
         assert mo is not None
         name, append, raw = mo.groups()
         if raw.startswith("(") and raw.endswith(")"):
-            value: str | list[str] = [f for c in _scan(raw[1:-1]) for w in c.words for f in self.expand(w)]
+            value: str | list[str] = [f for c in scan(raw[1:-1]) for w in c.words for f in self.expand(w)]
         else:
             value = self.scalar(raw)
         if self._uncertain_block():
@@ -523,7 +368,7 @@ class Script:
         else:  # else after branches not taken, or anything after an unknown condition
             block.mode = "run" if block.taken is False else "uncertain"
 
-    def run(self, cmd: _Command) -> None:
+    def run(self, cmd: Command) -> None:
         words = list(cmd.words)
         while words and words[0] in _LEADING:
             words.pop(0)
@@ -617,6 +462,6 @@ def _split_fields(text: str) -> list[str | None]:
 def read_script(text: str, environ: Mapping[str, str]) -> Script:
     """Read a script (or a pasted command line) in order: variables, then the verl command's words."""
     script = Script(environ=environ)
-    for cmd in _scan(text.replace("\r\n", "\n")):  # a pipe or redirection ends a command (`2>&1 | tee log`)
+    for cmd in scan(text.replace("\r\n", "\n")):  # a pipe or redirection ends a command (`2>&1 | tee log`)
         script.run(cmd)
     return script

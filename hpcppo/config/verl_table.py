@@ -278,8 +278,8 @@ def _build_entries() -> list[Entry]:
         # never reads do_sample (experimental/agent_loop/agent_loop.py); only the HF rollout does.
         ign(R + "val_kwargs.do_sample", "verl's vLLM rollout (mode async, its default) does not read it either: "
                                         "validation samples at val_kwargs.temperature (0 = greedy)"),
-        uns(R + "val_kwargs.n", "hpcppo validates one response per prompt", ok=(1,)),
-        uns(R + "val_kwargs.top_p", "hpcppo validates with top_p 1", ok=(1, 1.0)),
+        m(R + "val_kwargs.n", "rollout.val_n", "> 1 adds mean@n, std@n, best@k, worst@k, maj@k per data source"),
+        m(R + "val_kwargs.top_p", "rollout.val_top_p"),
         uns(R + "val_kwargs.top_k", "hpcppo validates without top-k", ok=(-1, 0)),
         ign(R + "val_kwargs._target_", "Hydra's class to build; not a setting"),
         uns(R + "do_sample", "hpcppo's training rollouts always sample", ok=(True,)),

@@ -36,7 +36,8 @@ class Rule:
     lr_scale: float = opt(0.5, gt=0.0, le=1.0, help="rollback: multiply the learning rates by this factor.")
     grad_clip: float = opt(1.0, gt=0.0, help="set_grad_clip: the new gradient-norm clip.")
     cooldown_steps: int = opt(10, ge=0, help="Steps after firing during which the rule stays quiet.")
-    max_count: int = opt(3, ge=0, help="Times the rule may fire in a run; 0 = never fires (disabled).")
+    max_count: int = opt(3, ge=0, help="Times the rule may fire in a run; 0 = never fires (disabled). A rule whose "
+                                       "action paused the run is re-armed (one firing less) when it is resumed.")
 
     def __attrs_post_init__(self) -> None:
         if self.condition in ("gt", "lt") and not math.isfinite(self.threshold):
@@ -121,4 +122,4 @@ def check_rule_metrics(section: WatchdogSection, *, file: str | None = None) -> 
             known = schema.trainer_columns()
             raise ConfigError(f"rule {rule.name!r}: metric {rule.metric!r} is not logged by the trainer"
                               f"{did_you_mean(rule.metric, known)}; metrics: {', '.join(known)}, "
-                              f"{schema.VALIDATION_PREFIX}<data_source>", file=file, key="watchdog.rules")
+                              f"{schema.VALIDATION_PREFIX}<data_source>[/<stat>@<k>]", file=file, key="watchdog.rules")

@@ -12,7 +12,7 @@ verl does). :func:`build_reward_fn` turns a spec into such a function:
   rule), ``lighteval/MATH``, ``DigitalLearningGmbH/MATH-lighteval``, ``HuggingFaceH4/MATH-500`` -> ``math`` (verl's
   string-normalising math_reward), ``math_dapo``, ``math``, ``math_dapo_reasoning``, ``aime*`` -> ``math_dapo``
   (verl's Minerva-normalising math_dapo; both in :mod:`hpcppo.data.math_verl`), ``hpcppo/arith`` ->
-  ``hpcppo.data.synthetic:compute_score``; each is imported on first use. The sources verl scores with code
+  ``hpcppo.data.synthetic:score_with_pred``; each is imported on first use. The sources verl scores with code
   hpcppo does not have (prime_math, sandboxed code, geometry3k, Search-R1) are refused, naming verl's scorer, as is
   an unknown data_source (verl raises NotImplementedError); both name ``data.reward_fn``.
 - a built-in by name for every row: ``"gsm8k"``, ``"math"``, ``"math_verify"`` (verl's math_verify scorer, math-verify
@@ -39,6 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from hpcppo.errors import ConfigError, HpcppoError, PathError
+
+
+#: What :func:`score_batch` records for a row whose reward function reported no ``pred``.
+NO_PRED: Any = type("NoPred", (), {"__repr__": lambda self: "NO_PRED", "__reduce__": lambda self: "NO_PRED"})()
 
 
 class RewardFunctionError(HpcppoError):
@@ -140,7 +144,7 @@ def gsm8k_compute_score(
 #: built-in name -> "module:function" (imported lazily: the synthetic task lives in its own module)
 BUILTINS: dict[str, str] = {
     "gsm8k": "hpcppo.data.rewards:gsm8k_compute_score",
-    "arith": "hpcppo.data.synthetic:compute_score",
+    "arith": "hpcppo.data.synthetic:score_with_pred",  # compute_score plus the answer (validation's maj@k)
     "math": "hpcppo.data.math_verl:hendrycks_score",
     "math_verify": "hpcppo.data.math_reward:math_verify_compute_score",
     "math_dapo": "hpcppo.data.math_verl:minerva_score",
@@ -374,8 +378,12 @@ def score_batch(
     solutions: Sequence[str],
     ground_truths: Sequence[Any],
     extra_infos: Sequence[Mapping[str, Any] | None] | None = None,
+    preds: list[Any] | None = None,
 ) -> list[float]:
-    """Score each row; a failing row raises :class:`RewardFunctionError` naming the row and its data_source."""
+    """Score each row; a failing row raises :class:`RewardFunctionError` naming the row and its data_source.
+
+    ``preds``, when given, receives each row's ``pred`` (the answer a function returning a dict reports, as verl's
+    ``math_dapo`` does; verl keeps it in the reward's extra info), or :data:`NO_PRED` where there is none."""
     n = len(data_sources)
     extra = list(extra_infos) if extra_infos is not None else [None] * n
     if not (len(solutions) == len(ground_truths) == len(extra) == n):
@@ -394,4 +402,6 @@ def score_batch(
             raise RewardFunctionError(f"reward function {name!r} raised on row {i} (data_source="
                                       f"{data_sources[i]!r}): {type(exc).__name__}: {exc}") from exc
         scores.append(_as_score(value, name, data_sources[i], row=i))
+        if preds is not None:
+            preds.append(value["pred"] if isinstance(value, Mapping) and "pred" in value else NO_PRED)
     return scores

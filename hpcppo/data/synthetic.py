@@ -215,3 +215,15 @@ def compute_score(
         raise ValueError(f"arith ground_truth must be an integer string, got {ground_truth!r}") from None
     answer = extract_answer(solution_str)
     return 1.0 if answer is not None and answer == expected else 0.0
+
+
+def score_with_pred(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """:func:`compute_score` with the answer read: ``{"score": 0.0 | 1.0, "pred": "<integer>" | None}``, the shape
+    of verl's scorers that report a prediction (``math_dapo``'s ``compute_score`` returns ``score``, ``acc`` and
+    ``pred``). Validation at ``rollout.val_n`` > 1 votes on ``pred`` for ``maj@k`` (verl's ``calc_maj_val``); this is
+    the ``arith`` built-in."""
+    answer = extract_answer(solution_str)
+    return {"score": compute_score(data_source, solution_str, ground_truth, extra_info),
+            "pred": None if answer is None else str(answer)}

@@ -10,6 +10,7 @@ the first left it in.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import shutil
@@ -26,8 +27,9 @@ from hpcppo.errors import HpcppoError, RunIdError, RunStateError
 from hpcppo.fsutil import atomic_write_text
 from hpcppo.launch import render as _render
 from hpcppo.launch import slurm, submit
+from hpcppo.launch.shell import RUN_DIR_VARIABLE, script_run_dir
 from hpcppo.launch.status import FINAL_STATES, Status, parse_time, run_status
-from hpcppo.rundir import RunDir, RunIdTakenError, RunPaths, control, create_run_dir, new_run_id
+from hpcppo.rundir import RunDir, RunIdTakenError, RunPaths, control, create_run_dir, events, new_run_id
 from hpcppo.rundir import checkpoints as layout
 
 RUN_ID_TRIES = 8
@@ -67,10 +69,7 @@ def compile_run(
         compiled = compile_config(exp_path, site_name, overrides, check_paths=check_paths)
     root = config.runs_root(compiled.site, runs_root)
     origin = config.runs_root_origin(compiled.site, runs_root)
-    python = compiled.site.env.python or sys.executable
-    # Local runs always use this interpreter: the venv that runs hpcppo is the one the job needs.
-    if compiled.site.scheduler == "local":
-        python = sys.executable
+    python = _job_python(compiled)
     resolved = config.to_toml(compiled)
     for _ in range(RUN_ID_TRIES):
         # The script names its run directory: a taken id (another run made in the same second) means a new id
@@ -88,6 +87,41 @@ def compile_run(
         return CompiledRun(run=RunDir(final), script=script, compiled=compiled)
     raise RunIdError(f"could not find a free run id under {root} in {RUN_ID_TRIES} tries (the last: {final.name})",
                      hint="are the runs root's entries created by something else?")
+
+
+def _job_python(compiled: Any) -> str:
+    """The interpreter the job runs: the site's ``env.python``, else this one; local runs always use this one (the
+    venv that runs hpcppo is the one the job needs)."""
+    if compiled.site.scheduler == "local":
+        return sys.executable
+    return compiled.site.env.python or sys.executable
+
+
+def script_for_here(run: RunDir, compiled: Any) -> str | None:
+    """Make ``job.sbatch`` run in the directory the run is in now; returns the directory it named before when it
+    had to be rendered again (a run directory copied or moved elsewhere), None when it already ran here.
+
+    A copied run's script still names the original directory: resubmitted unchanged, its job trained into the
+    original while the copy's ``run.json`` recorded the attempt (issue 25). It is rendered again from
+    ``resolved.toml`` for this directory (atomically; a ``control.moved`` event records it). A script that names
+    no directory (a site's own template without the ``HPCPPO_RUN_DIR=`` line) cannot be checked: refused.
+    """
+    try:
+        named = script_run_dir(run.script.read_text(errors="replace"))
+    except OSError as exc:
+        raise RunStateError(f"{run.script} cannot be read: {exc.strerror or exc}") from None
+    if named is None:
+        raise RunStateError(f"{run.script} does not say which run directory it runs in (no plain "
+                            f"{RUN_DIR_VARIABLE}= line): cannot tell whether it would write into {run.path}",
+                            hint="compile the spec again into a new run")
+    if os.path.realpath(named) == os.path.realpath(run.path):
+        return None
+    script = _render.render(compiled.site, compiled.experiment, compiled.plan, run.path, python=_job_python(compiled))
+    atomic_write_text(run.script, script, mode=0o755)
+    with contextlib.suppress(OSError):  # the script is right now; the record of it is for people
+        events.append_event(run.path, kind=events.RUN_MOVED, step=None, source="control",
+                            message=f"job.sbatch named {named}; rendered again for {run.path}", previous_dir=named)
+    return named
 
 
 def submit_run(crun: CompiledRun) -> str:
@@ -134,7 +168,9 @@ def resume_run(run: RunDir) -> str:
 
 
 def _submit(run: RunDir, compiled: Any) -> str:
-    """Submit the run's ``job.sbatch`` to its site's scheduler as a new attempt; returns the job id."""
+    """Submit the run's ``job.sbatch`` to its site's scheduler as a new attempt (rendered again first when it names
+    another directory: :func:`script_for_here`); returns the job id."""
+    script_for_here(run, compiled)
     plan = compiled.plan
     if compiled.site.scheduler == "slurm":
         return submit.submit_slurm(run, plan.nodes, plan.ranks_per_node)

@@ -65,3 +65,21 @@ def quote_command(line: str) -> str:
 
 def is_env_name(name: str) -> bool:
     return bool(_ENV_NAME_RE.match(name))
+
+
+RUN_DIR_VARIABLE = "HPCPPO_RUN_DIR"
+"""The variable the job scripts set to their run directory (``HPCPPO_RUN_DIR=<quoted path>``, templates/)."""
+
+
+def script_run_dir(text: str) -> str | None:
+    """The run directory a rendered job script runs in (its ``HPCPPO_RUN_DIR=`` line, unquoted); None when the
+    script has no such line, or it is not one plain assignment (a site's own template)."""
+    prefix = f"{RUN_DIR_VARIABLE}="
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            try:
+                words = shlex.split(line[len(prefix):])
+            except ValueError:
+                return None
+            return words[0] if len(words) == 1 else None
+    return None

@@ -53,6 +53,7 @@ from typing import Any
 
 from hpcppo.errors import RunRecordError, SchedulerError
 from hpcppo.launch import slurm
+from hpcppo.launch.shell import script_run_dir
 from hpcppo.launch.slurm import FINISHED_STATES
 from hpcppo.rundir import RunDir, control, exitcodes
 from hpcppo.rundir.checkpoints import latest_committed
@@ -180,6 +181,7 @@ def _one_status(run: RunDir, meta: dict[str, Any], record: dict[str, Any], infos
         "exit_record": None,
         "resumable": False,
         "paused": control.is_paused(run),
+        "moved_from": script_elsewhere(run),
     }
     if not attempts:
         return status
@@ -232,7 +234,23 @@ def _one_status(run: RunDir, meta: dict[str, Any], record: dict[str, Any], infos
     if state in _NOTED_RESUMABLE:
         where = f"resumable, checkpoint {latest}" if latest is not None else "resumable, no checkpoint yet: starts over"
         status["reason"] = f"{reason}; {where}" if reason else where
+    if status["moved_from"]:
+        # A copy: what its jobs did after the copy was made went to the directory its script names, not here.
+        moved = f"a copy: job.sbatch runs in {status['moved_from']} (hpcppo resume renders it for this directory)"
+        status["reason"] = f"{status['reason']}; {moved}" if status["reason"] else moved
     return status
+
+
+def script_elsewhere(run: RunDir) -> str | None:
+    """The directory ``job.sbatch`` runs in when it is not ``run``'s (a run directory copied or moved elsewhere and
+    not resumed since: its jobs wrote there); None when it runs here or says nothing."""
+    try:
+        named = script_run_dir(run.script.read_text(errors="replace"))
+    except OSError:
+        return None
+    if named is None or os.path.realpath(named) == os.path.realpath(run.path):
+        return None
+    return named
 
 
 def _near(elapsed_s: float | None, limit_s: Any, lead_s: float) -> bool:
@@ -474,6 +492,8 @@ def format_run(st: Status, attempts: Sequence[dict[str, Any]], events: Sequence[
              f"restarts    {_dash(st['restarts'])}",
              f"checkpoint  {_dash(st['latest_checkpoint'])}",
              f"directory   {st['path']}"]
+    if st.get("moved_from"):
+        lines.append(f"copied from {st['moved_from']} (job.sbatch runs there; hpcppo resume renders it for here)")
     for i, a in enumerate(attempts):
         seen = f", last seen {a['state']}" if a.get("state") else ""
         lines.append(f"attempt {i}: job {a.get('job_id')} submitted {a.get('submitted_at')} ({a.get('kind', 'submit')}{seen})")

@@ -129,6 +129,10 @@ def submit_local(run: RunDir, ranks: int, timeout_min: float) -> str:
         # runs with SIGINT ignored, and an ignored signal stays ignored across exec: controller and wrappers would
         # ignore the cancel. This forked child only starts the controller, so it can reset that for its children.
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        # The controller and the ranks start in the run directory, not in the caller's working directory: that one
+        # may be deleted after the submit (a temporary directory, a cleaned-up checkout), and a process whose
+        # working directory is gone fails to start Python or load torch (issue 25).
+        os.chdir(run.path)
         # submitit starts the controller with our stdout/stderr: it outlives this command, and would write
         # to the user's terminal later (a traceback on cancel). Give it the run's controller log instead.
         with _fds_to(run.local_controller_log):
@@ -222,7 +226,7 @@ def run_local_rank(run_dir: str) -> int:
     with open(rank_log, "ab") as log:
         # Its own process group, so a cancel stops the whole rank (setup commands included), not
         # just the shell; the parent-death signal covers submitit killing this wrapper outright.
-        proc = subprocess.Popen(["bash", str(paths.script)], env=env, stdout=log,
+        proc = subprocess.Popen(["bash", str(paths.script)], env=env, stdout=log, cwd=paths.path,
                                 stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
         _forward_to_group(proc)
         try:

@@ -57,6 +57,9 @@ CONTROL_ROLLBACK = "control.rollback"  # a `hpcppo rollback` request applied
 CONTROL_REJECTED = "control.rejected"  # a `hpcppo rollback` request refused
 WATCHDOG_PREFIX = "watchdog."  # + a rule's action (hpcppo.watchdog.PRECEDENCE), or SUPPRESSED
 SUPPRESSED = "suppressed"  # an action a stronger one of the same step superseded
+REARMED = "rearmed"  # the rule that paused a run may fire again: a person resumed it
+# The CLI:
+RUN_MOVED = "control.moved"  # a copied or moved run directory's job.sbatch rendered again for where it is now
 # The monitor beside the trainer:
 HANG = "hang"
 TRAINER_DEAD = "trainer_dead"

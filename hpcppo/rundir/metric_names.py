@@ -66,13 +66,47 @@ STANDARD_COLUMNS: tuple[str, ...] = (
 
 #: Columns a trainer adds when its configuration produces them (the KL loss only with actor.use_kl_loss).
 OPTIONAL_COLUMNS: tuple[str, ...] = ("actor/kl_loss",)
-#: Per-data-source validation scores: ``val/score/<data_source>``.
+#: Per-data-source validation scores: ``val/score/<data_source>``; with ``rollout.val_n`` > 1 also
+#: ``val/score/<data_source>/<stat>`` for each of :func:`validation_stats` (verl's metric names).
 VALIDATION_PREFIX = "val/score/"
 
 
-def trainer_columns(val_sources: Sequence[str] = ()) -> list[str]:
-    """Every column the trainer declares for a run with these validation data sources."""
-    return [*STANDARD_COLUMNS, *OPTIONAL_COLUMNS, *(VALIDATION_PREFIX + s for s in val_sources)]
+def bootstrap_sizes(n: int) -> list[int]:
+    """The subset sizes ``k`` of the ``best@k``/``worst@k``/``maj@k`` statistics for ``n`` responses per prompt:
+    2, 4, 8, ... below ``n``, then ``n`` itself; none for ``n`` = 1 (verl b178a3c,
+    ``verl/trainer/ppo/metric_utils.py``, ``process_validation_metrics.gen_ns``)."""
+    if n <= 1:
+        return []
+    sizes, k = [], 2
+    while k < n:
+        sizes.append(k)
+        k *= 2
+    return [*sizes, n]
+
+
+def validation_stats(n: int) -> list[str]:
+    """verl's names of the validation statistics of one variable at ``n`` responses per prompt, in verl's order:
+    ``mean@n``, ``std@n``, then ``best@k/mean``, ``best@k/std``, ``worst@k/mean``, ``worst@k/std``, ``maj@k/mean``,
+    ``maj@k/std`` for each of :func:`bootstrap_sizes` (``maj`` only where the reward function returns a ``pred``).
+    None for ``n`` = 1: the plain ``val/score/<data_source>`` is the mean."""
+    if n <= 1:
+        return []
+    stats = [f"mean@{n}", f"std@{n}"]
+    for k in bootstrap_sizes(n):
+        stats += [f"best@{k}/mean", f"best@{k}/std", f"worst@{k}/mean", f"worst@{k}/std", f"maj@{k}/mean",
+                  f"maj@{k}/std"]
+    return stats
+
+
+def validation_columns(val_sources: Sequence[str] = (), val_n: int = 1) -> list[str]:
+    """The per-data-source validation columns: ``val/score/<source>`` and, for ``val_n`` > 1, its statistics."""
+    return [c for s in val_sources for c in (VALIDATION_PREFIX + s,
+                                               *(f"{VALIDATION_PREFIX}{s}/{st}" for st in validation_stats(val_n)))]
+
+
+def trainer_columns(val_sources: Sequence[str] = (), val_n: int = 1) -> list[str]:
+    """Every column the trainer declares for a run with these validation data sources and responses per prompt."""
+    return [*STANDARD_COLUMNS, *OPTIONAL_COLUMNS, *validation_columns(val_sources, val_n)]
 
 
 def is_trainer_column(name: str) -> bool:

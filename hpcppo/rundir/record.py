@@ -182,7 +182,7 @@ def create_run_dir(runs_root: Path | str, run_id: str, *, origin: str = "") -> I
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{run_id}.", suffix=".tmp", dir=root))
     except OSError as exc:
-        raise _root_error(root, origin, f"cannot create a directory in it ({exc.strerror})") from None
+        raise runs_root_error(root, origin, f"cannot create a directory in it ({exc.strerror})") from None
     try:
         for sub in SUBDIRS:
             (tmp / sub).mkdir()
@@ -203,7 +203,7 @@ class RunIdTakenError(RunIdError):
     """The run directory of a freshly drawn run id exists already (:func:`create_run_dir`)."""
 
 
-def _root_error(root: Path, origin: str, problem: str) -> PathError:
+def runs_root_error(root: Path, origin: str, problem: str) -> PathError:
     where = f" (from {origin})" if origin else ""
     return PathError(f"runs root {root}{where}: {problem}",
                      hint="it must be a directory you can write; set --runs-root, $HPCPPO_RUNS_ROOT or the site's "
@@ -214,8 +214,8 @@ def _ensure_runs_root(root: Path, origin: str) -> None:
     try:
         root.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise _root_error(root, origin, "exists and is not a directory") from None
+        raise runs_root_error(root, origin, "exists and is not a directory") from None
     except OSError as exc:
-        raise _root_error(root, origin, f"cannot create it ({exc.strerror})") from None
+        raise runs_root_error(root, origin, f"cannot create it ({exc.strerror})") from None
     if not os.access(root, os.W_OK | os.X_OK):
-        raise _root_error(root, origin, "is not writable")
+        raise runs_root_error(root, origin, "is not writable")

@@ -126,8 +126,8 @@ def build_score_fn(data: DataSection) -> Callable[..., list[float]]:
     fn = build_reward_fn(spec, gsm8k={"method": data.gsm8k_method}) if spec == "auto" else \
         build_reward_fn(spec, **data.reward_kwargs)
 
-    def score(sources, texts, truths, extras):
-        return score_batch(fn, sources, texts, truths, extras)
+    def score(sources, texts, truths, extras, preds=None):
+        return score_batch(fn, sources, texts, truths, extras, preds=preds)
 
     return score
 
@@ -271,8 +271,9 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
     eos = stop_token_ids(tokenizer.eos_token_id, generation_config_eos(model_cfg.path))
     sampling = SamplingParams(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, n=ro.n, temperature=ro.temperature,
                               top_p=ro.top_p, top_k=ro.top_k, max_new_tokens=cfg.data.max_response_length)
-    val_sampling = SamplingParams(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, n=1,
-                                  temperature=ro.val_temperature, max_new_tokens=cfg.data.max_response_length)
+    val_sampling = SamplingParams(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, n=ro.val_n,
+                                  temperature=ro.val_temperature, top_p=ro.val_top_p,
+                                  max_new_tokens=cfg.data.max_response_length)
 
     kc = cfg.algorithm.kl_ctrl
     kl_kwargs: dict[str, Any] = {"fixed": dict(kl_coef=kc.kl_coef),
@@ -284,7 +285,7 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
     paths = RunPaths(run_dir)
     ckpt = CheckpointManager(paths.checkpoints, keep_last=cfg.checkpoint.keep_last, rank=env.rank,
                              world_size=env.world_size)
-    columns = trainer_columns(val_sources)
+    columns = trainer_columns(val_sources, ro.val_n)
     metrics = None
     # Every rank learns the attempt from rank 0, which counts the metrics files before it creates its own.
     attempt = broadcast_object(len(paths.attempt_files()) if env.rank == 0 else None)

@@ -1,105 +1,73 @@
-"""What the trainer does when the watchdog or a person asks for it: the actions of a rules decision (rollback,
-critic restart, stronger KL penalty, tighter clip, pause, requeue) and rollback requests from ``hpcppo rollback``.
+"""The trainer's hands: checkpoints, resume, rollback, critic restart and stopping, on the models of one rank.
 
-:class:`Recovery` is mixed into :class:`hpcppo.train.trainer.Trainer`: the methods act on the trainer's models,
-schedules and checkpoints. Every rank calls them alike (rank 0's decision and request list are broadcast first).
+:class:`Recovery` is what the trainer lends the watchdog (:class:`hpcppo.watchdog.Hands`) and what serves
+``hpcppo rollback`` requests. It touches the models, optimizers, lr schedules, KL controller, data cursor and the
+checkpoint manager it is given, and nothing else; the run's progress comes in and goes out as a
+:class:`~hpcppo.watchdog.TrainingState`. Every rank calls it alike (rank 0's decision and request list are broadcast
+first), so the collectives inside checkpoint loads and saves line up.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import attrs
+from torch.distributed.checkpoint.api import CheckpointException
+
+from hpcppo.distributed.checkpoint import NoIntactCheckpointError
 from hpcppo.distributed.env import broadcast_object
+from hpcppo.rundir import checkpoints as layout
 from hpcppo.rundir import control, events, exitcodes
 from hpcppo.train.optim import offload_optimizer_state
-from hpcppo.train.watch import describe
-from hpcppo.watchdog import Decision, raised_kl_coef
+from hpcppo.watchdog import TrainingState
+from hpcppo.watchdog.audit import Audit
 
 if TYPE_CHECKING:
     from hpcppo.train.build import Components
-    from hpcppo.train.watch import RuleKeeper
 
 log = logging.getLogger("hpcppo.train")
-_SUPPRESSED = events.watchdog_kind(events.SUPPRESSED)
 
 
 class Recovery:
-    """The trainer's recovery actions (a mixin of :class:`~hpcppo.train.trainer.Trainer`)."""
+    """Checkpoint, resume, roll back, restart the critic, stop: for one rank's :class:`Components`."""
 
-    c: Components
-    rules: RuleKeeper
-    step: int
-    branch: int
-    actor_version: int
+    def __init__(self, c: Components, audit: Audit):
+        self.c = c
+        self.audit = audit
+        # Duration of the checkpoint written after the previous row; recorded as time/checkpoint_s in the next.
+        self.last_checkpoint_s: float | None = None
 
-    def obey(self, decision: Decision) -> int | None:
-        """Apply the rules' decision on this step (every rank alike); an exit code when the run must stop."""
-        c, rules = self.c, self.rules
-        judged = self.step  # a rollback moves self.step back; every event is dated by the step judged
-        for action in decision.suppressed:
-            winner = decision.superseded_by(action)
-            rules.record(judged, _SUPPRESSED, f"{action.rule}: {action.reason} (superseded by "
-                         f"{winner.kind if winner else '?'})", **describe(action))
-        for i, action in enumerate(decision.actions):
-            detail = describe(action)
-            if action.kind in ("pause", "requeue"):
-                rules.record(judged, events.watchdog_kind(action.kind), f"{action.rule}: {action.reason}", **detail)
-                return self.stop(action.kind, f"watchdog rule {action.rule}: {action.reason}")
-            if action.kind in ("rollback", "restart_critic"):
-                target = rules.target_before_anomaly(action, c.ckpt.list_committed())
-                if target is None:
-                    reason = (f"watchdog rule {action.rule} ({action.reason}) asked for {action.kind} but no committed "
-                              f"checkpoint predates the anomaly; committed: {c.ckpt.list_committed() or 'none'}")
-                    rules.record(judged, events.watchdog_kind("pause"), reason, **detail)
-                    if action.kind == "rollback":
-                        rules.compose_lr_scale(1.0 / action.lr_scale)  # no rollback happened: no lr cut either
-                    for rest in decision.actions[i + 1:]:
-                        rules.record(judged, _SUPPRESSED, f"{rest.rule}: {rest.reason} (superseded by the "
-                                     f"pause)", **describe(rest))
-                    return self.stop("pause", reason)
-                rules.record(judged, events.watchdog_kind(action.kind), f"{action.rule}: {action.reason}; back to "
-                             f"checkpoint step {target}", checkpoint=target, **detail)
-                if action.kind == "rollback":
-                    self.roll_back(target)
-                else:
-                    self.restart_critic(target)
-            elif action.kind == "raise_kl_coef":
-                old = c.kl_ctrl.value
-                c.kl_ctrl.value = raised_kl_coef(old, action)
-                rules.state = rules.state.with_kl_coef(c.kl_ctrl.value)
-                rules.record(judged, events.watchdog_kind(action.kind), f"{action.rule}: {action.reason}; kl_coef "
-                             f"{old:.4g} -> {c.kl_ctrl.value:.4g}", old=old, new=c.kl_ctrl.value, **detail)
-            elif action.kind == "set_grad_clip":
-                rules.record(judged, events.watchdog_kind(action.kind), f"{action.rule}: {action.reason}; grad clip "
-                             f"{rules.grad_clip(self.cfg.actor.grad_clip):.4g} (actor), "
-                             f"{rules.grad_clip(self.cfg.critic.grad_clip):.4g} (critic)", **detail)
-        return None
+    # ------------------------------------------------------------------ the Hands protocol
+    def committed(self) -> list[int]:
+        return self.c.ckpt.list_committed()
 
-    def roll_back(self, target: int, *, lr_factor: float | None = None) -> None:
-        """Back to committed checkpoint ``target``: models, optimizers, lr schedules and KL controller as they were
+    def record(self, step: int, kind: str, message: str, **details: Any) -> None:
+        self.audit.record(step, kind, message, **details)
+
+    def roll_back(self, state: TrainingState, target: int, *, lr_factor: float | None = None) -> TrainingState:
+        """Back to committed checkpoint ``target``: models, optimizers, lr schedules and KL coefficient as they were
         there; the data cursor stays where it is (the batches since ``target`` are skipped), the sampling seed moves
         to a new branch, the learning rates take the composed scale. The checkpoint is then saved again with that
         state, so a crash from here on resumes the new branch, not the abandoned one."""
         c = self.c
         start = time.perf_counter()
-        if lr_factor is not None:
-            self.rules.compose_lr_scale(lr_factor)
         cursor = c.sampler.state_dict()
         c.ckpt.abandon_after(target)
         models, optims = self.checkpointed()
         extra = c.ckpt.load(target, models=models, optimizers=optims)
-        self.restore_schedules(extra)
+        c.kl_ctrl.load_state_dict(extra["kl_ctrl"])  # checks the controller's kind
+        state = state.rolled_back(target, kl_coef=c.kl_ctrl.value, lr_factor=lr_factor)
+        self.restore_schedules(extra, state.lr_scale)
         c.sampler.load_state_dict(cursor)
-        self.branch += 1
-        self.step = target
-        self.rules.rolled_back_to(target)
-        self.actor_version += 1  # the engine must take the restored weights
         self.reoffload_optimizers()
-        self.save_checkpoint()
+        self.save(state)
         log.info("rolled back to step %d (branch %d, lr x%g in all) in %.2f s, the re-saved checkpoint included", target,
-                 self.branch, self.rules.state.lr_scale, time.perf_counter() - start)
+                 state.branch, state.lr_scale, time.perf_counter() - start)
+        return state
 
     def restart_critic(self, target: int) -> None:
         """The critic's weights and optimizer state from committed checkpoint ``target``; the actor is untouched."""
@@ -108,41 +76,157 @@ class Recovery:
         if c.critic_optim_offload:
             offload_optimizer_state(c.critic_optim)
 
-    def stop(self, kind: str, reason: str, *, event: str | None = None, save: bool = True) -> int:
+    def stop(self, state: TrainingState, kind: str, reason: str, *, event: str | None = None,
+             save: bool = True) -> int:
         """Checkpoint (unless ``save`` is false or step 0, the initial state) and stop: ``pause`` waits for ``hpcppo
         resume`` (no requeue; ``control/PAUSED`` tells ``hpcppo status`` why), ``requeue`` asks the scheduler for one.
         ``event`` is the HDF5 event's kind (``paused`` / ``requeue`` by default)."""
         c = self.c
-        if save and self.step > 0 and c.ckpt.latest_committed() != self.step:
-            self.save_checkpoint()
+        if save and state.step > 0 and c.ckpt.latest_committed() != state.step:
+            self.save(state)
         if c.metrics is not None:
             kind_logged = event or (events.PAUSED if kind == "pause" else events.REQUEUE)
-            c.metrics.log_event(self.step, kind_logged, reason[:1000])
-        if kind == "pause" and self.env.rank == 0:
-            control.record_paused(c.run_dir, self.step, reason)
-        log.info("%s after step %d: %s, exiting", kind, self.step, reason)
+            c.metrics.log_event(state.step, kind_logged, reason[:1000])
+        if kind == "pause" and c.env.rank == 0:
+            control.record_paused(c.run_dir, state.step, reason)
+        log.info("%s after step %d: %s, exiting", kind, state.step, reason)
         return exitcodes.PAUSED if kind == "pause" else exitcodes.REQUEUE
 
-    def serve_requests(self, requests: list[Any]) -> None:
+    # ------------------------------------------------------------------ rollback requests (hpcppo rollback)
+    def serve_requests(self, state: TrainingState, requests: list[Any]) -> TrainingState:
         """Apply rank 0's rollback requests in arrival order (collective: rank 0 broadcasts what to do)."""
         c = self.c
         plan = []
-        if self.env.rank == 0:
+        if c.env.rank == 0:
             for req in requests:
-                committed = [s for s in c.ckpt.list_committed() if req.to_step is None or s <= req.to_step]
+                committed = [s for s in self.committed() if req.to_step is None or s <= req.to_step]
                 plan.append((req, committed[-1] if committed else None))
         for req, target in broadcast_object(plan):
             if target is None:
                 outcome = {"status": "rejected", "reason": f"no committed checkpoint at or before step {req.to_step}; "
-                                                           f"committed: {c.ckpt.list_committed() or 'none'}"}
-                self.rules.record(self.step, events.CONTROL_REJECTED, f"rollback request {req.id}: {outcome['reason']}",
-                                  source="control", request=req.id)
+                                                           f"committed: {self.committed() or 'none'}"}
+                self.audit.record(state.step, events.CONTROL_REJECTED, f"rollback request {req.id}: "
+                                  f"{outcome['reason']}", source="control", request=req.id)
             else:
                 factor = control.DEFAULT_LR_SCALE if req.lr_scale is None else req.lr_scale
-                self.rules.record(self.step, events.CONTROL_ROLLBACK, f"rollback request {req.id}: back to checkpoint "
-                                  f"step {target}, lr x{factor:g}", source="control", request=req.id, checkpoint=target,
-                                  lr_scale=factor)
-                self.roll_back(target, lr_factor=factor)
-                outcome = {"status": "applied", "checkpoint": target, "step": self.step}
-            if self.env.rank == 0:
+                self.audit.record(state.step, events.CONTROL_ROLLBACK, f"rollback request {req.id}: back to "
+                                  f"checkpoint step {target}, lr x{factor:g}", source="control", request=req.id,
+                                  checkpoint=target, lr_scale=factor)
+                state = self.roll_back(state, target, lr_factor=factor)
+                outcome = {"status": "applied", "checkpoint": target, "step": state.step}
+            if c.env.rank == 0:
                 control.acknowledge(c.run_dir, req, outcome)
+        return state
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpointed(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The trained models and their optimizers, by checkpoint name."""
+        c = self.c
+        models = {"actor": c.actor} | ({"critic": c.critic} if c.critic is not None else {})
+        optims = {"actor": c.actor_optim} | ({"critic": c.critic_optim} if c.critic is not None else {})
+        return models, optims
+
+    def checkpoint_extra(self, state: TrainingState) -> dict[str, Any]:
+        c = self.c
+        kl_ctrl = c.kl_ctrl.state_dict() | {"value": float(state.kl_coef)}  # the state's coefficient is the current one
+        extra = state.to_checkpoint() | {"sampler": c.sampler.state_dict(), "kl_ctrl": kl_ctrl,
+                                         "actor_lr": c.actor_lr.state_dict()}
+        if c.critic is not None:
+            extra["critic_lr"] = c.critic_lr.state_dict()
+        return extra
+
+    def save(self, state: TrainingState, background: bool = False) -> None:
+        """Checkpoint ``state.step``; ``background``: wait only for the staging, the write overlaps the next step
+        (committed when ``c.ckpt`` next waits: the next save, a query of the committed steps, the end of training)."""
+        c = self.c
+        models, optims = self.checkpointed()
+        start = time.perf_counter()
+        with self.checkpoint_failures(state.step):
+            c.ckpt.save(state.step, models=models, optimizers=optims, extra=self.checkpoint_extra(state),
+                        background=background)
+        self.last_checkpoint_s = time.perf_counter() - start
+        if c.metrics is not None:
+            c.metrics.fsync()
+
+    @contextlib.contextmanager
+    def checkpoint_failures(self, step: int) -> Iterator[None]:
+        """A failed save (this one, or a background one that the block waited for) as one line naming its step."""
+        c = self.c
+        try:
+            yield
+        # Every rank fails a save together (DCP and the checkpoint agree on failures). DCP's CheckpointException
+        # derives from BaseException (torch/distributed/checkpoint/api.py), so `except Exception` misses it.
+        except (Exception, CheckpointException) as exc:
+            # A background save's failure is raised by the next save or wait: name the step that failed.
+            failed = step if c.ckpt.failed_step is None else c.ckpt.failed_step
+            raise layout.failed_save(c.ckpt.root, failed, exc, remove=c.env.rank == 0) from exc
+
+    def settle(self, step: int) -> None:
+        """Let a background save in flight commit before a clean exit (every rank is at the same point, so its
+        collectives can finish); after an error nobody waits for peers that may be gone."""
+        with self.checkpoint_failures(step):
+            self.c.ckpt.wait()
+
+    def restore_schedules(self, extra: dict[str, Any], lr_scale: float) -> None:
+        """The lr schedules from a checkpoint's ``extra``, scaled by the watchdog's composed ``lr_scale``."""
+        c = self.c
+        c.actor_lr.load_state_dict(extra["actor_lr"])
+        schedules = [c.actor_lr]
+        if c.critic is not None:
+            c.critic_lr.load_state_dict(extra["critic_lr"])
+            schedules.append(c.critic_lr)
+        for schedule in schedules:
+            schedule.set_scale(lr_scale)
+
+    def reoffload_optimizers(self) -> None:
+        """Loaded optimizer state sits on the parameters' devices; with optimizer_offload it waits on the host."""
+        c = self.c
+        for name, optim, offload in (("actor", c.actor_optim, c.actor_optim_offload),
+                                     ("critic", c.critic_optim, c.critic_optim_offload)):
+            if offload:
+                moved = offload_optimizer_state(optim)
+                log.info("%s optimizer state offloaded to host memory (%.2f MiB on this rank)", name, moved / 2**20)
+
+    def resume(self, state: TrainingState) -> TrainingState:
+        """Continue from the newest intact committed checkpoint (``checkpoint.resume = "auto"``); ``state`` unchanged
+        when there is none.
+
+        Each candidate is checked against the sizes and checksums its commit recorded before it is trusted. A damaged
+        one falls back to the previous committed checkpoint; it is set aside (``step-<N>.corrupt-<hex>``, kept) and
+        recorded as a ``checkpoint.corrupt`` event naming the file. When every checkpoint is damaged the run fails
+        with one line and moves nothing, rather than start again at step 0 and lose its progress unnoticed.
+        """
+        c = self.c
+        if c.ckpt.latest_committed() is None or c.cfg.checkpoint.resume == "never":
+            return state
+        models, optims = self.checkpointed()
+        try:
+            resumed = c.ckpt.load_newest_intact(models=models, optimizers=optims)
+        except NoIntactCheckpointError as exc:
+            for bad in exc.damaged:
+                self.audit.record(bad.step, events.CHECKPOINT_CORRUPT, f"{bad}; no intact checkpoint is left",
+                                  source="trainer", file=str(bad.path / bad.file), checkpoint=bad.step)
+            raise
+        if resumed is None:  # pragma: no cover - the checkpoints vanished since latest_committed()
+            return state
+        latest, extra = resumed.step, resumed.extra
+        for bad in resumed.damaged:
+            self.audit.record(bad.step, events.CHECKPOINT_CORRUPT, f"{bad}; set aside as {bad.set_aside_as.name}, "
+                              f"resuming from checkpoint step {latest}", source="trainer",
+                              file=str(bad.path / bad.file), checkpoint=bad.step, fallback=latest,
+                              set_aside_as=str(bad.set_aside_as))
+        c.kl_ctrl.load_state_dict(extra["kl_ctrl"])
+        state = TrainingState.from_checkpoint(extra, kl_coef=c.kl_ctrl.value, actor_version=state.actor_version + 1)
+        if state.watchdog.paused_by is not None:  # the run stopped on a rule's pause, and a person resumed it
+            rule = state.watchdog.paused_by
+            state = attrs.evolve(state, watchdog=state.watchdog.rearmed())
+            self.audit.record(state.step, events.watchdog_kind(events.REARMED), f"{rule}: re-armed on resume after "
+                              f"the pause it asked for ({state.watchdog.fired.get(rule, 0)} firing(s) counted)",
+                              rule=rule)
+        self.restore_schedules(extra, state.lr_scale)
+        c.sampler.load_state_dict(extra["sampler"])
+        self.reoffload_optimizers()
+        if c.metrics is not None:
+            c.metrics.log_event(state.step, events.RESUME, f"resumed from checkpoint step {latest}")
+        log.info("resumed from checkpoint step %d", latest)
+        return state

@@ -9,8 +9,10 @@ Every rank runs the same loop on its share of the prompts. The small ``[batch, r
 see the whole batch exactly as verl's driver does (global whitening, identical controller state on all
 ranks); the models only ever see this rank's samples. Each phase returns what it produces and the loop
 merges it into the batch, so the data flow reads top to bottom. Components are built in
-:mod:`hpcppo.train.build`; the update skeleton is :mod:`hpcppo.train.update`; what the watchdog's decisions and
-rollback requests do is :mod:`hpcppo.train.recovery`.
+:mod:`hpcppo.train.build`; the update skeleton is :mod:`hpcppo.train.update`. The run's progress (step, branch,
+actor version, KL coefficient, the watchdog's state and recent rows) is one :class:`~hpcppo.watchdog.TrainingState`,
+``self.state``, replaced rather than edited; the watchdog's decisions are carried out by :func:`hpcppo.watchdog.respond`
+with the trainer's :class:`~hpcppo.train.recovery.Recovery` as its hands, which also serves rollback requests.
 """
 
 from __future__ import annotations
@@ -26,23 +28,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import torch
-from torch.distributed.checkpoint.api import CheckpointException
 
 from hpcppo import algos
-from hpcppo.distributed.env import all_reduce_host
+from hpcppo.distributed.env import all_reduce_host, broadcast_object
 from hpcppo.distributed.weights import iter_full_params
 from hpcppo.models import compute_log_probs, compute_values
 from hpcppo.rollout.base import derive_seed
-from hpcppo.rundir import checkpoints as layout
 from hpcppo.rundir import control, events, exitcodes, metric_names
-from hpcppo.train import batching
+from hpcppo.train import batching, validation
 from hpcppo.train.build import Components, build_components, freeze_long_lived_objects
 from hpcppo.train.inject import FaultInjector
-from hpcppo.train.optim import offload_optimizer_state
 from hpcppo.train.recovery import Recovery
-from hpcppo.train.update import UpdatePlan, actor_loss, critic_loss, run_update
-from hpcppo.train.watch import RuleKeeper
+from hpcppo.train.update import UpdateSettings, actor_loss, critic_loss, run_update
+from hpcppo.watchdog import Decision, TrainingState, decide, history_keep, respond
+from hpcppo.watchdog.audit import Audit
 
 log = logging.getLogger("hpcppo.train")
 
@@ -65,7 +66,7 @@ class PhaseTimer:
             self.times[phase] += time.perf_counter() - start
 
 
-class Trainer(Recovery):
+class Trainer:
     """PPO on one rank of the job. Build with :func:`run_training`; call :meth:`train`; always :meth:`close`."""
 
     def __init__(self, c: Components):
@@ -73,24 +74,28 @@ class Trainer(Recovery):
         self.cfg = c.cfg
         self.plan = c.plan
         self.env = c.env
-        self.step = 0  # steps done (the state of the models is "after step `step`")
-        self.branch = 0  # rollbacks so far: part of the sampling seed, so a retried step draws new samples
+        self.state = TrainingState(kl_coef=c.kl_ctrl.value)  # the run's progress: replaced, never edited
         self.timer = PhaseTimer()  # this step's phase times
-        # Duration of the checkpoint written after the previous row; recorded as time/checkpoint_s in the next.
-        self.last_checkpoint_s: float | None = None
         # The engine holds the actor's weights of version `engine_version`; -1 = not known to match.
-        self.actor_version = 0
         self.engine_version = -1
-        self.rules = RuleKeeper(self.cfg.watchdog.rules, enabled=self.cfg.watchdog.enable, rank=self.env.rank,
-                                run_dir=c.run_dir, metrics=c.metrics, attempt=c.attempt)
+        self.rules = list(self.cfg.watchdog.rules) if self.cfg.watchdog.enable else []
+        self.rules_by_name = {r.name: r for r in self.rules}
+        self.keep = history_keep(self.rules)  # the recent rows the rules look back on
+        self.audit = Audit(c.run_dir, rank=self.env.rank, metrics=c.metrics, attempt=c.attempt)
+        self.recovery = Recovery(c, self.audit)
         self.inject = FaultInjector(self.cfg.debug.inject, rank=self.env.rank, attempt=c.attempt, ckpt=c.ckpt,
                                     metrics=c.metrics)
+
+    @property
+    def step(self) -> int:
+        """Steps done (the models hold the state "after step ``step``")."""
+        return self.state.step
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> int:
         """Train until ``total_steps``; returns the job exit code (done, requeue, paused)."""
         c = self.c
-        self.step = self.maybe_resume()
+        self.state = self.recovery.resume(self.state)
         exit_code = self.at_boundary()  # a signal, a pause or a rollback request that came while the models loaded
         if exit_code is not None:
             return exit_code
@@ -101,9 +106,9 @@ class Trainer(Recovery):
                  "frozen out of the garbage collector)", self.step + 1, c.total_steps, c.total_steps,
                  self.plan.prompts_per_step, self.cfg.rollout.n, self.plan.world_size, frozen)
         while self.step < c.total_steps:
-            self.step += 1
+            self.state = self.state.next_step()
             metrics = self.train_step()
-            decision = self.rules.judge(self.step, metrics)
+            decision = self.judge(metrics)
             # The row goes out before any checkpoint: a committed checkpoint of step N implies its row is flushed,
             # so a crash right after the commit never leaves a hole in the history.
             self.log_metrics(self.step, metrics)
@@ -111,13 +116,13 @@ class Trainer(Recovery):
             if exit_code is not None:
                 return exit_code
             if self.should_save() and c.ckpt.latest_committed() != self.step:  # a rollback has just saved
-                self.save_checkpoint(background=self.cfg.checkpoint.async_save)
+                self.recovery.save(self.state, background=self.cfg.checkpoint.async_save)
             exit_code = self.at_boundary()
             if exit_code is not None:
                 return exit_code
         committed = self.c.ckpt.latest_committed()  # waits for a background save in flight
         if committed != self.step and self.cfg.checkpoint.save_every >= 0:  # -1: no final one (verl's save_freq)
-            self.save_checkpoint()
+            self.recovery.save(self.state)
         return exitcodes.DONE
 
     def train_step(self) -> dict[str, float]:
@@ -125,7 +130,7 @@ class Trainer(Recovery):
         c = self.c
         start = time.perf_counter()
         self.timer = PhaseTimer()
-        self.inject.before_step(self.step, self.branch, c.critic)
+        self.inject.before_step(self.step, self.state.branch, c.critic)
         batch = self.rollout()
         batch |= self.score(batch)
         batch |= self.old_log_probs_ref_and_values(batch)
@@ -141,9 +146,9 @@ class Trainer(Recovery):
         step_time = time.perf_counter() - start
         metrics |= {"perf/step_time_s": step_time, "perf/tokens_per_s": tokens / step_time,
                     "perf/max_memory_gb": self.peak_memory_gb()}
-        if self.last_checkpoint_s is not None:
-            metrics["time/checkpoint_s"], self.last_checkpoint_s = self.last_checkpoint_s, None
-        return self.inject.on_row(self.step, self.branch, metrics)
+        if self.recovery.last_checkpoint_s is not None:
+            metrics["time/checkpoint_s"], self.recovery.last_checkpoint_s = self.recovery.last_checkpoint_s, None
+        return self.inject.on_row(self.step, self.state.branch, metrics)
 
     # ------------------------------------------------------------------ phases
     def rollout(self) -> Batch:
@@ -156,7 +161,7 @@ class Trainer(Recovery):
         prompts = [c.train_data[i] for i in indices]
         # A per-(seed, step, rollout group, branch) seed: a resumed run samples exactly what an uninterrupted run
         # would, and the ranks of one tensor-parallel group sample alike (with tp = 1 the group is the rank).
-        seed = derive_seed(self.cfg.seed, self.step, c.groups.dp_rank, self.branch)
+        seed = derive_seed(self.cfg.seed, self.step, c.groups.dp_rank, self.state.branch)
         with self.timer("generate"):
             out = c.engine.generate([p.input_ids for p in prompts], dataclasses.replace(c.sampling, seed=seed))
             c.engine.sleep()
@@ -169,11 +174,11 @@ class Trainer(Recovery):
         (e.g. during critic warm-up the actor does not change). Collective: every rank decides alike."""
         engine = self.c.engine
         # An engine that discards its weights while asleep (vLLM, sleep level 2) needs them again every step.
-        if self.engine_version != self.actor_version or engine.weights_dropped:
+        if self.engine_version != self.state.actor_version or engine.weights_dropped:
             # Gathered in the engine's dtype where it has one (bf16 traffic for vLLM); the HF engine takes fp32, and
             # offers its parameters to be gathered into in place (no buffer, no copy).
             engine.sync_weights(iter_full_params(self.c.actor, dtype=engine.sync_dtype, into=engine.sync_targets))
-            self.engine_version = self.actor_version
+            self.engine_version = self.state.actor_version
 
     def score(self, batch: Batch) -> Batch:
         """Rule-based rewards on the decoded responses; the score sits on each response's last token."""
@@ -218,12 +223,14 @@ class Trainer(Recovery):
             keys += [k for k in ("ref_log_probs", "values", "rollout_log_probs") if k in batch]
             full = batching.gather_rows({k: batch[k] for k in keys})
             mask = full["response_mask"]
-            kl_coef = c.kl_ctrl.value  # the coefficient this step's penalty uses (the controller updates after)
+            kl_coef = self.state.kl_coef  # the coefficient this step's penalty uses (the controller updates after)
             extra: dict[str, float] = {}
             if self.plan.kl_penalty_in_reward:
+                c.kl_ctrl.value = kl_coef  # the controller moves the state's coefficient; it keeps none of its own
                 rewards, reward_kl = algos.apply_kl_penalty(full["token_level_scores"], full["old_log_probs"],
                                                             full["ref_log_probs"], mask, c.kl_ctrl,
                                                             cfg.algorithm.kl_penalty)
+                self.state = self.state.with_kl_coef(c.kl_ctrl.value)
                 extra["kl/reward_penalty"] = float(reward_kl)
             else:
                 rewards = full["token_level_scores"].float()
@@ -240,64 +247,83 @@ class Trainer(Recovery):
             metrics = batching.batch_metrics(full, kl_coef=kl_coef, max_response_length=cfg.data.max_response_length)
         return mine, metrics | extra, float(full["seq_tokens"].sum())
 
-    def update_plan(self, prefix: str, *, epochs: int, mini: int, micro: int, grad_clip: float) -> UpdatePlan:
-        return UpdatePlan(prefix=prefix, epochs=epochs, mini_batch_per_rank=mini, micro_batch_per_rank=micro,
-                          grad_clip=self.rules.grad_clip(grad_clip), world_size=self.plan.world_size,
-                          max_response_length=self.cfg.data.max_response_length)
+    def update_settings(self, prefix: str, *, epochs: int, mini: int, micro: int, grad_clip: float) -> UpdateSettings:
+        return UpdateSettings(prefix=prefix, epochs=epochs, mini_batch_per_rank=mini, micro_batch_per_rank=micro,
+                              grad_clip=self.state.grad_clip(grad_clip), world_size=self.plan.world_size,
+                              max_response_length=self.cfg.data.max_response_length)
 
     def update_critic(self, batch: Batch) -> dict[str, float]:
         c, p = self.c, self.plan
-        plan = self.update_plan("critic", epochs=p.critic_ppo_epochs, mini=p.critic_mini_batch_per_rank,
-                                micro=p.critic_micro_batch_per_rank, grad_clip=self.cfg.critic.grad_clip)
+        settings = self.update_settings("critic", epochs=p.critic_ppo_epochs, mini=p.critic_mini_batch_per_rank,
+                                        micro=p.critic_micro_batch_per_rank, grad_clip=self.cfg.critic.grad_clip)
         with self.timer("critic_update"):
-            return run_update(batch, c.critic, c.critic_optim, c.critic_lr, plan, critic_loss(c.critic, self.cfg.critic),
-                              offload_optimizer=c.critic_optim_offload)
+            return run_update(batch, c.critic, c.critic_optim, c.critic_lr, settings,
+                              critic_loss(c.critic, self.cfg.critic), offload_optimizer=c.critic_optim_offload)
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
         c, p = self.c, self.plan
-        plan = self.update_plan("actor", epochs=p.actor_ppo_epochs, mini=p.actor_mini_batch_per_rank,
-                                micro=p.actor_micro_batch_per_rank, grad_clip=self.cfg.actor.grad_clip)
+        settings = self.update_settings("actor", epochs=p.actor_ppo_epochs, mini=p.actor_mini_batch_per_rank,
+                                        micro=p.actor_micro_batch_per_rank, grad_clip=self.cfg.actor.grad_clip)
         loss = actor_loss(c.actor, self.cfg.actor, clip_ratio_low=p.clip_ratio_low, clip_ratio_high=p.clip_ratio_high,
                           kl_loss=p.kl_loss, temperature=c.sampling.temperature or 1.0)
         with self.timer("actor_update"):
-            return run_update(batch, c.actor, c.actor_optim, c.actor_lr, plan, loss,
+            return run_update(batch, c.actor, c.actor_optim, c.actor_lr, settings, loss,
                               offload_optimizer=c.actor_optim_offload, on_step=self._actor_stepped)
 
     def _actor_stepped(self) -> None:
-        self.actor_version += 1
+        self.state = self.state.actor_stepped()
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        """Greedy decoding on the validation prompts (sharded over ranks); mean score per data source."""
+        """Decode ``rollout.val_n`` responses per validation prompt (sharded over ranks) and score them: the mean
+        score per data source and overall and, for ``val_n`` > 1, verl's statistics per data source
+        (:mod:`hpcppo.train.validation`: mean@n, std@n, best@k, worst@k, maj@k)."""
         c = self.c
         if c.val_data is None:
             return {}
         c.engine.wake_up()
         self.sync_engine()
-        sums = [[0.0, 0.0] for _ in c.val_sources]
         g = c.groups
+        n = c.val_sampling.n
+        stats = metric_names.validation_stats(n)
+        # Per data source: score sum, sample count, then each statistic's sum and count over prompts.
+        sums = [[0.0] * (2 + 2 * len(stats)) for _ in c.val_sources]
         # Sharded over rollout groups: the ranks of a tensor-parallel group decode the same prompts with the same
         # seed, and only the group's first rank counts the scores.
         mine = list(range(g.dp_rank, len(c.val_data), g.dp_size))
         # Sampled validation (val_temperature > 0) draws from its own seeded stream, never the global RNG.
         sampling = dataclasses.replace(c.val_sampling, seed=derive_seed(self.cfg.seed, self.step, g.dp_rank,
-                                                                        self.branch) ^ VALIDATION_SEED_SALT)
+                                                                        self.state.branch) ^ VALIDATION_SEED_SALT)
         for start in range(0, len(mine), 64):
             prompts = [c.val_data[i] for i in mine[start : start + 64]]
             out = c.engine.generate([p.input_ids for p in prompts], sampling)
             texts = c.tokenizer.batch_decode(out.response_ids * out.response_mask, skip_special_tokens=True)
-            records = [p.record for p in prompts]
+            records = [prompts[int(j)].record for j in out.prompt_index]  # n rows per prompt, prompt-major
+            preds: list[Any] = []
             scores = c.score_fn([r.data_source for r in records], texts, [r.ground_truth for r in records],
-                                [r.extra_info for r in records])
-            for r, s in zip(records, scores):
-                row = sums[c.val_sources.index(r.data_source)]
-                row[0] += s if g.is_tp_leader else 0.0
-                row[1] += 1 if g.is_tp_leader else 0
+                                [r.extra_info for r in records], preds=preds)
+            if not g.is_tp_leader:
+                continue
+            for i, prompt in enumerate(prompts):
+                row = sums[c.val_sources.index(prompt.record.data_source)]
+                row[0] += sum(scores[i * n : (i + 1) * n])
+                row[1] += n
+                got = validation.prompt_stats(scores[i * n : (i + 1) * n], preds[i * n : (i + 1) * n])
+                for j, name in enumerate(stats):
+                    if name in got:
+                        row[2 + 2 * j] += got[name]
+                        row[3 + 2 * j] += 1
         c.engine.sleep()
+        width = len(sums[0]) if sums else 0
         flat = all_reduce_host([x for row in sums for x in row], "sum")
-        totals = [(flat[2 * i], flat[2 * i + 1]) for i in range(len(c.val_sources))]
-        metrics = {f"val/score/{src}": total / max(n, 1) for src, (total, n) in zip(c.val_sources, totals)}
-        metrics["val/score"] = sum(t for t, _ in totals) / max(sum(n for _, n in totals), 1)
+        totals = [flat[i * width : (i + 1) * width] for i in range(len(c.val_sources))]
+        metrics = {f"{metric_names.VALIDATION_PREFIX}{src}": t[0] / max(t[1], 1)
+                   for src, t in zip(c.val_sources, totals)}
+        metrics["val/score"] = sum(t[0] for t in totals) / max(sum(t[1] for t in totals), 1)
+        for src, t in zip(c.val_sources, totals):
+            for j, name in enumerate(stats):
+                if t[3 + 2 * j] > 0:  # maj@k only where the reward function reports a pred (as verl)
+                    metrics[f"{metric_names.VALIDATION_PREFIX}{src}/{name}"] = t[2 + 2 * j] / t[3 + 2 * j]
         return metrics
 
     def peak_memory_gb(self) -> float:
@@ -318,19 +344,39 @@ class Trainer(Recovery):
         preempted, paused, asked = (x > 0 for x in all_reduce_host(
             [1.0 if c.preempt.local else 0.0, 1.0 if pause_requested else 0.0, float(len(requests))], "max"))
         if asked:
-            self.serve_requests(requests)
+            self.state = self.recovery.serve_requests(self.state, requests)
         if not (preempted or paused):
             return None
         where = f"after step {self.step} with a committed checkpoint" if self.step else "before the first step"
         if preempted:
-            return self.stop("requeue", f"preempted: stopping {where}", event=events.PREEMPTED,
-                             save=self.cfg.checkpoint.save_on_preempt)
+            return self.recovery.stop(self.state, "requeue", f"preempted: stopping {where}", event=events.PREEMPTED,
+                                      save=self.cfg.checkpoint.save_on_preempt)
         # The request is served by the pause; its text becomes the reason `hpcppo status` shows.
         reason = (control.pause_reason_requested(c.run_dir) if self.env.rank == 0 else "") or "pause requested"
-        code = self.stop("pause", reason, event=events.PAUSED)
+        code = self.recovery.stop(self.state, "pause", reason, event=events.PAUSED)
         if self.env.rank == 0:
             control.pause_served(c.run_dir)
         return code
+
+    # ------------------------------------------------------------------ the watchdog
+    def judge(self, metrics: dict[str, float]) -> Decision:
+        """Add this step's row to the state's history and judge it (collective when there are rules: rank 0 runs the
+        pure :func:`~hpcppo.watchdog.decide` and broadcasts the decision, so every rank applies the same actions even
+        if their views of a metric could differ)."""
+        self.state = self.state.with_row(metrics, self.keep)
+        if not self.rules:
+            return Decision(actions=(), state=self.state.watchdog)
+        decision = decide(self.state.history, self.rules, self.state.watchdog) if self.env.rank == 0 else None
+        decision = broadcast_object(decision)
+        self.state = attrs.evolve(self.state, watchdog=decision.state)
+        return decision
+
+    def obey(self, decision: Decision) -> int | None:
+        """Carry out the decision on this step (every rank alike); an exit code when the run must stop."""
+        outcome = respond(decision, self.state, self.recovery, self.rules_by_name,
+                          grad_clips={"actor": self.cfg.actor.grad_clip, "critic": self.cfg.critic.grad_clip})
+        self.state = outcome.state
+        return outcome.exit_code
 
     # ------------------------------------------------------------------ bookkeeping
     def log_metrics(self, step: int, metrics: dict[str, float], note: str = "") -> None:
@@ -345,118 +391,6 @@ class Trainer(Recovery):
         every = self.cfg.checkpoint.save_every
         return every > 0 and self.step % every == 0  # 0: only the final one; -1: none (verl's save_freq)
 
-    def checkpoint_extra(self) -> dict[str, Any]:
-        c = self.c
-        extra = {
-            "step": self.step,
-            "branch": self.branch,
-            "sampler": c.sampler.state_dict(),
-            "kl_ctrl": c.kl_ctrl.state_dict(),
-            "actor_lr": c.actor_lr.state_dict(),
-            "watchdog": self.rules.state_dict(),
-        }
-        if c.critic is not None:
-            extra["critic_lr"] = c.critic_lr.state_dict()
-        return extra
-
-    def checkpointed(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The trained models and their optimizers, by checkpoint name."""
-        c = self.c
-        models = {"actor": c.actor} | ({"critic": c.critic} if c.critic is not None else {})
-        optims = {"actor": c.actor_optim} | ({"critic": c.critic_optim} if c.critic is not None else {})
-        return models, optims
-
-    def save_checkpoint(self, background: bool = False) -> None:
-        """Checkpoint the current step; ``background``: wait only for the staging, the write overlaps the next step
-        (committed when ``c.ckpt`` next waits: the next save, a query of the committed steps, the end of ``train``)."""
-        c = self.c
-        models, optims = self.checkpointed()
-        start = time.perf_counter()
-        with self.checkpoint_failures():
-            c.ckpt.save(self.step, models=models, optimizers=optims, extra=self.checkpoint_extra(),
-                        background=background)
-        self.last_checkpoint_s = time.perf_counter() - start
-        if c.metrics is not None:
-            c.metrics.fsync()
-
-    @contextlib.contextmanager
-    def checkpoint_failures(self) -> Iterator[None]:
-        """A failed save (this one, or a background one that the block waited for) as one line naming its step."""
-        c = self.c
-        try:
-            yield
-        # Every rank fails a save together (DCP and the checkpoint agree on failures). DCP's CheckpointException
-        # derives from BaseException (torch/distributed/checkpoint/api.py), so `except Exception` misses it.
-        except (Exception, CheckpointException) as exc:
-            # A background save's failure is raised by the next save or wait: name the step that failed.
-            step = self.step if c.ckpt.failed_step is None else c.ckpt.failed_step
-            raise layout.failed_save(c.ckpt.root, step, exc, remove=self.env.rank == 0) from exc
-
-    def settle_checkpoints(self) -> None:
-        """Let a background save in flight commit before a clean exit (every rank is at the same point, so its
-        collectives can finish); after an error nobody waits for peers that may be gone."""
-        with self.checkpoint_failures():
-            self.c.ckpt.wait()
-
-    def restore_schedules(self, extra: dict[str, Any]) -> None:
-        """KL controller and lr schedules from a checkpoint's ``extra``; the lr scale is the watchdog's."""
-        c = self.c
-        c.kl_ctrl.load_state_dict(extra["kl_ctrl"])
-        schedules = [c.actor_lr] + ([c.critic_lr] if c.critic is not None else [])
-        c.actor_lr.load_state_dict(extra["actor_lr"])
-        if c.critic is not None:
-            c.critic_lr.load_state_dict(extra["critic_lr"])
-        for schedule in schedules:
-            schedule.set_scale(self.rules.state.lr_scale)
-
-    def reoffload_optimizers(self) -> None:
-        """Loaded optimizer state sits on the parameters' devices; with optimizer_offload it waits on the host."""
-        c = self.c
-        for name, optim, offload in (("actor", c.actor_optim, c.actor_optim_offload),
-                                     ("critic", c.critic_optim, c.critic_optim_offload)):
-            if offload:
-                moved = offload_optimizer_state(optim)
-                log.info("%s optimizer state offloaded to host memory (%.2f MiB on this rank)", name, moved / 2**20)
-
-    def maybe_resume(self) -> int:
-        """Continue from the newest intact committed checkpoint (``checkpoint.resume = "auto"``); returns its step.
-
-        Each candidate is checked against the sizes and checksums its commit recorded before it is trusted. A damaged
-        one falls back to the previous committed checkpoint; it is set aside (``step-<N>.corrupt-<hex>``, kept) and
-        recorded as a ``checkpoint.corrupt`` event naming the file. When every checkpoint is damaged the run fails
-        with one line and moves nothing, rather than start again at step 0 and lose its progress unnoticed.
-        """
-        from hpcppo.distributed.checkpoint import NoIntactCheckpointError
-
-        c = self.c
-        if c.ckpt.latest_committed() is None or self.cfg.checkpoint.resume == "never":
-            return 0
-        models, optims = self.checkpointed()
-        try:
-            resumed = c.ckpt.load_newest_intact(models=models, optimizers=optims)
-        except NoIntactCheckpointError as exc:
-            for bad in exc.damaged:
-                self.rules.record(bad.step, events.CHECKPOINT_CORRUPT, f"{bad}; no intact checkpoint is left",
-                                  source="trainer", file=str(bad.path / bad.file), checkpoint=bad.step)
-            raise
-        if resumed is None:  # pragma: no cover - the checkpoints vanished since latest_committed()
-            return 0
-        latest, extra = resumed.step, resumed.extra
-        for bad in resumed.damaged:
-            self.rules.record(bad.step, events.CHECKPOINT_CORRUPT, f"{bad}; set aside as {bad.set_aside_as.name}, "
-                              f"resuming from checkpoint step {latest}", source="trainer",
-                              file=str(bad.path / bad.file), checkpoint=bad.step, fallback=latest,
-                              set_aside_as=str(bad.set_aside_as))
-        self.rules.load_state_dict(extra.get("watchdog"))
-        self.branch = int(extra.get("branch", 0))
-        self.restore_schedules(extra)
-        c.sampler.load_state_dict(extra["sampler"])
-        self.reoffload_optimizers()
-        if c.metrics is not None:
-            c.metrics.log_event(int(extra["step"]), events.RESUME, f"resumed from checkpoint step {latest}")
-        log.info("resumed from checkpoint step %d", latest)
-        return int(extra["step"])
-
     def close(self) -> None:
         self.c.close()
 
@@ -466,7 +400,7 @@ def run_training(compiled: Any, env: Any, run_dir: Path, *, preempt: Any = None)
     trainer = Trainer(components)
     try:
         code = trainer.train()
-        trainer.settle_checkpoints()  # done, requeue or pause: a background save in flight commits first
+        trainer.recovery.settle(trainer.step)  # done, requeue or pause: a background save in flight commits first
         return code
     finally:
         trainer.close()

@@ -24,7 +24,7 @@ LossFn = Callable[[Mapping[str, Any], algos.GlobalBatchInfo, batching.UpdateMetr
 
 
 @dataclass(frozen=True)
-class UpdatePlan:
+class UpdateSettings:
     """How one model is updated on one step: its shapes per rank and its clip."""
 
     prefix: str  # "actor" or "critic": the metric namespace
@@ -37,9 +37,9 @@ class UpdatePlan:
 
 
 def run_update(batch: Mapping[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, lr: LRSchedule,
-               plan: UpdatePlan, loss_fn: LossFn, *, offload_optimizer: bool = False,
+               settings: UpdateSettings, loss_fn: LossFn, *, offload_optimizer: bool = False,
                on_step: Callable[[], None] | None = None) -> dict[str, float]:
-    """Run ``plan.epochs`` passes of mini-batch updates of ``model`` over this rank's ``batch``; return the metrics
+    """Run ``settings.epochs`` passes of mini-batch updates of ``model`` over this rank's ``batch``; return the metrics
     (means over micro-batches and ranks), ``<prefix>/grad_norm`` and ``<prefix>/lr`` included.
 
     Collective: gradients are reduce-scattered on the last micro-batch of each mini-batch only (FSDP2 accumulates
@@ -47,20 +47,20 @@ def run_update(batch: Mapping[str, Any], model: nn.Module, optimizer: torch.opti
     """
     sums = batching.UpdateMetrics()
     offload = OptimizerStateOffload(optimizer, enabled=offload_optimizer)
-    for _ in range(plan.epochs):
-        for mini in batching.split(batch, plan.mini_batch_per_rank):
-            info = batching.global_batch_info(mini["response_mask"], plan.world_size, plan.max_response_length)
-            micros = list(batching.split(mini, plan.micro_batch_per_rank))
+    for _ in range(settings.epochs):
+        for mini in batching.split(batch, settings.mini_batch_per_rank):
+            info = batching.global_batch_info(mini["response_mask"], settings.world_size, settings.max_response_length)
+            micros = list(batching.split(mini, settings.micro_batch_per_rank))
             for i, mb in enumerate(micros):
                 batching.set_grad_sync(model, i == len(micros) - 1)
                 loss_fn(mb, info, sums, len(micros)).backward()
             offload.before_step()
-            sums.add(f"{plan.prefix}/grad_norm", batching.clip_and_step(model, optimizer, plan.grad_clip))
+            sums.add(f"{settings.prefix}/grad_norm", batching.clip_and_step(model, optimizer, settings.grad_clip))
             lr.step()
             if on_step is not None:
                 on_step()
     offload.after_update()
-    return sums.reduce() | {f"{plan.prefix}/lr": lr.lr}
+    return sums.reduce() | {f"{settings.prefix}/lr": lr.lr}
 
 
 def critic_loss(critic: nn.Module, cfg: Any) -> LossFn:
@@ -82,7 +82,7 @@ def critic_loss(critic: nn.Module, cfg: Any) -> LossFn:
 def actor_loss(actor: nn.Module, cfg: Any, *, clip_ratio_low: float, clip_ratio_high: float, kl_loss: bool,
                temperature: float) -> LossFn:
     """verl's clipped (dual-clip) policy loss, minus the entropy bonus, plus the KL loss when it is on; ``cfg`` is
-    the ``[actor]`` section, the clip bounds and ``kl_loss`` come from the plan."""
+    the ``[actor]`` section, the clip bounds and ``kl_loss`` from the run plan."""
 
     # Without a bonus the entropy is only a metric: computed detached and in blocks, it keeps no [B, R, V] softmax
     # in the graph until backward (the same logged values; algos.entropy_metric).

@@ -36,7 +36,7 @@ import attrs
 if TYPE_CHECKING:  # only attributes are read: no import of the config package at run time
     from hpcppo.config.watchdog import Rule
 
-__all__ = ["PRECEDENCE", "Action", "Decision", "WatchdogState", "decide", "raised_kl_coef", "rollback_target",
+__all__ = ["PRECEDENCE", "Action", "Decision", "WatchdogState", "decide", "rollback_target",
            "unknown_metrics"]
 
 PRECEDENCE: tuple[str, ...] = ("pause", "requeue", "rollback", "restart_critic", "raise_kl_coef", "set_grad_clip")
@@ -58,15 +58,30 @@ class WatchdogState:
     lr_scale: float = 1.0  # product over the rollbacks applied: the trainer multiplies its base lr by it
     grad_clip: float | None = None  # set by set_grad_clip; None = the config's
     kl_coef: float | None = None  # what the trainer last set on a raise_kl_coef (see with_kl_coef)
+    paused_by: str | None = None  # the rule whose action paused the run; re-armed when a person resumes it
 
     def with_kl_coef(self, kl_coef: float) -> WatchdogState:
         """decide cannot know the controller's value, so the trainer records what it set."""
         return attrs.evolve(self, kl_coef=float(kl_coef))
 
+    def paused(self, rule: str) -> WatchdogState:
+        """The state of a run that ``rule`` paused."""
+        return attrs.evolve(self, paused_by=rule)
+
+    def rearmed(self) -> WatchdogState:
+        """A person resumed the paused run: the rule that paused it may fire again (one more of its ``max_count``),
+        so that a second excursion pauses it again instead of passing unwatched."""
+        if self.paused_by is None:
+            return self
+        fired = dict(self.fired)
+        if fired.get(self.paused_by, 0) > 0:
+            fired[self.paused_by] -= 1
+        return attrs.evolve(self, fired=fired, paused_by=None)
+
     def to_dict(self) -> dict[str, Any]:
         """Only str/int/float/None/dict: loadable with ``torch.load(weights_only=True)`` and JSON."""
         return {"fired": dict(self.fired), "last_fired": dict(self.last_fired), "lr_scale": float(self.lr_scale),
-                "grad_clip": self.grad_clip, "kl_coef": self.kl_coef}
+                "grad_clip": self.grad_clip, "kl_coef": self.kl_coef, "paused_by": self.paused_by}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> WatchdogState:
@@ -74,11 +89,12 @@ class WatchdogState:
         unknown = sorted(set(d) - {f.name for f in attrs.fields(cls)})
         if unknown:
             raise ValueError(f"unknown watchdog state key(s) {unknown}; expected fired, last_fired, lr_scale, "
-                             f"grad_clip, kl_coef")
+                             f"grad_clip, kl_coef, paused_by")
         return cls(fired={str(k): int(v) for k, v in d.get("fired", {}).items()},
                    last_fired={str(k): int(v) for k, v in d.get("last_fired", {}).items()},
                    lr_scale=float(d.get("lr_scale", 1.0)), grad_clip=_opt_float(d.get("grad_clip")),
-                   kl_coef=_opt_float(d.get("kl_coef")))
+                   kl_coef=_opt_float(d.get("kl_coef")),
+                   paused_by=None if d.get("paused_by") is None else str(d["paused_by"]))
 
 
 def _opt_float(x: Any) -> float | None:
@@ -268,15 +284,6 @@ def decide(history: Sequence[Row], rules: Sequence[Rule], state: WatchdogState) 
                if _eligible(rule, state, step) and (a := _match(rule, history, step)) is not None]
     applied, suppressed = _arbitrate(matched)
     return Decision(actions=applied, state=_advance(state, applied), suppressed=suppressed)
-
-
-def raised_kl_coef(current: float, action: Action) -> float:
-    """The kl_coef after a raise_kl_coef action: current x factor, clamped to [min_value, max_value]."""
-    if action.kind != "raise_kl_coef" or action.factor is None or action.min_value is None or action.max_value is None:
-        raise ValueError(f"raised_kl_coef needs a raise_kl_coef action, got {action.kind!r} from rule {action.rule!r}")
-    if not math.isfinite(current):
-        raise ValueError(f"the current kl_coef must be a finite number, got {current}")
-    return min(max(current * action.factor, action.min_value), action.max_value)
 
 
 def _anomaly_start(anomaly_step: int, history: Sequence[Row], rule: Rule) -> int:

@@ -36,6 +36,7 @@ def _worker(rank: int, world: int, tp: int) -> dict:
     from hpcppo.rollout import SamplingParams
     from hpcppo.train.build import build_sampler
     from hpcppo.train.trainer import PhaseTimer, Trainer
+    from hpcppo.watchdog import TrainingState
 
     vllm_engine._empty_cache = lambda: None
     env = detect_env(os.environ, device_type="cpu")
@@ -59,8 +60,7 @@ def _worker(rank: int, world: int, tp: int) -> dict:
     )
     trainer = Trainer.__new__(Trainer)  # only the phases under test: rollout and validate
     trainer.c, trainer.cfg, trainer.env = c, SimpleNamespace(seed=5), env
-    trainer.step, trainer.branch, trainer.timer = 1, 0, PhaseTimer()
-    trainer.actor_version, trainer.engine_version = 0, -1
+    trainer.state, trainer.timer, trainer.engine_version = TrainingState(step=1, kl_coef=0.0), PhaseTimer(), -1
     batch = trainer.rollout()
     val = trainer.validate()
     calls = recording_vllm.CALLS

@@ -202,3 +202,86 @@ def test_fault_then_resume_is_exact(name, tmp_path, random_tiny, straight):
     assert bool(list(ckpt_root.glob("step-4.corrupt-*"))) == (name == "newest_checkpoint_corrupt")
     kinds = set(hmetrics.load_events(run)["kind"])
     assert "resume" in kinds and (not fault.event or fault.event in kinds), kinds
+
+
+# ----------------------------------------------------------------------------- faults around the job, not in it (issue 25)
+def _wait_final(run_dir: Path, timeout: float = 300) -> dict:
+    from hpcppo.launch import status
+    from hpcppo.rundir import RunDir
+
+    run = RunDir(run_dir)
+    deadline = time.monotonic() + timeout
+    while True:
+        st = status.run_status(run)
+        if st["state"] in status.FINAL_STATES or time.monotonic() > deadline:
+            return st
+        time.sleep(1)
+
+
+@pytest.mark.slow
+def test_a_working_directory_deleted_after_submit_does_not_kill_the_local_job(tmp_path, random_tiny):
+    """The job ran in the caller's cwd: deleted after the submit, the ranks died at start ("Cannot load
+    libtorch_cpu.so", rank 0 exited with 2). The controller, the ranks and the monitor start in the run directory."""
+    import sys
+
+    spec = write_spec(tmp_path / "exp.toml", random_tiny, name="cwd")
+    gone, runs = tmp_path / "gone", tmp_path / "runs"
+    gone.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "hpcppo.cli", "submit", str(spec), "--site", "local", "--runs-root",
+                           str(runs), "-o", "trainer.total_steps=2", "-o", "checkpoint.save_every=2"], cwd=gone,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    shutil.rmtree(gone)  # at once: the ranks are still importing torch
+    [run] = list(runs.iterdir())
+    st = _wait_final(run)
+    assert st["state"] == "COMPLETED", (st, logs_of(run))
+    assert list(hmetrics.load(run)["step"]) == [1, 2]
+    for log in (run / "logs").rglob("rank-*.log"):
+        assert "FATAL" not in log.read_text(errors="replace"), log
+
+
+def _cli(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "hpcppo.cli", *argv], capture_output=True, text=True, timeout=120,
+                          cwd=cwd)
+
+
+@pytest.mark.slow
+def test_a_run_directory_copied_elsewhere_resumes_into_the_copy(tmp_path, random_tiny):
+    """The copy's job.sbatch named the original: resumed, the copy recorded the attempt and the original got the
+    training (the copy said COMPLETED with checkpoint 4, the original FAILED with checkpoint 12). Resume renders
+    the script for the directory it is in; status says what a copy not yet resumed is."""
+    spec = write_spec(tmp_path / "exp.toml", random_tiny, name="copied")
+    runs, elsewhere = tmp_path / "runs", tmp_path / "elsewhere"
+    done = _cli("submit", str(spec), "--site", "local", "--runs-root", str(runs), "-o", "trainer.total_steps=4",
+                "-o", "checkpoint.save_every=2", "-o", "debug.inject.kill_rank_at_step=3", "-o", "debug.inject.kill_rank=1")
+    assert done.returncode == 0, done.stderr
+    [original] = list(runs.iterdir())
+    st = _wait_final(original)
+    assert st["state"] == "FAILED" and st["latest_checkpoint"] == 2, (st, logs_of(original))
+    before = sorted(str(p.relative_to(original)) for p in original.rglob("*"))
+
+    elsewhere.mkdir()
+    copy = elsewhere / original.name
+    shutil.copytree(original, copy, symlinks=True)
+    shown = _cli("status", original.name, "--runs-root", str(elsewhere))
+    assert shown.returncode == 0, shown.stderr
+    assert f"copied from {original} (job.sbatch runs there" in shown.stdout, shown.stdout
+
+    resumed = _cli("resume", original.name, "--runs-root", str(elsewhere))
+    assert resumed.returncode == 0, resumed.stderr
+    st = _wait_final(copy)
+    assert st["state"] == "COMPLETED" and st["latest_checkpoint"] == 4 and st["moved_from"] is None, (st, logs_of(copy))
+    assert list(hmetrics.load(copy)["step"]) == [1, 2, 3, 4]
+    assert f"HPCPPO_RUN_DIR={copy}\n" in (copy / "job.sbatch").read_text()
+    from hpcppo.rundir import events
+
+    moved = events.read_events(copy, kinds=[events.RUN_MOVED])
+    assert len(moved) == 1 and moved[0]["previous_dir"] == str(original), moved
+    # The original is as it was: nothing of the copy's attempt went there.
+    assert sorted(str(p.relative_to(original)) for p in original.rglob("*")) == before
+    from hpcppo.launch import status
+    from hpcppo.rundir import RunDir
+
+    assert status.run_status(RunDir(original))["state"] == "FAILED"

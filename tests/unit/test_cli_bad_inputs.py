@@ -417,3 +417,53 @@ def test_metrics_export_writes_where_the_parent_exists(tmp_path, capsys):
     run_dir, out = metric_run(tmp_path / "r1"), tmp_path / "m.csv"
     assert main(["metrics", "export", str(run_dir), "-o", str(out)]) == 0
     assert out.read_text().startswith("step") or "reward/mean" in out.read_text().splitlines()[0]
+
+
+# ----------------------------------------------------------------------------- a damaged run.json, a runs root that is a file
+DAMAGED_RECORDS = {"truncated": b'{"run_id": "x", "attempts": [{"job_', "null": b"null", "a list": b"[1, 2]",
+                   "binary": bytes(range(256)) * 4}
+
+
+@pytest.mark.parametrize("content", DAMAGED_RECORDS.values(), ids=DAMAGED_RECORDS.keys())
+def test_follow_on_a_damaged_run_json_ends_at_once_with_one_line(content, tmp_path):
+    """It printed UNREADABLE and the steps, then never ended: no final state can come from a record it cannot read."""
+    from hpcppo.errors import RunRecordError
+    from hpcppo.launch import jobs
+    from hpcppo.metrics import STANDARD_COLUMNS, MetricsWriter
+
+    runs = tmp_path / "runs"
+    crun = jobs.compile_run(ARITH, "local", ["trainer.total_steps=3"], runs_root=str(runs), check_paths=False)
+    with MetricsWriter(crun.run.path, STANDARD_COLUMNS, attempt=0, swmr=False) as w:  # a run that logged its steps
+        for step in range(1, 4):
+            w.log(step, {"reward/mean": step / 3})
+    crun.run.add_attempt(job_id="123", scheduler="local", state="RUNNING", kind="submit")
+    (crun.run.path / "run.json").write_bytes(content)
+    proc = subprocess.run([sys.executable, "-m", "hpcppo.cli", "follow", crun.run.run_id, "--runs-root", str(runs),
+                           "--interval", "0.1"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == RunRecordError.exit_code, (proc.returncode, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hpcppo: error: ") and "run.json" in lines[0], proc.stderr
+    assert "nothing to follow" in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_plot_does_not_create_the_directories_of_its_output(tmp_path, capsys):
+    run_dir = metric_run(tmp_path / "r1")
+    out = tmp_path / "no" / "such" / "fig.png"
+    rc, err, _ = run(capsys, "plot", str(run_dir), "-m", "reward/mean", "-o", str(out))
+    assert_one_line(rc, err, PathError.exit_code, f"{out} cannot be written", f"{out.parent} does not exist")
+    assert not (tmp_path / "no").exists()
+    rc, err, _ = run(capsys, "plot", str(run_dir), "-m", "reward/mean", "-o", str(tmp_path / "fig.png"))
+    assert rc == 0 and (tmp_path / "fig.png").read_bytes().startswith(b"\x89PNG")
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary file left
+
+
+@pytest.mark.parametrize("command", [("status",), ("runs",), ("status", "some-run"), ("follow", "some-run")])
+def test_a_runs_root_that_is_a_file_is_one_line_and_not_no_runs(command, tmp_path):
+    env = {**os.environ, "HPCPPO_RUNS_ROOT": "/etc/passwd"}
+    proc = subprocess.run([sys.executable, "-m", "hpcppo.cli", *command], capture_output=True, text=True, timeout=60,
+                          env=env, cwd=tmp_path)
+    assert proc.returncode == PathError.exit_code, (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stdout == "" and "no runs" not in proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("hpcppo: error: runs root /etc/passwd (from $HPCPPO_RUNS_ROOT): exists and is not a "
+                           "directory (it must be a directory you can write"), line

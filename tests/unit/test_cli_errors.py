@@ -513,3 +513,60 @@ def test_the_console_script_prints_one_line(setup, tmp_path, monkeypatch):
     assert proc.returncode not in (0, 1) and len(lines) == 1 and lines[0].startswith("hpcppo: error: "), proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     assert _tree(tmp_path) == before
+
+
+def readme_exit_codes() -> dict[int, tuple[str, set[str]]]:
+    """The README's exit-code table: code -> (meaning, the error classes named in its last column)."""
+    import re
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = text.split("<!-- exit codes: the table below is read by tests/unit/test_cli_errors.py -->", 1)[1]
+    rows = {}
+    for line in block.strip().splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        code, meaning, classes = (cell.strip() for cell in line.strip("|").split("|"))
+        rows[int(code)] = (meaning, set(re.findall(r"`(\w+)`", classes)))
+    return rows
+
+
+def test_the_readme_lists_every_exit_code_as_the_code_has_it():
+    """One table of every exit code (issue 25: the README said 9 where `resume` of a running job exits 8)."""
+    import inspect
+
+    from hpcppo import errors
+    from hpcppo.rundir import exitcodes
+
+    table = readme_exit_codes()
+    classes = {name: cls for name, cls in vars(errors).items()
+               if inspect.isclass(cls) and issubclass(cls, errors.HpcppoError)}
+    named = {name: code for code, (_, names) in table.items() for name in names}
+    for name, cls in classes.items():  # every error class is in the table, under its code
+        assert named.get(name) == cls.exit_code, (name, cls.exit_code, named.get(name))
+    assert set(named) <= set(classes)  # and the table names no class that is not there
+    assert {0, 130} <= set(table) and set(table) == {0, 130} | {cls.exit_code for cls in classes.values()}
+    assert "is RUNNING" in table[errors.RunStateError.exit_code][0]
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    job = text.split("The job itself (`python -m hpcppo.train.main`", 1)[1].split("\n\n", 1)[0]
+    for code in (exitcodes.DONE, exitcodes.FAILED, exitcodes.REQUEUE, exitcodes.PAUSED):
+        assert f" {code} when" in job.replace("\n", " "), code
+
+
+def test_resume_of_a_running_job_exits_with_the_code_the_readme_gives(tmp_path, capsys):
+    """A local job kept RUNNING by a live controller stand-in: `resume` refuses it with the table's code 8."""
+    from hpcppo.errors import RunStateError
+    from hpcppo.launch import jobs
+
+    runs = tmp_path / "runs"
+    crun = jobs.compile_run(ARITH, "local", [], runs_root=str(runs), check_paths=False)
+    controller = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "submitit",
+                                   str(crun.run.submitit)])
+    try:
+        crun.run.add_attempt(job_id=str(controller.pid), scheduler="local", state="RUNNING", kind="submit")
+        rc = main(["resume", crun.run.run_id, "--runs-root", str(runs)])
+        err = capsys.readouterr().err
+        assert rc == RunStateError.exit_code == 8 and "is RUNNING" in err and len(err.strip().splitlines()) == 1
+        assert "is RUNNING" in readme_exit_codes()[rc][0]
+    finally:
+        controller.kill()
+        controller.wait()

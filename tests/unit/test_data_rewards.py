@@ -206,7 +206,7 @@ def test_auto_options_per_builtin():
 
 def test_arith_is_imported_lazily_and_dispatched(tmp_path, monkeypatch):
     # The synthetic task's module is loaded only when a row of that data_source is scored.
-    assert rewards.BUILTINS["arith"] == "hpcppo.data.synthetic:compute_score"
+    assert rewards.BUILTINS["arith"] == "hpcppo.data.synthetic:score_with_pred"
     (tmp_path / "fake_arith_mod.py").write_text(
         "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
         "    return float(solution_str.strip() == ground_truth)\n")

@@ -76,6 +76,7 @@ def test_preamble_runs_and_every_value_stays_literal(site, tmp_path, monkeypatch
     marker = tmp_path / "pwned"
     overrides, env_vars, modules, values = _overrides(marker)
     run_dir = tmp_path / "run"
+    run_dir.mkdir()  # the local script starts in it (cd), as a Slurm job does (--chdir)
     preamble = _preamble(site, overrides, run_dir, monkeypatch)
     modlog, envdump, setuplog = tmp_path / "modules.log", tmp_path / "env.dump", tmp_path / "setup.log"
     # A `module` stub that records its arguments NUL-separated; setup output goes to setup.log.

@@ -160,7 +160,7 @@ def test_every_event_kind_can_be_appended_and_reads_by_its_tail(tmp_path):
     kinds = [events.watchdog_kind(a) for a in (*PRECEDENCE, events.SUPPRESSED)]
     kinds += [events.RESUME, events.PREEMPTED, events.PAUSED, events.REQUEUE, events.CHECKPOINT_CORRUPT,
               events.CONTROL_ROLLBACK, events.CONTROL_REJECTED, events.HANG, events.TRAINER_DEAD,
-              events.MONITOR_ERROR, events.MONITOR_RESTARTED]
+              events.MONITOR_ERROR, events.MONITOR_RESTARTED, events.RUN_MOVED]
     for kind in kinds:
         events.append_event(tmp_path, kind=kind, step=1, source="trainer")
     assert [e["kind"] for e in events.read_events(tmp_path)] == kinds

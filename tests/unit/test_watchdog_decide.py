@@ -15,7 +15,8 @@ import pytest
 from hpcppo.config import Rule, default_rules
 from hpcppo.config.watchdog import RULE_ACTIONS
 from hpcppo.watchdog import PRECEDENCE, Action, Decision, WatchdogState, decide
-from hpcppo.watchdog.decide import raised_kl_coef, rollback_target, unknown_metrics
+from hpcppo.watchdog.decide import rollback_target, unknown_metrics
+from hpcppo.watchdog.respond import raised_kl_coef
 from hpcppo.watchdog.replay import format_replay, replay
 
 NAN, INF = math.nan, math.inf

@@ -27,6 +27,7 @@ def _worker(rank: int, world: int, model_dir: str, data_dir: str) -> dict:
     from hpcppo.distributed.weights import iter_full_params
     from hpcppo.train.build import build_sampler
     from hpcppo.train.trainer import PhaseTimer, Trainer
+    from hpcppo.watchdog import TrainingState
     from transformers import PreTrainedTokenizerFast
 
     env = detect_env(os.environ, device_type="cpu")
@@ -43,8 +44,7 @@ def _worker(rank: int, world: int, model_dir: str, data_dir: str) -> dict:
                         train_data=data, sampling=sampled)
     trainer = Trainer.__new__(Trainer)  # the rollout phase only, as the trainer runs it
     trainer.c, trainer.cfg, trainer.env = c, SimpleNamespace(seed=5), env
-    trainer.step, trainer.branch, trainer.timer = 1, 0, PhaseTimer()
-    trainer.actor_version, trainer.engine_version = 0, -1
+    trainer.state, trainer.timer, trainer.engine_version = TrainingState(step=1, kl_coef=0.0), PhaseTimer(), -1
     share = trainer.rollout()  # sync (engine_version -1 -> 0), generate with the step's seed, this rank's half
 
     ids = prompts(Path(data_dir))
