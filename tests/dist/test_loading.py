@@ -27,7 +27,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return (t.to_local() if isinstance(t, DTensor) else t).detach().clone()
 
 
-def _both_paths(rank: int, world_size: int, directory: str) -> dict:
+def _both_paths(rank: int, world_size: int, directory: str, nodes: int = 1, offload: bool = False) -> dict:
     import functools
 
     from hpcppo import models
@@ -35,14 +35,14 @@ def _both_paths(rank: int, world_size: int, directory: str) -> dict:
     from hpcppo.distributed.mesh import build_mesh
     from hpcppo.train.build import load_sharded
 
-    mesh = build_mesh("cpu", world_size, 1, hsdp=False)
+    mesh = build_mesh("cpu", world_size, nodes, hsdp=nodes > 1)
     ids = torch.randint(0, 67, (2, 9), generator=torch.Generator().manual_seed(5))
     out = {}
     for kind, build, frozen, strip in (("actor", models.build_actor, False, ""),
                                        ("reference", models.build_reference, True, ""),
                                        ("critic", models.build_critic, False, "backbone.")):
         def shard(m, frozen=frozen):
-            return apply_fsdp(m, mesh, param_dtype=None, reduce_dtype=None, cpu_offload=False,
+            return apply_fsdp(m, mesh, param_dtype=None, reduce_dtype=None, cpu_offload=offload,
                               reshard_after_forward=True if frozen else False)
 
         models_ = {}
@@ -51,7 +51,7 @@ def _both_paths(rank: int, world_size: int, directory: str) -> dict:
         rng_old = torch.get_rng_state()
         torch.manual_seed(11)
         models_["new"] = load_sharded(functools.partial(build, directory), directory, torch.device("cpu"), shard,
-                                      strip=strip)
+                                      offload=offload, strip=strip)
         rng_new = torch.get_rng_state()
         for path, model in models_.items():
             shards = {n: _local(p) for n, p in model.named_parameters(remove_duplicate=False)}  # before a forward
@@ -91,3 +91,19 @@ def test_each_rank_reads_the_shards_of_the_old_path_bit_for_bit(tmp_path, tied, 
     emb = "model.embed_tokens.weight"
     assert results[0][("actor", "new")]["params"][emb].shape[0] == 34
     assert results[1][("actor", "new")]["params"][emb].shape[0] == 33
+
+
+def test_hsdp_replicas_and_offloaded_shards_read_the_same_rows_as_the_old_path(tmp_path):
+    """4 ranks as 2 nodes x 2 (HSDP: Replicate across nodes, Shard(0) within one) with FSDP2's CPU offload."""
+    _save(str(tmp_path), tied=False, dtype=torch.bfloat16, shard_size=None)
+    results = run_distributed(_both_paths, 4, str(tmp_path), 2, True)
+    for rank, result in enumerate(results):
+        for kind in ("actor", "reference", "critic"):
+            old, new = result[(kind, "old")], result[(kind, "new")]
+            for name in old["params"]:
+                assert torch.equal(old["params"][name], new["params"][name]), (rank, kind, name)
+            assert torch.equal(old["output"], new["output"]), (rank, kind)
+    emb = "model.embed_tokens.weight"
+    rows = [r[("actor", "new")]["params"][emb] for r in results]
+    assert [t.shape[0] for t in rows] == [34, 33, 34, 33]  # ranks 0, 2 (and 1, 3) hold the same rows
+    assert torch.equal(rows[0], rows[2]) and torch.equal(rows[1], rows[3]) and not torch.equal(rows[0][:33], rows[1])
