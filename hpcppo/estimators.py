@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["EstimatorNeeds", "ESTIMATORS", "declare", "lookup", "names", "needs_critic", "needs_groups"]
+__all__ = ["EstimatorNeeds", "ESTIMATORS", "declare", "lookup", "names", "needs_critic", "needs_greedy_baseline",
+           "needs_groups"]
 
 
 @dataclass(frozen=True)
@@ -23,18 +24,21 @@ class EstimatorNeeds:
     """Critic values at rollout time: the run builds and trains a critic."""
     needs_index: bool = False
     """Group ids (responses to the same prompt): the run needs ``rollout.n >= 2``."""
+    needs_baseline: bool = False
+    """The score of a greedy response to each prompt (ReMax): the trainer decodes one per prompt every step."""
 
 
 ESTIMATORS: dict[str, EstimatorNeeds] = {}
 """Every declared estimator, in declaration order."""
 
 
-def declare(name: str, *, needs_values: bool = False, needs_index: bool = False) -> EstimatorNeeds:
+def declare(name: str, *, needs_values: bool = False, needs_index: bool = False,
+            needs_baseline: bool = False) -> EstimatorNeeds:
     """Declare estimator ``name``. Declaring it again with the same needs changes nothing; with other needs it is
     a ``ValueError`` (two estimators would share a name)."""
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"advantage estimator names are identifiers, got {name!r}")
-    needs = EstimatorNeeds(name, needs_values=needs_values, needs_index=needs_index)
+    needs = EstimatorNeeds(name, needs_values=needs_values, needs_index=needs_index, needs_baseline=needs_baseline)
     known = ESTIMATORS.setdefault(name, needs)
     if known != needs:
         raise ValueError(f"advantage estimator {name!r} is already declared as {known}")
@@ -59,6 +63,11 @@ def needs_critic(name: str) -> bool:
     return lookup(name).needs_values
 
 
+def needs_greedy_baseline(name: str) -> bool:
+    """Whether estimator ``name`` needs the score of a greedy response to each prompt (ReMax's baseline)."""
+    return lookup(name).needs_baseline
+
+
 def needs_groups(name: str) -> bool:
     """Whether estimator ``name`` compares the responses to one prompt (so it needs several per prompt)."""
     return lookup(name).needs_index
@@ -69,3 +78,5 @@ declare("grpo", needs_index=True)
 declare("rloo", needs_index=True)
 declare("reinforce_plus_plus")
 declare("reinforce_plus_plus_baseline", needs_index=True)
+declare("remax", needs_baseline=True)
+declare("gpg", needs_index=True)

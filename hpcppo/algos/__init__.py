@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from hpcppo.algos.advantages import (
     gae,
+    gpg_advantage,
     group_ids,
     grpo_advantage,
     reinforce_pp_advantage,
     reinforce_pp_baseline_advantage,
+    remax_advantage,
     rloo_advantage,
 )
 from hpcppo.algos.kl import (
@@ -35,6 +37,12 @@ from hpcppo.algos.losses import (
     policy_loss,
     value_loss,
 )
+from hpcppo.algos.policy_losses import (
+    POLICY_LOSSES,
+    PolicyLossParams,
+    compute_policy_loss,
+    register_policy_loss,
+)
 from hpcppo.algos.registry import (
     ADVANTAGE_ESTIMATORS,
     AdvantageEstimator,
@@ -57,22 +65,26 @@ __all__ = [
     "KL_CONTROLLERS",
     "KL_KINDS",
     "LOSS_AGG_MODES",
+    "POLICY_LOSSES",
     "AdaptiveKLController",
     "AdvantageEstimator",
     "AdvantageInputs",
     "FixedKLController",
     "GlobalBatchInfo",
     "KLController",
+    "PolicyLossParams",
     "StepKLController",
     "agg_loss",
     "apply_kl_penalty",
     "build_kl_controller",
     "compute_advantage",
+    "compute_policy_loss",
     "entropy_from_logits",
     "entropy_loss",
     "entropy_metric",
     "explained_variance",
     "gae",
+    "gpg_advantage",
     "group_ids",
     "grpo_advantage",
     "kl_penalty",
@@ -83,8 +95,10 @@ __all__ = [
     "needs_critic",
     "policy_loss",
     "register_advantage_estimator",
+    "register_policy_loss",
     "reinforce_pp_advantage",
     "reinforce_pp_baseline_advantage",
+    "remax_advantage",
     "reverse_linear_scan",
     "rloo_advantage",
     "value_loss",

@@ -17,10 +17,12 @@ from hpcppo.algos.stats import compute_dtype, masked_whiten, reverse_linear_scan
 
 __all__ = [
     "gae",
+    "gpg_advantage",
     "group_ids",
     "grpo_advantage",
     "reinforce_pp_advantage",
     "reinforce_pp_baseline_advantage",
+    "remax_advantage",
     "rloo_advantage",
 ]
 
@@ -224,4 +226,51 @@ def reinforce_pp_baseline_advantage(
     m = response_mask.to(centered.dtype)
     tiled = centered.unsqueeze(-1) * m
     adv = masked_whiten(tiled, response_mask) * m
+    return adv, adv
+
+
+@torch.no_grad()
+def remax_advantage(
+    token_level_rewards: torch.Tensor, reward_baselines: torch.Tensor, response_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ReMax (Li et al. 2023, arXiv:2310.10505): the return-to-go of the masked rewards minus the reward of the
+    greedy response to the same prompt, ``returns_t = sum_{s>=t} r_s m_s``, ``adv_t = returns_t - b * m_t``
+    (verl b178a3c, ``verl/trainer/ppo/core_algos.py``, ``compute_remax_outcome_advantage``).
+
+    Args:
+        token_level_rewards: ``[B, T]``.
+        reward_baselines: ``[B]``, the score of the greedy response to each sample's prompt.
+        response_mask: ``[B, T]``.
+
+    Returns:
+        ``(advantages, returns)``, each ``[B, T]``; not whitened (verl does not).
+    """
+    _check_shapes("remax_advantage", token_level_rewards, response_mask=response_mask)
+    if reward_baselines.shape != token_level_rewards.shape[:1]:
+        raise ValueError(f"remax_advantage: reward_baselines must be [{token_level_rewards.shape[0]}], got "
+                         f"{tuple(reward_baselines.shape)}")
+    dtype = compute_dtype(token_level_rewards, reward_baselines)
+    mask = response_mask.to(dtype)
+    returns = (token_level_rewards.to(dtype) * mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+    advantages = returns - reward_baselines.to(dtype).unsqueeze(-1) * mask
+    return advantages, returns
+
+
+@torch.no_grad()
+def gpg_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: GroupIndex, f_norm: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPG (Chu et al. 2025, arXiv:2504.02546): ``alpha * (s - mean_g) / f_norm`` with ``alpha = B / max(1, number
+    of non-zero scores in the batch)``, broadcast over the mask; a group of one uses mean 0 (verl b178a3c,
+    ``verl/trainer/ppo/core_algos.py``, ``compute_gpg_outcome_advantage``: it computes each group's std and does not
+    use it, and passes ``f_norm`` = 1).
+
+    Returns ``(advantages, advantages)``, each ``[B, T]``.
+    """
+    scores = _outcome_scores("gpg_advantage", token_level_rewards, response_mask)
+    gid = group_ids(index, scores.shape[0], scores.device)
+    count = _group_sum(torch.ones_like(scores), gid)[gid]
+    mean = torch.where(count == 1, torch.zeros_like(scores), _group_sum(scores, gid)[gid] / count)
+    alpha = scores.shape[0] / torch.count_nonzero(scores).clamp(min=1).to(scores.dtype)
+    adv = (alpha * (scores - mean) / f_norm).unsqueeze(-1) * response_mask.to(scores.dtype)
     return adv, adv

@@ -22,9 +22,11 @@ from hpcppo import estimators
 from hpcppo.estimators import needs_critic
 from hpcppo.algos.advantages import (
     gae,
+    gpg_advantage,
     grpo_advantage,
     reinforce_pp_advantage,
     reinforce_pp_baseline_advantage,
+    remax_advantage,
     rloo_advantage,
 )
 
@@ -51,6 +53,7 @@ class AdvantageInputs:
         lam: GAE lambda.
         norm_adv_by_std: GRPO divides by the group std (False: Dr. GRPO).
         epsilon: GRPO's std epsilon.
+        reward_baselines: ``[batch]`` score of the greedy response to each sample's prompt (ReMax).
     """
 
     token_level_rewards: torch.Tensor
@@ -61,6 +64,7 @@ class AdvantageInputs:
     lam: float = 1.0
     norm_adv_by_std: bool = True
     epsilon: float = 1e-6
+    reward_baselines: torch.Tensor | None = None
 
 
 EstimatorFn = Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor]]
@@ -74,6 +78,7 @@ class AdvantageEstimator:
     fn: EstimatorFn
     needs_values: bool = False
     needs_index: bool = False
+    needs_baseline: bool = False
 
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
@@ -86,7 +91,8 @@ def _implements(name: str) -> Callable[[EstimatorFn], EstimatorFn]:
         if name in ADVANTAGE_ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
         needs = estimators.lookup(name)
-        ADVANTAGE_ESTIMATORS[name] = AdvantageEstimator(name, fn, needs.needs_values, needs.needs_index)
+        ADVANTAGE_ESTIMATORS[name] = AdvantageEstimator(name, fn, needs.needs_values, needs.needs_index,
+                                                        needs.needs_baseline)
         return fn
 
     return decorator
@@ -123,6 +129,9 @@ def compute_advantage(name: str, inputs: AdvantageInputs) -> tuple[torch.Tensor,
         raise ValueError(f"advantage estimator {name!r} needs critic values: AdvantageInputs.values is None")
     if spec.needs_index and inputs.index is None:
         raise ValueError(f"advantage estimator {name!r} needs group ids: AdvantageInputs.index is None")
+    if spec.needs_baseline and inputs.reward_baselines is None:
+        raise ValueError(f"advantage estimator {name!r} needs the greedy responses' scores: "
+                         f"AdvantageInputs.reward_baselines is None")
     return spec.fn(inputs)
 
 
@@ -156,3 +165,14 @@ def _reinforce_pp(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
 @_implements("reinforce_plus_plus_baseline")
 def _reinforce_pp_baseline(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return reinforce_pp_baseline_advantage(inputs.token_level_rewards, inputs.response_mask, inputs.index)
+
+
+@_implements("remax")
+def _remax(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    assert inputs.reward_baselines is not None  # checked by compute_advantage
+    return remax_advantage(inputs.token_level_rewards, inputs.reward_baselines, inputs.response_mask)
+
+
+@_implements("gpg")
+def _gpg(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    return gpg_advantage(inputs.token_level_rewards, inputs.response_mask, inputs.index)

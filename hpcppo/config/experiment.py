@@ -165,7 +165,40 @@ class FsdpSection:
     reduce_dtype: str = opt("float32", choices=DTYPE_NAMES, help="Dtype of gradient reduction.")
 
 
-def _optimizer_fields(lr: float, grad_clip_help: str) -> dict[str, object]:
+# The policy loss modes actor.policy_loss.loss_mode can name (hpcppo.algos.policy_losses.POLICY_LOSSES; a test keeps
+# the two in step). verl's names (verl/trainer/ppo/core_algos.py, register_policy_loss).
+POLICY_LOSS_MODES = ("vanilla", "gspo", "cispo", "gpg", "clip_cov", "kl_cov")
+
+
+@attrs.frozen(kw_only=True)
+class PolicyLossSection:
+    """``[actor.policy_loss]``: which policy loss, and the parameters of the modes that have some (verl's
+    ``actor_rollout_ref.actor.policy_loss``, with its defaults)."""
+
+    loss_mode: str = opt("vanilla", choices=POLICY_LOSS_MODES,
+                         help="vanilla (PPO clip, dual clip); gspo (sequence-level ratio, aggregated "
+                              "seq-mean-token-mean); cispo (clipped ratio as a stop-gradient weight); gpg (-logp x A); "
+                              "clip_cov, kl_cov (arXiv:2505.22617).")
+    clip_cov_ratio: float = opt(0.0002, gt=0.0, le=1.0, help="clip_cov: share of the response tokens whose gradient is cut.")
+    clip_cov_lb: float = opt(1.0, help="clip_cov: lower bound of the covariance of the tokens it may cut.")
+    clip_cov_ub: float = opt(5.0, help="clip_cov: upper bound of the covariance of the tokens it may cut.")
+    kl_cov_ratio: float = opt(0.0002, gt=0.0, le=1.0, help="kl_cov: share of the response tokens given the KL penalty.")
+    ppo_kl_coef: float = opt(0.1, ge=0.0, help="kl_cov: coefficient of |log ratio| on those tokens.")
+
+    def __attrs_post_init__(self) -> None:
+        # A parameter of another mode would do nothing: refuse it rather than ignore it.
+        for mode, fields in (("clip_cov", ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub")),
+                             ("kl_cov", ("kl_cov_ratio", "ppo_kl_coef"))):
+            for f in fields:
+                default = attrs.fields_dict(type(self))[f].default
+                if self.loss_mode != mode and getattr(self, f) != default:
+                    raise FieldValueError(f, f"is a parameter of loss_mode = \"{mode}\" and does nothing with "
+                                             f"loss_mode = \"{self.loss_mode}\"")
+        if self.clip_cov_lb >= self.clip_cov_ub:
+            raise FieldValueError("clip_cov_lb", f"{self.clip_cov_lb} must be below clip_cov_ub {self.clip_cov_ub}")
+
+
+def _optimizer_fields(lr: float, grad_clip_help: str) -> dict[str, Any]:
     # Shared by actor and critic; a function keeps one source for help and ranges.
     return dict(
         lr=opt(lr, gt=0.0, le=10.0, help="Learning rate (AdamW)."),
@@ -217,6 +250,7 @@ class ActorSection:
     kl_loss_coef: float = opt(0.001, ge=0.0, help="Coefficient of the KL loss.")
     kl_loss_type: str = opt("low_var_kl", choices=KL_ESTIMATORS,
                             help="KL estimator of the KL loss; a trailing '+' uses k2's gradient (straight-through).")
+    policy_loss: PolicyLossSection = opt(factory=PolicyLossSection, help="The policy loss mode and its parameters.")
     fsdp: FsdpSection = opt(factory=FsdpSection, help="FSDP2 options of the actor.")
 
     def __attrs_post_init__(self) -> None:

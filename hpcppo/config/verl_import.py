@@ -125,8 +125,8 @@ def _interpolate(imp: Imported, s: Setting, e: verl.Entry | None, ctx: Mapping[s
     default, as OmegaConf resolves it; otherwise the setting is reported (unresolved where the key matters here)
     and None returned."""
     ref = _INTERPOLATION.match(s.value.strip()) if isinstance(s.value, str) else None
-    other = ref and (s.key.rpartition(".")[0] + ref.group(1) if ref.group(1).startswith(".") else ref.group(1))
-    if ref and (other in ctx or ref.group(2) is not None):  # ${.key}: a key beside this one
+    other = (s.key.rpartition(".")[0] + ref.group(1) if ref.group(1).startswith(".") else ref.group(1)) if ref else None
+    if ref and other is not None and (other in ctx or ref.group(2) is not None):  # ${.key}: a key beside this one
         value = ctx[other] if other in ctx else verl.parse_value(ref.group(2))
         return Setting(s.key, value, s.text, s.default, portable=value)
     if not s.default:
@@ -522,6 +522,10 @@ training step; hpcppo ramps the lr over every optimizer step within them); at th
 and `clip_ratio_high` default to 0.2, so `clip_ratio` alone changes nothing and is reported; `critic.loss_agg_mode`
 follows the actor's. verl has no watchdog: the import writes `[watchdog] defaults = false` (`--watchdog off`, the
 default; the hang monitor stays on) or hpcppo's built-in rules with `--watchdog defaults`, and says which.
+ReMax's baseline (`adv_estimator=remax`) is the score of a greedy response per prompt in hpcppo, as verl's trainer
+asks (`do_sample=False`) and its synchronous rollouts do; verl's default agent loop (`rollout.mode=async`) does not
+read `do_sample` and samples that response at the rollout's temperature. `clip_cov` draws its tokens from a generator
+seeded per step and rank (verl: `torch.randperm` on the global generator): as many tokens, among the same candidates.
 
 When the input leaves one of these unset, the import writes verl's default, because hpcppo's differs: {defaults}
 (`trainer.val_before_train` only when `data.val_files` is given, `fsdp_size` only on more than one node).

@@ -7,6 +7,8 @@ import math
 import attrs
 
 from hpcppo.config.fields import FieldValueError, did_you_mean, opt
+from hpcppo.errors import ConfigError
+from hpcppo.rundir import metric_names as schema  # the trainer's column list (no numpy, no h5py)
 
 __all__ = ["Rule", "WatchdogSection", "default_rules", "check_rule_metrics", "RULE_ACTIONS", "RULE_CONDITIONS"]
 
@@ -112,9 +114,6 @@ class WatchdogSection:
 def check_rule_metrics(section: WatchdogSection, *, file: str | None = None) -> None:
     """A rule whose metric the trainer never logs would never fire: a typo must fail at compile time, not leave a
     run unprotected. Raises ``ConfigError`` naming the rule, the metric and the closest column."""
-    from hpcppo.errors import ConfigError
-    from hpcppo.rundir import metric_names as schema  # the trainer's column list (no numpy, no h5py)
-
     if not section.enable:
         return
     for rule in section.rules:

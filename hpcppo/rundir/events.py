@@ -100,6 +100,7 @@ SHOWN: tuple[Shown, ...] = (
     _s("raise_kl_coef", "summary compare"),
     _s("set_grad_clip", "summary compare"),
     _s(SUPPRESSED, "summary"),
+    _s(REARMED, "summary"),  # watchdog.rearmed
     _s(PAUSED, "summary compare plot", "pause"),
     _s(PREEMPTED, "summary plot", "pause"),
     _s(RESUME, "summary plot", "resume"),

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from transformers import AutoTokenizer
 
 from hpcppo import algos, jobenv, models
 from hpcppo.config import Compiled, DataSection, Experiment, FsdpSection, RunPlan, Site
@@ -214,8 +215,6 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
     torch.manual_seed(cfg.seed)
     device = torch.device("cuda", env.device_index) if env.device_type == "cuda" else torch.device("cpu")
     model_cfg = cfg.model
-
-    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_cfg.tokenizer_path or model_cfg.path,
                                               trust_remote_code=model_cfg.trust_remote_code)

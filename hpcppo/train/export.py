@@ -21,6 +21,8 @@ from hpcppo.rundir import RunPaths
 
 
 def export_actor(run_dir: Path, out_dir: Path, step: int | None = None) -> dict[str, object]:
+    # torch and transformers only when a model is exported: the CLI module that imports this one also serves
+    # `tools make-model`, which returns without torch when its outputs are up to date.
     import torch
     from transformers import AutoTokenizer
 

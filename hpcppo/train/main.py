@@ -16,6 +16,7 @@ from pathlib import Path
 from hpcppo import jobenv
 from hpcppo.errors import HpcppoError
 from hpcppo.rundir import RunPaths, exitcodes
+from hpcppo.train.signals import PreemptionFlag  # signal and threading only: nothing slow before the handler
 
 
 def _setup_logging(rank: int) -> None:
@@ -28,8 +29,6 @@ def _setup_logging(rank: int) -> None:
 
 
 def run(run_dir: Path) -> int:
-    from hpcppo.train.signals import PreemptionFlag
-
     # First, before anything slow: a USR2/TERM that arrives while the models load must be kept, not kill the rank.
     preempt = PreemptionFlag()
     from hpcppo.config import load_resolved

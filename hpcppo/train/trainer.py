@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 import torch
 
-from hpcppo import algos
+from hpcppo import algos, estimators
 from hpcppo.distributed.env import all_reduce_host, broadcast_object
 from hpcppo.distributed.weights import iter_full_params
 from hpcppo.models import compute_log_probs, compute_values
@@ -49,6 +49,7 @@ log = logging.getLogger("hpcppo.train")
 
 Batch = dict[str, Any]
 VALIDATION_SEED_SALT = 0x5A17_0F_7E57  # validation's seeds differ from the rollout's of the same step
+CLIP_COV_SEED_SALT = 0xC11_C0F  # so do clip_cov's choices of tokens
 
 
 class PhaseTimer:
@@ -78,6 +79,7 @@ class Trainer:
         self.timer = PhaseTimer()  # this step's phase times
         # The engine holds the actor's weights of version `engine_version`; -1 = not known to match.
         self.engine_version = -1
+        self.greedy_baseline = estimators.needs_greedy_baseline(self.cfg.algorithm.adv_estimator)  # ReMax
         self.rules = list(self.cfg.watchdog.rules) if self.cfg.watchdog.enable else []
         self.rules_by_name = {r.name: r for r in self.rules}
         self.keep = history_keep(self.rules)  # the recent rows the rules look back on
@@ -102,6 +104,9 @@ class Trainer:
         if self.cfg.trainer.val_before_train and self.step == 0:
             self.log_metrics(0, self.validate(), "validation before training")
         frozen = freeze_long_lived_objects()
+        log.info("advantage estimator %s%s, policy loss %s", self.cfg.algorithm.adv_estimator,
+                 " (a greedy baseline response per prompt each step)" if self.greedy_baseline else "",
+                 self.cfg.actor.policy_loss.loss_mode)
         log.info("training steps %d..%d of %d (%d prompts x %d samples per step, world size %d; %d start-up objects "
                  "frozen out of the garbage collector)", self.step + 1, c.total_steps, c.total_steps,
                  self.plan.prompts_per_step, self.cfg.rollout.n, self.plan.world_size, frozen)
@@ -164,10 +169,27 @@ class Trainer:
         seed = derive_seed(self.cfg.seed, self.step, c.groups.dp_rank, self.state.branch)
         with self.timer("generate"):
             out = c.engine.generate([p.input_ids for p in prompts], dataclasses.replace(c.sampling, seed=seed))
+            baselines = self.greedy_baselines(prompts, seed) if self.greedy_baseline else None
             c.engine.sleep()
+        batch = batching.to_training_batch(out, prompts, c.device)
+        if baselines is not None:  # one per prompt -> one per sample (rows are prompt-major)
+            batch["reward_baselines"] = baselines.to(c.device)[out.prompt_index.to(c.device)]
         # The update is data parallel over all ranks: each rank of the group trains on its own share.
-        return batching.tp_share(batching.to_training_batch(out, prompts, c.device), c.groups.tp_rank,
-                                 c.groups.tp_size)
+        return batching.tp_share(batch, c.groups.tp_rank, c.groups.tp_size)
+
+    def greedy_baselines(self, prompts: list[Any], seed: int) -> torch.Tensor:
+        """ReMax's baseline: the score of one greedy response per prompt (``[len(prompts)]``), as verl's trainer
+        decodes it with ``do_sample=False`` before the rollout's batch is repeated n times (verl b178a3c,
+        ``verl/trainer/ppo/ray_trainer.py``, ``fit``, the ``AdvantageEstimator.REMAX`` branch)."""
+        c = self.c
+        greedy = dataclasses.replace(c.sampling, n=1, temperature=0.0, top_p=1.0, top_k=-1, seed=seed)  # no draw
+        out = c.engine.generate([p.input_ids for p in prompts], greedy)
+        with self.timer("reward"):
+            texts = c.tokenizer.batch_decode(out.response_ids * out.response_mask, skip_special_tokens=True)
+            records = [p.record for p in prompts]
+            scores = c.score_fn([r.data_source for r in records], texts, [r.ground_truth for r in records],
+                                [r.extra_info for r in records])
+        return torch.tensor(scores, dtype=torch.float32)
 
     def sync_engine(self) -> None:
         """Stream the actor's weights into the rollout engine unless it already has this version
@@ -220,7 +242,7 @@ class Trainer:
         c, cfg = self.c, self.cfg
         with self.timer("adv"):
             keys = ["token_level_scores", "old_log_probs", "response_mask", "seq_tokens", "prompt_len", "prompt_index"]
-            keys += [k for k in ("ref_log_probs", "values", "rollout_log_probs") if k in batch]
+            keys += [k for k in ("ref_log_probs", "values", "rollout_log_probs", "reward_baselines") if k in batch]
             full = batching.gather_rows({k: batch[k] for k in keys})
             mask = full["response_mask"]
             kl_coef = self.state.kl_coef  # the coefficient this step's penalty uses (the controller updates after)
@@ -237,7 +259,7 @@ class Trainer:
             inputs = algos.AdvantageInputs(
                 token_level_rewards=rewards, response_mask=mask, values=full.get("values"),
                 index=full["prompt_index"], gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
-                norm_adv_by_std=cfg.algorithm.norm_adv_by_std_in_grpo,
+                norm_adv_by_std=cfg.algorithm.norm_adv_by_std_in_grpo, reward_baselines=full.get("reward_baselines"),
             )
             advantages, returns = algos.compute_advantage(cfg.algorithm.adv_estimator, inputs)
             full |= {"token_level_rewards": rewards, "advantages": advantages, "returns": returns}
@@ -264,8 +286,12 @@ class Trainer:
         c, p = self.c, self.plan
         settings = self.update_settings("actor", epochs=p.actor_ppo_epochs, mini=p.actor_mini_batch_per_rank,
                                         micro=p.actor_micro_batch_per_rank, grad_clip=self.cfg.actor.grad_clip)
+        generator = None
+        if self.cfg.actor.policy_loss.loss_mode == "clip_cov":  # its random choice: seeded like the rollout
+            generator = torch.Generator().manual_seed(derive_seed(self.cfg.seed, self.step, self.env.rank,
+                                                                  self.state.branch) ^ CLIP_COV_SEED_SALT)
         loss = actor_loss(c.actor, self.cfg.actor, clip_ratio_low=p.clip_ratio_low, clip_ratio_high=p.clip_ratio_high,
-                          kl_loss=p.kl_loss, temperature=c.sampling.temperature or 1.0)
+                          kl_loss=p.kl_loss, temperature=c.sampling.temperature or 1.0, generator=generator)
         with self.timer("actor_update"):
             return run_update(batch, c.actor, c.actor_optim, c.actor_lr, settings, loss,
                               offload_optimizer=c.actor_optim_offload, on_step=self._actor_stepped)

@@ -80,20 +80,27 @@ def critic_loss(critic: nn.Module, cfg: Any) -> LossFn:
 
 
 def actor_loss(actor: nn.Module, cfg: Any, *, clip_ratio_low: float, clip_ratio_high: float, kl_loss: bool,
-               temperature: float) -> LossFn:
-    """verl's clipped (dual-clip) policy loss, minus the entropy bonus, plus the KL loss when it is on; ``cfg`` is
-    the ``[actor]`` section, the clip bounds and ``kl_loss`` from the run plan."""
+               temperature: float, generator: torch.Generator | None = None) -> LossFn:
+    """The policy loss of ``cfg.policy_loss.loss_mode`` (verl's; :mod:`hpcppo.algos.policy_losses`), minus the entropy
+    bonus, plus the KL loss when it is on; ``cfg`` is the ``[actor]`` section, the clip bounds and ``kl_loss`` from
+    the run plan, ``generator`` the random choice of ``clip_cov``. A mode logs only the metrics verl's reports."""
 
     # Without a bonus the entropy is only a metric: computed detached and in blocks, it keeps no [B, R, V] softmax
     # in the graph until backward (the same logged values; algos.entropy_metric).
     bonus = bool(cfg.entropy_coeff)
+    pl = cfg.policy_loss
+    params = algos.PolicyLossParams(clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high,
+                              clip_ratio_c=cfg.clip_ratio_c, clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb,
+                              clip_cov_ub=pl.clip_cov_ub, kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef,
+                              generator=generator)
 
     def loss(mb: Mapping[str, Any], info: algos.GlobalBatchInfo, sums: batching.UpdateMetrics, n_micro: int):
         log_probs, entropy = forward_log_probs(actor, mb["input_ids"], mb["attention_mask"], mb["position_ids"],
                                                mb["responses"].shape[1], temperature=temperature, with_entropy=True,
                                                entropy_grad=bonus)
-        out = algos.policy_loss(mb["old_log_probs"], log_probs, mb["advantages"], mb["response_mask"], cfg.clip_ratio,
-                                clip_ratio_low, clip_ratio_high, cfg.clip_ratio_c, cfg.loss_agg_mode, batch_info=info)
+        out = algos.compute_policy_loss(pl.loss_mode, mb["old_log_probs"], log_probs, mb["advantages"],
+                                        mb["response_mask"], loss_agg_mode=cfg.loss_agg_mode, params=params,
+                                        batch_info=info)
         total = out["loss"]
         ent = algos.agg_loss(entropy, mb["response_mask"], cfg.loss_agg_mode, batch_info=info)
         if bonus:
@@ -106,7 +113,8 @@ def actor_loss(actor: nn.Module, cfg: Any, *, clip_ratio_low: float, clip_ratio_
         sums.add("actor/pg_loss", out["loss"], n_micro)
         sums.add("actor/entropy", ent, n_micro)
         for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
-            sums.add(f"actor/{key}", out[key])
+            if key in out:
+                sums.add(f"actor/{key}", out[key])
         return total
 
     return loss

@@ -11,6 +11,12 @@ import os
 import sys
 from pathlib import Path
 
+import attrs
+
+from hpcppo.errors import HpcppoError
+from hpcppo.rundir import RunPaths
+from hpcppo.watchdog import monitor
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpcppo.watchdog", description="The process beside the trainer: "
@@ -26,10 +32,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, force=True,
                         format="%(asctime)s [watchdog monitor] %(message)s")
-    from hpcppo.errors import HpcppoError
-    from hpcppo.rundir import RunPaths
-    from hpcppo.watchdog import monitor
-
     if args.interval is not None and not args.interval > 0:
         parser.error("--interval must be positive")
     run_dir = args.run_dir.resolve()
@@ -42,8 +44,6 @@ def main(argv: list[str] | None = None) -> int:
         logging.info("watchdog.enable is false in %s; nothing to do", RunPaths(run_dir).resolved)
         return 0
     if args.max_restarts is not None:
-        import attrs
-
         settings = attrs.evolve(settings, max_restarts=args.max_restarts)
     return monitor.Monitor(run_dir, args.attempt, settings).run()
 

@@ -13,12 +13,14 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
+from hpcppo.config.convert import read_toml, structure
+from hpcppo.config.fields import did_you_mean
+from hpcppo.config.watchdog import Rule, WatchdogSection
+from hpcppo.errors import ConfigError
 from hpcppo.watchdog.decide import PRECEDENCE, Action, Decision, WatchdogState, decide
 
 if TYPE_CHECKING:
     import os
-
-    from hpcppo.config.watchdog import Rule
 
 __all__ = ["replay", "format_replay", "logged_rows", "summarize_replay", "load_rules"]
 
@@ -162,11 +164,6 @@ def load_rules(path: str | os.PathLike[str]) -> list[Rule]:
 
     Validated like a spec: ``ConfigError`` naming the file and the key (``rules[1].action``).
     """
-    from hpcppo.config.convert import read_toml, structure
-    from hpcppo.config.fields import did_you_mean
-    from hpcppo.config.watchdog import WatchdogSection
-    from hpcppo.errors import ConfigError
-
     label = str(path)
     data = read_toml(path)
     known = ("defaults", "rules")

@@ -56,8 +56,8 @@ def test_an_unregistered_name_is_refused_with_the_registered_ones(registered):
     with pytest.raises(ConfigError) as info:
         compile_with("algorithm.adv_estimator=test_cfg_groupd")
     assert str(info.value).endswith('"test_cfg_groupd" is not allowed; allowed values: "gae", "grpo", "rloo", '
-                                    '"reinforce_plus_plus", "reinforce_plus_plus_baseline", "test_cfg_baseline", '
-                                    '"test_cfg_grouped" (did you mean \'test_cfg_grouped\'?)')
+                                    '"reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "gpg", '
+                                    '"test_cfg_baseline", "test_cfg_grouped" (did you mean \'test_cfg_grouped\'?)')
 
 
 def test_declaring_needs_no_torch(tmp_path):

@@ -20,6 +20,12 @@ TORCH = ("torch", "transformers", "vllm")
 DEFERRED: dict[tuple[str, str], str] = {
     ("hpcppo.compiler", "hpcppo.data.check"): "pyarrow and numpy only when the data is checked: config show, plan "
                                               "and compile --no-check-paths stay without them",
+    **{("hpcppo.train.main", target): "the job entry point installs its preemption handler first: a signal that comes while torch and the models load is kept, not fatal"
+       for target in ("hpcppo.config", "hpcppo.distributed.env", "hpcppo.train.preflight",
+                      "hpcppo.train.trainer")},
+    **{("hpcppo.train.export", target): "torch only when a model is exported: cli.model, which imports this "
+                                        "module, also serves `tools make-model`, torch-free when up to date"
+       for target in ("hpcppo.config", "hpcppo.distributed.checkpoint", "hpcppo.models")},
 }
 #: Imports outside the table, until their package is reworked (an entry that no longer happens fails the test, so
 #: that it is removed with the import).
@@ -29,7 +35,7 @@ OUTSIDE_TABLE: set[tuple[str, str]] = {
 #: The trainer's and the watchdog's packages (and config/watchdog.py) are being reworked: their imports inside
 #: functions are checked against the table but not yet moved to the top. Their number may only go down.
 REWORKED = ("hpcppo.train", "hpcppo.watchdog", "hpcppo.config.watchdog")
-REWORKED_DEFERRED_MAX = 30
+REWORKED_DEFERRED_MAX = 9  # the monitor's (hpcppo/watchdog/monitor.py), all of them
 
 
 @dataclass(frozen=True)
@@ -163,7 +169,8 @@ def test_imports_of_ours_are_at_the_top_of_their_module(imports):
     reworked = {d for d in deferred if d[0].startswith(REWORKED)}
     assert sorted(deferred - reworked - set(DEFERRED)) == []
     assert set(DEFERRED) <= deferred, "a deferred import is gone: remove it from DEFERRED"
-    count = sum(1 for i in imports if i.in_function and i.module.startswith(REWORKED) and i.target.split(".")[0] == "hpcppo")
+    count = sum(1 for i in imports if i.in_function and i.module.startswith(REWORKED) and i.target.split(".")[0] == "hpcppo"
+                and (i.module, i.target) not in DEFERRED)
     assert count <= REWORKED_DEFERRED_MAX
 
 
