@@ -107,7 +107,7 @@ def parameters_on_meta() -> Iterator[None]:
             param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
         original(module, name, param)
 
-    nn.Module.register_parameter = register  # type: ignore[method-assign]
+    nn.Module.register_parameter = register  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
@@ -115,8 +115,9 @@ def parameters_on_meta() -> Iterator[None]:
 
 
 def _from_config(auto_class: Any, path: Path, dtype: torch.dtype | str, trust_remote_code: bool,
-                 attn_implementation: str | None) -> nn.Module:
-    """``auto_class.from_config`` on the directory's config with the parameters on the meta device."""
+                 attn_implementation: str | None) -> Any:
+    """``auto_class.from_config`` on the directory's config with the parameters on the meta device (a Hugging Face
+    model: ``Any``, as ``from_pretrained`` is to the type checker)."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
