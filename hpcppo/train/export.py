@@ -15,7 +15,6 @@ import os
 import shutil
 from pathlib import Path
 
-from hpcppo.config import load_resolved
 from hpcppo.errors import PathError, RunStateError
 from hpcppo.rundir import RunPaths
 
@@ -26,6 +25,7 @@ def export_actor(run_dir: Path, out_dir: Path, step: int | None = None) -> dict[
     import torch
     from transformers import AutoTokenizer
 
+    from hpcppo.config import load_resolved
     from hpcppo.distributed.checkpoint import CheckpointManager, CorruptCheckpointError
     from hpcppo.distributed.loading import materialize
     from hpcppo.models import build_actor
