@@ -23,6 +23,8 @@ EVENTS = "events.jsonl"  # the audit log (hpcppo.rundir.events)
 PREFLIGHT = "preflight.json"  # the report of a preflight job
 METRICS, CHECKPOINTS, CONTROL, LOGS = "metrics", "checkpoints", "control", "logs"
 SUBMITIT = "submitit"  # submitit's folder (submission files, logs and result pickles of its jobs)
+TENSORBOARD = "tensorboard"  # TensorBoard event files (trainer.logger "tensorboard"; hpcppo.metrics.trackers)
+WANDB = "wandb"  # wandb's offline runs (trainer.logger "wandb"): wandb names this folder itself, under the run dir
 SUBDIRS = (METRICS, CHECKPOINTS, CONTROL, LOGS)
 
 # --------------------------------------------------------------------------- control/
@@ -46,6 +48,11 @@ LOCAL_CONTROLLER_LOG = "local-controller.log"
 def attempt_filename(attempt: int) -> str:
     """``attempt-0001.h5`` for attempt 1: zero-padded so a plain sort is the attempt order."""
     return f"attempt-{attempt:04d}.h5"
+
+
+def tensorboard_suffix(attempt: int) -> str:
+    """The end of the name of the TensorBoard event file an attempt writes in ``tensorboard/``."""
+    return f".attempt-{attempt}"
 
 
 def rank_log_name(rank: int | str) -> str:
@@ -95,6 +102,8 @@ class RunPaths:
     control = property(lambda self: self.path / CONTROL)
     logs = property(lambda self: self.path / LOGS)
     submitit = property(lambda self: self.path / SUBMITIT)
+    tensorboard = property(lambda self: self.path / TENSORBOARD)
+    wandb = property(lambda self: self.path / WANDB)
 
     # control/
     pause_request = property(lambda self: self.control / PAUSE)
