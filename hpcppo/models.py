@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -99,7 +100,7 @@ def build_actor(
     """
     model = load_causal_lm(path, dtype=dtype, trust_remote_code=trust_remote_code,
                            attn_implementation=attn_implementation)
-    model.config.use_cache = False
+    cast(Any, model).config.use_cache = False  # a Hugging Face model's config: attributes nn.Module cannot type
     return model.train()
 
 
@@ -130,10 +131,11 @@ class Critic(nn.Module):
     def __init__(self, backbone: nn.Module, *, value_head_seed: int = VALUE_HEAD_SEED):
         super().__init__()
         self.backbone = backbone
-        self.config = backbone.config
-        hidden = int(self.config.hidden_size)
+        config: Any = backbone.config  # a Hugging Face config
+        self.config = config
+        hidden = int(config.hidden_size)
         self.value_head = nn.Linear(hidden, 1, dtype=next(backbone.parameters()).dtype)
-        std = float(getattr(self.config, "initializer_range", 0.02))
+        std = float(getattr(config, "initializer_range", 0.02))
         generator = torch.Generator().manual_seed(value_head_seed)
         with torch.no_grad():
             weight = torch.randn(self.value_head.weight.shape, generator=generator) * std
@@ -156,7 +158,7 @@ class Critic(nn.Module):
         """Save the backbone as an HF directory plus ``value_head.safetensors`` (``build_critic`` reloads both)."""
         from safetensors.torch import save_file
 
-        self.backbone.save_pretrained(str(directory))
+        cast(Any, self.backbone).save_pretrained(str(directory))
         head = {f"value_head.{k}": v.detach().cpu().contiguous() for k, v in self.value_head.state_dict().items()}
         tmp = Path(directory) / (VALUE_HEAD_FILE + ".tmp")
         save_file(head, str(tmp))
@@ -264,6 +266,8 @@ class _LogProbHead(nn.Module):
     every chunk's logits, softmax and gradients at once.
     """
 
+    head: nn.Linear  # set with object.__setattr__ below: declared here, as nn.Module's attribute lookup cannot type it
+
     def __init__(self, head: nn.Linear, targets: torch.Tensor, *, temperature: float, with_entropy: bool,
                  entropy_grad: bool, chunk_elements: int):
         super().__init__()
@@ -341,7 +345,7 @@ def forward_log_probs(
                             chunk_elements=LOGITS_CHUNK_ELEMENTS if chunk_elements is None else chunk_elements)
     model.lm_head = stand_in
     try:
-        out = model(**kwargs, logits_to_keep=response_len + 1).logits
+        out: torch.Tensor = model(**kwargs, logits_to_keep=response_len + 1).logits
     finally:
         model.lm_head = head
     if out is not stand_in.output:  # the forward transformed what the head returned: these are not log-probs

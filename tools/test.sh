@@ -14,6 +14,11 @@ else
 fi
 tools/slurm-dev-cluster.sh start
 status=0
+# Types ([tool.mypy] in pyproject.toml: strict on config, launch, rundir and algos), before the tests: quick (~45 s).
+# Opt-in until hpcppo/train and hpcppo/watchdog type-check too (notes: /work/notes/mypy-train-watchdog.txt).
+if [ "${HPCPPO_MYPY:-0}" = 1 ]; then
+    .venv/bin/python -m mypy || status=$?
+fi
 .venv/bin/python -m pytest -m "not gpu and not vllm" "$@" || status=$?
 if [ "$tier" = 1 ]; then
     echo "test.sh: the vLLM tier (tests/vllm_tier) in .venv-vllm"

@@ -96,14 +96,16 @@ def _ranks(keys: torch.Tensor, descending: bool) -> torch.Tensor:
 
 
 @register_policy_loss("vanilla")
-def _vanilla(old, logp, adv, mask, mode, p, info):
+def _vanilla(old: torch.Tensor, logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, mode: str,
+             p: PolicyLossParams, info: GlobalBatchInfo | None) -> dict[str, torch.Tensor]:
     """verl's ``compute_policy_loss_vanilla``: :func:`hpcppo.algos.losses.policy_loss`."""
     return policy_loss(old, logp, adv, mask, None, p.clip_ratio_low, p.clip_ratio_high, p.clip_ratio_c, mode,
                        batch_info=info)
 
 
 @register_policy_loss("gspo")
-def _gspo(old, logp, adv, mask, mode, p, info):
+def _gspo(old: torch.Tensor, logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, mode: str,
+          p: PolicyLossParams, info: GlobalBatchInfo | None) -> dict[str, torch.Tensor]:
     """GSPO (arXiv:2507.18071), verl's ``compute_policy_loss_gspo``: the sequence's importance ratio
     ``s_i = exp(mean_t(logp - old))`` (stop-gradient) times ``pi / sg(pi)`` per token, so
     ``log s_it = logp - sg(logp) + sg(mean_t(logp - old))``, clamped at 10 before ``exp``; clipped like PPO to
@@ -126,7 +128,8 @@ def _gspo(old, logp, adv, mask, mode, p, info):
 
 
 @register_policy_loss("cispo")
-def _cispo(old, logp, adv, mask, mode, p, info):
+def _cispo(old: torch.Tensor, logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, mode: str,
+           p: PolicyLossParams, info: GlobalBatchInfo | None) -> dict[str, torch.Tensor]:
     """CISPO (arXiv:2506.13585), verl's ``compute_policy_loss_cispo``: ``-sg(clamp(r, 1 - low, 1 + high)) * A * logp``
     with ``r = exp(clamp(logp - old, -20, 20))``: the clipped ratio only weights the REINFORCE term, every token keeps
     its gradient. ``pg_clipfrac`` = share of tokens whose ratio was clipped, ``pg_clipfrac_lower`` 0."""
@@ -142,14 +145,16 @@ def _cispo(old, logp, adv, mask, mode, p, info):
 
 
 @register_policy_loss("gpg")
-def _gpg(old, logp, adv, mask, mode, p, info):
+def _gpg(old: torch.Tensor, logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, mode: str,
+         p: PolicyLossParams, info: GlobalBatchInfo | None) -> dict[str, torch.Tensor]:
     """GPG (arXiv:2504.02546), verl's ``compute_policy_loss_gpg``: ``-logp * A``, no ratio, no clip, no metrics."""
     _, logp, adv, _ = _upcast(old, logp, adv)
     return {"loss": agg_loss(-logp * adv, mask, mode, batch_info=info)}
 
 
 @register_policy_loss("clip_cov")
-def _clip_cov(old, logp, adv, mask, mode, p, info):
+def _clip_cov(old: torch.Tensor, logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, mode: str,
+              p: PolicyLossParams, info: GlobalBatchInfo | None) -> dict[str, torch.Tensor]:
     """Clip-Cov (arXiv:2505.22617), verl's ``compute_policy_loss_clip_cov``: PPO's clipped loss (ratio not clamped,
     no dual clip) with the gradient cut (loss x 0) on ``max(1, int(clip_cov_ratio x tokens))`` tokens drawn at random
     among those that PPO did not clip and whose ``(A - mean A) (logp - mean logp)`` lies in ``(lb, ub)`` (means over
@@ -179,7 +184,8 @@ def _clip_cov(old, logp, adv, mask, mode, p, info):
 
 
 @register_policy_loss("kl_cov")
-def _kl_cov(old, logp, adv, mask, mode, p, info):
+def _kl_cov(old: torch.Tensor, logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, mode: str,
+            p: PolicyLossParams, info: GlobalBatchInfo | None) -> dict[str, torch.Tensor]:
     """KL-Cov (arXiv:2505.22617), verl's ``compute_policy_loss_kl_cov``: the unclipped ``-A * r`` (``r = exp(logp -
     old)``), plus ``ppo_kl_coef * |logp - old|`` on the ``max(1, int(kl_cov_ratio x tokens))`` response tokens with the
     largest ``(A - mean A) (logp - mean logp)`` (plain means over the micro-batch's response tokens). ``ppo_kl`` is the

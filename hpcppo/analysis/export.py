@@ -64,7 +64,8 @@ def export_metrics(target: Target, out: str | os.PathLike[str], *, fmt: str | No
     if out.is_dir():
         raise PathError(f"{out}: is a directory; -o names the file to write")
     require_parent_dir(out)  # before the log is read: a typo in -o costs nothing
-    view = {"attempts": "all", "branches": "all"} if all_attempts else {"attempts": "latest", "branches": "current"}
+    view: dict[str, Any] = ({"attempts": "all", "branches": "all"} if all_attempts
+                            else {"attempts": "latest", "branches": "current"})
     frame = load(target.path, columns=columns, locking=locking, **view)
     if not len(frame):
         raise damage_error(target, frame.attrs["damaged"]) if frame.attrs.get("damaged") else no_rows_error(target)

@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import pandas as pd
 
@@ -326,4 +326,4 @@ def follow_file(path: Path, out: BinaryIO, *, offset: int, done: Callable[[], bo
 
 
 def stdout_bytes() -> BinaryIO:
-    return getattr(sys.stdout, "buffer", sys.stdout)
+    return cast(BinaryIO, getattr(sys.stdout, "buffer", sys.stdout))

@@ -294,7 +294,7 @@ def _draw(series: Sequence[Series], metrics: Sequence[str], out: Path, *, x: str
     heading = "; ".join(_plain(t) for t in (title, smoothed) if t) or None
     fig.legend(handles=handles, loc="outside upper center", ncols=min(len(handles), 4), fontsize=8, frameon=False,
                title=heading, title_fontsize=8)
-    extra = {"pil_kwargs": {"optimize": True}} if fmt == "png" else {}
+    extra: dict[str, Any] = {"pil_kwargs": {"optimize": True}} if fmt == "png" else {}
     require_parent_dir(out)  # the user's path: a missing directory is reported, never made
     atomic_write(out, lambda f: fig.savefig(f, format=fmt, dpi=dpi, metadata=_metadata(fmt), **extra))
     return out

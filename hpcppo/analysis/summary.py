@@ -191,7 +191,7 @@ def summarize_target(target: Target, *, metrics: Sequence[str] = (), locking: bo
     notable = ev[ev["kind"].map(lambda k: kind_tail(k) in NOTABLE)] if len(ev) else ev
     damaged = dict(every.attrs.get("damaged", {}))
     damaged.update(ev.attrs.get("damaged", {}))
-    experiment = data.get("experiment") if isinstance(data.get("experiment"), dict) else {}
+    experiment: dict[str, Any] = data["experiment"] if isinstance(data.get("experiment"), dict) else {}
     return {
         "run": target.name,
         "path": str(target.path),
@@ -264,14 +264,16 @@ def nonfinite_text(summary: dict[str, Any]) -> str:
 
 def render(summary: dict[str, Any]) -> Any:
     """The rich renderable of one summary: a table of the metrics, then the non-finite and event lines."""
-    from rich.console import Group
+    from rich.console import Group, JustifyMethod
     from rich.table import Table
     from rich.text import Text
 
     title = Text.assemble((summary["run"], "bold"), "  ", headline(summary))
     table = Table(show_edge=False, pad_edge=False)
-    for name, justify in (("metric", "left"), ("last", "right"), ("smoothed", "right"), ("best", "right"),
-                          ("at step", "right"), ("min", "right"), ("max", "right")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("metric", "left"), ("last", "right"), ("smoothed", "right"), ("best", "right"), ("at step", "right"),
+        ("min", "right"), ("max", "right"))
+    for name, justify in columns:
         table.add_column(name, justify=justify, no_wrap=True)
     for name, s in summary["metrics"].items():
         table.add_row(name, fmt(s["last"]), fmt(s["smoothed"]), fmt(s["best"]),

@@ -101,7 +101,7 @@ def resolved_data(target: Target) -> dict[str, Any]:
 
 def total_steps(data: dict[str, Any]) -> int | None:
     """Planned training steps from resolved.toml data (``None``: unknown, or ``0`` = by epochs)."""
-    plan = data.get("plan") if isinstance(data.get("plan"), dict) else {}
+    plan: dict[str, Any] = data["plan"] if isinstance(data.get("plan"), dict) else {}
     trainer = (data.get("experiment") or {}).get("trainer") if isinstance(data.get("experiment"), dict) else None
     value = plan.get("total_steps", (trainer or {}).get("total_steps"))
     return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
@@ -114,7 +114,7 @@ def no_rows_error(target: Target) -> RunStateError:
     if target.resolved is None or not target.resolved.is_file():
         what = "has no metric file (attempt-NNNN.h5)" if not files else "has no row yet"
         return RunStateError(f"{target.name}: {what}")
-
+    assert target.run_dir is not None  # a resolved.toml is in a run directory
     st = status.run_status(RunDir(target.run_dir))
     state, reason = st.get("state", "UNKNOWN"), st.get("reason")
     job = f"job {st.get('job_id')} is {state}" + (f" ({reason})" if reason else "")

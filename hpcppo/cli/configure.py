@@ -10,6 +10,7 @@ from pathlib import Path
 from hpcppo import compiler, config
 from hpcppo.cli.common import err
 from hpcppo.config import verl_import
+from hpcppo.config.convert import MAX_INPUT_BYTES
 from hpcppo.errors import HpcppoError
 from hpcppo.sizing import report
 from hpcppo.sizing.estimate import estimate
@@ -37,7 +38,7 @@ def cmd_import_verl(args: argparse.Namespace) -> int:
     if args.input is None:
         raise HpcppoError("give a verl command line or YAML file (or - for stdin), or --table")
     # One character past the limit is enough for the library to refuse the input; an endless stdin does not hang.
-    stdin_text = sys.stdin.read(verl_import.MAX_INPUT_BYTES + 1) if args.input == "-" else None
+    stdin_text = sys.stdin.read(MAX_INPUT_BYTES + 1) if args.input == "-" else None
     imp, problem = verl_import.import_verl(args.input, Path(args.out), force=args.force, name=args.name,
                                            stdin_text=stdin_text, watchdog=args.watchdog)
     for line in verl_import.format_report(imp):

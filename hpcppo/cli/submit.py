@@ -38,7 +38,7 @@ def _submit_and_report(crun: Any, args: argparse.Namespace) -> int:
     if not args.wait and not following:
         print(f"  follow it with: hpcppo status {crun.run.run_id} --runs-root {crun.run.path.parent}")
         return 0
-    last = {}
+    last: dict[str, tuple[str, str | None]] = {}
 
     def echo(st: dict[str, Any]) -> None:
         key = (st["state"], st.get("reason"))

@@ -121,10 +121,10 @@ def _make_converter() -> cattrs.Converter:
     conv.register_structure_hook(str, s_str)
     conv.register_structure_hook(Any, s_any)
 
-    def list_factory(tp: Any) -> Callable[[Any, Any], list]:
+    def list_factory(tp: Any) -> Callable[[Any, Any], list[Any]]:
         (item_type,) = typing.get_args(tp) or (Any,)
 
-        def s_list(v: Any, _: Any) -> list:
+        def s_list(v: Any, _: Any) -> list[Any]:
             if not isinstance(v, list):
                 raise _expected(f"an array of {type_text(item_type)}", v)
             out = []
@@ -137,11 +137,11 @@ def _make_converter() -> cattrs.Converter:
 
         return s_list
 
-    def dict_factory(tp: Any) -> Callable[[Any, Any], dict]:
+    def dict_factory(tp: Any) -> Callable[[Any, Any], dict[Any, Any]]:
         args = typing.get_args(tp)
         value_type = args[1] if len(args) == 2 else Any
 
-        def s_dict(v: Any, _: Any) -> dict:
+        def s_dict(v: Any, _: Any) -> dict[Any, Any]:
             if not isinstance(v, dict):
                 raise _expected(f"a table of {type_text(value_type)}", v)
             out = {}
@@ -154,20 +154,32 @@ def _make_converter() -> cattrs.Converter:
 
         return s_dict
 
-    conv.register_structure_hook_factory(lambda t: typing.get_origin(t) is list, list_factory)
-    conv.register_structure_hook_factory(lambda t: typing.get_origin(t) is dict, dict_factory)
+    conv.register_structure_hook_factory(lambda t: _origin(t) is list, list_factory)
+    conv.register_structure_hook_factory(lambda t: _origin(t) is dict, dict_factory)
     return conv
+
+
+def _origin(tp: Any) -> Any:
+    """``typing.get_origin``, typed as what it is here: the class of a generic alias (``list[int]`` -> ``list``)."""
+    return typing.get_origin(tp)
 
 
 converter = _make_converter()
 
 
-def is_section(attribute: attrs.Attribute) -> bool:
+def is_section(attribute: attrs.Attribute[Any]) -> bool:
     """True for fields whose value is a nested section (an attrs class)."""
     return isinstance(attribute.type, type) and attrs.has(attribute.type)
 
 
-def section_fields(cls: type) -> dict[str, attrs.Attribute]:
+def section_class(attribute: attrs.Attribute[Any]) -> type:
+    """The class of a field for which :func:`is_section` holds."""
+    if not isinstance(attribute.type, type):
+        raise TypeError(f"{attribute.name} is not a section")
+    return attribute.type
+
+
+def section_fields(cls: type) -> dict[str, attrs.Attribute[Any]]:
     """The fields of a section class by name, with their types resolved."""
     attrs.resolve_types(cls)
     return {a.name: a for a in attrs.fields(cls)}
@@ -255,7 +267,7 @@ def read_input(path: str | Path, *, limit: int = MAX_INPUT_BYTES) -> bytes:
     return b"".join(chunks)
 
 
-def read_toml(path: str | Path) -> dict[str, Any]:
+def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Parse a TOML file (a regular file of at most :data:`MAX_INPUT_BYTES`); errors name the file, line and
     column."""
     p = Path(path)

@@ -214,7 +214,7 @@ class PolicyLossSection:
             raise FieldValueError("clip_cov_lb", f"{self.clip_cov_lb} must be below clip_cov_ub {self.clip_cov_ub}")
 
 
-def _optimizer_fields(lr: float, grad_clip_help: str) -> dict[str, object]:
+def _optimizer_fields(lr: float, grad_clip_help: str) -> dict[str, Any]:
     # Shared by actor and critic; a function keeps one source for help and ranges.
     return dict(
         lr=opt(lr, gt=0.0, le=10.0, help="Learning rate (AdamW)."),

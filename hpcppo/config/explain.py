@@ -11,7 +11,7 @@ import attrs
 
 from hpcppo.config import verl
 from hpcppo.config.compiled import Compiled
-from hpcppo.config.convert import is_section, section_fields, type_text
+from hpcppo.config.convert import is_section, section_class, section_fields, type_text
 from hpcppo.config.experiment import Experiment
 from hpcppo.config.fields import did_you_mean, fmt_value
 from hpcppo.config.load import leaf_keys
@@ -25,7 +25,7 @@ __all__ = ["explain", "provenance_rows", "render_provenance"]
 _ROOTS: dict[str, type] = {"": Experiment, "site.": Site, "plan.": RunPlan}
 
 
-def _element_class(attribute: attrs.Attribute) -> type | None:
+def _element_class(attribute: attrs.Attribute[Any]) -> type | None:
     """The attrs class of a ``list[Cls]`` field (e.g. watchdog.rules -> Rule), else None."""
     if typing.get_origin(attribute.type) is list:
         (arg,) = typing.get_args(attribute.type)
@@ -34,8 +34,8 @@ def _element_class(attribute: attrs.Attribute) -> type | None:
     return None
 
 
-def _default_text(attribute: attrs.Attribute) -> str:
-    default = attribute.default
+def _default_text(attribute: attrs.Attribute[Any]) -> str:
+    default: Any = attribute.default
     if default is attrs.NOTHING:
         return "(required)"
     if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
@@ -47,12 +47,12 @@ def _default_text(attribute: attrs.Attribute) -> str:
     return fmt_value(value)
 
 
-def _describe(key: str, attribute: attrs.Attribute) -> str:
+def _describe(key: str, attribute: attrs.Attribute[Any]) -> str:
     lines = [key, f"  {attribute.metadata.get('help', '')}"]
     element = _element_class(attribute)
     if is_section(attribute):
         lines.append("  keys:")
-        for name, sub in section_fields(attribute.type).items():
+        for name, sub in section_fields(section_class(attribute)).items():
             lines.append(f"    {name:<30} {sub.metadata.get('help', '')}")
         return "\n".join(lines)
     lines.append(f"  type:    {type_text(attribute.type)}")
@@ -87,12 +87,12 @@ def explain(key: str) -> str:
     if not bare:
         root_name = {"": "experiment", "site.": "site", "plan.": "plan"}[prefix]
         lines = [f"{root_name} keys:"]
-        for name, attribute in section_fields(root).items():
-            lines.append(f"  {prefix}{name:<30} {attribute.metadata.get('help', '')}")
+        for name, field in section_fields(root).items():
+            lines.append(f"  {prefix}{name:<30} {field.metadata.get('help', '')}")
         return "\n".join(lines)
     current: type = root
     parts = bare.split(".")
-    attribute: attrs.Attribute | None = None
+    attribute: attrs.Attribute[Any] | None = None
     for i, part in enumerate(parts):
         fields = section_fields(current)
         if part not in fields:

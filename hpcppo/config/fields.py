@@ -100,7 +100,7 @@ def _make_validator(
     pattern: str | None,
     check: Callable[[Any], str | None] | None,
     each: bool,
-) -> Callable[[Any, attrs.Attribute, Any], None]:
+) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
     rx = re.compile(pattern) if pattern else None
     rng = _range_text(ge, gt, le, lt)
 
@@ -127,7 +127,7 @@ def _make_validator(
             if problem:
                 raise FieldValueError(name, problem)
 
-    def validate(_instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+    def validate(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         if each and isinstance(value, (list, tuple)):
             for item in value:
                 one(attribute.name, item)

@@ -28,7 +28,7 @@ from typing import Any
 import attrs
 
 from hpcppo.config import verl
-from hpcppo.config.convert import is_section, read_toml, section_fields, structure, type_text
+from hpcppo.config.convert import is_section, read_toml, section_class, section_fields, structure, type_text
 from hpcppo.config.experiment import Experiment
 from hpcppo.config.fields import FieldValueError, did_you_mean, fmt_value
 from hpcppo.config.site import Site
@@ -60,7 +60,7 @@ def _resolve_all(cls: type, seen: set[type] | None = None) -> None:
     seen.add(cls)
     for attribute in section_fields(cls).values():
         if is_section(attribute):
-            _resolve_all(attribute.type, seen)
+            _resolve_all(section_class(attribute), seen)
 
 
 _resolve_all(Experiment)
@@ -71,14 +71,14 @@ def _experiment_sections(cls: type = Experiment) -> set[type]:
     out = {cls}
     for attribute in section_fields(cls).values():
         if is_section(attribute):
-            out |= _experiment_sections(attribute.type)
+            out |= _experiment_sections(section_class(attribute))
     return out
 
 
 _EXPERIMENT_SECTIONS = _experiment_sections()
 
 
-def _unknown(key: str, dotted: str, fields: dict[str, attrs.Attribute], cls: type) -> str:
+def _unknown(key: str, dotted: str, fields: dict[str, attrs.Attribute[Any]], cls: type) -> str:
     """The message for an unknown key: a verl name's hpcppo key first (the mapping knows what was meant), else the
     closest key by spelling."""
     pointer = verl.hint(dotted) if cls in _EXPERIMENT_SECTIONS else None
@@ -86,7 +86,7 @@ def _unknown(key: str, dotted: str, fields: dict[str, attrs.Attribute], cls: typ
     return f"unknown key{suggestion}; known keys here: {', '.join(fields)}"
 
 
-def lookup_field(cls: type, dotted: str, *, label: str | None = None, shown_prefix: str = "") -> attrs.Attribute:
+def lookup_field(cls: type, dotted: str, *, label: str | None = None, shown_prefix: str = "") -> attrs.Attribute[Any]:
     """The field a dotted key names, or ConfigError with did-you-mean among that section's keys."""
     parts = dotted.split(".")
     current = cls
@@ -100,7 +100,7 @@ def lookup_field(cls: type, dotted: str, *, label: str | None = None, shown_pref
             if not is_section(attribute):
                 where = shown_prefix + ".".join(parts[: i + 1])
                 raise ConfigError(f"is a {type_text(attribute.type)}, not a section with keys", file=label, key=where)
-            current = attribute.type
+            current = section_class(attribute)
     return attribute
 
 
@@ -141,7 +141,7 @@ def _expand_path(value: str, base_dir: Path | None, *, key: str, label: str | No
     return expanded
 
 
-def _check_leaf(attribute: attrs.Attribute, value: Any, *, key: str, label: str) -> Any:
+def _check_leaf(attribute: attrs.Attribute[Any], value: Any, *, key: str, label: str) -> Any:
     """Type-check and range-check one value now, so the error names the layer it came from."""
     checked = structure(value, attribute.type, file=label, path=key)
     if attribute.validator is not None and not is_section(attribute):
@@ -166,7 +166,7 @@ def _merge(cls: type, base: dict[str, Any], layer: Layer, data: dict[str, Any], 
             if not isinstance(value, dict):
                 raise ConfigError(f"expected a table (section), got {fmt_value(value)}", file=layer.label, key=shown)
             sub = base.setdefault(key, {})
-            _merge(attribute.type, sub, layer, value, prov, dotted + ".", shown_prefix)
+            _merge(section_class(attribute), sub, layer, value, prov, dotted + ".", shown_prefix)
             continue
         _check_leaf(attribute, value, key=shown, label=layer.label)
         if attribute.metadata.get("path"):
@@ -184,7 +184,7 @@ def leaf_keys(cls: type, prefix: str = "") -> list[str]:
     out: list[str] = []
     for name, attribute in section_fields(cls).items():
         if is_section(attribute):
-            out.extend(leaf_keys(attribute.type, f"{prefix}{name}."))
+            out.extend(leaf_keys(section_class(attribute), f"{prefix}{name}."))
         else:
             out.append(prefix + name)
     return out
@@ -220,7 +220,7 @@ def _shown(raw: str, limit: int = 60) -> str:
     return repr(raw) if len(raw) <= limit else f"{raw[:40]!r}... ({len(raw)} characters)"
 
 
-def _convert_override(attribute: attrs.Attribute, key: str, raw: str) -> Any:
+def _convert_override(attribute: attrs.Attribute[Any], key: str, raw: str) -> Any:
     tp = attribute.type
     text = raw.strip()
     if tp is str and not (text[:1] in ('"', "'")):

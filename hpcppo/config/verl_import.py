@@ -125,8 +125,8 @@ def _interpolate(imp: Imported, s: Setting, e: verl.Entry | None, ctx: Mapping[s
     default, as OmegaConf resolves it; otherwise the setting is reported (unresolved where the key matters here)
     and None returned."""
     ref = _INTERPOLATION.match(s.value.strip()) if isinstance(s.value, str) else None
-    other = ref and (s.key.rpartition(".")[0] + ref.group(1) if ref.group(1).startswith(".") else ref.group(1))
-    if ref and (other in ctx or ref.group(2) is not None):  # ${.key}: a key beside this one
+    other = (s.key.rpartition(".")[0] + ref.group(1) if ref.group(1).startswith(".") else ref.group(1)) if ref else None
+    if ref and other is not None and (other in ctx or ref.group(2) is not None):  # ${.key}: a key beside this one
         value = ctx[other] if other in ctx else verl.parse_value(ref.group(2))
         return Setting(s.key, value, s.text, s.default, portable=value)
     if not s.default:

@@ -164,5 +164,6 @@ def arith(node: ast.AST) -> int:
         if isinstance(node.op, ast.Pow) and abs(b) > 64:
             raise ValueError("exponent too large")
         if type(node.op) in ARITH_OPS:
-            return ARITH_OPS[type(node.op)](a, b)
+            result: int = ARITH_OPS[type(node.op)](a, b)
+            return result
     raise ValueError("not integer arithmetic")

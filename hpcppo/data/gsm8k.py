@@ -37,12 +37,12 @@ def extract_ground_truth(answer: str) -> str | None:
     return None if match is None else match.group(1).replace(",", "")
 
 
-def read_gsm8k_jsonl(path: str | os.PathLike[str]) -> list[dict[str, str]]:
+def read_gsm8k_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Read a GSM8K JSONL file; errors name the file and line (1-based)."""
     path = Path(path)
     if not path.is_file():
         raise PathError(f"{path}: GSM8K file does not exist")
-    examples: list[dict[str, str]] = []
+    examples: list[dict[str, Any]] = []
     with path.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():

@@ -55,7 +55,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.distributed as dist
@@ -77,6 +77,7 @@ from hpcppo.distributed.checkpoint_io import (DCP_DIR, EXTRA_FILE, agreed, check
 from hpcppo.distributed.checkpoint_io import write_durable  # looked up here: tests replace it
 from hpcppo.distributed.env import barrier, broadcast_object, get_rank, get_world_size
 from hpcppo.errors import RunStateError
+from hpcppo.fsutil import fsync_dir
 from hpcppo.rundir import checkpoints as layout
 from hpcppo.rundir.checkpoints import CorruptCheckpointError
 
@@ -224,11 +225,12 @@ class CheckpointManager:
                             "rng": save_rng, "tensor_layout": {"order": dcp_io.LAYOUT, "byteorder": sys.byteorder}},
                            t0, writer.digests)
             state = self._state(models, stepped)
-            upload = None
+            upload: Future[Any] | None = None
             with quiet_without_process_group():  # DCP agrees on failures across ranks by itself
                 if background:  # returns once `state` is copied to new CPU tensors (module docstring)
-                    upload = dcp.async_save(state, storage_writer=writer, planner=dcp_io.ContiguousSavePlanner(),
-                                            process_group=self._background_group(), no_dist=not dist.is_initialized())
+                    upload = cast(Future[Any], dcp.async_save(  # a Future with DCP's default stager
+                        state, storage_writer=writer, planner=dcp_io.ContiguousSavePlanner(),
+                        process_group=self._background_group(), no_dist=not dist.is_initialized()))
                 else:
                     dcp.save(state, storage_writer=writer, planner=dcp_io.ContiguousSavePlanner(),
                              no_dist=not dist.is_initialized())
@@ -313,15 +315,15 @@ class CheckpointManager:
         return files
 
     def _publish(self, step: int, tmp: Path, token: str, marker: dict[str, Any]) -> None:
-        layout.fsync_dir(tmp / DCP_DIR)
-        layout.fsync_dir(tmp)
+        fsync_dir(tmp / DCP_DIR)
+        fsync_dir(tmp)
         final = self.step_dir(step)
         aside = None
         if final.exists():
             # Same step saved again (after a rollback): the old copy stays whole until the new one is in place.
             aside = layout.set_aside(self.root, step, "old", token)
         os.rename(tmp, final)
-        layout.fsync_dir(self.root)
+        fsync_dir(self.root)
         layout.write_marker(final, marker)
         if aside is not None:
             shutil.rmtree(aside)
@@ -421,15 +423,17 @@ class CheckpointManager:
         """
         self.wait()
         damaged: list[CorruptCheckpointError] = []
+        damaged_steps: list[int] = []
         committed = broadcast_object(self.list_committed() if self.rank == 0 else None)  # one list for all ranks
         for step in reversed(committed):
             try:
                 extra = self.load(step, models=models, optimizers=optimizers, verify_shards=True)
             except CorruptCheckpointError as exc:
                 damaged.append(exc)
+                damaged_steps.append(step)
                 continue
-            for exc in damaged:
-                exc.set_aside_as = self.set_aside(exc.step)
+            for bad, bad_step in zip(damaged, damaged_steps):
+                bad.set_aside_as = self.set_aside(bad_step)
             return Resumed(step, extra, damaged)
         if damaged:
             raise NoIntactCheckpointError(self.root, damaged)

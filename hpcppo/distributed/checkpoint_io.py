@@ -134,7 +134,7 @@ def agreed(what: str, group: Any = None) -> Iterator[None]:
     Damage found on any rank is every rank's verdict: each raises the same ``CorruptCheckpointError`` (the lowest
     failing rank's), so that all of them fall back, or stop, together.
     """
-    error = None
+    error: Exception | None = None
     try:
         yield
     except CorruptCheckpointError as exc:

@@ -270,7 +270,7 @@ class DirectReader(FileSystemReader):
         if nbytes == 0:
             return True
         stream.seek(item.offset + offset)
-        buf = memoryview(target.reshape(-1).view(torch.uint8).numpy())
+        buf = target.reshape(-1).view(torch.uint8).numpy().data  # the tensor's bytes, as a memoryview
         got = 0
         while got < nbytes:
             n = stream.readinto(buf[got:])

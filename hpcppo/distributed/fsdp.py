@@ -8,6 +8,7 @@ left (embeddings, final norm, LM head or value head).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -92,7 +93,7 @@ def apply_fsdp(
     """
     mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     offload: OffloadPolicy = CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda") if cpu_offload else OffloadPolicy()
-    kwargs = {"mesh": mesh, "mp_policy": mp_policy, "offload_policy": offload}
+    kwargs: dict[str, Any] = {"mesh": mesh, "mp_policy": mp_policy, "offload_policy": offload}
     layers = find_layers(model, layer_classes)
     for layer in layers:
         if not isinstance(layer, FSDPModule):
@@ -123,9 +124,9 @@ def apply_activation_checkpointing(model: nn.Module, layer_classes: tuple[type, 
         for m in hf:
             # transformers 5.x renamed the method; the old name warns (and goes away in v6).
             if hasattr(m, "activation_checkpointing_enable"):
-                m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+                getattr(m, "activation_checkpointing_enable")(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
-                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                getattr(m, "gradient_checkpointing_enable")(gradient_checkpointing_kwargs={"use_reentrant": False})
         return model
 
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper

@@ -185,7 +185,8 @@ def _in_new_session(fn: Callable[[], str]) -> str:
         raise SchedulerError("starting the local job failed: the submitting process died without an answer")
     result = pickle.loads(data)  # our own child's bytes
     if result[0] == "ok":
-        return result[1]
+        job_id: str = result[1]
+        return job_id
     if result[0] == "error":
         err = SchedulerError(result[1])
         err.exit_code = result[2]
@@ -242,7 +243,7 @@ def run_local_rank(run_dir: str) -> int:
     return returncode
 
 
-def _forward_to_group(proc: subprocess.Popen) -> None:
+def _forward_to_group(proc: subprocess.Popen[bytes]) -> None:
     """Hand USR2 (submitit's "time limit is near", like Slurm's ``--signal``) and TERM to the rank's
     process group, where the trainer checkpoints on them, instead of submitit's own handlers: those
     end this wrapper without a checkpoint (rank 0) or ignore the signal (other ranks)."""
@@ -265,7 +266,7 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
 
 
-def _stop_group(proc: subprocess.Popen, grace_s: float = 0.5) -> None:
+def _stop_group(proc: subprocess.Popen[bytes], grace_s: float = 0.5) -> None:
     """SIGTERM the rank's process group, then SIGKILL what is left after ``grace_s`` (submitit's
     controller SIGKILLs this wrapper about a second after its SIGINT)."""
     import signal

@@ -165,7 +165,7 @@ class _Rows(NamedTuple):
     path: Path
     columns: list[str]  # the file's metric names, in ``values`` column order
     structural: dict[str, np.ndarray]  # ROW_COLUMNS -> (n,), the complete rows only
-    index: np.ndarray | None  # the dataset row of each complete row (None: rows 0 .. n-1)
+    dataset_index: np.ndarray | None  # the dataset row of each complete row (None: rows 0 .. n-1)
     damage: str | None
 
 
@@ -173,7 +173,7 @@ def _read_rows(path: Path, locking: bool | None) -> _Rows:
     read = _read_file(path, locking, list(schema.STRUCTURAL), ["columns"], unread=[schema.VALUES])
     columns = [schema.decode_fixed(c) for c in read.attrs.get("columns", [])]
     if not read.arrays:
-        empty = {name: np.zeros(0, dtype) for name, (dtype, _) in schema.STRUCTURAL.items()}
+        empty: dict[str, np.ndarray] = {name: np.zeros(0, dtype) for name, (dtype, _) in schema.STRUCTURAL.items()}
         return _Rows(path, columns, empty, None, read.damage)
     arrays = read.arrays
     # A structural value still at its fill value means the row is not complete yet (seq is written last,
@@ -203,7 +203,7 @@ def _read_values(r: _Rows, locking: bool | None, select: np.ndarray | None, out:
     read per run of consecutive rows (a rollback or a resume makes a few)."""
     n = len(r.structural["step"])
     positions = np.arange(n) if select is None else select
-    dataset_rows = positions if r.index is None else r.index[positions]
+    dataset_rows = positions if r.dataset_index is None else r.dataset_index[positions]
     pairs = [(i, where[c]) for i, c in enumerate(r.columns) if c in where]
     if not pairs or not len(dataset_rows):
         return
@@ -450,10 +450,12 @@ def load_many(
     """
     if isinstance(runs, (str, os.PathLike)):
         raise TypeError("runs must be a sequence of run paths (or a {label: path} dict), not a single path")
+    labelled: list[tuple[str, Any]]
     if isinstance(runs, dict):
         labelled = [(str(k), v) for k, v in runs.items()]
     else:
-        labelled, seen = [], {}
+        labelled = []
+        seen: dict[str, int] = {}
         for run in runs:
             label = _run_label(run)
             seen[label] = seen.get(label, 0) + 1

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -166,7 +166,7 @@ def _reload_in_place(llm: Any, model: torch.nn.Module,
     initialize_layerwise_reload(model)
     try:
         for bucket in buckets:
-            names = model.load_weights(bucket)
+            names = cast(Any, model).load_weights(bucket)  # vLLM's model class, not typed as one
             if names is None:
                 loaded = None
             elif loaded is not None:

@@ -35,10 +35,11 @@ from hpcppo.errors import RunStateError, StorageError
 from hpcppo.fsutil import atomic_write_bytes, fsync_dir
 from hpcppo.rundir.paths import RunPaths
 
+# ``crc32`` is re-exported (``as crc32``): the one CRC-32 of checkpoints, which dcp_io uses while writing shards.
 try:  # the same function as zlib.crc32 (same polynomial, same values), ~5x faster; releases the GIL like zlib's
-    from isal.isal_zlib import crc32
+    from isal.isal_zlib import crc32 as crc32
 except ImportError:  # a platform without an isal wheel (see pyproject.toml)
-    from zlib import crc32
+    from zlib import crc32 as crc32
 
 MARKER = "COMMITTED"
 _STEP_RE = re.compile(r"^step-(\d+)$")
@@ -140,7 +141,8 @@ def failed_save(root: str | os.PathLike[str], step: int, exc: BaseException, *, 
     removed, against the size of the newest committed checkpoint (the best estimate of what this one needs).
     """
     root = Path(root)
-    chain, todo = [], [exc]
+    chain: list[BaseException] = []
+    todo: list[BaseException] = [exc]
     while todo and len(chain) < 64:  # causes, contexts, and the per-rank failures a DCP CheckpointException holds
         e = todo.pop()
         chain.append(e)
@@ -227,7 +229,8 @@ def write_marker(checkpoint_dir: str | os.PathLike[str], payload: dict[str, Any]
 
 def read_marker(checkpoint_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """The JSON payload of a committed checkpoint's marker."""
-    return json.loads((Path(checkpoint_dir) / MARKER).read_text())
+    marker: dict[str, Any] = json.loads((Path(checkpoint_dir) / MARKER).read_text())
+    return marker
 
 
 # ---------------------------------------------------------------- manifest: what the commit recorded

@@ -212,9 +212,10 @@ def done(run_dir: Any, request_id: str) -> dict[str, Any] | None:
     """The acknowledgement of a request (its content, ``outcome`` and ``acked``), or None if not yet."""
     path = _paths(run_dir).done / f"{request_id}.json"
     try:
-        return json.loads(path.read_text())
+        ack: dict[str, Any] = json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
+    return ack
 
 
 def acknowledge(run_dir: Any, request: Request, outcome: dict[str, Any]) -> None:

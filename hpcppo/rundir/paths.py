@@ -74,6 +74,19 @@ def exit_record_name(attempt_key: str) -> str:
     return f"{EXIT_RECORD}{attempt_key}"
 
 
+class _Under:
+    """A path under the run directory: ``RunPaths(d).<attribute>`` is ``d/<parts...>``."""
+
+    def __init__(self, *parts: str):
+        self.parts = parts
+
+    def __get__(self, obj: RunPaths, owner: type | None = None) -> Path:
+        return obj.path.joinpath(*self.parts)
+
+    def __set__(self, obj: RunPaths, value: object) -> None:
+        raise AttributeError("a run directory's paths are fixed by its path")
+
+
 class RunPaths:
     """The paths of one run directory. Building a path never creates or checks it (only the listings,
     :meth:`attempt_files` and :meth:`exit_records_of`, read a folder)."""
@@ -89,28 +102,28 @@ class RunPaths:
         return self.path.name
 
     # top level
-    spec = property(lambda self: self.path / SPEC)
-    resolved = property(lambda self: self.path / RESOLVED)
-    script = property(lambda self: self.path / SCRIPT)
-    run_json = property(lambda self: self.path / RUN_JSON)
-    run_json_lock = property(lambda self: self.path / RUN_JSON_LOCK)
-    lock_file = property(lambda self: self.path / LOCK)
-    events = property(lambda self: self.path / EVENTS)
-    preflight = property(lambda self: self.path / PREFLIGHT)
-    metrics = property(lambda self: self.path / METRICS)
-    checkpoints = property(lambda self: self.path / CHECKPOINTS)
-    control = property(lambda self: self.path / CONTROL)
-    logs = property(lambda self: self.path / LOGS)
-    submitit = property(lambda self: self.path / SUBMITIT)
-    tensorboard = property(lambda self: self.path / TENSORBOARD)
-    wandb = property(lambda self: self.path / WANDB)
+    spec = _Under(SPEC)
+    resolved = _Under(RESOLVED)
+    script = _Under(SCRIPT)
+    run_json = _Under(RUN_JSON)
+    run_json_lock = _Under(RUN_JSON_LOCK)
+    lock_file = _Under(LOCK)
+    events = _Under(EVENTS)
+    preflight = _Under(PREFLIGHT)
+    metrics = _Under(METRICS)
+    checkpoints = _Under(CHECKPOINTS)
+    control = _Under(CONTROL)
+    logs = _Under(LOGS)
+    submitit = _Under(SUBMITIT)
+    tensorboard = _Under(TENSORBOARD)
+    wandb = _Under(WANDB)
 
     # control/
-    pause_request = property(lambda self: self.control / PAUSE)
-    paused = property(lambda self: self.control / PAUSED)
-    requests = property(lambda self: self.control / REQUESTS)
-    done = property(lambda self: self.control / DONE)
-    rejected = property(lambda self: self.control / REJECTED)
+    pause_request = _Under(CONTROL, PAUSE)
+    paused = _Under(CONTROL, PAUSED)
+    requests = _Under(CONTROL, REQUESTS)
+    done = _Under(CONTROL, DONE)
+    rejected = _Under(CONTROL, REJECTED)
 
     def exit_record(self, attempt_key: str) -> Path:
         """``control/exit-code.<attempt key>`` (``<job>.<restart>`` on Slurm, ``local.<n>`` locally)."""
@@ -124,6 +137,14 @@ class RunPaths:
         except OSError:
             return {}
         return {int(m.group(1)): self.control / n for n in names if (m := pattern.fullmatch(n))}
+
+    def exit_records(self) -> dict[str, Path]:
+        """Every exit record of the run: ``{attempt key: path}`` (empty when ``control/`` cannot be listed)."""
+        try:
+            names = [p.name for p in self.control.iterdir()]
+        except OSError:
+            return {}
+        return {n[len(EXIT_RECORD):]: self.control / n for n in sorted(names) if n.startswith(EXIT_RECORD)}
 
     # metrics/
     def attempt_file(self, attempt: int) -> Path:

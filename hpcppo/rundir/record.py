@@ -85,7 +85,7 @@ class RunDir(RunPaths):
         except OSError as exc:
             raise RunRecordError(f"{self.run_json}: cannot read: {exc.strerror}") from None
         try:
-            record = json.loads(text)
+            record: dict[str, Any] = json.loads(text)
         except (UnicodeDecodeError, ValueError) as exc:
             raise RunRecordError(f"{self.run_json}: not valid JSON ({exc}); it should list the run's attempts: "
                                  f"restore it from a backup or remove the run directory") from None

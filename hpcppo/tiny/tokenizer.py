@@ -7,7 +7,7 @@ wrapped in ``PreTrainedTokenizerFast`` with a Jinja chat template. Importing thi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     import torch
@@ -56,7 +56,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
 def prompt_text(tokenizer: PreTrainedTokenizerFast, row: dict[str, Any]) -> str:
     """The chat-templated prompt of a verl row, ending with the assistant marker."""
-    return tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
+    return cast(str, tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False))
 
 
 def encode_prompts(tokenizer: PreTrainedTokenizerFast, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:

@@ -286,9 +286,10 @@ class Trainer:
         c, p = self.c, self.plan
         settings = self.update_settings("critic", epochs=p.critic_ppo_epochs, mini=p.critic_mini_batch_per_rank,
                                         micro=p.critic_micro_batch_per_rank, grad_clip=self.cfg.critic.grad_clip)
+        critic, optim, lr = c.critic_parts()
         with self.timer("critic_update"):
-            return run_update(batch, c.critic, c.critic_optim, c.critic_lr, settings,
-                              critic_loss(c.critic, self.cfg.critic), offload_optimizer=c.critic_optim_offload)
+            return run_update(batch, critic, optim, lr, settings, critic_loss(critic, self.cfg.critic),
+                              offload_optimizer=c.critic_optim_offload)
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
         c, p = self.c, self.plan
