@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from hpcppo.errors import PathError, RunStateError
 from hpcppo.rundir import RunPaths
@@ -50,8 +51,9 @@ def export_actor(run_dir: Path, out_dir: Path, step: int | None = None) -> dict[
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        actor.config.use_cache = True
-        actor.save_pretrained(tmp, safe_serialization=True)
+        hf_actor: Any = actor  # a transformers PreTrainedModel: config and save_pretrained are not nn.Module's
+        hf_actor.config.use_cache = True
+        hf_actor.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         os.rename(tmp, out_dir)
     except BaseException:

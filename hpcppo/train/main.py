@@ -12,11 +12,15 @@ import os
 import sys
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from hpcppo import jobenv
 from hpcppo.errors import HpcppoError
 from hpcppo.rundir import RunPaths, exitcodes
 from hpcppo.train.signals import PreemptionFlag  # signal and threading only: nothing slow before the handler
+
+if TYPE_CHECKING:
+    from hpcppo.distributed.env import DeviceType
 
 
 def _setup_logging(rank: int) -> None:
@@ -40,7 +44,7 @@ def run(run_dir: Path) -> int:
     # them here, before anything touches CUDA: cuBLAS reads CUBLAS_WORKSPACE_CONFIG at its first matmul.
     jobenv.apply_job_defaults(os.environ, deterministic=compiled.experiment.trainer.deterministic)
     plan = compiled.plan
-    env = detect_env(device_type=plan.device)
+    env = detect_env(device_type=cast("DeviceType", plan.device))  # "cpu" or "cuda": RunPlan.device's values
     _setup_logging(env.rank)
     dist_env.init_distributed(env, timeout_s=compiled.job.collective_timeout_s)
     finished = False
