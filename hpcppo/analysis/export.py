@@ -26,6 +26,7 @@ from hpcppo.metrics.trackers import write_tensorboard
 from hpcppo.rundir import RunPaths
 
 FORMATS = ("parquet", "csv")  # and "tensorboard": export_tensorboard
+EXPORT_SUFFIX = ".export"  # the end of the name of an exported TensorBoard event file
 _SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 
 
@@ -108,6 +109,9 @@ def export_tensorboard(target: Target, out: str | os.PathLike[str] | None = None
         if target.run_dir is None:
             raise ConfigError(f"{target.path}: not in a run directory; pass -o DIR for the event files")
         out = RunPaths(target.run_dir).tensorboard
+        if any(not p.name.endswith(EXPORT_SUFFIX) for p in out.glob("*tfevents*")):
+            raise ConfigError(f"{out} holds the event files the trainer wrote (trainer.logger tensorboard): an "
+                              f"export there would show each point twice", hint="pass -o DIR")
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise PathError(f"{out}: is a file; -o names the directory of the event files")
@@ -115,6 +119,10 @@ def export_tensorboard(target: Target, out: str | os.PathLike[str] | None = None
     frame = load(target.path, columns=columns, locking=locking, **view)
     if not len(frame):
         raise damage_error(target, frame.attrs["damaged"]) if frame.attrs.get("damaged") else no_rows_error(target)
-    written = write_tensorboard(frame, out)
+    # An export replaces the previous export in the same directory (TensorBoard would show both).
+    replaced = [p for p in out.glob("*tfevents*") if p.name.endswith(EXPORT_SUFFIX)] if out.is_dir() else []
+    written = write_tensorboard(frame, out, suffix=EXPORT_SUFFIX)
+    for p in replaced:
+        p.unlink()
     return {"run": target.name, "out": str(out), "format": "tensorboard", "view": view,
             "damaged": dict(frame.attrs.get("damaged", {})), **written}

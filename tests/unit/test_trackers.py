@@ -67,6 +67,15 @@ def test_metrics_export_writes_a_finished_runs_log_as_event_files(tmp_path, caps
     assert got == {"reward/mean": [(1, 0.5), (2, 0.75)], "kl/coef": [(1, pytest.approx(0.001))]}
     assert main(["metrics", "export", str(run)]) != 0
     assert "-o FILE is required" in capsys.readouterr().err
+    # Exporting again replaces the previous export (one file, each point once).
+    assert main(["metrics", "export", str(run), "--format", "tensorboard"]) == 0
+    assert len(list(RunPaths(run).tensorboard.iterdir())) == 1
+    assert tensorboard_scalars(RunPaths(run).tensorboard)["reward/mean"] == [(1, 0.5), (2, 0.75)]
+    # Beside the trainer's own event files, the default directory is refused (the points would show twice).
+    trackers.open_trackers(["tensorboard"], run, project="p", group="g", attempt=0, config={}).close()
+    assert main(["metrics", "export", str(run), "--format", "tensorboard"]) != 0
+    assert "holds the event files the trainer wrote" in capsys.readouterr().err
+    assert main(["metrics", "export", str(run), "--format", "tensorboard", "-o", str(tmp_path / "tb")]) == 0
 
 
 def test_the_spec_refuses_trackers_it_cannot_honour(monkeypatch):
