@@ -16,8 +16,9 @@ under ``torch.no_grad()`` (old/reference log-probs and values before the update)
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -87,20 +88,66 @@ def load_causal_lm(
         str(_check_dir(path)), **_load_kwargs(dtype, trust_remote_code, attn_implementation))
 
 
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Every parameter registered inside is moved to the meta device as it is registered; buffers stay where the
+    module's ``__init__`` makes them.
+
+    A model built inside has its structure, dtypes and shapes, no parameter storage (an initialiser that runs after
+    registration, like ``nn.Linear.reset_parameters``, acts on the meta tensor and costs nothing), and its buffers
+    computed by its own code (rotary ``inv_freq``: loading never fills a non-persistent buffer, so building it on
+    the meta device would leave it to be recomputed by hand for every model class).
+    ``nn.Module.__setattr__`` registers a ``Parameter`` through ``register_parameter`` (torch/nn/modules/module.py),
+    which is where the move happens.
+    """
+    original = nn.Module.register_parameter
+
+    def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and not param.is_meta:
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        original(module, name, param)
+
+    nn.Module.register_parameter = register  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
+def _from_config(auto_class: Any, path: Path, dtype: torch.dtype | str, trust_remote_code: bool,
+                 attn_implementation: str | None) -> Any:
+    """``auto_class.from_config`` on the directory's config with the parameters on the meta device (a Hugging Face
+    model: ``Any``, as ``from_pretrained`` is to the type checker)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    kwargs = _load_kwargs(dtype, trust_remote_code, attn_implementation)
+    with parameters_on_meta():
+        return auto_class.from_config(config, **kwargs)
+
+
 def build_actor(
     path: str | os.PathLike[str],
     *,
     dtype: torch.dtype | str = "float32",
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
+    empty: bool = False,
 ) -> nn.Module:
     """The trainable policy: an HF causal LM in train mode, KV cache off.
 
     ``dtype`` is the master-weight dtype (keep float32 and let FSDP's ``param_dtype`` cast for compute).
-    Activation checkpointing: ``hpcppo.distributed.fsdp.apply_activation_checkpointing``.
+    Activation checkpointing: ``hpcppo.distributed.fsdp.apply_activation_checkpointing``. With ``empty`` the
+    parameters are on the meta device (:func:`parameters_on_meta`), for ``hpcppo.distributed.loading`` to fill
+    shard by shard; the weights are not read.
     """
-    model = load_causal_lm(path, dtype=dtype, trust_remote_code=trust_remote_code,
-                           attn_implementation=attn_implementation)
+    if empty:
+        from transformers import AutoModelForCausalLM
+
+        model = _from_config(AutoModelForCausalLM, _check_dir(path), dtype, trust_remote_code, attn_implementation)
+    else:
+        model = load_causal_lm(path, dtype=dtype, trust_remote_code=trust_remote_code,
+                               attn_implementation=attn_implementation)
     cast(Any, model).config.use_cache = False  # a Hugging Face model's config: attributes nn.Module cannot type
     return model.train()
 
@@ -111,9 +158,11 @@ def build_reference(
     dtype: torch.dtype | str = "float32",
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
+    empty: bool = False,
 ) -> nn.Module:
     """The frozen reference policy: the initial actor in eval mode, ``requires_grad=False``."""
-    model = build_actor(path, dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation)
+    model = build_actor(path, dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation,
+                        empty=empty)
     model.requires_grad_(False)
     return model.eval()
 
@@ -172,16 +221,23 @@ def build_critic(
     dtype: torch.dtype | str = "float32",
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
+    empty: bool = False,
 ) -> Critic:
     """A critic initialised from a causal LM (or base model) directory, in train mode.
 
     ``AutoModel.from_pretrained`` keeps the backbone and drops the LM head. If the directory holds a
-    ``value_head.safetensors`` (written by :meth:`Critic.save_pretrained`), the head is loaded from it.
+    ``value_head.safetensors`` (written by :meth:`Critic.save_pretrained`), the head is loaded from it. With
+    ``empty`` the backbone's parameters are on the meta device (as :func:`build_actor`); the value head is real
+    either way (its seeded initialisation, or the file's values: a few kilobytes).
     """
     from transformers import AutoModel
 
     directory = _check_dir(path)
-    backbone = AutoModel.from_pretrained(str(directory), **_load_kwargs(dtype, trust_remote_code, attn_implementation))
+    if empty:
+        backbone = _from_config(AutoModel, directory, dtype, trust_remote_code, attn_implementation)
+    else:
+        backbone = AutoModel.from_pretrained(str(directory),
+                                             **_load_kwargs(dtype, trust_remote_code, attn_implementation))
     backbone.config.use_cache = False
     critic = Critic(backbone)
     head_file = directory / VALUE_HEAD_FILE
