@@ -15,7 +15,8 @@ from pathlib import Path
 
 import tomli_w
 
-from hpcppo.config.compiled import Compiled, JobSection, check_engine_installed, check_experiment_paths, runs_root
+from hpcppo.config.compiled import (Compiled, JobSection, check_engine_installed, check_experiment_paths,
+                                    check_trackers_installed, runs_root)
 from hpcppo.config.convert import read_input
 from hpcppo.config.load import (expand_path_text, experiment_from_data, load_experiment_with_provenance,
                                 load_site_with_provenance, parse_overrides)
@@ -54,6 +55,7 @@ def compile_config(spec: str | os.PathLike[str], site: str | os.PathLike[str] = 
 
         check_experiment_data(experiment)  # schema, data sources, reward_fn, prompt lengths, rows per batch
         check_engine_installed(site_obj, experiment)
+        check_trackers_installed(site_obj, experiment)
     check_rule_metrics(experiment.watchdog, file=str(spec_path))
     plan = resolve(site_obj, experiment)
     if check_memory:

@@ -53,11 +53,11 @@ fi
 stamp=.venv/.hpcppo-installed
 want="$(sha256sum pyproject.toml setup.py | sha256sum | cut -c1-16)-torch$TORCH_PIN"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    echo "setup: installing torch==$TORCH_PIN and hpcppo[dev] into .venv (log: .venv/setup.log)"
+    echo "setup: installing torch==$TORCH_PIN and hpcppo[dev,trackers] into .venv (log: .venv/setup.log)"
     if ! {
         .venv/bin/python -m pip install -q --upgrade pip &&
         .venv/bin/python -m pip install -q "torch==$TORCH_PIN" &&
-        .venv/bin/python -m pip install -q -e ".[dev]" "torch==$TORCH_PIN"
+        .venv/bin/python -m pip install -q -e ".[dev,trackers]" "torch==$TORCH_PIN"
     } >.venv/setup.log 2>&1; then
         cat .venv/setup.log
         echo "setup: pip failed (log above)" >&2

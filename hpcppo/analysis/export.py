@@ -22,8 +22,11 @@ from hpcppo.analysis.targets import Target, damage_error, no_rows_error
 from hpcppo.errors import ConfigError, PathError
 from hpcppo.fsutil import atomic_write, require_parent_dir
 from hpcppo.metrics import load
+from hpcppo.metrics.trackers import write_tensorboard
+from hpcppo.rundir import RunPaths
 
-FORMATS = ("parquet", "csv")
+FORMATS = ("parquet", "csv")  # and "tensorboard": export_tensorboard
+EXPORT_SUFFIX = ".export"  # the end of the name of an exported TensorBoard event file
 _SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 
 
@@ -88,3 +91,38 @@ def export_metrics(target: Target, out: str | os.PathLike[str], *, fmt: str | No
         raise PathError(f"{out}: cannot write the export ({e.strerror or e})") from e
     return {"run": target.name, "out": str(out), "format": fmt, "rows": int(len(frame)),
             "columns": int(frame.shape[1]), "view": view, "damaged": damaged}
+
+
+def export_tensorboard(target: Target, out: str | os.PathLike[str] | None = None, *, all_attempts: bool = False,
+                       columns: Sequence[str] | None = None, locking: bool | None = None) -> dict[str, Any]:
+    """Write ``target``'s metrics as a TensorBoard event file in ``out`` (default: the run directory's
+    ``tensorboard/``, where ``trainer.logger = ["tensorboard"]`` writes during training): one scalar per finite
+    value, at its step and wall time (:func:`hpcppo.metrics.trackers.write_tensorboard`). ``all_attempts`` writes
+    every row (a step re-logged after a rollback appears twice, as TensorBoard shows re-logged steps).
+
+    Raises:
+        ConfigError: the tensorboard package is not installed; ``out`` is not given for a metrics file outside a run.
+        RunStateError: no row to export.
+        PathError: ``out`` is a file.
+    """
+    if out is None:
+        if target.run_dir is None:
+            raise ConfigError(f"{target.path}: not in a run directory; pass -o DIR for the event files")
+        out = RunPaths(target.run_dir).tensorboard
+        if any(not p.name.endswith(EXPORT_SUFFIX) for p in out.glob("*tfevents*")):
+            raise ConfigError(f"{out} holds the event files the trainer wrote (trainer.logger tensorboard): an "
+                              f"export there would show each point twice", hint="pass -o DIR")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise PathError(f"{out}: is a file; -o names the directory of the event files")
+    view = {"attempts": "all", "branches": "all"} if all_attempts else {"attempts": "latest", "branches": "current"}
+    frame = load(target.path, columns=columns, locking=locking, **view)
+    if not len(frame):
+        raise damage_error(target, frame.attrs["damaged"]) if frame.attrs.get("damaged") else no_rows_error(target)
+    # An export replaces the previous export in the same directory (TensorBoard would show both).
+    replaced = [p for p in out.glob("*tfevents*") if p.name.endswith(EXPORT_SUFFIX)] if out.is_dir() else []
+    written = write_tensorboard(frame, out, suffix=EXPORT_SUFFIX)
+    for p in replaced:
+        p.unlink()
+    return {"run": target.name, "out": str(out), "format": "tensorboard", "view": view,
+            "damaged": dict(frame.attrs.get("damaged", {})), **written}

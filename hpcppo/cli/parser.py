@@ -185,11 +185,15 @@ def _add_config_and_tool_commands(sub: Any) -> None:
     q.add_argument("--json", action="store_true", help="machine-readable output (a list, one object per run)")
     add_runs_root_args(q)
     q.set_defaults(func="seeing:cmd_metrics_summary")
-    q = msub.add_parser("export", help="write a run's metrics as one Parquet or CSV file (atomically)")
+    q = msub.add_parser("export", help="write a run's metrics as one Parquet or CSV file (atomically), or as "
+                                       "TensorBoard event files")
     q.add_argument("runs", nargs=1, metavar="RUN", help=run_help)
-    q.add_argument("-o", "--out", required=True, metavar="FILE", help="file to write (replaced if it exists)")
+    q.add_argument("-o", "--out", default=None, metavar="FILE",
+                   help="file to write (replaced if it exists); with --format tensorboard the log directory "
+                        "(default: the run's tensorboard/)")
     q.add_argument("--format", default=None, metavar="FORMAT",
-                   help="parquet or csv (default: from the suffix of FILE)")
+                   help="parquet, csv (default: from the suffix of FILE) or tensorboard (needs the tensorboard "
+                        "package: pip install 'hpcppo[trackers]')")
     q.add_argument("--all-attempts", action="store_true",
                    help="every row of every attempt, abandoned branches included, with a boolean current column "
                         "(default: the current history, one row per step)")

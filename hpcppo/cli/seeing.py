@@ -14,7 +14,7 @@ from typing import Any
 from hpcppo.analysis import logs, plot
 from hpcppo.analysis.compare import compare
 from hpcppo.analysis.compare import render as render_comparison
-from hpcppo.analysis.export import export_metrics
+from hpcppo.analysis.export import export_metrics, export_tensorboard
 from hpcppo.analysis.follow import follow
 from hpcppo.analysis.summary import render as render_summary
 from hpcppo.analysis.summary import summarize_target
@@ -173,6 +173,15 @@ def cmd_metrics_summary(args: argparse.Namespace) -> int:
 
 def cmd_metrics_export(args: argparse.Namespace) -> int:
     [target] = _metric_targets(args)
+    if args.format == "tensorboard":
+        with damage_reported_by_caller():
+            info = export_tensorboard(target, Path(args.out) if args.out else None, all_attempts=args.all_attempts,
+                                      columns=_metric_names(args.columns) or None)
+        print(f"wrote {info['out']}: {info['scalars']:,} scalars over {info['steps']:,} rows of {info['run']} "
+              f"(TensorBoard event file: tensorboard --logdir {info['out']})")
+        return _damage_code([info["damaged"]])
+    if args.out is None:
+        raise ConfigError("metrics export: -o FILE is required (except with --format tensorboard)")
     with damage_reported_by_caller():
         info = export_metrics(target, Path(args.out), fmt=args.format, all_attempts=args.all_attempts,
                               columns=_metric_names(args.columns) or None)

@@ -26,8 +26,8 @@ from hpcppo.errors import ConfigError, PathError
 from hpcppo.fsutil import atomic_write_text
 from hpcppo.rundir.record import runs_root_error
 
-__all__ = ["Compiled", "JobSection", "check_experiment_paths", "check_engine_installed", "to_toml",
-           "load_resolved", "write_resolved", "runs_root", "runs_root_origin", "RUNS_ROOT_ENV"]
+__all__ = ["Compiled", "JobSection", "check_experiment_paths", "check_engine_installed", "check_trackers_installed",
+           "to_toml", "load_resolved", "write_resolved", "runs_root", "runs_root_origin", "RUNS_ROOT_ENV"]
 
 _SECTIONS = ("source", "job", "site", "experiment", "plan", "provenance")
 
@@ -130,6 +130,20 @@ def check_experiment_paths(experiment: Experiment) -> None:
         for i, value in enumerate(values):  # a file, or a directory of *.parquet (hpcppo.data.check looks inside)
             if not Path(value).exists():
                 raise PathError(f"{key}[{i}]: {value} does not exist")
+
+
+def check_trackers_installed(site: Site, experiment: Experiment) -> None:
+    """``ConfigError`` when ``trainer.logger`` names a tracker whose package (``tensorboard``, ``wandb``: the
+    ``trackers`` extra) is not installed in this interpreter and the job will run this very interpreter (as
+    :func:`check_engine_installed` decides). Looked up with ``find_spec``: nothing is imported. Elsewhere the job
+    checks before its first step."""
+    if site.env.python or site.env.setup or site.container.runtime != "none":
+        return
+    missing = [n for n in experiment.trainer.logger if n != "console" and importlib.util.find_spec(n) is None]
+    if missing:
+        raise ConfigError(f"trainer.logger names {', '.join(missing)}, not installed in {sys.executable} (the Python "
+                          f"site {site.name!r} runs the job with): pip install 'hpcppo[trackers]'",
+                          key="trainer.logger")
 
 
 def check_engine_installed(site: Site, experiment: Experiment) -> None:

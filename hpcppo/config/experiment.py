@@ -165,6 +165,22 @@ class FsdpSection:
     reduce_dtype: str = opt("float32", choices=DTYPE_NAMES, help="Dtype of gradient reduction.")
 
 
+# trainer.logger's values (hpcppo.metrics.trackers.LOGGERS; a test keeps the two in step) and verl's others.
+LOGGERS = ("console", "tensorboard", "wandb")
+_VERL_ONLY_LOGGERS = ("mlflow", "swanlab", "vemlp_wandb", "clearml", "trackio", "file")
+
+
+def _check_loggers(value: list[str]) -> str | None:
+    for name in value:
+        if name in _VERL_ONLY_LOGGERS:
+            return f"{name!r} is a verl tracker hpcppo does not have; hpcppo's: {', '.join(LOGGERS)}"
+        if name not in LOGGERS:
+            return f"{name!r} is not a tracker; allowed: {', '.join(LOGGERS)}"
+    if len(set(value)) != len(value):
+        return f"{value} names a tracker twice"
+    return None
+
+
 # The policy loss modes actor.policy_loss.loss_mode can name (hpcppo.algos.policy_losses.POLICY_LOSSES; a test keeps
 # the two in step). verl's names (verl/trainer/ppo/core_algos.py, register_policy_loss).
 POLICY_LOSS_MODES = ("vanilla", "gspo", "cispo", "gpg", "clip_cov", "kl_cov")
@@ -338,6 +354,17 @@ class TrainerSection:
     deterministic: bool = opt(False, help="Deterministic algorithms (torch.use_deterministic_algorithms); slower.")
     collective_timeout_s: float = opt(1800.0, gt=0.0,
                                       help="torch.distributed timeout: a rank stuck in a collective fails after this.")
+    logger: list[str] = opt(factory=lambda: ["console"], check=_check_loggers,
+                            help="Trackers beside the HDF5 log (verl's trainer.logger): console (the progress line, "
+                                 "always on), tensorboard (RUN/tensorboard), wandb (offline, RUN/wandb; wandb sync "
+                                 "uploads it); pip install 'hpcppo[trackers]'.")
+    project_name: str = opt("", help="wandb's project (verl's trainer.project_name); \"\" = the experiment's name. "
+                                     "Only with \"wandb\" in logger.")
+
+    def __attrs_post_init__(self) -> None:
+        if self.project_name and "wandb" not in self.logger:
+            raise FieldValueError("project_name", "names wandb's project and does nothing without \"wandb\" in "
+                                                  "trainer.logger")
 
 
 @attrs.frozen(kw_only=True)

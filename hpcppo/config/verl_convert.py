@@ -245,3 +245,16 @@ def show_value(value: Any) -> str:
     if value == {}:
         return "{}"
     return str(value)
+
+
+def logger(value: Any, ctx: Mapping[str, Any]) -> Any:
+    # verl's Tracking (verl/utils/tracking.py) takes one name or a list; hpcppo's check names the trackers it lacks.
+    return [value] if isinstance(value, str) else value
+
+
+def project_name(value: Any, ctx: Mapping[str, Any]) -> Any:
+    # verl passes project_name to every tracker (and to default_local_dir); hpcppo only to wandb.
+    loggers = logger(ctx.get("trainer.logger", []), ctx) or []
+    if "wandb" not in loggers:
+        raise Ignored("wandb's project in hpcppo, and trainer.logger does not name wandb here")
+    return value

@@ -8,8 +8,9 @@ from typing import Any
 
 from hpcppo.config.verl_convert import (A, ARR, IGNORED, MAP, MODEL, NOT_VERL, R, REF, REWARD_KWARGS, UNSUPPORTED,
                                         Convert, Entry, clip_ratio, critic_warmup, dtype, engine, files, freq, hsdp,
-                                        keep, none_is_default, per_gpu, resume, reward_kwargs, reward_name, reward_path,
-                                        run_name, schedule, top_k, total_steps, warmup, warmup_ratio)
+                                        keep, logger, none_is_default, per_gpu, project_name, resume, reward_kwargs,
+                                        reward_name, reward_path, run_name, schedule, top_k, total_steps, warmup,
+                                        warmup_ratio)
 
 __all__ = ["ENTRIES", "m", "alias", "ign", "uns"]
 
@@ -385,8 +386,10 @@ def _build_entries() -> list[Entry]:
         m("trainer.max_actor_ckpt_to_keep", "checkpoint.keep_last", "null -> 0 (keep all)", keep),
         m("trainer.max_critic_ckpt_to_keep", "checkpoint.keep_last", "null -> 0 (keep all); one value for both",
           keep),
-        ign("trainer.project_name", "no projects in hpcppo: runs are grouped by their runs root"),
-        ign("trainer.logger", LOGGING),
+        m("trainer.project_name", "trainer.project_name", "wandb's project; only with wandb in trainer.logger",
+          project_name, context=True),
+        m("trainer.logger", "trainer.logger", "console, tensorboard, wandb (offline); beside the HDF5 log. Unset: "
+                                              "console only (verl's default adds wandb)", logger),
         ign("trainer.log_val_generations", LOGGING),
         uns("trainer.rollout_data_dir", "hpcppo does not dump rollouts", ok=(None,)),
         uns("trainer.validation_data_dir", "hpcppo does not dump validation generations", ok=(None,)),

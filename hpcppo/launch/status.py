@@ -114,7 +114,7 @@ def statuses(runs: Sequence[RunDir]) -> list[Status]:
     ``job_id``, ``submitted_at``, ``state`` and ``reason`` (``PENDING``/``Priority``, ``FAILED``/the
     failing rank ...), ``elapsed_s``, ``restarts`` (Slurm requeues of the current job), ``source``
     (``sacct``, ``squeue``, ``scontrol``, ``local``, or ``run.json`` when only our record knows the
-    outcome), ``latest_checkpoint``, ``total_steps``, ``steps_done``, ``exit_record`` (rank 0's verdict for
+    outcome), ``latest_checkpoint``, ``total_steps``, ``steps_done``, ``exit_record`` and ``exit_reason`` (rank 0's verdict for
     the current job, or None), ``resumable`` and ``paused``. A final state seen here is written back into the
     attempt in ``run.json``, so it outlives the scheduler's memory of the job. A run whose ``run.json`` is
     unreadable is ``UNREADABLE`` with the reason, and does not stop the others from being listed.
@@ -179,6 +179,7 @@ def _one_status(run: RunDir, meta: dict[str, Any], record: dict[str, Any], infos
         "total_steps": total,
         "steps_done": meta["kind"] == "train" and isinstance(total, int) and latest is not None and latest >= total,
         "exit_record": None,
+        "exit_reason": None,
         "resumable": False,
         "paused": control.is_paused(run),
         "moved_from": script_elsewhere(run),
@@ -191,18 +192,22 @@ def _one_status(run: RunDir, meta: dict[str, Any], record: dict[str, Any], infos
     submitted = parse_time(last.get("submitted_at"))
     cancel_requested = last.get("cancel_requested_at")
     record_code: int | None = None
+    record_key: str | None = None
     if meta["scheduler"] == "slurm":
         info = infos.get(status["job_id"])
         if info is not None and info.state != "UNKNOWN":
             status.update(state=info.state, reason=info.reason, elapsed_s=info.elapsed_s,
                           restarts=info.restart_count, source=info.source)  # fmt: skip
-            record_code = exit_record(run, slurm_attempt_key(run, status["job_id"], info.restart_count))
+            record_key = slurm_attempt_key(run, status["job_id"], info.restart_count)
+            record_code = exit_record(run, record_key)
         elif last.get("state") in FINAL_STATES:
             # Purged by the controller (MinJobAge) with no accounting to ask: our record still knows.
             status.update(state=last["state"], source=RUN_JSON,
                           reason=f"as recorded at {last.get('state_seen_at', '?')}; the scheduler no longer knows the job")
             status["resumable"] = last["state"] != "COMPLETED"
-            status["exit_record"] = exit_record(run, slurm_attempt_key(run, status["job_id"], None))
+            record_key = slurm_attempt_key(run, status["job_id"], None)
+            status["exit_record"] = exit_record(run, record_key)
+            status["exit_reason"] = exitcodes.read_exit_reason(run.path, record_key)
             return status
         else:
             status.update(state="UNKNOWN", source="none",
@@ -211,7 +216,8 @@ def _one_status(run: RunDir, meta: dict[str, Any], record: dict[str, Any], infos
     else:
         local = local_job_info(run, status["job_id"], int(meta["world_size"]))
         status.update(state=local["state"], reason=local["reason"], source="local")
-        record_code = exit_record(run, f"local-{status['job_id']}")
+        record_key = f"local-{status['job_id']}"
+        record_code = exit_record(run, record_key)
         if record_code is None and local["state"] != "RUNNING":
             record_code = local["codes"].get(0)  # rank 0's job script returned it through submitit
         if submitted is not None:
@@ -222,6 +228,7 @@ def _one_status(run: RunDir, meta: dict[str, Any], record: dict[str, Any], infos
                 status["elapsed_s"] = max(0.0, end - submitted.timestamp())
         at_limit = _near(status["elapsed_s"], meta["time_limit_s"], LOCAL_SIGNAL_DELAY_S)
     status["exit_record"] = record_code
+    status["exit_reason"] = exitcodes.read_exit_reason(run.path, record_key) if record_key else None
     if status["state"] not in FINAL_STATES | {"UNKNOWN"}:
         return status  # live: the scheduler's word
     if status["state"] == "UNKNOWN" and record_code is None and not status["paused"]:
@@ -229,7 +236,8 @@ def _one_status(run: RunDir, meta: dict[str, Any], record: dict[str, Any], infos
     state, reason = verdict(status["state"], status["reason"], record_code, scheduler=meta["scheduler"],
                             cancel_requested=cancel_requested, at_time_limit=at_limit,
                             steps_done=status["steps_done"], kind=meta["kind"], time_limit=meta["time_limit"],
-                            paused_reason=control.paused_reason(run) if status["paused"] else None)
+                            paused_reason=control.paused_reason(run) if status["paused"] else None,
+                            record_reason=status["exit_reason"])
     status.update(state=state, reason=reason, resumable=state != "COMPLETED")
     if state in _NOTED_RESUMABLE:
         where = f"resumable, checkpoint {latest}" if latest is not None else "resumable, no checkpoint yet: starts over"
@@ -272,13 +280,14 @@ def _lost_hardware(state: str, scheduler_reason: str | None) -> str:
 def verdict(scheduler_state: str, scheduler_reason: str | None, record: int | None, *, scheduler: str = "slurm",
             cancel_requested: str | None = None, at_time_limit: bool = False, steps_done: bool = False,
             kind: str = "train", time_limit: str | None = None,
-            paused_reason: str | None = None) -> tuple[str, str | None]:  # fmt: skip
+            paused_reason: str | None = None, record_reason: str | None = None) -> tuple[str, str | None]:  # fmt: skip
     """The state of a stopped job, and why: the scheduler's final state (or ``UNKNOWN``) read together with the
     job's own exit record (:mod:`hpcppo.rundir.exitcodes`; None when there is none). Pure: tested on literal records.
 
     ``cancel_requested`` is when a user asked to cancel (run.json), ``at_time_limit`` whether the job ran until
     its time limit's warning, ``steps_done`` whether the newest committed checkpoint is the last step,
-    ``paused_reason`` the text of ``control/PAUSED`` when it exists.
+    ``paused_reason`` the text of ``control/PAUSED`` when it exists, ``record_reason`` the explanation rank 0 wrote
+    with its exit record (a diagnosed failure: a full disk ...).
     """
     limit = f"time limit {time_limit}" if time_limit else "time limit"
     if record == exitcodes.DONE:
@@ -302,7 +311,7 @@ def verdict(scheduler_state: str, scheduler_reason: str | None, record: int | No
     if record == exitcodes.FAILED:
         if scheduler_state in FINISHED_STATES - {"COMPLETED", "FAILED"}:
             return scheduler_state, scheduler_reason
-        return "FAILED", scheduler_reason or "rank 0 recorded a failure (see the logs)"
+        return "FAILED", record_reason or scheduler_reason or "rank 0 recorded a failure (see the logs)"
     if record is not None:  # a code the job entry point never writes: a signal or a shell error
         return "FAILED", f"exit record {record}" + (f"; {scheduler_reason}" if scheduler_reason else "")
     # No exit record: the scheduler's state, checked against the run.

@@ -121,6 +121,9 @@ class MetricsWriter:
             f.attrs["format"] = schema.FORMAT
             f.attrs["format_version"] = schema.FORMAT_VERSION
             f.attrs["attempt"] = self.attempt
+            # The job attempt that writes it ($HPCPPO_ATTEMPT, as the launchers export it): the watchdog monitor of
+            # another attempt must never take this file for its own.
+            f.attrs["job_attempt"] = os.environ.get("HPCPPO_ATTEMPT", "")
             f.attrs["created_unix"] = time.time()
             f.attrs.create(
                 "columns",

@@ -23,6 +23,8 @@ EVENTS = "events.jsonl"  # the audit log (hpcppo.rundir.events)
 PREFLIGHT = "preflight.json"  # the report of a preflight job
 METRICS, CHECKPOINTS, CONTROL, LOGS = "metrics", "checkpoints", "control", "logs"
 SUBMITIT = "submitit"  # submitit's folder (submission files, logs and result pickles of its jobs)
+TENSORBOARD = "tensorboard"  # TensorBoard event files (trainer.logger "tensorboard"; hpcppo.metrics.trackers)
+WANDB = "wandb"  # wandb's offline runs (trainer.logger "wandb"): wandb names this folder itself, under the run dir
 SUBDIRS = (METRICS, CHECKPOINTS, CONTROL, LOGS)
 
 # --------------------------------------------------------------------------- control/
@@ -46,6 +48,11 @@ LOCAL_CONTROLLER_LOG = "local-controller.log"
 def attempt_filename(attempt: int) -> str:
     """``attempt-0001.h5`` for attempt 1: zero-padded so a plain sort is the attempt order."""
     return f"attempt-{attempt:04d}.h5"
+
+
+def tensorboard_suffix(attempt: int) -> str:
+    """The end of the name of the TensorBoard event file an attempt writes in ``tensorboard/``."""
+    return f".attempt-{attempt}"
 
 
 def rank_log_name(rank: int | str) -> str:
@@ -108,6 +115,8 @@ class RunPaths:
     control = _Under(CONTROL)
     logs = _Under(LOGS)
     submitit = _Under(SUBMITIT)
+    tensorboard = _Under(TENSORBOARD)
+    wandb = _Under(WANDB)
 
     # control/
     pause_request = _Under(CONTROL, PAUSE)
@@ -128,6 +137,14 @@ class RunPaths:
         except OSError:
             return {}
         return {int(m.group(1)): self.control / n for n in names if (m := pattern.fullmatch(n))}
+
+    def exit_records(self) -> dict[str, Path]:
+        """Every exit record of the run: ``{attempt key: path}`` (empty when ``control/`` cannot be listed)."""
+        try:
+            names = [p.name for p in self.control.iterdir()]
+        except OSError:
+            return {}
+        return {n[len(EXIT_RECORD):]: self.control / n for n in sorted(names) if n.startswith(EXIT_RECORD)}
 
     # metrics/
     def attempt_file(self, attempt: int) -> Path:

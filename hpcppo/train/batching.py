@@ -201,7 +201,7 @@ def batch_metrics(full: Mapping[str, torch.Tensor], *, kl_coef: float, max_respo
     score = full["token_level_scores"].sum(-1).float()
     reward = full["token_level_rewards"].sum(-1).float()
     lengths = mask.sum(-1).float()
-    m: dict[str, float] = {
+    m: dict[str, float | torch.Tensor] = {
         "score/mean": score.mean(),
         "score/std": score.std(unbiased=False),
         "reward/mean": reward.mean(),

@@ -77,6 +77,12 @@ class Components:
     # dp_rank; each rank of a group trains on its tp_rank-th share of the group's batch.
     groups: RolloutGroups = field(default_factory=lambda: RolloutGroups(tp_size=1, dp_size=1, dp_rank=0, tp_rank=0))
 
+    def critic_parts(self) -> tuple[nn.Module, torch.optim.Optimizer, LRSchedule]:
+        """The critic, its optimizer and lr schedule (only when the estimator has a critic)."""
+        if self.critic is None or self.critic_optim is None or self.critic_lr is None:
+            raise RuntimeError("this run has no critic (its advantage estimator needs none)")
+        return self.critic, self.critic_optim, self.critic_lr
+
     def close(self) -> None:
         self.preempt.restore()
         if self.metrics is not None:

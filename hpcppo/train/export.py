@@ -11,17 +11,21 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
-from transformers import AutoTokenizer
-
-from hpcppo.config import load_resolved
-from hpcppo.distributed.checkpoint import CheckpointManager, CorruptCheckpointError
 from hpcppo.errors import PathError, RunStateError
-from hpcppo.models import build_actor
 from hpcppo.rundir import RunPaths
 
 
 def export_actor(run_dir: Path, out_dir: Path, step: int | None = None) -> dict[str, object]:
+    # torch and transformers only when a model is exported: the CLI module that imports this one also serves
+    # `tools make-model`, which returns without torch when its outputs are up to date.
+    from transformers import AutoTokenizer
+
+    from hpcppo.config import load_resolved
+    from hpcppo.distributed.checkpoint import CheckpointManager, CorruptCheckpointError
+    from hpcppo.models import build_actor
+
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     compiled = load_resolved(RunPaths(run_dir).resolved)
     model_cfg = compiled.experiment.model
@@ -47,8 +51,9 @@ def export_actor(run_dir: Path, out_dir: Path, step: int | None = None) -> dict[
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        actor.config.use_cache = True
-        actor.save_pretrained(tmp, safe_serialization=True)
+        hf_actor: Any = actor  # a transformers PreTrainedModel: config and save_pretrained are not nn.Module's
+        hf_actor.config.use_cache = True
+        hf_actor.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         os.rename(tmp, out_dir)
     except BaseException:

@@ -12,11 +12,15 @@ import os
 import sys
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from hpcppo import jobenv
 from hpcppo.errors import HpcppoError
 from hpcppo.rundir import RunPaths, exitcodes
 from hpcppo.train.signals import PreemptionFlag  # signal and threading only: nothing slow before the handler
+
+if TYPE_CHECKING:
+    from hpcppo.distributed.env import DeviceType
 
 
 def _setup_logging(rank: int) -> None:
@@ -40,7 +44,7 @@ def run(run_dir: Path) -> int:
     # them here, before anything touches CUDA: cuBLAS reads CUBLAS_WORKSPACE_CONFIG at its first matmul.
     jobenv.apply_job_defaults(os.environ, deterministic=compiled.experiment.trainer.deterministic)
     plan = compiled.plan
-    env = detect_env(device_type=plan.device)
+    env = detect_env(device_type=cast("DeviceType", plan.device))  # "cpu" or "cuda": RunPlan.device's values
     _setup_logging(env.rank)
     dist_env.init_distributed(env, timeout_s=compiled.job.collective_timeout_s)
     finished = False
@@ -57,16 +61,26 @@ def run(run_dir: Path) -> int:
             record_exit_code(run_dir, code)
         finished = True
         return code
+    except HpcppoError as exc:
+        # Diagnosed (a full disk during a checkpoint, a damaged checkpoint ...): the explanation goes into the exit
+        # record, where `hpcppo status` shows it, not only into the rank log.
+        if env.rank == 0:
+            try:
+                record_exit_code(run_dir, exitcodes.FAILED, str(exc))
+            except OSError as write_error:  # the disk may be what failed: the log line still says it
+                print(f"hpcppo: could not write the exit record: {write_error}", file=sys.stderr, flush=True)
+        raise
     finally:
         preempt.restore()
         # Ranks that finished together leave together; after an error nobody waits for peers that may be gone.
         dist_env.destroy_distributed(sync_timeout_s=min(120.0, compiled.job.collective_timeout_s) if finished else None)
 
 
-def record_exit_code(run_dir: Path, code: int) -> None:
+def record_exit_code(run_dir: Path, code: int, reason: str | None = None) -> None:
     """Rank 0's verdict for the batch script: ``srun`` reports the highest task exit code, and a task killed
-    by ``--kill-on-bad-exit`` (137) would mask the requeue/pause code, so the script reads this file."""
-    exitcodes.write_exit_record(run_dir, os.environ.get("HPCPPO_ATTEMPT", "unknown"), code)
+    by ``--kill-on-bad-exit`` (137) would mask the requeue/pause code, so the script reads this file. ``reason``:
+    the one line that explains a diagnosed failure, for ``hpcppo status``."""
+    exitcodes.write_exit_record(run_dir, os.environ.get("HPCPPO_ATTEMPT", "unknown"), code, reason)
 
 
 def main(argv: list[str] | None = None) -> int:

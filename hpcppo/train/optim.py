@@ -22,7 +22,8 @@ def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float, betas: 
     """AdamW over the trainable parameters. Build it after FSDP sharding (it must see the DTensors)."""
     params = [p for p in model.parameters() if p.requires_grad]
     # foreach: one multi-tensor kernel per step instead of one per parameter (also for FSDP2's DTensors).
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas), foreach=True)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(float(betas[0]), float(betas[1])),
+                             foreach=True)
 
 
 def warmup_optimizer_steps(warmup_steps: int, warmup_ratio: float, total_steps: int,

@@ -111,13 +111,13 @@ def run_preflight(env: DistEnv, run_dir: Path, expected_world_size: int, extra_p
         "slurm": {k: v for k, v in os.environ.items() if k in ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NODEID", "SLURMD_NODENAME", "SLURM_RESTART_COUNT")},
     }
     world_ok = dist.get_world_size() == expected_world_size
-    ranks = [None] * dist.get_world_size()
+    ranks: list[int] = [0] * dist.get_world_size()  # filled by the gather
     dist.all_gather_object(ranks, env.rank)
     record["allreduce"] = _allreduce_check(device, dist.get_world_size(), env.rank)
     sweep = _bandwidth_sweep(device, dist.get_world_size())
     records: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(records, record)
-    checks = {
+    checks: dict[str, dict[str, Any]] = {
         "world_size": {"ok": world_ok, "expected": expected_world_size, "actual": dist.get_world_size()},
         "ranks": {"ok": sorted(ranks) == list(range(dist.get_world_size())), "seen": sorted(ranks)},
         "allreduce": {"ok": all(r["allreduce"]["ok"] for r in records)},

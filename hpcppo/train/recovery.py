@@ -72,9 +72,10 @@ class Recovery:
     def restart_critic(self, target: int) -> None:
         """The critic's weights and optimizer state from committed checkpoint ``target``; the actor is untouched."""
         c = self.c
-        c.ckpt.load(target, models={"critic": c.critic}, optimizers={"critic": c.critic_optim}, restore_rng=False)
+        critic, optim, _ = c.critic_parts()
+        c.ckpt.load(target, models={"critic": critic}, optimizers={"critic": optim}, restore_rng=False)
         if c.critic_optim_offload:
-            offload_optimizer_state(c.critic_optim)
+            offload_optimizer_state(optim)
 
     def stop(self, state: TrainingState, kind: str, reason: str, *, event: str | None = None,
              save: bool = True) -> int:
@@ -102,6 +103,7 @@ class Recovery:
                 committed = [s for s in self.committed() if req.to_step is None or s <= req.to_step]
                 plan.append((req, committed[-1] if committed else None))
         for req, target in broadcast_object(plan):
+            outcome: dict[str, Any]
             if target is None:
                 outcome = {"status": "rejected", "reason": f"no committed checkpoint at or before step {req.to_step}; "
                                                            f"committed: {self.committed() or 'none'}"}
@@ -122,8 +124,10 @@ class Recovery:
     def checkpointed(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The trained models and their optimizers, by checkpoint name."""
         c = self.c
-        models = {"actor": c.actor} | ({"critic": c.critic} if c.critic is not None else {})
-        optims = {"actor": c.actor_optim} | ({"critic": c.critic_optim} if c.critic is not None else {})
+        models: dict[str, Any] = {"actor": c.actor}
+        optims: dict[str, Any] = {"actor": c.actor_optim}
+        if c.critic is not None:
+            models["critic"], optims["critic"], _ = c.critic_parts()
         return models, optims
 
     def checkpoint_extra(self, state: TrainingState) -> dict[str, Any]:
@@ -132,7 +136,7 @@ class Recovery:
         extra = state.to_checkpoint() | {"sampler": c.sampler.state_dict(), "kl_ctrl": kl_ctrl,
                                          "actor_lr": c.actor_lr.state_dict()}
         if c.critic is not None:
-            extra["critic_lr"] = c.critic_lr.state_dict()
+            extra["critic_lr"] = c.critic_parts()[2].state_dict()
         return extra
 
     def save(self, state: TrainingState, background: bool = False) -> None:
@@ -173,8 +177,9 @@ class Recovery:
         c.actor_lr.load_state_dict(extra["actor_lr"])
         schedules = [c.actor_lr]
         if c.critic is not None:
-            c.critic_lr.load_state_dict(extra["critic_lr"])
-            schedules.append(c.critic_lr)
+            critic_lr = c.critic_parts()[2]
+            critic_lr.load_state_dict(extra["critic_lr"])
+            schedules.append(critic_lr)
         for schedule in schedules:
             schedule.set_scale(lr_scale)
 
@@ -183,7 +188,7 @@ class Recovery:
         c = self.c
         for name, optim, offload in (("actor", c.actor_optim, c.actor_optim_offload),
                                      ("critic", c.critic_optim, c.critic_optim_offload)):
-            if offload:
+            if offload and optim is not None:
                 moved = offload_optimizer_state(optim)
                 log.info("%s optimizer state offloaded to host memory (%.2f MiB on this rank)", name, moved / 2**20)
 
@@ -204,14 +209,15 @@ class Recovery:
             resumed = c.ckpt.load_newest_intact(models=models, optimizers=optims)
         except NoIntactCheckpointError as exc:
             for bad in exc.damaged:
-                self.audit.record(bad.step, events.CHECKPOINT_CORRUPT, f"{bad}; no intact checkpoint is left",
+                self.audit.record(bad.step or 0, events.CHECKPOINT_CORRUPT, f"{bad}; no intact checkpoint is left",
                                   source="trainer", file=str(bad.path / bad.file), checkpoint=bad.step)
             raise
         if resumed is None:  # pragma: no cover - the checkpoints vanished since latest_committed()
             return state
         latest, extra = resumed.step, resumed.extra
         for bad in resumed.damaged:
-            self.audit.record(bad.step, events.CHECKPOINT_CORRUPT, f"{bad}; set aside as {bad.set_aside_as.name}, "
+            moved = bad.set_aside_as.name if bad.set_aside_as is not None else "?"
+            self.audit.record(bad.step or 0, events.CHECKPOINT_CORRUPT, f"{bad}; set aside as {moved}, "
                               f"resuming from checkpoint step {latest}", source="trainer",
                               file=str(bad.path / bad.file), checkpoint=bad.step, fallback=latest,
                               set_aside_as=str(bad.set_aside_as))

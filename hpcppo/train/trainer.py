@@ -36,6 +36,8 @@ from hpcppo.distributed.env import all_reduce_host, broadcast_object
 from hpcppo.distributed.weights import iter_full_params
 from hpcppo.models import compute_log_probs, compute_values
 from hpcppo.rollout.base import derive_seed
+from hpcppo.config.convert import converter
+from hpcppo.metrics import trackers
 from hpcppo.rundir import control, events, exitcodes, metric_names
 from hpcppo.train import batching, validation
 from hpcppo.train.build import Components, build_components, freeze_long_lived_objects
@@ -85,6 +87,12 @@ class Trainer:
         self.keep = history_keep(self.rules)  # the recent rows the rules look back on
         self.audit = Audit(c.run_dir, rank=self.env.rank, metrics=c.metrics, attempt=c.attempt)
         self.recovery = Recovery(c, self.audit)
+        # Trackers beside the HDF5 log (trainer.logger): every rank checks the packages, rank 0 writes.
+        trackers.require(self.cfg.trainer.logger)
+        self.trackers = trackers.open_trackers(
+            self.cfg.trainer.logger, c.run_dir, project=self.cfg.trainer.project_name or self.cfg.name,
+            group=self.cfg.name, attempt=c.attempt, config=converter.unstructure(self.cfg),
+        ) if self.env.rank == 0 else trackers.Trackers()
         self.inject = FaultInjector(self.cfg.debug.inject, rank=self.env.rank, attempt=c.attempt, ckpt=c.ckpt,
                                     metrics=c.metrics)
 
@@ -278,9 +286,10 @@ class Trainer:
         c, p = self.c, self.plan
         settings = self.update_settings("critic", epochs=p.critic_ppo_epochs, mini=p.critic_mini_batch_per_rank,
                                         micro=p.critic_micro_batch_per_rank, grad_clip=self.cfg.critic.grad_clip)
+        critic, optim, lr = c.critic_parts()
         with self.timer("critic_update"):
-            return run_update(batch, c.critic, c.critic_optim, c.critic_lr, settings,
-                              critic_loss(c.critic, self.cfg.critic), offload_optimizer=c.critic_optim_offload)
+            return run_update(batch, critic, optim, lr, settings, critic_loss(critic, self.cfg.critic),
+                              offload_optimizer=c.critic_optim_offload)
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
         c, p = self.c, self.plan
@@ -408,6 +417,7 @@ class Trainer:
     def log_metrics(self, step: int, metrics: dict[str, float], note: str = "") -> None:
         if self.c.metrics is not None:
             self.c.metrics.log(step, metrics)
+        self.trackers.log(step, metrics)
         if self.env.rank == 0 and (step % self.cfg.trainer.log_every == 0 or note):
             text = "  ".join(f"{k}={metrics[k]:.4g}" for k in metric_names.headline_names("log")
                              if k in metrics and not math.isnan(metrics[k]))
@@ -418,7 +428,10 @@ class Trainer:
         return every > 0 and self.step % every == 0  # 0: only the final one; -1: none (verl's save_freq)
 
     def close(self) -> None:
-        self.c.close()
+        try:
+            self.trackers.close()
+        finally:
+            self.c.close()
 
 
 def run_training(compiled: Any, env: Any, run_dir: Path, *, preempt: Any = None) -> int:

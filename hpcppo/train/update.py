@@ -102,6 +102,7 @@ def actor_loss(actor: nn.Module, cfg: Any, *, clip_ratio_low: float, clip_ratio_
                                         mb["response_mask"], loss_agg_mode=cfg.loss_agg_mode, params=params,
                                         batch_info=info)
         total = out["loss"]
+        assert entropy is not None  # with_entropy=True
         ent = algos.agg_loss(entropy, mb["response_mask"], cfg.loss_agg_mode, batch_info=info)
         if bonus:
             total = total - cfg.entropy_coeff * ent

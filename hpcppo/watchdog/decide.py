@@ -240,6 +240,11 @@ def _eligible(rule: Rule, state: WatchdogState, step: int) -> bool:
     return last is None or not (last < step <= last + rule.cooldown_steps)
 
 
+def _clip(action: Action) -> float:
+    """A set_grad_clip action's clip (every one carries it, see _match)."""
+    return math.inf if action.grad_clip is None else action.grad_clip
+
+
 def _arbitrate(matched: list[Action]) -> tuple[tuple[Action, ...], tuple[Action, ...]]:
     """Split matched actions into applied and suppressed, both in precedence order (module docstring)."""
     by_kind = {kind: [a for a in matched if a.kind == kind] for kind in PRECEDENCE}
@@ -251,7 +256,7 @@ def _arbitrate(matched: list[Action]) -> tuple[tuple[Action, ...], tuple[Action,
             if not found or (kind == "restart_critic" and by_kind["rollback"]):
                 continue
             # min() keeps the first of equal clips, i.e. rule-list order among ties.
-            keep.append(min(found, key=lambda a: a.grad_clip) if kind == "set_grad_clip" else found[0])
+            keep.append(min(found, key=_clip) if kind == "set_grad_clip" else found[0])
     suppressed = [a for kind in PRECEDENCE for a in by_kind[kind] if not any(a is k for k in keep)]
     return tuple(keep), tuple(suppressed)
 

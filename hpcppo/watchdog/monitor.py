@@ -6,8 +6,13 @@ gone and rank 0 left no exit record ``control/exit-code.<attempt>``). No torch i
 
 Where it runs. The batch script starts it in the background on the batch host, before ``srun``; on ``--site
 local`` the rendered local script of rank 0 starts it (once per job, not per rank) in a session of its own, so
-that stopping the ranks does not stop it. It exits by itself when the attempt ends (an exit record appears),
-after it acted, or when the batch script's EXIT trap sends SIGTERM — then it takes a last look first.
+that stopping the ranks does not stop it. It exits by itself when the attempt ends, after it acted, or when the batch
+script's EXIT trap sends SIGTERM — then it takes a last look first. The attempt has ended when its exit record
+appears, its trainers are gone (or none appeared within ``NEVER_SEEN_S``: it failed at start), a newer attempt is
+recorded in ``run.json`` or writes the newest metric file (each file names the job attempt that writes it), the
+run is done (another attempt recorded exit code 0, or the last step's checkpoint is committed), or, locally, the
+job's submitit controller is gone. These are checked again right before it acts: a monitor never acts on another
+attempt and never restarts a run that is done (:meth:`Monitor.attempt_over`).
 
 Hang. The threshold is ``max(min_heartbeat_s, heartbeat_factor x median step time)``, the step times being the
 differences between consecutive rows' ``time`` in this attempt's file. Until two rows give a step time it is
@@ -62,7 +67,8 @@ from typing import Any
 
 import attrs
 
-from hpcppo.rundir import events, exitcodes
+from hpcppo.rundir import RunDir, events, exitcodes
+from hpcppo.rundir.checkpoints import latest_committed
 from hpcppo.rundir.events import append_event, read_events
 from hpcppo.rundir.paths import RunPaths
 
@@ -71,6 +77,7 @@ log = logging.getLogger("hpcppo.watchdog.monitor")
 ENTRY_MODULE = "hpcppo.train.main"  # the job entry point (hpcppo.launch.render.ENTRY_MODULE)
 STARTUP_FACTOR = 3.0  # startup allowance = STARTUP_FACTOR x min_heartbeat_s, until two rows give a step time
 DEAD_GRACE_S = 5.0  # trainers gone for this long without an exit record -> trainer_dead
+NEVER_SEEN_S = 120.0  # no trainer process of the attempt this long after the start: it failed at start -> exit
 MAX_RESTARTS = 3  # hang recoveries per run; then the job is stopped instead
 STOP_WAIT_S = 30.0  # local: how long to wait for the cancelled controller before SIGKILLing leftovers
 # What a local rank inherits from submitit and must not pass on to the controller of a new attempt.
@@ -114,6 +121,7 @@ class LogState:
     new_rows: int  # rows this poll found
     switched: bool  # this poll moved to a newer file
     error: str | None  # why this poll could not read (None: it could)
+    owner: str | None = None  # the job attempt that writes the file (its ``job_attempt`` attribute; None: not said)
 
 
 class LogFollower:
@@ -137,7 +145,7 @@ class LogFollower:
         if switched:  # an attempt change: this file's rows say nothing about the last one's
             st = LogState(index, 0, None, None, (), 0, True, None)
         try:
-            steps, times = self._read_new(files[index], st.rows)
+            owner, steps, times = self._read_new(files[index], st.rows)
         except (OSError, KeyError, ValueError, RuntimeError) as exc:  # h5py maps HDF5 errors onto these
             self.state = attrs.evolve(st, new_rows=0, switched=switched, error=f"{type(exc).__name__}: {exc}")
             return self.state
@@ -145,24 +153,26 @@ class LogFollower:
         self.state = LogState(
             file_index=index, rows=st.rows + len(steps), last_step=steps[-1] if steps else st.last_step,
             last_row_time=times[-1] if times else st.last_row_time, step_times=durations[-self.keep:],
-            new_rows=len(steps), switched=switched, error=None)
+            new_rows=len(steps), switched=switched, error=None, owner=owner)
         return self.state
 
-    def _read_new(self, path: Path, start: int) -> tuple[list[int], list[float]]:
+    def _read_new(self, path: Path, start: int) -> tuple[str | None, list[int], list[float]]:
         from hpcppo.metrics import h5io  # h5py (and pandas) on the first poll, not at import
 
         with h5io.open_swmr(path, self.locking) as f:
+            raw = f.attrs.get("job_attempt")  # files written before the attribute existed say nothing
+            owner = (raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)) if raw is not None else None
             seq_ds, step_ds, time_ds = f["seq"], f["step"], f["time"]
             n = min(seq_ds.shape[0], step_ds.shape[0], time_ds.shape[0])
             if n <= start:
-                return [], []
+                return owner or None, [], []
             seqs, steps, times = seq_ds[start:n].tolist(), step_ds[start:n].tolist(), time_ds[start:n].tolist()
         whole = 0  # rows are appended in order: stop at the first one not complete yet (seq is written last)
         for i, (q, s, t) in enumerate(zip(seqs, steps, times)):
             if q != start + i or s < 0 or not (math.isfinite(t) and t > 0):
                 break
             whole += 1
-        return [int(s) for s in steps[:whole]], [float(t) for t in times[:whole]]
+        return owner or None, [int(s) for s in steps[:whole]], [float(t) for t in times[:whole]]
 
 
 # ----------------------------------------------------------------------------- the trainer's processes
@@ -253,6 +263,7 @@ class Settings:
     locking: bool | None = None
     max_restarts: int = MAX_RESTARTS
     follow_log: bool = True  # False when the site writes without SWMR: no hang detection, liveness only
+    total_steps: int | None = None  # the run's last step (a training run); None: not known
 
 
 class _Wake(Exception):
@@ -304,7 +315,12 @@ class Monitor:
             if code is not None:
                 log.info("exit record %s of attempt %s: the job is ending; bye", code, self.job_attempt)
                 return 0
+            over = self.attempt_over(st)
+            if over is not None:
+                return self.on_over(over)
             alive = self.trainers.alive()
+            if alive is None and now - started >= NEVER_SEEN_S:
+                return self.on_never_seen(now - started)
             if alive is False:
                 dead_since = dead_since if dead_since is not None else now
                 if now - dead_since >= DEAD_GRACE_S:
@@ -337,6 +353,56 @@ class Monitor:
             self._sleeping = False
 
     # -- what it sees -------------------------------------------------------------------------------------
+    def attempt_over(self, st: LogState | None = None) -> str | None:
+        """Why this monitor's attempt is over although its own exit record does not say so (None: it may still
+        run). A monitor acts on its own attempt only: these are checked before every action, and end it.
+
+        * the newest metric file is another job attempt's (its ``job_attempt`` attribute): a newer attempt writes;
+        * ``run.json`` records a newer attempt after this one;
+        * another attempt recorded exit code 0, or the newest committed checkpoint is the last step: the run is done;
+        * local: the job's submitit controller is gone (it outlives every rank of its job).
+        """
+        if st is not None and st.owner and st.owner != self.job_attempt:
+            name = RunPaths(self.run_dir).attempt_file(st.file_index or 0).name
+            return f"the newest metric file {name} is written by attempt {st.owner}: a newer attempt started"
+        newer = self.newer_attempt()
+        if newer is not None:
+            return f"a newer attempt (job {newer}) was submitted"
+        done = self.run_done()
+        if done is not None:
+            return done
+        if self.s.scheduler == "local" and not self.local_controller_alive():
+            return f"the controller of local job {self.local_job_id()} is gone"
+        return None
+
+    def newer_attempt(self) -> str | None:
+        """The job id of an attempt recorded in ``run.json`` after this one (None: none, or not known)."""
+        try:
+            attempts = RunDir(self.run_dir).read_record().get("attempts", [])
+        except (OSError, ValueError):
+            return None
+        ids = [str(a.get("job_id")) for a in attempts if isinstance(a, dict)]
+        mine = self.local_job_id() if self.s.scheduler == "local" else self.job_attempt.split(".", 1)[0]
+        if mine not in ids:
+            return None  # not recorded yet (the submitter records it once the job started)
+        later = ids[len(ids) - 1 - ids[::-1].index(mine) + 1:]
+        return later[-1] if later else None
+
+    def run_done(self) -> str | None:
+        """Why the run's steps are all done (None: they are not, or it is not known)."""
+        for key in RunPaths(self.run_dir).exit_records():
+            if key != self.job_attempt and exitcodes.read_exit_record(self.run_dir, key) == exitcodes.DONE:
+                return f"attempt {key} recorded exit code {exitcodes.DONE}: the run is done"
+        latest = latest_committed(RunPaths(self.run_dir).checkpoints) if self.s.total_steps is not None else None
+        if latest is not None and self.s.total_steps is not None and latest >= self.s.total_steps:
+            return f"checkpoint {latest} is the last step: the run is done"
+        return None
+
+    def local_controller_alive(self) -> bool:
+        from hpcppo.launch.status import local_controller_alive
+
+        return local_controller_alive(self.local_job_id(), RunPaths(self.run_dir).submitit)
+
     def exit_record(self) -> str | None:
         try:
             return self.record.read_text().strip() or "?"
@@ -345,8 +411,6 @@ class Monitor:
 
     def cancel_requested(self) -> bool:
         """A user's ``hpcppo cancel`` of this job (local: recorded in run.json)."""
-        from hpcppo.rundir import RunDir
-
         job_id = self.local_job_id()
         with contextlib.suppress(OSError, ValueError):
             for attempt in RunDir(self.run_dir).read_record().get("attempts", []):
@@ -366,6 +430,23 @@ class Monitor:
             log.error("could not append to events.jsonl: %s", exc)
 
     # -- what it does -----------------------------------------------------------------------------------
+    def on_over(self, why: str) -> int:
+        """The attempt is over (:meth:`attempt_over`): nothing to watch, nothing to do; a trainer of this attempt
+        that vanished without an exit record is still recorded, as at the end of a job."""
+        if self.trainers.seen and not self.trainers.alive() and self.exit_record() is None:
+            self.trainer_dead(f"the trainer processes of attempt {self.job_attempt} ended without an exit record "
+                              f"({why})")
+        log.info("attempt %s is over: %s; bye", self.job_attempt, why)
+        return 0
+
+    def on_never_seen(self, waited_s: float) -> int:
+        """No trainer process of this attempt ever appeared: it failed at start (or runs on another host)."""
+        if self.exit_record() is None and self.attempt_over() is None:
+            self.trainer_dead(f"no trainer process of attempt {self.job_attempt} appeared on this host in "
+                              f"{waited_s:.0f} s and no exit record", waited_s=round(waited_s, 3))
+        log.info("no trainer of attempt %s seen in %.0f s; bye", self.job_attempt, waited_s)
+        return 0
+
     def last_look(self, why: str) -> int:
         """The job is ending: a trainer that is gone without an exit record died."""
         code = self.exit_record()
@@ -391,6 +472,9 @@ class Monitor:
         self.event(events.TRAINER_DEAD, st.last_step, f"{what}; last step {st.last_step}", rows=st.rows, **details)
 
     def on_hang(self, st: LogState, silence: float, threshold: float) -> int:
+        over = self.attempt_over(st)  # never act on another attempt, nor on a run that is done
+        if over is not None:
+            return self.on_over(over)
         hangs = read_events(self.run_dir, kinds=[events.HANG])
         restarts = sum(1 for e in hangs if e.get("action") in ("requeue", "restart"))
         recover = restarts < self.s.max_restarts and (self.s.scheduler == "local" or self.s.requeue)
@@ -442,7 +526,6 @@ class Monitor:
     def restart_local(self, recover: bool) -> None:
         """Stop this attempt's ranks; start a new attempt as ``hpcppo resume`` does."""
         from hpcppo.launch import jobs, status, submit
-        from hpcppo.rundir import RunDir
 
         run, job_id = RunDir(self.run_dir), self.local_job_id()
         folder = RunPaths(self.run_dir).submitit
@@ -457,6 +540,10 @@ class Monitor:
         if killed:
             log.warning("SIGKILLed leftover trainer processes %s", killed)
         if not recover:
+            return
+        done = self.run_done()  # the ranks may have finished the run while they were being stopped
+        if done is not None:
+            log.info("not restarting: %s", done)
             return
         for name in list(os.environ):  # the new controller must not inherit this rank's job variables
             if name in _JOB_ENV or name.startswith("SUBMITIT_"):
@@ -473,8 +560,10 @@ def settings_from_run(run_dir: Path, *, interval_s: float | None = None) -> tupl
 
     compiled = load_resolved(RunPaths(run_dir).resolved)
     wd, site = compiled.experiment.watchdog, compiled.site
+    # 0: total_epochs x steps per epoch, known to the trainer only
+    total = compiled.plan.total_steps if compiled.job.kind == "train" and compiled.plan.total_steps > 0 else None
     settings = Settings(interval_s=interval_s or wd.interval_s, heartbeat_factor=wd.heartbeat_factor,
-                        min_heartbeat_s=wd.min_heartbeat_s, scheduler=site.scheduler,
+                        min_heartbeat_s=wd.min_heartbeat_s, scheduler=site.scheduler, total_steps=total,
                         requeue=bool(getattr(site.slurm, "requeue", True)),
                         locking=None if site.hdf5.locking else False, follow_log=bool(site.hdf5.swmr))
     if not site.hdf5.swmr:

@@ -83,6 +83,14 @@ def _exit_record_says_requeue(run):
     assert (run / "control" / "exit-code.a0").read_text().strip() == str(exitcodes.REQUEUE)
 
 
+def _exit_record_explains_the_full_disk(run):
+    """Rank 0 wrote the explanation with its code (issue 25: it was only in the rank log): status shows it."""
+    record = (run / "control" / "exit-code.a0").read_text().splitlines()
+    assert record[0] == str(exitcodes.FAILED) and len(record) == 2, record
+    assert f"under {run / 'checkpoints'}: no space left on that file system" in record[1], record
+    assert "MiB free when it failed, the last checkpoint took" in record[1] and "hpcppo resume" in record[1], record
+
+
 def _clear_pause(run):
     control.clear_pause(run)  # what `hpcppo resume` does before it submits the next attempt
 
@@ -126,6 +134,7 @@ FAULTS = {
         codes=lambda c: c[0] == KILLED and c[1] not in (0, KILLED), between=_row_five_is_torn,
         log="appending the metrics row of step 5"),
     "full_disk_during_a_checkpoint": Fault(codes=lambda c: all(x not in (0, KILLED) for x in c),
+                                           between=_exit_record_explains_the_full_disk,
                                            log="no space left on that file system"),
     "preemption_signal": Fault(during=_when_rows(4, _preempt), codes=lambda c: c == [exitcodes.REQUEUE] * 2,
                                between=_exit_record_says_requeue, resumed_from=(4, 5, 6), event="preempted"),

@@ -1,6 +1,6 @@
 """What verl users reach for, end to end on the arithmetic task (issue 23), in two short runs sharing the checks:
-validation at n responses per prompt (verl's mean@n, best@k, worst@k, maj@k per data source) with the clip_cov loss
-and ReMax's greedy baseline; the gspo loss with the GPG estimator."""
+validation at n responses per prompt (verl's mean@n, best@k, worst@k, maj@k per data source) with the clip_cov loss,
+ReMax's greedy baseline and both trackers (TensorBoard, wandb offline); the gspo loss with the GPG estimator."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import math
 import pytest
 
 from hpcppo import metrics as hmetrics
-from hpcppo.rundir import metric_names
+from hpcppo.rundir import RunPaths, metric_names
 
 from _harness import compile_run, launch_ranks, logs_of, wait_all, write_spec
+from trackerfiles import tensorboard_scalars, wandb_records
 
 
 @pytest.mark.slow
@@ -21,6 +22,7 @@ def test_validation_at_n_with_clip_cov_and_remax(tmp_path, random_tiny):
         "rollout.val_n=4", "rollout.val_temperature=1.0", "trainer.val_before_train=true", "trainer.test_freq=2",
         "actor.policy_loss.loss_mode=clip_cov", "actor.policy_loss.clip_cov_ratio=0.05",
         "actor.policy_loss.clip_cov_lb=-1.0", "algorithm.adv_estimator=remax",
+        "trainer.logger=['console','tensorboard','wandb']", "trainer.project_name=issue23",
         "trainer.total_steps=2", "checkpoint.save_every=0",
     ])
     assert wait_all(launch_ranks(run, 2, "a0")) == [0, 0], logs_of(run)
@@ -40,6 +42,16 @@ def test_validation_at_n_with_clip_cov_and_remax(tmp_path, random_tiny):
     assert (train["actor/pg_clipfrac"] > 0).any() and train["actor/pg_clipfrac_lower"].isna().all()
     assert train["critic/vf_loss"].isna().all()  # ReMax trains no critic
     assert "greedy baseline" in logs_of(run)
+    # The trackers hold the rows of the HDF5 log: TensorBoard's reader, wandb's offline run records.
+    tb = tensorboard_scalars(RunPaths(run).tensorboard)
+    assert [s for s, _ in tb["val/score/hpcppo/arith/maj@4/mean"]] == [0, 2]
+    assert [v for _, v in tb["reward/mean"]] == pytest.approx(df.loc[[1, 2], "reward/mean"].tolist())
+    [wandb_file] = RunPaths(run).wandb.glob("offline-run-*/run-*.wandb")
+    records = wandb_records(wandb_file)
+    assert [r.run.project for r in records if r.WhichOneof("record_type") == "run"] == ["issue23"]
+    history = [{(i.key or "/".join(i.nested_key)): i.value_json for i in r.history.item}
+               for r in records if r.WhichOneof("record_type") == "history"]
+    assert [h.get("_step") for h in history] == ["0", "1", "2"], history
 
 
 @pytest.mark.slow

@@ -90,3 +90,46 @@ def test_a_hung_local_run_is_detected_recorded_and_restarted(tmp_path, random_ti
     while _processes_of(run.path) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _processes_of(run.path) == []
+
+
+@pytest.mark.slow
+def test_no_monitor_outlives_an_attempt_that_failed_at_start(tmp_path, random_tiny):
+    """Issue 25: the monitor of an attempt that failed at start stayed alive, took the next attempt's metric file
+    for its own and, once the run had COMPLETED, recorded a false hang and tried to restart it. Here attempt 0 fails
+    at start (its model is not there yet), attempt 1 completes: each monitor ends with its attempt, nothing false is
+    recorded, and no process of the run is left."""
+    import shutil
+
+    model = tmp_path / "model-later"
+    spec = write_spec(tmp_path / "exp.toml", {**random_tiny, "model": model}, name="failstart")
+    overrides = ["trainer.total_steps=3", "checkpoint.save_every=3", "watchdog.min_heartbeat_s=5",
+                 "watchdog.heartbeat_factor=3", "watchdog.interval_s=0.5"]
+    crun = jobs.compile_run(spec, "local", overrides, runs_root=str(tmp_path / "runs"), check_paths=False)
+    run = crun.run
+    jobs.submit_run(crun)
+    deadline = time.monotonic() + 120
+    while (st := status.run_status(run))["state"] not in status.FINAL_STATES and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert st["state"] == "FAILED", (st, logs_of(run.path))
+    first = str(run.read_record()["attempts"][0]["job_id"])
+    deadline = time.monotonic() + 15  # the first monitor ends within seconds of its attempt
+    while _processes_of(run.path) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_of(run.path) == [], "a process of the failed attempt outlived it"
+
+    shutil.copytree(random_tiny["model"], model)
+    jobs.resume_run(run)
+    deadline = time.monotonic() + 300
+    while (st := status.run_status(run))["state"] not in status.FINAL_STATES and time.monotonic() < deadline:
+        time.sleep(1)
+    assert st["state"] == "COMPLETED", (st, logs_of(run.path))
+    time.sleep(3 * 5 + 2)  # past the startup allowance (3 x min_heartbeat_s): a lingering monitor would call a hang
+    kinds = [e["kind"] for e in events.read_events(run.path)]
+    assert not {"hang", "monitor.error", "monitor.restarted"} & set(kinds), events.read_events(run.path)
+    assert len(run.read_record()["attempts"]) == 2 and status.run_status(run)["state"] == "COMPLETED"
+    watchdog_log = (run.logs / f"attempt-local-{first}" / "watchdog.log").read_text()
+    assert "bye" in watchdog_log, watchdog_log
+    deadline = time.monotonic() + 15
+    while _processes_of(run.path) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _processes_of(run.path) == []

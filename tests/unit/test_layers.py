@@ -23,6 +23,9 @@ DEFERRED: dict[tuple[str, str], str] = {
     **{("hpcppo.train.main", target): "the job entry point installs its preemption handler first: a signal that comes while torch and the models load is kept, not fatal"
        for target in ("hpcppo.config", "hpcppo.distributed.env", "hpcppo.train.preflight",
                       "hpcppo.train.trainer")},
+    **{("hpcppo.train.export", target): "torch only when a model is exported: cli.model, which imports this "
+                                        "module, also serves `tools make-model`, torch-free when up to date"
+       for target in ("hpcppo.config", "hpcppo.distributed.checkpoint", "hpcppo.models")},
 }
 #: Imports outside the table, until their package is reworked (an entry that no longer happens fails the test, so
 #: that it is removed with the import).

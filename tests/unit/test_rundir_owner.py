@@ -27,8 +27,8 @@ NAMES: tuple[str, ...] = (
     "rank-", "slurm-", "step-", "COMMITTED",
 )
 # Names that are also words (``"PAUSED"`` is a run state too): only their use as a path counts.
-DIRS: tuple[str, ...] = (*paths.SUBDIRS, paths.SUBMITIT, paths.REQUESTS, paths.DONE, paths.REJECTED, paths.LOCK,
-                         paths.PAUSE, paths.PAUSED)
+DIRS: tuple[str, ...] = (*paths.SUBDIRS, paths.SUBMITIT, paths.TENSORBOARD, paths.WANDB, paths.REQUESTS, paths.DONE,
+                         paths.REJECTED, paths.LOCK, paths.PAUSE, paths.PAUSED)
 _NAME_RE = re.compile("|".join(re.escape(n) for n in NAMES))
 
 

@@ -352,3 +352,66 @@ def test_resume_of_a_run_with_all_steps_done_says_so_and_rollback_still_resubmit
     assert main(["rollback", run.run_id, "--to", "20", "--runs-root", runs]) == 0
     assert submitted == [run.run_id] and len(run.read_record()["attempts"]) == 2
     assert "resubmitted as job" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- a diagnosed failure's explanation (issue 25)
+FULL = ("checkpoint step 6 could not be written under /scratch/r/checkpoints: no space left on that file system "
+        "(0.1 MiB free when it failed, the last checkpoint took 3.2 MiB); checkpoint step 3 is intact and the run "
+        "resumes from it (free space there (or lower checkpoint.keep_last), then hpcppo resume r)")
+
+
+def test_the_exit_records_explanation_is_the_failed_runs_reason(local_run, capsys):
+    """A full disk said only `FAILED (rank 1: RuntimeError: rank 1 exited with 1)`: rank 0 now writes the one-line
+    explanation into its exit record, and status shows it."""
+    from hpcppo.rundir import exitcodes
+
+    run = local_run()
+    now = time.time()
+    write_result(run, 0, "error", "Traceback ...\nRuntimeError: rank 0 exited with 1; see rank-0.log\n", now)
+    write_result(run, 1, "error", "Traceback ...\nRuntimeError: rank 1 exited with 1; see rank-1.log\n", now - 1)
+    exitcodes.write_exit_record(run.path, f"local-{DEAD_PID}", exitcodes.FAILED, FULL)
+    st = status.run_status(run)
+    assert (st["state"], st["exit_record"], st["exit_reason"], st["reason"]) == ("FAILED", 1, FULL, FULL)
+    assert main(["status", run.run_id, "--runs-root", str(run.path.parent)]) == 0
+    assert f"FAILED ({FULL})" in capsys.readouterr().out
+
+
+def test_an_exit_record_is_the_code_then_one_line_and_old_records_still_read(tmp_path):
+    from hpcppo.rundir import exitcodes
+
+    exitcodes.write_exit_record(tmp_path, "7.0", exitcodes.FAILED, "disk full\nunder /x\t and more " + "y" * 5000)
+    text = (tmp_path / "control" / "exit-code.7.0").read_text()
+    first, second, rest = text.split("\n", 2)
+    assert (first, rest) == ("1", "") and second.startswith("disk full under /x and more yyy") and len(second) == 2000
+    assert exitcodes.read_exit_record(tmp_path, "7.0") == 1 and exitcodes.read_exit_reason(tmp_path, "7.0") == second
+    (tmp_path / "control" / "exit-code.6.0").write_text("75\n")  # as every record was written before
+    assert exitcodes.read_exit_record(tmp_path, "6.0") == 75 and exitcodes.read_exit_reason(tmp_path, "6.0") is None
+    assert exitcodes.read_exit_record(tmp_path, "5.0") is None and exitcodes.read_exit_reason(tmp_path, "5.0") is None
+
+
+def _batch_tail(tmp_path: Path) -> str:
+    """The rendered Slurm script from the line after srun to its end: what the batch shell does with the record."""
+    crun = jobs.compile_run(ARITH, "local-slurm", [], runs_root=str(tmp_path / "runs"), check_paths=False)
+    text = crun.run.script.read_text()
+    return text[text.index("rc=$?"):]
+
+
+@pytest.mark.parametrize("record, shown, rc, requeued", [
+    ("1\n" + FULL + "\n", "1", 1, False), ("75\n", "75", 0, True), ("75\ncheckpointed on a signal\n", "75", 0, True),
+    ("76\n", "76", 0, False), ("0\n", "0", 0, False), ("0", "0", 0, False), ("garbage\n", "1", 1, False)])
+def test_the_batch_script_reads_the_code_from_the_records_first_line(record, shown, rc, requeued, tmp_path):
+    import subprocess
+
+    bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol.calls"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    (tmp_path / "control").mkdir()
+    (tmp_path / "control" / "exit-code.9.0").write_text(record)
+    script = "false\n" + _batch_tail(tmp_path)  # srun's stand-in exits 1: the record decides
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HPCPPO_RUN_DIR": str(tmp_path), "HPCPPO_ATTEMPT": "9.0",
+           "SLURM_JOB_ID": "9"}
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=30)
+    assert proc.returncode == rc and proc.stderr == "", proc.stdout + proc.stderr
+    assert f"trainers exited with {shown} at" in proc.stdout
+    assert calls.exists() == requeued and (not requeued or calls.read_text() == "requeue 9\n")

@@ -13,6 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import attrs
 import h5py
 import pytest
 
@@ -339,3 +340,166 @@ def test_locally_a_trainer_gone_after_a_users_cancel_is_not_dead(tmp_path, monke
     trainer.wait()
     assert mon.run() == 0
     assert read_events(tmp_path) == []
+
+
+# ----------------------------------------------------------------------------- a monitor ends with its attempt (issue 25)
+# Monitors outlived their attempt: one that started for an attempt which failed at start followed the next attempt's
+# metric file and, after the run had COMPLETED, recorded a false hang and tried to restart it. Each case below keeps a
+# trainer of the monitor's own attempt alive (a real process) and a threshold that would call a hang within a second:
+# the monitor must end on its own, record nothing false and never act.
+def _acting(monkeypatch) -> list:
+    acted = []
+    monkeypatch.setattr(Monitor, "stop_slurm_steps", lambda self, code: acted.append(("stop", code)))
+    monkeypatch.setattr(Monitor, "restart_local", lambda self, recover: acted.append(("restart", recover)))
+    return acted
+
+
+def _run_with_trainer(run_dir: Path, attempt: str, settings: Settings, **kw) -> tuple[int, float]:
+    trainer = _fake_trainer(run_dir, attempt)
+    try:
+        mon = Monitor(run_dir, attempt, settings, **kw)
+        deadline = time.monotonic() + 10
+        while mon.trainers.alive() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        rc = mon.run()
+        return rc, time.monotonic() - t0
+    finally:
+        trainer.kill()
+        trainer.wait()
+
+
+def test_a_monitor_ends_when_a_newer_attempt_is_recorded(tmp_path, monkeypatch):
+    from hpcppo.rundir import RunDir
+
+    acted = _acting(monkeypatch)
+    run = RunDir(tmp_path)
+    run.add_attempt(job_id="31", scheduler="slurm", state="FAILED", kind="submit")
+    run.add_attempt(job_id="32", scheduler="slurm", state="PENDING", kind="resume")
+    rc, took = _run_with_trainer(tmp_path, "31.0", _settings(min_heartbeat_s=0.3))
+    assert (rc, acted, read_events(tmp_path)) == (0, [], []) and took < 1.0
+
+
+def test_a_monitor_whose_attempt_is_not_recorded_yet_keeps_watching(tmp_path, monkeypatch):
+    """The submitter records a local attempt once its controller runs: a monitor started before that is not over."""
+    from hpcppo.rundir import RunDir
+
+    acted = _acting(monkeypatch)
+    RunDir(tmp_path).add_attempt(job_id="30", scheduler="slurm", state="FAILED", kind="submit")
+    rc, _ = _run_with_trainer(tmp_path, "31.0", _settings(min_heartbeat_s=0.3))
+    assert rc == 0 and acted == [("stop", exitcodes.REQUEUE)]  # its own hang: acted on
+    assert [e["kind"] for e in read_events(tmp_path)] == ["hang"]
+
+
+def test_a_monitor_never_follows_another_attempts_metric_file(tmp_path, monkeypatch):
+    """Its own attempt failed before writing a file; the next attempt writes the file it waited for."""
+    acted = _acting(monkeypatch)
+    monkeypatch.setenv("HPCPPO_ATTEMPT", "41.0")
+    with _writer(tmp_path, 0) as w:  # the index monitor 40.0 expects (no file when it started)
+        for step in (1, 2):
+            w.log(step, {})
+        rc, took = _run_with_trainer(tmp_path, "40.0", _settings(min_heartbeat_s=0.3), first_index=0)
+    assert (rc, acted, read_events(tmp_path)) == (0, [], []) and took < 1.0
+    with h5py.File(tmp_path / "metrics" / "attempt-0000.h5", "r") as f:
+        assert f.attrs["job_attempt"] == "41.0"
+
+
+def test_a_monitor_follows_its_own_attempts_file(tmp_path, monkeypatch):
+    acted = _acting(monkeypatch)
+    monkeypatch.setenv("HPCPPO_ATTEMPT", "40.0")
+    with _writer(tmp_path, 0) as w:
+        w.log(1, {})
+        rc, _ = _run_with_trainer(tmp_path, "40.0", _settings(min_heartbeat_s=0.3), first_index=0)
+    assert rc == 0 and acted == [("stop", exitcodes.REQUEUE)]
+    assert [(e["kind"], e["step"]) for e in read_events(tmp_path)] == [("hang", 1)]
+
+
+def test_a_monitor_ends_when_another_attempt_completed_the_run(tmp_path, monkeypatch):
+    acted = _acting(monkeypatch)
+    _exit_record(tmp_path, "50.1", exitcodes.DONE)
+    _exit_record(tmp_path, "49.0", exitcodes.REQUEUE)  # an earlier stop says nothing about the run being done
+    rc, took = _run_with_trainer(tmp_path, "50.0", _settings(min_heartbeat_s=0.3))
+    assert (rc, acted, read_events(tmp_path)) == (0, [], []) and took < 1.0
+
+
+def test_a_monitor_ends_when_the_last_step_is_committed(tmp_path, monkeypatch):
+    from hpcppo.rundir import checkpoints
+
+    acted = _acting(monkeypatch)
+    final = checkpoints.step_dir(tmp_path / "checkpoints", 6)
+    final.mkdir(parents=True)
+    checkpoints.write_marker(final, {"step": 6, "files": {}})
+    rc, took = _run_with_trainer(tmp_path, "60.0", _settings(min_heartbeat_s=0.3, total_steps=6))
+    assert (rc, acted, read_events(tmp_path)) == (0, [], []) and took < 1.0
+    rc, _ = _run_with_trainer(tmp_path, "61.0", _settings(min_heartbeat_s=0.3, total_steps=8))  # not the last step
+    assert rc == 0 and acted == [("stop", exitcodes.REQUEUE)]
+
+
+def test_a_monitor_whose_trainers_never_appear_ends_and_says_so(tmp_path, monkeypatch):
+    """An attempt that failed at start: no trainer process ever, no exit record."""
+    acted = _acting(monkeypatch)
+    monkeypatch.setattr(monitor, "NEVER_SEEN_S", 0.5)
+    t0 = time.monotonic()
+    assert Monitor(tmp_path, "70.0", _settings(min_heartbeat_s=30.0)).run() == 0
+    assert time.monotonic() - t0 < 2.0 and acted == []
+    (dead,) = read_events(tmp_path)
+    assert dead["kind"] == "trainer_dead" and "no trainer process of attempt 70.0 appeared" in dead["message"]
+
+
+def _fake_controller(run_dir: Path) -> subprocess.Popen:
+    """What status takes for a local job's submitit controller: a process naming submitit and the run's folder."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "submitit",
+                             str(run_dir / "submitit")])
+
+
+def test_a_local_monitor_ends_when_its_controller_is_gone(tmp_path, monkeypatch):
+    acted = _acting(monkeypatch)
+    controller = _fake_controller(tmp_path)
+    trainer = _fake_trainer(tmp_path, f"local-{controller.pid}")
+    try:
+        mon = Monitor(tmp_path, f"local-{controller.pid}", _settings(scheduler="local", min_heartbeat_s=30.0))
+        deadline = time.monotonic() + 10
+        while mon.trainers.alive() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert mon.attempt_over() is None  # the job runs
+        controller.kill()
+        controller.wait()
+        t0 = time.monotonic()
+        assert mon.run() == 0 and time.monotonic() - t0 < 1.0
+    finally:
+        for p in (controller, trainer):
+            p.kill()
+            p.wait()
+    assert acted == [] and read_events(tmp_path) == []
+
+
+def test_a_local_monitor_never_restarts_a_completed_run(tmp_path):
+    """The real restart path (no stand-in): a hang seen after the run's last step committed restarts nothing."""
+    from hpcppo.launch import jobs
+    from hpcppo.rundir import RunDir, checkpoints
+
+    spec = Path(__file__).resolve().parents[2] / "examples" / "arith-tiny.toml"
+    run = jobs.compile_run(spec, "local", ["trainer.total_steps=3"], runs_root=str(tmp_path), check_paths=False).run
+    controller = _fake_controller(run.path)
+    job = str(controller.pid)
+    trainer = _fake_trainer(run.path, f"local-{job}")
+    try:
+        RunDir(run.path).add_attempt(job_id=job, scheduler="local", state="RUNNING", kind="submit")
+        settings, _ = monitor.settings_from_run(run.path, interval_s=0.2)
+        settings = attrs.evolve(settings, min_heartbeat_s=0.3)
+        assert settings.total_steps == 3
+        mon = Monitor(run.path, f"local-{job}", settings)
+        deadline = time.monotonic() + 10
+        while mon.trainers.alive() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        final = checkpoints.step_dir(run.checkpoints, 3)
+        final.mkdir(parents=True)
+        checkpoints.write_marker(final, {"step": 3, "files": {}})
+        assert mon.run() == 0
+        assert controller.poll() is None  # not cancelled
+    finally:
+        for p in (controller, trainer):
+            p.kill()
+            p.wait()
+    assert len(run.read_record()["attempts"]) == 1
+    assert read_events(run.path) == []
