@@ -56,6 +56,7 @@ def write_attempt(run: Path, attempt: int, steps: np.ndarray, t0: float, seed: i
     with h5py.File(w.path, "a", libver="latest") as f:
         for name, data in (("step", steps.astype(np.int64)), ("attempt", np.full(n, attempt, np.int32)),
                            ("branch", branch), ("time", t0 + np.arange(n) * 0.5), ("values", values),
+                           ("logged", (~np.isnan(values)).astype(np.uint8)),
                            ("seq", np.arange(n, dtype=np.int64))):  # seq last, as the writer does
             f[name].resize(n, axis=0)
             f[name][:] = data

@@ -7,11 +7,12 @@ these are over the current history: a branch abandoned by a rollback and steps a
 left out.
 
 The first non-finite value is looked for in every row, abandoned branches included (the NaN that made the
-watchdog roll back lives on the abandoned branch). The log writes NaN both for a value that was NaN and for a
-metric not logged at that step, so a NaN counts only where the metric was expected: after its first logged
-value, in a metric logged step after step (``val/*``, ``time/checkpoint_s`` and any metric never logged at
-two rows in a row are sparse: for them only +-inf counts), except in a row that logged sparse metrics only
-(validation before training, step 0). +-inf always counts.
+watchdog roll back lives on the abandoned branch). +-inf always counts. NaN is written both for a value that was
+NaN and for a metric not logged at that step; the log records which (``/logged``, docs/metrics.md), so a NaN
+counts exactly where the row logged the metric. In files written before that record existed a NaN counts only
+where the metric was expected: after its first logged value, in a metric logged step after step (``val/*``,
+``time/checkpoint_s`` and any metric never logged at two rows in a row are sparse: for them only +-inf counts),
+except in a row that logged sparse metrics only (validation before training, step 0).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import pandas as pd
 
 from hpcppo.analysis.targets import Target, damage_error, no_rows_error, resolved_data, total_steps
 from hpcppo.metrics import events as load_run_events
-from hpcppo.metrics import load, metric_files
+from hpcppo.metrics import load, load_with_logged, metric_files
 from hpcppo.metrics.schema import UnknownColumnError
 from hpcppo.rundir import metric_names
 from hpcppo.rundir.events import kind_tail, read_events, shown_in
@@ -121,10 +122,15 @@ def _dense(columns: Sequence[str], values: np.ndarray, current: np.ndarray) -> n
     return ~(named | ((count >= 2) & ~consecutive))
 
 
-def first_nonfinite(every: pd.DataFrame, columns: Sequence[str]) -> dict[str, Any] | None:
-    """The first row (in logging order, every row) with a non-finite value, per the module docstring."""
+def first_nonfinite(every: pd.DataFrame, columns: Sequence[str],
+                    logged: np.ndarray | None = None) -> dict[str, Any] | None:
+    """The first row (in logging order, every row) with a non-finite value, per the module docstring.
+
+    ``logged``: which cells of ``every[columns]`` were logged (:func:`hpcppo.metrics.load_with_logged`: 1, 0, or
+    -1 where the file did not record it); None: not known for any row (the guess of the module docstring)."""
     if not len(every) or not columns:
         return None
+    recorded = logged  # (the loop below names the cells it sees logged ``logged``)
     values = every[list(columns)].to_numpy(dtype=np.float64)  # a view of the frame's block, no copy
     current = every["current"].to_numpy() if "current" in every else np.ones(len(every), bool)
     dense = _dense(columns, values, current)
@@ -136,14 +142,19 @@ def first_nonfinite(every: pd.DataFrame, columns: Sequence[str]) -> dict[str, An
         block = values[a:a + BLOCK_ROWS]
         nan = np.isnan(block)
         bad = np.isinf(block)
-        if dense.any():
+        known = np.zeros(block.shape, bool)
+        if recorded is not None:
+            marks = recorded[a:a + BLOCK_ROWS]
+            known = marks >= 0
+            bad |= nan & (marks == 1)  # a real NaN: the row logged it
+        if dense.any() and not known.all():
             logged = ~nan
             new = (first_logged == never) & logged.any(axis=0)
             first_logged[new] = a + np.argmax(logged[:, new], axis=0)
             expected = np.arange(a, a + len(block))[:, None] > first_logged[None, :]  # after the first value
             # a row that logged only sparse metrics (validation before training) is not missing the others
             sparse_only = logged[:, ~dense].any(axis=1) & nan[:, dense].all(axis=1)
-            bad |= nan & expected & dense[None, :] & ~sparse_only[:, None]
+            bad |= nan & expected & dense[None, :] & ~sparse_only[:, None] & ~known
         rows = np.flatnonzero(bad.any(axis=1))
         bad_rows += rows.size
         if first is None and rows.size:
@@ -170,7 +181,7 @@ def summarize_target(target: Target, *, metrics: Sequence[str] = (), locking: bo
         UnknownColumnError: a name in ``metrics`` is not a column of the log (with close matches).
         PathError: not a metric log, not readable, or so damaged that no row is left.
     """
-    every = load(target.path, attempts="all", branches="all", locking=locking)
+    every, logged = load_with_logged(target.path, attempts="all", branches="all", locking=locking)
     if not len(every):
         raise damage_error(target, every.attrs["damaged"]) if every.attrs.get("damaged") else no_rows_error(target)
     structural = {"step", "attempt", "branch", "seq", "time", "current"}
@@ -207,7 +218,7 @@ def summarize_target(target: Target, *, metrics: Sequence[str] = (), locking: bo
         "last_time": _iso(float(times.max())),
         "wall_s": float(times.max() - times.min()),
         "metrics": stats,
-        "first_nonfinite": first_nonfinite(every, columns),
+        "first_nonfinite": first_nonfinite(every, columns, logged),
         "events": {"counts": {str(k): int(v) for k, v in counts.items()},
                    "last": [{"time": _iso(float(r.time)), "step": None if pd.isna(r.step) else int(r.step),
                              "attempt": None if pd.isna(r.attempt) else int(r.attempt), "kind": r.kind,

@@ -76,6 +76,7 @@ class _FileRead(NamedTuple):
     attrs: dict[str, Any]  # the root attributes asked for (empty when unreadable)
     arrays: dict[str, np.ndarray]  # the intact rows of each dataset, all of one length (empty: none)
     damage: str | None  # what was lost, None for a whole file
+    present: tuple[str, ...] = ()  # the datasets of ``unread`` the file has (a file older than one has not)
 
 
 def _committed_length(datasets: Sequence[h5py.Dataset]) -> int:
@@ -126,17 +127,18 @@ def _read_once(path: Path, locking: bool | None, names: Sequence[str], attr_name
             raise PathError(f"{path}: not an hpcppo metric log (no format={schema.FORMAT!r} attribute)")
         try:
             meta = {name: f.attrs[name] for name in attr_names}
-            datasets = [f[name] for name in [*names, *unread]]
+            present = tuple(name for name in unread if name in f)
+            datasets = [f[name] for name in [*names, *present]]
             n = _committed_length(datasets)
             kept = min(h5io.intact_rows(d, n, path) for d in datasets)
             arrays = {name: d[:kept] for name, d in zip(names, datasets)}
         except h5io.HDF5_ERRORS as e:
             return _FileRead(meta, {}, f"no row can be read ({h5io.describe(path, e)})")
     if kept == n:
-        return _FileRead(meta, arrays, None)
+        return _FileRead(meta, arrays, None, present)
     cut = h5io.truncation(path)
     return _FileRead(meta, arrays, f"{kept} of its {n} rows kept, the others are lost"
-                                   + (f" (truncated: {cut})" if cut else ""))
+                                   + (f" (truncated: {cut})" if cut else ""), present)
 
 
 def _read_file(path: Path, locking: bool | None, names: Sequence[str], attr_names: Sequence[str],
@@ -167,23 +169,25 @@ class _Rows(NamedTuple):
     structural: dict[str, np.ndarray]  # ROW_COLUMNS -> (n,), the complete rows only
     dataset_index: np.ndarray | None  # the dataset row of each complete row (None: rows 0 .. n-1)
     damage: str | None
+    has_logged: bool = False  # the file has ``/logged`` (which cells a row logged); older files have not
 
 
 def _read_rows(path: Path, locking: bool | None) -> _Rows:
-    read = _read_file(path, locking, list(schema.STRUCTURAL), ["columns"], unread=[schema.VALUES])
+    read = _read_file(path, locking, list(schema.STRUCTURAL), ["columns"], unread=[schema.VALUES, schema.LOGGED])
     columns = [schema.decode_fixed(c) for c in read.attrs.get("columns", [])]
+    has_logged = schema.LOGGED in read.present
     if not read.arrays:
         empty: dict[str, np.ndarray] = {name: np.zeros(0, dtype) for name, (dtype, _) in schema.STRUCTURAL.items()}
-        return _Rows(path, columns, empty, None, read.damage)
+        return _Rows(path, columns, empty, None, read.damage, has_logged)
     arrays = read.arrays
     # A structural value still at its fill value means the row is not complete yet (seq is written last,
     # but the order in which HDF5 writes chunks of different datasets to disk is not ours to choose).
     written = (arrays["seq"] >= 0) & (arrays["step"] >= 0) & (arrays["attempt"] >= 0) & (arrays["branch"] >= 0)
     written &= ~np.isnan(arrays["time"])
     if written.all():  # the usual case
-        return _Rows(path, columns, {name: arrays[name] for name in ROW_COLUMNS}, None, read.damage)
+        return _Rows(path, columns, {name: arrays[name] for name in ROW_COLUMNS}, None, read.damage, has_logged)
     return _Rows(path, columns, {name: arrays[name][written] for name in ROW_COLUMNS}, np.flatnonzero(written),
-                 read.damage)
+                 read.damage, has_logged)
 
 
 def _runs(rows: np.ndarray) -> list[tuple[int, int, int]]:
@@ -197,10 +201,10 @@ def _runs(rows: np.ndarray) -> list[tuple[int, int, int]]:
 
 
 def _read_values(r: _Rows, locking: bool | None, select: np.ndarray | None, out: np.ndarray,
-                 where: dict[str, int]) -> None:
-    """Read the values of ``r``'s complete rows ``select`` (sorted positions; None: all) into ``out``, row for
-    row, each column into ``out``'s column ``where[name]``. HDF5 writes straight into ``out`` (no copy), one
-    read per run of consecutive rows (a rollback or a resume makes a few)."""
+                 where: dict[str, int], dataset: str = schema.VALUES) -> None:
+    """Read the values (or ``dataset``: ``/logged``) of ``r``'s complete rows ``select`` (sorted positions; None:
+    all) into ``out``, row for row, each column into ``out``'s column ``where[name]``. HDF5 writes straight into
+    ``out`` (no copy), one read per run of consecutive rows (a rollback or a resume makes a few)."""
     n = len(r.structural["step"])
     positions = np.arange(n) if select is None else select
     dataset_rows = positions if r.dataset_index is None else r.dataset_index[positions]
@@ -211,7 +215,7 @@ def _read_values(r: _Rows, locking: bool | None, select: np.ndarray | None, out:
     block = all(i - i0 == j - j0 == k for k, (i, j) in enumerate(pairs))  # file columns i0.. land at j0..
     try:
         with h5io.open_swmr(r.path, locking) as f:
-            ds = f[schema.VALUES]
+            ds = f[dataset]
             for first, stop, at in _runs(dataset_rows):
                 if block:
                     ds.read_direct(out, np.s_[first:stop, i0:i0 + len(pairs)], np.s_[at:at + stop - first, j0:j0 + len(pairs)])
@@ -282,6 +286,15 @@ def _frame(structural: dict[str, np.ndarray], values: np.ndarray, columns: Seque
     return pd.concat([head, pd.DataFrame(values, columns=list(columns), copy=False)], axis=1)
 
 
+def load_with_logged(run: str | os.PathLike[str], **kwargs: Any) -> tuple[pd.DataFrame, np.ndarray]:
+    """:func:`load` (same arguments), and which of the frame's metric cells were logged: an int8 array of shape
+    (rows, metric columns), in the frame's row and metric-column order, 1 where the row logged the metric (a
+    NaN there is a real NaN), 0 where it did not (a NaN there means "not logged at this step"), -1 for every
+    cell of a file written before the log recorded it (``/logged``, docs/metrics.md): there NaN means either.
+    """
+    return _load(run, with_logged=True, **kwargs)  # type: ignore[return-value]
+
+
 def load(
     run: str | os.PathLike[str],
     *,
@@ -328,6 +341,14 @@ def load(
         UnknownColumnError: a name in ``columns`` is in none of the files.
         ValueError: ``attempts`` or ``branches`` is not one of the values above.
     """
+    frame, _ = _load(run, attempts=attempts, branches=branches, columns=columns, locking=locking, all_rows=all_rows)
+    return frame
+
+
+def _load(run: str | os.PathLike[str], *, attempts: str = "latest", branches: str = "current",
+          columns: Sequence[str] | None = None, locking: bool | None = None, all_rows: bool = False,
+          with_logged: bool = False) -> tuple[pd.DataFrame, np.ndarray | None]:
+    """:func:`load`, and with ``with_logged`` the logged cells (:func:`load_with_logged`)."""
     if attempts not in _ATTEMPTS:
         raise ValueError(f"attempts must be one of {', '.join(map(repr, _ATTEMPTS))}, not {attempts!r}")
     if branches not in _BRANCHES:
@@ -354,7 +375,7 @@ def load(
         df = _empty_rows(declared)
         if extra:
             df[extra] = pd.Series(dtype=bool)
-        return _marked(df, damaged)
+        return _marked(df, damaged), (np.zeros((0, len(declared)), np.int8) if with_logged else None)
     structural, order = _combine(reads)
     keep, current = _select(structural, attempts="all" if all_rows else attempts,
                             branches="all" if all_rows else branches)
@@ -363,12 +384,13 @@ def load(
         structural = {name: a[keep] for name, a in structural.items()}
         current = current[keep]
     values = _gather(reads, declared, rows, locking)
+    logged = _gather(reads, declared, rows, locking, schema.LOGGED) if with_logged else None
     df = _frame(structural, values, declared)
     if extra == "superseded":
         df["superseded"] = ~current
     elif extra == "current":
         df["current"] = current
-    return _marked(df, damaged)
+    return _marked(df, damaged), logged
 
 
 def _combine(reads: Sequence[_Rows]) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
@@ -387,17 +409,23 @@ def _combine(reads: Sequence[_Rows]) -> tuple[dict[str, np.ndarray], np.ndarray 
 
 
 def _gather(reads: Sequence[_Rows], declared: Sequence[str], rows: np.ndarray | None,
-            locking: bool | None) -> np.ndarray:
+            locking: bool | None, dataset: str = schema.VALUES) -> np.ndarray:
     """The metric values of ``rows`` (indices into the files' complete rows taken one file after another; None:
     all of them), in ``declared`` column order. Each file's values are read straight into their place in one
-    new array: the values are touched once, as by a plain ``h5py`` read, whatever rows are dropped."""
+    new array: the values are touched once, as by a plain ``h5py`` read, whatever rows are dropped.
+
+    ``dataset=LOGGED``: which cells were logged instead, as int8: 1 logged, 0 not (a column the file does not
+    declare included), -1 unknown (every cell of a file written before ``/logged`` existed)."""
     if rows is not None and rows.size > 1 and not bool(np.all(rows[1:] > rows[:-1])):
-        return _gather(reads, declared, None, locking)[rows]  # out of logging order across files: never so
+        return _gather(reads, declared, None, locking, dataset)[rows]  # out of logging order across files: never so
     sizes = [len(r.structural["step"]) for r in reads]
     total = sum(sizes) if rows is None else int(rows.size)
     where = {name: j for j, name in enumerate(declared)}
     every_cell = all(set(declared) <= set(r.columns) for r in reads)
-    out = np.empty((total, len(declared))) if every_cell else np.full((total, len(declared)), np.nan)
+    if dataset == schema.LOGGED:  # read as stored (uint8: no conversion), returned as int8 (255 reads as -1)
+        out = np.zeros((total, len(declared)), np.uint8)
+    else:
+        out = np.empty((total, len(declared))) if every_cell else np.full((total, len(declared)), np.nan)
     start = offset = 0
     for r, n in zip(reads, sizes):
         if rows is None:
@@ -405,10 +433,13 @@ def _gather(reads: Sequence[_Rows], declared: Sequence[str], rows: np.ndarray | 
         else:
             lo, hi = np.searchsorted(rows, [offset, offset + n])
             select, count = rows[lo:hi] - offset, int(hi - lo)
-        _read_values(r, locking, select, out[start:start + count], where)
+        if dataset == schema.LOGGED and not r.has_logged:
+            out[start:start + count] = 255
+        else:
+            _read_values(r, locking, select, out[start:start + count], where, dataset)
         start += count
         offset += n
-    return out
+    return out.view(np.int8) if dataset == schema.LOGGED else out
 
 
 def _select(structural: dict[str, np.ndarray], *, attempts: str, branches: str) -> tuple[np.ndarray | None, np.ndarray]:

@@ -13,7 +13,9 @@ Layout of one file (every object is created before SWMR is switched on; nothing 
     /branch   (N,)      int64    0, then +1 each time a step <= the previous one is logged (a rollback)
     /seq      (N,)      int64    0, 1, 2, ... order of logging within the attempt; written last: the commit mark
     /time     (N,)      float64  unix time at which the row was logged
-    /values   (N, C)    float64  metric values, column j named by ``columns[j]``; NaN = not logged
+    /values   (N, C)    float64  metric values, column j named by ``columns[j]``; NaN where not logged (or NaN)
+    /logged   (N, C)    uint8    1 where the row logged column j (its value may be NaN), 0 where it did not;
+                                 files written before it existed have none: NaN there means either
     /events/step (E,) int64, /events/time (E,) float64, /events/kind (E,) UTF-8[64], /events/message (E,) UTF-8[1024]
 
 Why one 2-D ``values`` dataset instead of one dataset per metric: metric names are namespaced with ``/``
@@ -51,6 +53,7 @@ STRUCTURAL: dict[str, tuple[type, int | float]] = {
     "time": (np.float64, np.nan),
 }
 VALUES = "values"
+LOGGED = "logged"  # (N, C) uint8: which cells a row logged (absent from files written before it existed)
 EVENTS = "events"
 KIND_BYTES = 64
 MESSAGE_BYTES = 1024

@@ -88,7 +88,8 @@ class MetricsWriter:
         self._next_seq = 0
         self._rows_on_disk = 0
         self._events_on_disk = 0
-        self._pending_rows: list[tuple[int, int, int, float, np.ndarray]] = []  # step, branch, seq, time, values
+        # step, branch, seq, time, values, logged (1 where the row logged the column: a NaN there is a real NaN)
+        self._pending_rows: list[tuple[int, int, int, float, np.ndarray, np.ndarray]] = []
         self._pending_events: list[tuple[int, float, bytes, bytes]] = []
         self._failures = 0
         self._closed = False
@@ -144,6 +145,14 @@ class MetricsWriter:
                 dtype=np.float64,
                 fillvalue=np.nan,
             )
+            ds[schema.LOGGED] = f.create_dataset(
+                schema.LOGGED,
+                shape=(0, ncols),
+                maxshape=(None, ncols),
+                chunks=(chunk_rows * 8, ncols),  # the bytes of a chunk of values: as few chunks to read
+                dtype=np.uint8,
+                fillvalue=0,
+            )
             ev = f.create_group(schema.EVENTS)
             ev_ds = {
                 "step": ev.create_dataset("step", (0,), maxshape=(None,), chunks=(64,), dtype=np.int64, fillvalue=-1),
@@ -187,7 +196,9 @@ class MetricsWriter:
         return len(self._pending_rows)
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
-        """Append the row of ``step``; omitted columns are NaN. Call once per step with all its metrics.
+        """Append the row of ``step``; omitted columns are NaN and marked not logged (``/logged`` 0), a value
+        given as NaN is marked logged: a reader tells a real NaN from a metric not logged at this step. Call
+        once per step with all its metrics.
 
         A step that is not greater than the previous one starts a new branch (a rollback re-logs steps);
         earlier rows are kept and readers mark them superseded.
@@ -199,6 +210,7 @@ class MetricsWriter:
         self._check_open()
         step = self._check_step(step)
         row = np.full(len(self.columns), np.nan)
+        logged = np.zeros(len(self.columns), np.uint8)
         for key, value in values.items():
             j = self._index.get(key)
             if j is None:
@@ -207,10 +219,11 @@ class MetricsWriter:
                 row[j] = float(value)
             except (TypeError, ValueError) as e:
                 raise TypeError(f"{self.path}: metric {key!r} has a non-numeric value {value!r}") from e
+            logged[j] = 1
         if self._last_step is not None and step <= self._last_step:
             self._branch += 1
         self._last_step = step
-        self._pending_rows.append((step, self._branch, self._next_seq, time.time(), row))
+        self._pending_rows.append((step, self._branch, self._next_seq, time.time(), row, logged))
         self._next_seq += 1
         self._drain()
 
@@ -257,13 +270,14 @@ class MetricsWriter:
             if self._pending_rows:
                 start = self._rows_on_disk
                 stop = start + len(self._pending_rows)
-                steps, branches, seqs, times, rows = zip(*self._pending_rows)
+                steps, branches, seqs, times, rows, logged = zip(*self._pending_rows)
                 data = {
                     "step": np.asarray(steps, np.int64),
                     "attempt": np.full(len(steps), self.attempt, np.int32),
                     "branch": np.asarray(branches, np.int64),
                     "time": np.asarray(times, np.float64),
                     schema.VALUES: np.stack(rows),
+                    schema.LOGGED: np.stack(logged),
                     # seq last: a reader treats a row whose seq still reads as the fill value as not written
                     "seq": np.asarray(seqs, np.int64),
                 }

@@ -148,3 +148,74 @@ def test_a_run_id_or_a_path(tmp_path):
     assert (f.name, f.run_dir) == (run.name, run)
     m = resolve_target(str(run / "metrics"), lambda: 1 / 0)
     assert m.run_dir == run and m.resolved == run / "resolved.toml"
+
+
+# ----------------------------------------------------------------------------- the log records which cells were logged
+def _strip_logged(path: Path) -> None:
+    """Make ``path`` a file as written before ``/logged`` existed (the dataset deleted, nothing else touched)."""
+    import h5py
+
+    with h5py.File(path, "a") as f:
+        del f["logged"]
+
+
+def _gaps_and_nans(run: Path, attempt: int = 0) -> None:
+    """A dense loss that skips step 3 (not logged: no NaN) and a validation score that diverged (a real NaN) at a
+    step where it is due, 4; the dense loss is a real NaN at 6."""
+    with MetricsWriter(run, ("loss", "val/score"), attempt=attempt) as w:
+        for s in range(1, 8):
+            row = {} if s == 3 else {"loss": math.nan if s == 6 else 1.0 / s}
+            if s % 2 == 0:
+                row["val/score"] = math.nan if s == 4 else 0.5
+            w.log(s, row)
+
+
+def test_first_nonfinite_uses_the_logged_cells(tmp_path):
+    """NaN meant both "not logged" and a real NaN: the summary guessed (a gap in a dense metric counted, a NaN of a
+    sparse one did not). With /logged it knows: step 3 skipped the loss, step 4's validation score was NaN."""
+    from hpcppo.metrics import load_with_logged
+
+    _gaps_and_nans(tmp_path)
+    every, logged = load_with_logged(tmp_path, attempts="all", branches="all")
+    assert logged.dtype == np.int8 and logged.shape == (7, 2)
+    assert logged[:, 0].tolist() == [1, 1, 0, 1, 1, 1, 1] and logged[:, 1].tolist() == [0, 1, 0, 1, 0, 1, 0]
+    assert np.isnan(every["loss"].iloc[2]) and np.isnan(every["loss"].iloc[5])
+    bad = first_nonfinite(every, ["loss", "val/score"], logged)
+    assert (bad["step"], bad["columns"], bad["rows"]) == (4, ["val/score"], 2)  # step 4 (val), step 6 (loss)
+    # the guess, as for a file without the record: it took the gap at 3 for a NaN and missed the NaN at 4
+    guessed = first_nonfinite(every, ["loss", "val/score"])
+    assert (guessed["step"], guessed["columns"]) == (3, ["loss"])
+
+
+def test_files_without_the_record_still_read_and_keep_the_guess(tmp_path):
+    from hpcppo.metrics import load, load_with_logged
+
+    _gaps_and_nans(tmp_path)
+    path = tmp_path / "metrics" / "attempt-0000.h5"
+    _strip_logged(path)
+    every, logged = load_with_logged(tmp_path, attempts="all", branches="all")
+    assert (logged == -1).all() and logged.shape == (7, 2)
+    assert every.equals(load(tmp_path, attempts="all", branches="all"))
+    assert first_nonfinite(every, ["loss", "val/score"], logged)["step"] == 3  # the guess: nothing better is known
+    # a run whose old attempt has no record and whose new one has: each attempt's rows judged by what it has
+    _gaps_and_nans(tmp_path, attempt=1)
+    every, logged = load_with_logged(tmp_path, attempts="all", branches="all")
+    assert (logged[:7] == -1).all() and (logged[7:] >= 0).all()
+    assert first_nonfinite(every, ["loss", "val/score"], logged)["rows"] == 1 + 2  # 3 (guess); 4 and 6 of attempt 1
+
+
+def test_summary_command_reports_the_real_nan_not_the_gap(tmp_path, capsys):
+    run = compiled_run(tmp_path / "runs")
+    with MetricsWriter(run, COLS, attempt=0) as w:
+        for s in range(1, 6):
+            row = {"reward/mean": 0.1 * s, "kl/actor_ref": 0.01, "critic/vf_loss": 1.0}
+            if s == 2:
+                del row["critic/vf_loss"]  # not logged this step: not a non-finite value
+            if s == 4:
+                row["val/score"] = math.nan  # a validation that produced NaN
+            w.log(s, row)
+    s = summarize_target(Target(run.name, run, run))
+    assert s["first_nonfinite"] == {"step": 4, "attempt": 0, "branch": 0, "current": True, "columns": ["val/score"],
+                                    "rows": 1}
+    assert main(["metrics", "summary", str(run)]) == 0
+    assert "first non-finite value: step 4 (attempt 0, branch 0): val/score" in capsys.readouterr().out

@@ -25,7 +25,8 @@ DEFERRED: dict[tuple[str, str], str] = {
                       "hpcppo.train.trainer")},
     **{("hpcppo.train.export", target): "torch only when a model is exported: cli.model, which imports this "
                                         "module, also serves `tools make-model`, torch-free when up to date"
-       for target in ("hpcppo.config", "hpcppo.distributed.checkpoint", "hpcppo.models")},
+       for target in ("hpcppo.config", "hpcppo.distributed.checkpoint", "hpcppo.distributed.loading",
+                      "hpcppo.models")},
 }
 #: Imports outside the table, until their package is reworked (an entry that no longer happens fails the test, so
 #: that it is removed with the import).

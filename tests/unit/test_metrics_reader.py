@@ -103,6 +103,7 @@ def test_rows_are_read_up_to_the_shortest_dataset_and_unwritten_rows_are_dropped
         f["step"].resize((5,))
         f["time"].resize((4,))
         f["values"].resize((4, 2))
+        f["logged"].resize((4, 2))  # before seq, as the writer does
         f["branch"].resize((4,))
         f["attempt"].resize((4,))
         f["seq"].resize((4,))  # resized, but its value not yet written: still the fill value -1

@@ -96,10 +96,12 @@ def test_the_documented_tables_match_the_schema(run):
 
     path = run / "metrics" / "attempt-0000.h5"
     with h5py.File(path, "r", swmr=True) as f:
-        assert sorted(f.attrs) == ["attempt", "columns", "created_unix", "format", "format_version"]
+        assert sorted(f.attrs) == ["attempt", "columns", "created_unix", "format", "format_version", "job_attempt"]
         for attr in f.attrs:
             assert f"| `{attr}` |" in text
-        assert sorted(f) == ["attempt", "branch", "events", "seq", "step", "time", "values"]
+        assert sorted(f) == ["attempt", "branch", "events", "logged", "seq", "step", "time", "values"]
+        assert f["logged"].dtype == np.uint8 and f["logged"].fillvalue == 0 and f["logged"].shape == f["values"].shape
+        assert "| `/logged` | `(N, C)` | uint8 | 0 |" in text
         assert sorted(f["events"]) == ["kind", "message", "step", "time"]
         assert f["values"].shape[1] == len(f.attrs["columns"]) == len(STANDARD_COLUMNS) + len(EXTRA)
 
