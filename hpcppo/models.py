@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -431,6 +431,43 @@ def _micro_batches(batch: int, micro_batch_size: int) -> list[slice]:
     return [slice(i, min(i + micro_batch_size, batch)) for i in range(0, batch, micro_batch_size)]
 
 
+def row_lengths(attention_mask: torch.Tensor, response_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's prompt and response extent in columns: ``[B]`` longs ``(prompt, response)``.
+
+    The prompt is left padded, so its extent runs from the row's first attended prompt column to the end of the
+    prompt; the response is right padded, so its extent runs from the start of the response to its last attended
+    column (0 for a row with no response token).
+    """
+    prompt = attention_mask[:, :-response_len] != 0
+    response = attention_mask[:, -response_len:] != 0
+    first = prompt.long().argmax(dim=-1)  # the first attended column (0 when none is)
+    prompt_len = torch.where(prompt.any(dim=-1), prompt.shape[1] - first, 0)
+    last = response_len - response.flip(-1).long().argmax(dim=-1)  # one past the last attended column
+    response_out = torch.where(response.any(dim=-1), last, 0)
+    return prompt_len, response_out
+
+
+def trimmed_columns(attention_mask: torch.Tensor, response_len: int) -> tuple[slice, int]:
+    """The columns one micro-batch needs: from its longest prompt's first token to its longest response's last
+    (at least one prompt and one response column), and that response width. Only padding lies outside them: the
+    left padding every row of the micro-batch has, and the right padding after every row's response."""
+    prompt_len, resp_len = row_lengths(attention_mask, response_len)
+    keep_prompt = max(1, int(prompt_len.max()))
+    keep_response = max(1, int(resp_len.max()))
+    start = attention_mask.shape[1] - response_len - keep_prompt
+    return slice(start, start + keep_prompt + keep_response), keep_response
+
+
+def _row_groups(batch: int, micro_batch_size: int,
+                micro_batches: Sequence[torch.Tensor] | None) -> list[slice] | Sequence[torch.Tensor]:
+    if micro_batches is None:
+        return _micro_batches(batch, micro_batch_size)
+    rows = torch.cat(list(micro_batches)).sort().values if micro_batches else torch.empty(0, dtype=torch.long)
+    if not torch.equal(rows.cpu(), torch.arange(batch)):
+        raise ValueError(f"micro_batches must hold each of the {batch} rows exactly once")
+    return micro_batches
+
+
 @torch.no_grad()
 def compute_log_probs(
     model: nn.Module,
@@ -442,21 +479,40 @@ def compute_log_probs(
     temperature: float = 1.0,
     micro_batch_size: int,
     with_entropy: bool = False,
+    micro_batches: Sequence[torch.Tensor] | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """:func:`forward_log_probs` over the whole ``[B, T]`` batch in micro-batches, without autograd.
+
+    ``micro_batches`` (row indices, each row once; ``hpcppo.train.batching.token_budget_groups``) replaces the
+    consecutive slices of ``micro_batch_size`` rows: each micro-batch then runs on its own rows, trimmed to its own
+    columns (:func:`trimmed_columns`), and its outputs go back to its rows; columns outside a micro-batch's trimmed
+    response hold 0 (they are padding, outside every row's response mask).
 
     Returns ``log_probs [B, R]`` float32, or ``(log_probs, entropy)`` with ``with_entropy``. The model's
     train/eval mode is left as it is (dropout is off in the models we build either way).
     """
-    lps, ents = [], []
-    for sl in _micro_batches(input_ids.shape[0], micro_batch_size):
-        lp, ent = forward_log_probs(model, input_ids[sl], attention_mask[sl], position_ids[sl], response_len,
-                                    temperature=temperature, with_entropy=with_entropy, entropy_grad=False)
-        lps.append(lp)
-        if ent is not None:
-            ents.append(ent)
-    log_probs = torch.cat(lps, dim=0)
-    return (log_probs, torch.cat(ents, dim=0)) if with_entropy else log_probs
+    if micro_batches is None:
+        lps, ents = [], []
+        for sl in _micro_batches(input_ids.shape[0], micro_batch_size):
+            lp, ent = forward_log_probs(model, input_ids[sl], attention_mask[sl], position_ids[sl], response_len,
+                                        temperature=temperature, with_entropy=with_entropy, entropy_grad=False)
+            lps.append(lp)
+            if ent is not None:
+                ents.append(ent)
+        log_probs = torch.cat(lps, dim=0)
+        return (log_probs, torch.cat(ents, dim=0)) if with_entropy else log_probs
+    shape = (input_ids.shape[0], response_len)
+    log_probs = torch.zeros(shape, dtype=torch.float32, device=input_ids.device)
+    entropy = torch.zeros_like(log_probs) if with_entropy else None
+    for rows in _row_groups(input_ids.shape[0], micro_batch_size, micro_batches):
+        cols, width = trimmed_columns(attention_mask[rows], response_len)
+        lp, ent = forward_log_probs(model, input_ids[rows][:, cols], attention_mask[rows][:, cols],
+                                    position_ids[rows][:, cols], width, temperature=temperature,
+                                    with_entropy=with_entropy, entropy_grad=False)
+        log_probs[rows, :width] = lp
+        if entropy is not None and ent is not None:
+            entropy[rows, :width] = ent
+    return (log_probs, entropy) if entropy is not None else log_probs
 
 
 @torch.no_grad()
@@ -469,13 +525,22 @@ def compute_values(
     *,
     micro_batch_size: int,
     response_mask: torch.Tensor | None = None,
+    micro_batches: Sequence[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """:func:`forward_values` over the whole batch in micro-batches, without autograd: ``[B, R]`` float32.
 
-    With ``response_mask`` (``[B, R]``), values outside it are zeroed, as verl's ``compute_values`` does.
+    ``micro_batches``: as in :func:`compute_log_probs` (trimmed micro-batches of the given rows; 0 outside their
+    responses). With ``response_mask`` (``[B, R]``), values outside it are zeroed, as verl's ``compute_values`` does.
     """
-    values = torch.cat([forward_values(critic, input_ids[sl], attention_mask[sl], position_ids[sl], response_len)
-                        for sl in _micro_batches(input_ids.shape[0], micro_batch_size)], dim=0)
+    if micro_batches is None:
+        values = torch.cat([forward_values(critic, input_ids[sl], attention_mask[sl], position_ids[sl], response_len)
+                            for sl in _micro_batches(input_ids.shape[0], micro_batch_size)], dim=0)
+    else:
+        values = torch.zeros((input_ids.shape[0], response_len), dtype=torch.float32, device=input_ids.device)
+        for rows in _row_groups(input_ids.shape[0], micro_batch_size, micro_batches):
+            cols, width = trimmed_columns(attention_mask[rows], response_len)
+            values[rows, :width] = forward_values(critic, input_ids[rows][:, cols], attention_mask[rows][:, cols],
+                                                  position_ids[rows][:, cols], width)
     if response_mask is not None:
         values = values * response_mask.to(values.dtype)
     return values

@@ -34,6 +34,9 @@ class UpdateSettings:
     grad_clip: float
     world_size: int
     max_response_length: int  # the loss-scale factor of the seq-mean-token-sum-norm aggregation
+    # > 0: micro-batches of at most this many tokens, padding included, each trimmed to its own longest prompt and
+    # response (batching.token_budget_groups), instead of micro_batch_per_rank rows padded to the batch's widths
+    max_tokens_per_micro_batch: int = 0
 
 
 def run_update(batch: Mapping[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, lr: LRSchedule,
@@ -47,10 +50,19 @@ def run_update(batch: Mapping[str, Any], model: nn.Module, optimizer: torch.opti
     """
     sums = batching.UpdateMetrics()
     offload = OptimizerStateOffload(optimizer, enabled=offload_optimizer)
+    minis = list(batching.split(batch, settings.mini_batch_per_rank))
+    groups = None
+    if settings.max_tokens_per_micro_batch:  # the same rows in every epoch: one agreement for the whole update
+        groups = batching.token_budget_groups([m["attention_mask"] for m in minis], batch["responses"].shape[1],
+                                              settings.max_tokens_per_micro_batch)
     for _ in range(settings.epochs):
-        for mini in batching.split(batch, settings.mini_batch_per_rank):
+        for k, mini in enumerate(minis):
+            # The losses divide by the global mini-batch's tokens and sequences (and seq-mean-token-sum-norm by the
+            # fixed max_response_length), never by a micro-batch's own: the gradient is the same however the
+            # mini-batch is split (tests/unit/test_token_budget.py, every loss_agg_mode).
             info = batching.global_batch_info(mini["response_mask"], settings.world_size, settings.max_response_length)
-            micros = list(batching.split(mini, settings.micro_batch_per_rank))
+            micros = (list(batching.split(mini, settings.micro_batch_per_rank)) if groups is None
+                      else [batching.take_rows(mini, rows) for rows in groups[k]])
             for i, mb in enumerate(micros):
                 batching.set_grad_sync(model, i == len(micros) - 1)
                 loss_fn(mb, info, sums, len(micros)).backward()
