@@ -48,13 +48,13 @@ def test_a_base_model_checkpoint_lacks_the_lm_head(tmp_path):
     assert missing == ["lm_head.weight"]  # from_pretrained would initialise it at random: not our path
 
 
-def test_without_safetensors_every_rank_loads_the_whole_model_as_before(tmp_path, caplog):
+def test_without_safetensors_and_a_process_group_the_whole_model_loads_as_before(tmp_path, caplog):
     save_qwen2(tmp_path, safe=False)
     assert not (tmp_path / "model.safetensors").exists() and loading.checkpoint_tensors(tmp_path) == {}
     with caplog.at_level(logging.WARNING, logger="hpcppo.train"):
         model = load_sharded(functools.partial(models.build_actor, str(tmp_path)), str(tmp_path),
                              torch.device("cpu"), lambda m: m)
-    assert "every rank loads the whole model" in caplog.text
+    assert "the whole model is loaded" in caplog.text
     want = models.build_actor(tmp_path)
     assert all(torch.equal(a, b) for a, b in zip(want.state_dict().values(), model.state_dict().values()))
     assert not any(p.is_meta for p in model.parameters())
