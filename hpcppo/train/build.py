@@ -245,8 +245,8 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
     total_steps = plan.total_steps or plan.total_epochs * sampler.steps_per_epoch
 
     mesh = build_mesh(env.device_type, env.world_size, env.num_nodes, hsdp=plan.hsdp)
-    common = dict(dtype="float32", trust_remote_code=model_cfg.trust_remote_code,
-                  attn_implementation=model_cfg.attn_implementation)
+    common: dict[str, Any] = dict(dtype="float32", trust_remote_code=model_cfg.trust_remote_code,
+                                  attn_implementation=model_cfg.attn_implementation)
     # Master weights in float32; FSDP's param_dtype sets the compute dtype (model.dtype by default).
     ckpt_layers = model_cfg.gradient_checkpointing
     actor = load_sharded(functools.partial(models.build_actor, model_cfg.path, **common), model_cfg.path, device,
