@@ -254,3 +254,40 @@ def test_the_critic_budget_is_checked_only_where_a_critic_trains():
         resolve(LOCAL, _exp(critic=small))
     resolve(LOCAL, _exp(critic=small, algorithm=AlgorithmSection(adv_estimator="grpo"),
                         rollout=RolloutSection(n=2)))
+
+
+# -- import-verl ------------------------------------------------------------------------------------------------------
+
+
+def _imported(*tokens: str, tmp_path):
+    from hpcppo.config.verl_import import read_command_line, translate
+
+    settings, _ = read_command_line("python3 -m verl.trainer.main_ppo " + " ".join(tokens))
+    imp = translate(settings, cwd=tmp_path)
+    return {k: v for k, v in imp.values.items() if k.endswith("max_tokens_per_micro_batch")}, imp.report
+
+
+def test_import_verl_translates_dynamic_micro_batches_with_verls_defaults(tmp_path):
+    A = "actor_rollout_ref.actor."
+    # on alone: verl's budgets (16384; the critic's 32768), the log-prob and critic flags following the actor's
+    values, _ = _imported(A + "use_dynamic_bsz=True", tmp_path=tmp_path)
+    assert values == {"actor.max_tokens_per_micro_batch": 16384, "rollout.max_tokens_per_micro_batch": 16384,
+                      "critic.max_tokens_per_micro_batch": 32768}
+    # the log-prob budgets follow the actor's; one budget for every forward here: the smallest
+    values, _ = _imported(A + "use_dynamic_bsz=true", A + "ppo_max_token_len_per_gpu=24000",
+                          "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=40000",
+                          "critic.ppo_max_token_len_per_gpu=50000", tmp_path=tmp_path)
+    assert values == {"actor.max_tokens_per_micro_batch": 24000, "rollout.max_tokens_per_micro_batch": 24000,
+                      "critic.max_tokens_per_micro_batch": 50000}
+    # a budget without its flag does nothing in verl: reported, not applied
+    values, report = _imported(A + "ppo_max_token_len_per_gpu=24000", tmp_path=tmp_path)
+    assert values == {}
+    assert ("ignored", A + "ppo_max_token_len_per_gpu=24000",
+            f"only with {A}use_dynamic_bsz=true, as in verl (fixed-size micro-batches otherwise)") in report
+    # the critic alone: its forward budget follows its ppo_max_token_len_per_gpu
+    values, _ = _imported(A + "use_dynamic_bsz=false", "critic.use_dynamic_bsz=true",
+                          "critic.ppo_max_token_len_per_gpu=9000", tmp_path=tmp_path)
+    assert values == {"critic.max_tokens_per_micro_batch": 9000, "rollout.max_tokens_per_micro_batch": 9000}
+    values, report = _imported(A + "use_dynamic_bsz=true", A + "ppo_max_token_len_per_gpu=-5", tmp_path=tmp_path)
+    assert "actor.max_tokens_per_micro_batch" not in values
+    assert any(kind == "unsupported" and "is not a positive number of tokens" in why for kind, _, why in report)
