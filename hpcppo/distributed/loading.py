@@ -15,7 +15,10 @@ kept across :func:`materialize`; so are parameters that were real before it (the
 :func:`match_checkpoint` decides whether a directory can be loaded this way: every meta parameter must find a tensor
 of its shape under its own name (or with the base model's prefix added or removed, as ``from_pretrained`` does for a
 critic's backbone read from a causal LM). When one does not (``.bin`` weights, key conversions transformers applies
-for some architectures, missing weights that ``from_pretrained`` would initialise), the trainer keeps the old path.
+for some architectures, missing weights that ``from_pretrained`` would initialise), rank 0 alone builds the whole
+model with ``from_pretrained`` and :func:`broadcast_shards` sends it tensor by tensor, each rank keeping its rows
+(verl's ``fsdp2_load_full_state_dict`` does the same with a full state dict): one whole copy on the node of rank 0,
+one tensor in flight elsewhere.
 """
 
 from __future__ import annotations
@@ -31,9 +34,10 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from hpcppo.distributed.env import collective_device, get_rank
 from hpcppo.distributed.fsdp import CHECKPOINT_WRAPPER_ATTR
 
-__all__ = ["checkpoint_tensors", "match_checkpoint", "materialize", "load_shards"]
+__all__ = ["checkpoint_tensors", "match_checkpoint", "materialize", "load_shards", "broadcast_shards"]
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -107,16 +111,19 @@ def match_checkpoint(model: nn.Module, directory: str | Path, *,
     return found, missing
 
 
-def materialize(model: nn.Module, device: torch.device) -> None:
+def materialize(model: nn.Module, device: torch.device) -> list[str]:
     """Storage on ``device`` for every meta parameter (its shard, for an FSDP2 parameter), uninitialised; every
     parameter that was real keeps its values, every buffer stays the tensor it was (values and device: with FSDP2's
     CPU offload the shards live on the host, ``device``, while buffers stay on the GPU where ``fully_shard`` put them).
     ``nn.Module.to_empty`` as torchtitan uses it after ``fully_shard``; FSDP2 re-pads uneven shards at its lazy init
-    (``FSDPParam.reset_sharded_param``, torch/distributed/fsdp/_fully_shard/_fsdp_param.py)."""
-    kept = {}
+    (``FSDPParam.reset_sharded_param``, torch/distributed/fsdp/_fully_shard/_fsdp_param.py). Returns the names of
+    the parameters that were on the meta device (each shared parameter once), in ``named_parameters`` order."""
+    kept, fresh = {}, []
     for name, param in model.named_parameters():
         local = param.to_local() if isinstance(param, DTensor) else param
-        if not local.is_meta:
+        if local.is_meta:
+            fresh.append(name)
+        else:
             kept[name] = local.detach().clone()
     buffers = list(model.named_buffers(remove_duplicate=False))
     shared: dict[int, list[str]] = defaultdict(list)
@@ -137,6 +144,7 @@ def materialize(model: nn.Module, device: torch.device) -> None:
         for name, value in kept.items():
             param = model.get_parameter(name)
             (param.to_local() if isinstance(param, DTensor) else param).copy_(value)
+    return fresh
 
 
 def _rows(param: torch.Tensor) -> tuple[torch.Tensor, int, int]:
@@ -178,3 +186,31 @@ def load_shards(model: nn.Module, directory: str | Path, keys: dict[str, str]) -
                     local.copy_(data.reshape(local.shape))
                     del data
     return read
+
+
+def broadcast_shards(model: nn.Module, full: nn.Module | None, names: list[str], *, src: int = 0) -> int:
+    """Fill the parameters ``names`` of ``model`` (sharded; what :func:`materialize` returned) from ``full``, the whole
+    model that only rank ``src`` built (``None`` on the others): one broadcast per parameter, in the same order on
+    every rank, on the collective device (the GPU under NCCL), each rank keeping its rows. Returns the bytes moved.
+
+    ``full`` has ``model``'s parameter names (the same builder), less activation-checkpoint wrapper prefixes.
+    """
+    if (full is None) != (get_rank() != src):
+        raise ValueError(f"the whole model is given on rank {src} only")
+    device = collective_device()
+    moved = 0
+    with torch.no_grad():
+        for name in names:
+            param = model.get_parameter(name)
+            if full is not None:
+                tensor = full.get_parameter(name.replace(CHECKPOINT_WRAPPER_ATTR + ".", "")).detach()
+                tensor = tensor.to(device=device, dtype=param.dtype).contiguous()
+            else:
+                tensor = torch.empty(param.shape, dtype=param.dtype, device=device)
+            torch.distributed.broadcast(tensor, src=src)
+            moved += tensor.numel() * tensor.element_size()
+            local, start, stop = _rows(param)
+            if local.numel():
+                local.copy_(tensor[start:stop] if local.dim() else tensor)
+            del tensor
+    return moved

@@ -180,23 +180,36 @@ def load_sharded(build: Callable[..., nn.Module], path: str, device: torch.devic
     Built with its parameters on the meta device, sharded, then each rank reads only its shards from the safetensors
     files (``hpcppo.distributed.loading``): a rank's host memory at start-up is its shards, not the whole model in
     float32. The shards are those of building the whole model on every rank and sharding it, bit for bit
-    (tests/dist/test_loading.py). A directory that cannot be loaded so (no safetensors, or a parameter without a
-    tensor of its shape: see ``loading.match_checkpoint``) is loaded whole on every rank, as before, with a warning.
+    (tests/dist/test_loading.py). A directory that cannot be read so (no safetensors, or a parameter without a
+    tensor of its shape: see ``loading.match_checkpoint``) is loaded whole by rank 0 alone and broadcast tensor by
+    tensor (``loading.broadcast_shards``), with a warning; in a process without a group, whole, as before.
     ``offload``: the shards live on the host (FSDP2's CPU offload), so their storage is made there.
     """
     model = build(empty=True)
     keys, missing = loading.match_checkpoint(model, path, strip=strip)
-    whole = bool(missing)
-    if whole:
-        log.warning("%s: %d parameter(s) have no safetensors tensor of their shape (%s): every rank loads the whole "
-                    "model", path, len(missing), ", ".join(missing[:3]))
+    grouped = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if missing and not grouped:
+        log.warning("%s: %d parameter(s) have no safetensors tensor of their shape (%s): the whole model is loaded",
+                    path, len(missing), ", ".join(missing[:3]))
         model = build().to(device)
     if checkpointing:
         apply_activation_checkpointing(model)
     model = shard(model)
-    if not whole:
-        loading.materialize(model, torch.device("cpu") if offload else device)
+    if missing and not grouped:
+        return model
+    fresh = loading.materialize(model, torch.device("cpu") if offload else device)
+    if not missing:
         loading.load_shards(model, path, keys)
+        return model
+    rank = torch.distributed.get_rank()
+    if rank == 0:
+        log.warning("%s: %d parameter(s) have no safetensors tensor of their shape (%s): rank 0 loads the whole model "
+                    "and broadcasts it", path, len(missing), ", ".join(missing[:3]))
+    full = None
+    if rank == 0:
+        with torch.random.fork_rng(devices=[]):  # the global generator stays where the other ranks leave theirs
+            full = build()
+    loading.broadcast_shards(model, full, fresh)
     return model
 
 
@@ -232,8 +245,8 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
     total_steps = plan.total_steps or plan.total_epochs * sampler.steps_per_epoch
 
     mesh = build_mesh(env.device_type, env.world_size, env.num_nodes, hsdp=plan.hsdp)
-    common = dict(dtype="float32", trust_remote_code=model_cfg.trust_remote_code,
-                  attn_implementation=model_cfg.attn_implementation)
+    common: dict[str, Any] = dict(dtype="float32", trust_remote_code=model_cfg.trust_remote_code,
+                                  attn_implementation=model_cfg.attn_implementation)
     # Master weights in float32; FSDP's param_dtype sets the compute dtype (model.dtype by default).
     ckpt_layers = model_cfg.gradient_checkpointing
     actor = load_sharded(functools.partial(models.build_actor, model_cfg.path, **common), model_cfg.path, device,

@@ -1,9 +1,12 @@
 """Loading without a full copy per rank (issue 21): on 2 real gloo ranks, the shards that each rank reads from the
 safetensors files (hpcppo.train.build.load_sharded -> hpcppo.distributed.loading) equal, bit for bit, the shards of
 the old path (the whole model from_pretrained on every rank, then fully_shard), for actor, reference and critic,
-tied and untied embeddings, uneven shards, a bfloat16 checkpoint cast to float32, and split (indexed) files."""
+tied and untied embeddings, uneven shards, a bfloat16 checkpoint cast to float32, and split (indexed) files; a
+pytorch_model.bin is loaded whole by rank 0 alone and broadcast, with the same shards."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,20 +14,38 @@ from _spawn import run_distributed
 
 
 def _save(directory: str, *, tied: bool, dtype: torch.dtype, shard_size: str | None) -> None:
+    """A tiny Qwen2 in ``directory``: one safetensors file, split ones (``shard_size``), or ``"bin"``."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(3)
     # Odd vocabulary and intermediate sizes: uneven dim-0 shards on 2 ranks (FSDP2 pads the last one).
     cfg = Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                       intermediate_size=97, vocab_size=67, max_position_embeddings=64, tie_word_embeddings=tied)
-    kwargs = {"max_shard_size": shard_size} if shard_size else {}
+    kwargs = {"max_shard_size": shard_size} if shard_size and shard_size != "bin" else {}
     Qwen2ForCausalLM(cfg).to(dtype).save_pretrained(directory, **kwargs)
+    if shard_size == "bin":  # an older checkpoint: pytorch_model.bin (transformers 5 writes safetensors only)
+        from safetensors.torch import load_file
+
+        file = Path(directory) / "model.safetensors"
+        torch.save(load_file(str(file)), Path(directory) / "pytorch_model.bin")
+        file.unlink()
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return (t.to_local() if isinstance(t, DTensor) else t).detach().clone()
+
+
+def _counting(build, counts: dict):
+    """``build`` that counts whole builds (not ``empty=True`` ones)."""
+
+    def wrapped(*args, **kwargs):
+        if not kwargs.get("empty"):
+            counts["whole"] = counts.get("whole", 0) + 1
+        return build(*args, **kwargs)
+
+    return wrapped
 
 
 def _both_paths(rank: int, world_size: int, directory: str, nodes: int = 1, offload: bool = False) -> dict:
@@ -50,9 +71,11 @@ def _both_paths(rank: int, world_size: int, directory: str, nodes: int = 1, offl
         models_["old"] = shard(build(directory).to("cpu"))
         rng_old = torch.get_rng_state()
         torch.manual_seed(11)
-        models_["new"] = load_sharded(functools.partial(build, directory), directory, torch.device("cpu"), shard,
-                                      offload=offload, strip=strip)
+        counts: dict = {}
+        models_["new"] = load_sharded(functools.partial(_counting(build, counts), directory), directory,
+                                      torch.device("cpu"), shard, offload=offload, strip=strip)
         rng_new = torch.get_rng_state()
+        out[(kind, "whole builds")] = counts.get("whole", 0)
         for path, model in models_.items():
             shards = {n: _local(p) for n, p in model.named_parameters(remove_duplicate=False)}  # before a forward
             with torch.no_grad():
@@ -67,12 +90,17 @@ def _both_paths(rank: int, world_size: int, directory: str, nodes: int = 1, offl
     return out
 
 
-@pytest.mark.parametrize("tied,dtype,shard_size", [(False, torch.float32, None), (True, torch.bfloat16, "40KB")])
+@pytest.mark.parametrize("tied,dtype,shard_size", [(False, torch.float32, None), (True, torch.bfloat16, "40KB"),
+                                                    (False, torch.bfloat16, "bin")])
 def test_each_rank_reads_the_shards_of_the_old_path_bit_for_bit(tmp_path, tied, dtype, shard_size):
     _save(str(tmp_path), tied=tied, dtype=dtype, shard_size=shard_size)
-    if shard_size:
+    if shard_size == "40KB":
         assert (tmp_path / "model.safetensors.index.json").is_file()
     results = run_distributed(_both_paths, 2, str(tmp_path))
+    # Only a checkpoint without safetensors makes a whole model, on rank 0 alone (then broadcast).
+    for rank, result in enumerate(results):
+        for kind in ("actor", "reference", "critic"):
+            assert result[(kind, "whole builds")] == (1 if shard_size == "bin" and rank == 0 else 0), (rank, kind)
     for rank, result in enumerate(results):
         for kind in ("actor", "reference", "critic"):
             old, new = result[(kind, "old")], result[(kind, "new")]
