@@ -12,7 +12,7 @@ import os
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 from torch import nn
@@ -20,7 +20,7 @@ from transformers import AutoTokenizer
 
 from hpcppo import algos, jobenv, models
 from hpcppo.config import Compiled, DataSection, Experiment, FsdpSection, RunPlan, Site
-from hpcppo.data.dataset import PromptDataset, read_prompts
+from hpcppo.data.dataset import PromptDataset, Truncation, read_prompts
 from hpcppo.data.rewards import build_reward_fn, score_batch
 from hpcppo.data.sampler import ShardedEpochSampler
 from hpcppo.distributed import loading
@@ -115,14 +115,19 @@ def freeze_long_lived_objects() -> int:
     return gc.get_freeze_count()
 
 
-def _dtype(name: str, default: str) -> torch.dtype:
-    return models.as_torch_dtype(name or default)
+def _dtype(name: str, default: str = "") -> torch.dtype:
+    """A compute dtype from its config name (``name``, or ``default`` when it is empty)."""
+    dtype = models.as_torch_dtype(name or default)
+    if not isinstance(dtype, torch.dtype):  # "auto" means "as saved": a loading dtype, not one to compute in
+        raise ValueError(f"dtype {name or default!r} is not a compute dtype")
+    return dtype
 
 
 def build_datasets(data: DataSection, tokenizer: Any) -> tuple[PromptDataset, PromptDataset | None]:
     def dataset(files: list[str]) -> PromptDataset:
         return PromptDataset(read_prompts(files, prompt_key=data.prompt_key), tokenizer,
-                             max_prompt_length=data.max_prompt_length, truncation=data.truncation,
+                             max_prompt_length=data.max_prompt_length,
+                             truncation=cast(Truncation, data.truncation),  # the config's choices are its values
                              filter_overlong_prompts=data.filter_overlong_prompts)
 
     return dataset(list(data.train_files)), (dataset(list(data.val_files)) if data.val_files else None)
@@ -166,7 +171,7 @@ def _sharded(model: nn.Module, mesh: Any, fsdp: FsdpSection, model_dtype: str, *
     return apply_fsdp(
         model, mesh,
         param_dtype=param_dtype,
-        reduce_dtype=models.as_torch_dtype(fsdp.reduce_dtype),
+        reduce_dtype=_dtype(fsdp.reduce_dtype),
         cpu_offload=cpu_offload,
         reshard_after_forward=True if frozen else fsdp.reshard_after_forward,
     )
