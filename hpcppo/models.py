@@ -16,7 +16,9 @@ under ``torch.no_grad()`` (old/reference log-probs and values before the update)
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -86,20 +88,66 @@ def load_causal_lm(
         str(_check_dir(path)), **_load_kwargs(dtype, trust_remote_code, attn_implementation))
 
 
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Every parameter registered inside is moved to the meta device as it is registered; buffers stay where the
+    module's ``__init__`` makes them.
+
+    A model built inside has its structure, dtypes and shapes, no parameter storage (an initialiser that runs after
+    registration, like ``nn.Linear.reset_parameters``, acts on the meta tensor and costs nothing), and its buffers
+    computed by its own code (rotary ``inv_freq``: loading never fills a non-persistent buffer, so building it on
+    the meta device would leave it to be recomputed by hand for every model class).
+    ``nn.Module.__setattr__`` registers a ``Parameter`` through ``register_parameter`` (torch/nn/modules/module.py),
+    which is where the move happens.
+    """
+    original = nn.Module.register_parameter
+
+    def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and not param.is_meta:
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        original(module, name, param)
+
+    nn.Module.register_parameter = register  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
+def _from_config(auto_class: Any, path: Path, dtype: torch.dtype | str, trust_remote_code: bool,
+                 attn_implementation: str | None) -> Any:
+    """``auto_class.from_config`` on the directory's config with the parameters on the meta device (a Hugging Face
+    model: ``Any``, as ``from_pretrained`` is to the type checker)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    kwargs = _load_kwargs(dtype, trust_remote_code, attn_implementation)
+    with parameters_on_meta():
+        return auto_class.from_config(config, **kwargs)
+
+
 def build_actor(
     path: str | os.PathLike[str],
     *,
     dtype: torch.dtype | str = "float32",
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
+    empty: bool = False,
 ) -> nn.Module:
     """The trainable policy: an HF causal LM in train mode, KV cache off.
 
     ``dtype`` is the master-weight dtype (keep float32 and let FSDP's ``param_dtype`` cast for compute).
-    Activation checkpointing: ``hpcppo.distributed.fsdp.apply_activation_checkpointing``.
+    Activation checkpointing: ``hpcppo.distributed.fsdp.apply_activation_checkpointing``. With ``empty`` the
+    parameters are on the meta device (:func:`parameters_on_meta`), for ``hpcppo.distributed.loading`` to fill
+    shard by shard; the weights are not read.
     """
-    model = load_causal_lm(path, dtype=dtype, trust_remote_code=trust_remote_code,
-                           attn_implementation=attn_implementation)
+    if empty:
+        from transformers import AutoModelForCausalLM
+
+        model = _from_config(AutoModelForCausalLM, _check_dir(path), dtype, trust_remote_code, attn_implementation)
+    else:
+        model = load_causal_lm(path, dtype=dtype, trust_remote_code=trust_remote_code,
+                               attn_implementation=attn_implementation)
     cast(Any, model).config.use_cache = False  # a Hugging Face model's config: attributes nn.Module cannot type
     return model.train()
 
@@ -110,9 +158,11 @@ def build_reference(
     dtype: torch.dtype | str = "float32",
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
+    empty: bool = False,
 ) -> nn.Module:
     """The frozen reference policy: the initial actor in eval mode, ``requires_grad=False``."""
-    model = build_actor(path, dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation)
+    model = build_actor(path, dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation,
+                        empty=empty)
     model.requires_grad_(False)
     return model.eval()
 
@@ -171,16 +221,23 @@ def build_critic(
     dtype: torch.dtype | str = "float32",
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
+    empty: bool = False,
 ) -> Critic:
     """A critic initialised from a causal LM (or base model) directory, in train mode.
 
     ``AutoModel.from_pretrained`` keeps the backbone and drops the LM head. If the directory holds a
-    ``value_head.safetensors`` (written by :meth:`Critic.save_pretrained`), the head is loaded from it.
+    ``value_head.safetensors`` (written by :meth:`Critic.save_pretrained`), the head is loaded from it. With
+    ``empty`` the backbone's parameters are on the meta device (as :func:`build_actor`); the value head is real
+    either way (its seeded initialisation, or the file's values: a few kilobytes).
     """
     from transformers import AutoModel
 
     directory = _check_dir(path)
-    backbone = AutoModel.from_pretrained(str(directory), **_load_kwargs(dtype, trust_remote_code, attn_implementation))
+    if empty:
+        backbone = _from_config(AutoModel, directory, dtype, trust_remote_code, attn_implementation)
+    else:
+        backbone = AutoModel.from_pretrained(str(directory),
+                                             **_load_kwargs(dtype, trust_remote_code, attn_implementation))
     backbone.config.use_cache = False
     critic = Critic(backbone)
     head_file = directory / VALUE_HEAD_FILE
@@ -368,10 +425,139 @@ def forward_values(
     return values[:, -response_len - 1:-1].float()
 
 
+def _pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+          response_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...],
+                                      torch.Tensor]:
+    """A left/right-padded ``[B, T]`` micro-batch as one packed sequence: ``ids``, ``positions`` ``[1, N]`` (its
+    ``N`` real tokens row after row; positions restart at 0 with each row), the packed positions whose outputs score
+    each response token (the one before it in its row), those tokens' ``(row, column)`` in ``[B, R]``, and the
+    tokens themselves."""
+    keep = attention_mask != 0
+    packed_index = keep.flatten().long().cumsum(0).view_as(keep) - 1
+    response = keep[:, -response_len:]
+    where = response.nonzero(as_tuple=True)
+    scored = packed_index[:, -response_len:][response] - 1
+    return input_ids[keep][None], position_ids[keep][None], scored, where, input_ids[:, -response_len:][response]
+
+
+def forward_log_probs_packed(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_len: int,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
+    chunk_elements: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`forward_log_probs` without padding: the same arguments and ``[B, R]`` outputs (0 off the response
+    tokens), computed on the micro-batch's rows packed into one sequence (:func:`_pack`) with no attention mask, so
+    that transformers keeps the rows apart by their restarting position ids (``masking_utils.create_causal_mask``
+    for sdpa and eager, ``flash_attn_varlen_func`` with ``cu_seqlens`` from the position ids for flash_attention_2/3;
+    tests/unit/test_packed_rows.py). Only the packed positions that score a response token reach the LM head
+    (``logits_to_keep`` as indices), in chunks as in :func:`forward_log_probs`.
+    """
+    _check_inputs(input_ids, attention_mask, position_ids, response_len)
+    ids, positions, scored, where, targets = _pack(input_ids, attention_mask, position_ids, response_len)
+    # A micro-batch without a response token still runs its forward (every rank runs as many as the others): it
+    # scores its last position, and the result stays in the graph with weight 0.
+    empty = scored.numel() == 0
+    if empty:
+        scored, targets = torch.tensor([ids.shape[1] - 1], device=ids.device), ids[0, -1:]
+    # The stand-in head drops the last position it receives (there the model's last token, which scores nothing):
+    # one more index, repeated, keeps the same code for both.
+    keep = torch.cat([scored, scored[-1:]])
+    kwargs = dict(input_ids=ids, attention_mask=None, position_ids=positions, use_cache=False)
+    head = _chunkable_head(model)
+    if head is None:
+        if not _accepts_logits_to_keep(model):
+            raise ValueError(f"{type(model).__name__} takes no logits_to_keep: its log-probs cannot be packed")
+        logits = model(**kwargs, logits_to_keep=keep).logits[:, :-1, :]
+        lp, ent = _token_log_probs(logits, targets[None], temperature, with_entropy, entropy_grad)
+    else:
+        stand_in = _LogProbHead(head, targets[None], temperature=temperature, with_entropy=with_entropy,
+                                entropy_grad=entropy_grad,
+                                chunk_elements=LOGITS_CHUNK_ELEMENTS if chunk_elements is None else chunk_elements)
+        model.lm_head = stand_in
+        try:
+            out: torch.Tensor = model(**kwargs, logits_to_keep=keep).logits
+        finally:
+            model.lm_head = head
+        if out is not stand_in.output:
+            raise RuntimeError(f"{type(model).__name__}'s forward changed its LM head's output; add the config "
+                               "attribute that makes it do so to hpcppo.models._LOGIT_TRANSFORMS")
+        lp, ent = out[..., 0], (out[..., 1] if with_entropy else None)
+    return _unpack(lp[0], where, input_ids.shape[0], response_len, empty), \
+        (None if ent is None else _unpack(ent[0], where, input_ids.shape[0], response_len, empty))
+
+
+def _unpack(packed: torch.Tensor, where: tuple[torch.Tensor, ...], rows: int, response_len: int,
+            empty: bool) -> torch.Tensor:
+    out = torch.zeros((rows, response_len), dtype=torch.float32, device=packed.device)
+    if empty:
+        return out + 0.0 * packed.sum()
+    return out.index_put(where, packed.float())
+
+
+def forward_values_packed(
+    critic: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_len: int,
+) -> torch.Tensor:
+    """:func:`forward_values` without padding (the rows packed as in :func:`forward_log_probs_packed`): ``[B, R]``
+    float32, 0 off the response tokens."""
+    _check_inputs(input_ids, attention_mask, position_ids, response_len)
+    ids, positions, scored, where, _ = _pack(input_ids, attention_mask, position_ids, response_len)
+    values = critic(input_ids=ids, attention_mask=None, position_ids=positions)[0]
+    empty = scored.numel() == 0
+    return _unpack(values[-1:] if empty else values[scored], where, input_ids.shape[0], response_len, empty)
+
+
 def _micro_batches(batch: int, micro_batch_size: int) -> list[slice]:
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     return [slice(i, min(i + micro_batch_size, batch)) for i in range(0, batch, micro_batch_size)]
+
+
+def row_lengths(attention_mask: torch.Tensor, response_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's prompt and response extent in columns: ``[B]`` longs ``(prompt, response)``.
+
+    The prompt is left padded, so its extent runs from the row's first attended prompt column to the end of the
+    prompt; the response is right padded, so its extent runs from the start of the response to its last attended
+    column (0 for a row with no response token).
+    """
+    prompt = attention_mask[:, :-response_len] != 0
+    response = attention_mask[:, -response_len:] != 0
+    first = prompt.long().argmax(dim=-1)  # the first attended column (0 when none is)
+    prompt_len = torch.where(prompt.any(dim=-1), prompt.shape[1] - first, 0)
+    last = response_len - response.flip(-1).long().argmax(dim=-1)  # one past the last attended column
+    response_out = torch.where(response.any(dim=-1), last, 0)
+    return prompt_len, response_out
+
+
+def trimmed_columns(attention_mask: torch.Tensor, response_len: int) -> tuple[slice, int]:
+    """The columns one micro-batch needs: from its longest prompt's first token to its longest response's last
+    (at least one prompt and one response column), and that response width. Only padding lies outside them: the
+    left padding every row of the micro-batch has, and the right padding after every row's response."""
+    prompt_len, resp_len = row_lengths(attention_mask, response_len)
+    keep_prompt = max(1, int(prompt_len.max()))
+    keep_response = max(1, int(resp_len.max()))
+    start = attention_mask.shape[1] - response_len - keep_prompt
+    return slice(start, start + keep_prompt + keep_response), keep_response
+
+
+def _row_groups(batch: int, micro_batch_size: int,
+                micro_batches: Sequence[torch.Tensor] | None) -> list[slice] | Sequence[torch.Tensor]:
+    if micro_batches is None:
+        return _micro_batches(batch, micro_batch_size)
+    rows = torch.cat(list(micro_batches)).sort().values if micro_batches else torch.empty(0, dtype=torch.long)
+    if not torch.equal(rows.cpu(), torch.arange(batch)):
+        raise ValueError(f"micro_batches must hold each of the {batch} rows exactly once")
+    return micro_batches
 
 
 @torch.no_grad()
@@ -385,21 +571,44 @@ def compute_log_probs(
     temperature: float = 1.0,
     micro_batch_size: int,
     with_entropy: bool = False,
+    micro_batches: Sequence[torch.Tensor] | None = None,
+    packed: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """:func:`forward_log_probs` over the whole ``[B, T]`` batch in micro-batches, without autograd.
+
+    ``micro_batches`` (row indices, each row once; ``hpcppo.train.batching.token_budget_groups``) replaces the
+    consecutive slices of ``micro_batch_size`` rows: each micro-batch then runs on its own rows, trimmed to its own
+    columns (:func:`trimmed_columns`), and its outputs go back to its rows; columns outside a micro-batch's trimmed
+    response hold 0 (they are padding, outside every row's response mask).
+
+    ``packed``: each micro-batch's rows run packed into one sequence, without padding
+    (:func:`forward_log_probs_packed`).
 
     Returns ``log_probs [B, R]`` float32, or ``(log_probs, entropy)`` with ``with_entropy``. The model's
     train/eval mode is left as it is (dropout is off in the models we build either way).
     """
-    lps, ents = [], []
-    for sl in _micro_batches(input_ids.shape[0], micro_batch_size):
-        lp, ent = forward_log_probs(model, input_ids[sl], attention_mask[sl], position_ids[sl], response_len,
-                                    temperature=temperature, with_entropy=with_entropy, entropy_grad=False)
-        lps.append(lp)
-        if ent is not None:
-            ents.append(ent)
-    log_probs = torch.cat(lps, dim=0)
-    return (log_probs, torch.cat(ents, dim=0)) if with_entropy else log_probs
+    forward = forward_log_probs_packed if packed else forward_log_probs
+    if micro_batches is None:
+        lps, ents = [], []
+        for sl in _micro_batches(input_ids.shape[0], micro_batch_size):
+            lp, ent = forward(model, input_ids[sl], attention_mask[sl], position_ids[sl], response_len,
+                              temperature=temperature, with_entropy=with_entropy, entropy_grad=False)
+            lps.append(lp)
+            if ent is not None:
+                ents.append(ent)
+        log_probs = torch.cat(lps, dim=0)
+        return (log_probs, torch.cat(ents, dim=0)) if with_entropy else log_probs
+    shape = (input_ids.shape[0], response_len)
+    log_probs = torch.zeros(shape, dtype=torch.float32, device=input_ids.device)
+    entropy = torch.zeros_like(log_probs) if with_entropy else None
+    for rows in _row_groups(input_ids.shape[0], micro_batch_size, micro_batches):
+        cols, width = trimmed_columns(attention_mask[rows], response_len)
+        lp, ent = forward(model, input_ids[rows][:, cols], attention_mask[rows][:, cols], position_ids[rows][:, cols],
+                          width, temperature=temperature, with_entropy=with_entropy, entropy_grad=False)
+        log_probs[rows, :width] = lp
+        if entropy is not None and ent is not None:
+            entropy[rows, :width] = ent
+    return (log_probs, entropy) if entropy is not None else log_probs
 
 
 @torch.no_grad()
@@ -412,13 +621,25 @@ def compute_values(
     *,
     micro_batch_size: int,
     response_mask: torch.Tensor | None = None,
+    micro_batches: Sequence[torch.Tensor] | None = None,
+    packed: bool = False,
 ) -> torch.Tensor:
     """:func:`forward_values` over the whole batch in micro-batches, without autograd: ``[B, R]`` float32.
 
-    With ``response_mask`` (``[B, R]``), values outside it are zeroed, as verl's ``compute_values`` does.
+    ``micro_batches``, ``packed``: as in :func:`compute_log_probs` (trimmed micro-batches of the given rows, 0 outside
+    their responses; rows packed without padding). With ``response_mask`` (``[B, R]``), values outside it are zeroed,
+    as verl's ``compute_values`` does.
     """
-    values = torch.cat([forward_values(critic, input_ids[sl], attention_mask[sl], position_ids[sl], response_len)
-                        for sl in _micro_batches(input_ids.shape[0], micro_batch_size)], dim=0)
+    forward = forward_values_packed if packed else forward_values
+    if micro_batches is None:
+        values = torch.cat([forward(critic, input_ids[sl], attention_mask[sl], position_ids[sl], response_len)
+                            for sl in _micro_batches(input_ids.shape[0], micro_batch_size)], dim=0)
+    else:
+        values = torch.zeros((input_ids.shape[0], response_len), dtype=torch.float32, device=input_ids.device)
+        for rows in _row_groups(input_ids.shape[0], micro_batch_size, micro_batches):
+            cols, width = trimmed_columns(attention_mask[rows], response_len)
+            values[rows, :width] = forward(critic, input_ids[rows][:, cols], attention_mask[rows][:, cols],
+                                           position_ids[rows][:, cols], width)
     if response_mask is not None:
         values = values * response_mask.to(values.dtype)
     return values

@@ -115,7 +115,8 @@ def export_tensorboard(target: Target, out: str | os.PathLike[str] | None = None
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise PathError(f"{out}: is a file; -o names the directory of the event files")
-    view = {"attempts": "all", "branches": "all"} if all_attempts else {"attempts": "latest", "branches": "current"}
+    view: dict[str, Any] = ({"attempts": "all", "branches": "all"} if all_attempts
+                            else {"attempts": "latest", "branches": "current"})
     frame = load(target.path, columns=columns, locking=locking, **view)
     if not len(frame):
         raise damage_error(target, frame.attrs["damaged"]) if frame.attrs.get("damaged") else no_rows_error(target)

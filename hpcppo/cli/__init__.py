@@ -3,7 +3,7 @@
 Commands that do not train (compile, submit --dry-run, status, cancel, rollback, watchdog replay, config) never
 import torch: they are meant for login nodes. Each command is a function of one module of this package
 (:mod:`~hpcppo.cli.submit`, :mod:`~hpcppo.cli.control`, :mod:`~hpcppo.cli.seeing`, :mod:`~hpcppo.cli.configure`,
-and :mod:`~hpcppo.cli.model` for the two that need torch); the parser (:mod:`hpcppo.cli.parser`) names it, and
+:mod:`~hpcppo.cli.export`, the one with torch, and :mod:`~hpcppo.cli.tools`); the parser (:mod:`hpcppo.cli.parser`) names it, and
 :func:`dispatch` imports that module when the command runs, so a command loads its own libraries only. The library
 raises :class:`hpcppo.errors.HpcppoError` subclasses; :func:`main` prints one line for them and returns the class's
 exit code.

@@ -172,7 +172,7 @@ def _add_config_and_tool_commands(sub: Any) -> None:
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest committed)")
     p.add_argument("--out", required=True, help="output directory (must not exist)")
     add_runs_root_args(p)
-    p.set_defaults(func="model:cmd_export")
+    p.set_defaults(func="export:cmd_export")
 
     run_help = "run id, run directory, or metric file (attempt-NNNN.h5)"
     p = sub.add_parser("metrics", help="a run's metric log: summary table, export to Parquet/CSV")
@@ -254,4 +254,4 @@ def _add_tool_commands(sub: Any) -> None:
     q.add_argument("--max-operand", type=int, default=None, help="task difficulty (default: the library's)")
     q.add_argument("--force", action="store_true", help="rebuild even when up to date")
     q.add_argument("--json", action="store_true", help="print the whole build record (hpcppo_tiny.json) as JSON")
-    q.set_defaults(func="model:cmd_make_model")
+    q.set_defaults(func="tools:cmd_make_model")

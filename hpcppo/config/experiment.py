@@ -81,6 +81,12 @@ class ModelSection:
     gradient_checkpointing: bool = opt(False, help="Recompute activations in backward to save memory.")
     attn_implementation: str = opt("sdpa", choices=("sdpa", "eager", "flash_attention_2", "flash_attention_3"),
                                    help="transformers attention implementation.")
+    remove_padding: bool = opt(False, help="Run each micro-batch of every training forward and backward (actor, "
+                                           "reference, critic) with its rows packed into one sequence, position ids "
+                                           "restarting per row, no attention mask: no padding computed (verl's "
+                                           "use_remove_padding); token budgets then count real tokens. Every "
+                                           "attn_implementation here supports it (flash_attention_2/3: varlen "
+                                           "kernels; sdpa and eager: a block-diagonal mask).")
 
 
 @attrs.frozen(kw_only=True)
@@ -148,6 +154,12 @@ class RolloutSection:
     enforce_eager: bool = opt(False, help="vLLM: no CUDA graphs (slower, less memory, faster start).")
     free_cache_engine: bool = opt(True, help="vLLM: sleep mode between rollouts, freeing KV cache and weights for training.")
     micro_batch_size_per_gpu: int = opt(0, ge=0, help="Samples per forward when recomputing log-probs; 0 = actor.ppo_micro_batch_size_per_gpu.")
+    max_tokens_per_micro_batch: int = opt(0, ge=0, help="Token budget of each forward of the old-log-prob, reference "
+                                                        "and value passes: rows packed by length into micro-batches of "
+                                                        "at most this many tokens, padding included, each trimmed to "
+                                                        "its longest prompt and response; 0 = micro_batch_size_per_gpu "
+                                                        "rows padded to the batch (verl's log_prob_use_dynamic_bsz, "
+                                                        "log_prob_max_token_len_per_gpu).")
 
 
 @attrs.frozen(kw_only=True)
@@ -256,6 +268,12 @@ class ActorSection:
     ppo_epochs: int = opt(1, ge=1, help="Passes over each rollout batch.")
     ppo_mini_batch_size: int = opt(256, ge=1, help="Prompts per optimizer step (x rollout.n samples), verl's convention.")
     ppo_micro_batch_size_per_gpu: int = opt(4, ge=1, help="Samples per forward/backward on each rank (gradient accumulation).")
+    max_tokens_per_micro_batch: int = opt(0, ge=0, help="Token budget of each forward/backward on each rank: rows "
+                                                        "packed by length into micro-batches of at most this many "
+                                                        "tokens, padding included, each trimmed to its longest prompt "
+                                                        "and response (the same gradient); 0 = "
+                                                        "ppo_micro_batch_size_per_gpu rows padded to the batch (verl's "
+                                                        "use_dynamic_bsz, ppo_max_token_len_per_gpu).")
     clip_ratio: float = opt(0.2, gt=0.0, lt=1.0, help="PPO clip epsilon.")
     clip_ratio_low: float | None = opt(None, gt=0.0, lt=1.0, help="Lower clip epsilon (1 - low); unset = clip_ratio.")
     clip_ratio_high: float | None = opt(None, gt=0.0, help="Upper clip epsilon (1 + high); unset = clip_ratio.")
@@ -288,6 +306,9 @@ class CriticSection:
     ppo_epochs: int = opt(0, ge=0, help="Passes over each rollout batch; 0 = actor.ppo_epochs.")
     ppo_mini_batch_size: int = opt(0, ge=0, help="Prompts per critic optimizer step; 0 = actor.ppo_mini_batch_size.")
     ppo_micro_batch_size_per_gpu: int = opt(0, ge=0, help="Samples per critic forward/backward per rank; 0 = the actor's.")
+    max_tokens_per_micro_batch: int = opt(0, ge=0, help="Token budget of each critic forward/backward per rank, as "
+                                                        "actor.max_tokens_per_micro_batch; 0 = fixed-size micro-batches "
+                                                        "(not the actor's budget).")
     cliprange_value: float = opt(0.5, gt=0.0, help="Value clipping range around the old values.")
     loss_agg_mode: str = opt("token-mean", choices=_LOSS_AGG, help="How token value losses are aggregated.")
     warmup_updates: int = opt(0, ge=0, help="Critic warm-up: the actor is not updated during the first N steps "

@@ -156,6 +156,20 @@ def _check_trainer(exp: Experiment, needs_critic: bool) -> None:
                            f"never be updated; use fewer warm-up steps")
 
 
+def _check_token_budgets(exp: Experiment, needs_critic: bool) -> None:
+    """A token budget must hold the longest row a batch can have (one row never splits), as verl asserts
+    (``max_token_len >= max_seq_len`` in rearrange_micro_batches, verl/utils/seqlen_balancing.py)."""
+    longest = exp.data.max_prompt_length + exp.data.max_response_length
+    budgets = [("actor", exp.actor.max_tokens_per_micro_batch), ("rollout", exp.rollout.max_tokens_per_micro_batch)]
+    if needs_critic:
+        budgets.append(("critic", exp.critic.max_tokens_per_micro_batch))
+    for section, budget in budgets:
+        if 0 < budget < longest:
+            raise ResolveError(f"{section}.max_tokens_per_micro_batch={budget} cannot hold one row of data."
+                               f"max_prompt_length + data.max_response_length = {longest} tokens; use at least "
+                               f"{longest} (or 0 for fixed-size micro-batches)")
+
+
 def _actor_fields(exp: Experiment, world: int) -> dict[str, int]:
     """The actor's update batches per step (``RunPlan``'s ``actor_*`` fields)."""
     a = exp.actor
@@ -213,6 +227,7 @@ def resolve(site: Site, experiment: Experiment) -> RunPlan:
     critic_fields = _critic_fields(exp, world) if needs_critic else dict.fromkeys(_CRITIC_FIELDS, 0)
     needs_reference = _needs_reference(exp)
     _check_trainer(exp, needs_critic)
+    _check_token_budgets(exp, needs_critic)
     hsdp = exp.resources.hsdp == "on" or (exp.resources.hsdp == "auto" and nodes > 1)
     mesh_shape, mesh_names = ([nodes, ranks_per_node], ["replicate", "shard"]) if hsdp else ([world], ["shard"])
     model_dtype = exp.model.dtype

@@ -258,3 +258,54 @@ def project_name(value: Any, ctx: Mapping[str, Any]) -> Any:
     if "wandb" not in loggers:
         raise Ignored("wandb's project in hpcppo, and trainer.logger does not name wandb here")
     return value
+
+
+# ------------------------------------------------------------------------------------------------ token budgets
+# verl's dynamic micro-batches (use_dynamic_bsz: micro-batches of at most *_max_token_len_per_gpu tokens,
+# verl/utils/seqlen_balancing.py rearrange_micro_batches) are hpcppo's <section>.max_tokens_per_micro_batch (0 =
+# fixed-size micro-batches). Defaults as in verl's _generated_ppo_trainer.yaml at b178a3c: the rollout's, the
+# reference's and the critic's flags follow actor.use_dynamic_bsz; the actor's budget and the log-prob budgets
+# (which follow the actor's) are 16384 tokens, the critic's 32768, and its forward budget follows its
+# ppo_max_token_len_per_gpu. The budget is per GPU there and here (ulysses_sequence_parallel_size is 1 here).
+DYNAMIC_BSZ = A + "use_dynamic_bsz"
+ACTOR_TOKENS = A + "ppo_max_token_len_per_gpu"
+CRITIC_TOKENS = "critic.ppo_max_token_len_per_gpu"
+
+
+def dynamic_on(flag_key: str, ctx: Mapping[str, Any]) -> bool:
+    """Whether verl runs ``flag_key``'s role with dynamic micro-batches (an unset flag follows the actor's)."""
+    return ctx.get(flag_key, ctx.get(DYNAMIC_BSZ, False)) is True
+
+
+def _budget(value: Any, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise Untranslatable(f"{key}={value!r} is not a positive number of tokens")
+    return value
+
+
+def dynamic_bsz(budget_key: str, default: int | str) -> Convert:
+    """A ``*use_dynamic_bsz`` flag: false -> fixed-size micro-batches (hpcppo's default); true -> the budget that
+    ``budget_key`` gives (``default``: a number, or the key whose value verl's default copies)."""
+
+    def convert(value: Any, ctx: Mapping[str, Any]) -> Any:
+        if value is False:
+            raise Ignored("false: fixed-size micro-batches, hpcppo's default (max_tokens_per_micro_batch = 0)")
+        if value is not True:
+            raise Untranslatable(f"{value!r} is not true or false")
+        fallback = ctx.get(default, 16384 if default == ACTOR_TOKENS else 32768) if isinstance(default, str) \
+            else default
+        return _budget(ctx.get(budget_key, fallback), budget_key)
+
+    return convert
+
+
+def token_budget(flag_key: str) -> Convert:
+    """A ``*max_token_len_per_gpu`` budget: the tokens per micro-batch where ``flag_key`` is on, else ignored (as
+    verl ignores it)."""
+
+    def convert(value: Any, ctx: Mapping[str, Any]) -> Any:
+        if not dynamic_on(flag_key, ctx):
+            raise Ignored(f"only with {flag_key}=true, as in verl (fixed-size micro-batches otherwise)")
+        return _budget(value, flag_key.rpartition(".")[0] + "...")
+
+    return convert

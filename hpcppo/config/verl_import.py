@@ -23,6 +23,7 @@ from typing import Any
 import tomli_w
 
 from hpcppo.config import verl
+from hpcppo.config.verl_convert import REF, dynamic_on
 from hpcppo.config.convert import MAX_INPUT_BYTES, read_input
 from hpcppo.config.experiment import Experiment
 from hpcppo.config.load import _check_leaf, experiment_from_data, leaf_keys, lookup_field
@@ -73,7 +74,7 @@ VERL_DEFAULTS: tuple[tuple[str, Any], ...] = (
 )
 _PATH_KEYS = {k for k in leaf_keys(Experiment) if lookup_field(Experiment, k).metadata.get("path")}
 # One micro-batch here for what verl sizes per role (actor/ref log-probs, critic values).
-_SMALLEST_WINS = {"rollout.micro_batch_size_per_gpu"}
+_SMALLEST_WINS = {"rollout.micro_batch_size_per_gpu", "rollout.max_tokens_per_micro_batch"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 LABEL = "verl input"
 
@@ -309,11 +310,31 @@ def _derived_defaults(imp: Imported, ctx: Mapping[str, Any], cwd: Path, out_dir:
     """verl's defaults that follow another key: critic.loss_agg_mode is
     ``${oc.select:actor_rollout_ref.actor.loss_agg_mode,token-mean}`` in _generated_ppo_trainer.yaml (the critic
     aggregates as the actor does), where hpcppo's critic keeps token-mean."""
+    _dynamic_bsz_defaults(imp, ctx, cwd, out_dir)
     actor_mode = ctx.get(verl.A + "loss_agg_mode")
     if "critic.loss_agg_mode" not in ctx and actor_mode is not None and "critic.loss_agg_mode" not in imp.values:
         key = "critic.loss_agg_mode"
         _apply(imp, Setting(key, actor_mode, f"{key}=${{{verl.A}loss_agg_mode}} = {show(actor_mode)}", default=True),
                {**ctx, key: actor_mode}, cwd, out_dir)
+
+
+def _dynamic_bsz_defaults(imp: Imported, ctx: Mapping[str, Any], cwd: Path, out_dir: Path) -> None:
+    """verl's dynamic micro-batch defaults that follow another key (_generated_ppo_trainer.yaml): the rollout's,
+    the reference's (``log_prob_use_dynamic_bsz``) and the critic's (``use_dynamic_bsz``) flags are
+    ``${oc.select:actor_rollout_ref.actor.use_dynamic_bsz,false}``, and the critic's forward budget is
+    ``${.ppo_max_token_len_per_gpu}`` (32768 unless given)."""
+    actor = verl.A + "use_dynamic_bsz"
+    if ctx.get(actor) is True:
+        for key in (verl.R + "log_prob_use_dynamic_bsz", REF + "log_prob_use_dynamic_bsz",
+                    "critic.use_dynamic_bsz"):
+            if key not in ctx:
+                _apply(imp, Setting(key, True, f"{key}=${{{actor}}} = true", default=True), {**ctx, key: True}, cwd,
+                       out_dir)
+    forward = "critic.forward_max_token_len_per_gpu"
+    if forward not in ctx and dynamic_on("critic.use_dynamic_bsz", ctx):
+        value = ctx.get("critic.ppo_max_token_len_per_gpu", 32768)
+        _apply(imp, Setting(forward, value, f"{forward}=${{critic.ppo_max_token_len_per_gpu}} = {show(value)}",
+                            default=True), {**ctx, forward: value}, cwd, out_dir)
 
 
 # ------------------------------------------------------------------------------------------------ writing

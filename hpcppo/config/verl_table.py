@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from hpcppo.config.verl_convert import (A, ARR, IGNORED, MAP, MODEL, NOT_VERL, R, REF, REWARD_KWARGS, UNSUPPORTED,
-                                        Convert, Entry, clip_ratio, critic_warmup, dtype, engine, files, freq, hsdp,
+from hpcppo.config.verl_convert import (A, ACTOR_TOKENS, ARR, CRITIC_TOKENS, IGNORED, MAP, MODEL, NOT_VERL, R, REF, REWARD_KWARGS, UNSUPPORTED,
+                                        Convert, Entry, clip_ratio, critic_warmup, dtype, dynamic_bsz, engine, files, freq, hsdp,
                                         keep, logger, none_is_default, per_gpu, project_name, resume, reward_kwargs,
-                                        reward_name, reward_path, run_name, schedule, top_k, total_steps, warmup,
+                                        reward_name, reward_path, run_name, schedule, token_budget, top_k, total_steps, warmup,
                                         warmup_ratio)
 
 __all__ = ["ENTRIES", "m", "alias", "ign", "uns"]
@@ -123,8 +123,8 @@ def _model(verl: str, actor: bool) -> list[Entry]:
         m(verl + "trust_remote_code", "model.trust_remote_code"),
         m(verl + "enable_gradient_checkpointing", "model.gradient_checkpointing",
           "one setting for the actor and the critic here"),
-        ign(verl + "use_remove_padding", "hpcppo runs padded batches; removing padding is a speed-up with the same "
-                                         "results"),
+        m(verl + "use_remove_padding", "model.remove_padding", "rows packed into one sequence per micro-batch; one "
+          "setting for the actor, the reference and the critic here"),
         uns(verl + "override_config", "hpcppo loads the model's config as it is", ok=({},), prefix=True),
         uns(verl + "lora.rank", "no LoRA in hpcppo: full fine-tuning", ok=(0,)),
         ign(verl + "lora", "only with LoRA (lora.rank > 0), which hpcppo does not have", prefix=True),
@@ -214,8 +214,12 @@ def _build_entries() -> list[Entry]:
         uns(A + "strategy", FSDP2, ok=("fsdp", "fsdp2")),
         uns(A + "megatron", "hpcppo trains with FSDP2 only", prefix=True),
         ign(A + "load_weight", "an option of verl's Megatron workers"),
-        uns(A + "use_dynamic_bsz", "hpcppo's micro-batches count samples (ppo_micro_batch_size_per_gpu)", ok=(False,)),
-        ign(A + "ppo_max_token_len_per_gpu", "only with use_dynamic_bsz"),
+        m(A + "use_dynamic_bsz", "actor.max_tokens_per_micro_batch", "true: micro-batches under "
+          "ppo_max_token_len_per_gpu tokens (16384 unless given); false: fixed-size ones (0)",
+          dynamic_bsz(A + "ppo_max_token_len_per_gpu", 16384), context=True),
+        m(A + "ppo_max_token_len_per_gpu", "actor.max_tokens_per_micro_batch", "tokens per GPU micro-batch, only with "
+          "use_dynamic_bsz; hpcppo counts the padding of its trimmed micro-batches in them",
+          token_budget(A + "use_dynamic_bsz"), context=True),
         uns(A + "ulysses_sequence_parallel_size", "no sequence parallelism in hpcppo", ok=(1,)),
         m(A + "policy_loss.loss_mode", "actor.policy_loss.loss_mode",
           "vanilla, gspo, cispo, gpg, clip_cov, kl_cov; not sapo, geo_mean, bypass_mode"),
@@ -232,7 +236,7 @@ def _build_entries() -> list[Entry]:
         ign(A + "data_loader_seed", "hpcppo seeds everything from the experiment's seed"),
         ign(A + "use_torch_compile", "hpcppo does not torch.compile (speed only)"),
         ign(A + "use_fused_kernels", "fused kernels are a speed-up; same results"),
-        ign(A + "use_remove_padding", "hpcppo runs padded batches; same results"),
+        ign(A + "use_remove_padding", "verl copies model.use_remove_padding here; hpcppo: model.remove_padding"),
         ign(A + "entropy_from_logits_with_chunking", "a memory optimisation of verl's entropy; same values"),
         ign(A + "entropy_checkpointing", "a memory optimisation of verl's entropy; same values"),
         ign(A + "calculate_entropy", "hpcppo always logs the entropy"),
@@ -250,8 +254,12 @@ def _build_entries() -> list[Entry]:
           "one log-prob/value micro-batch for every model here (the smallest given)", none_is_default),
         m(REF + "log_prob_micro_batch_size", "rollout.micro_batch_size_per_gpu", "global, divided by the GPUs",
           per_gpu, context=True),
-        uns(REF + "log_prob_use_dynamic_bsz", "hpcppo's micro-batches count samples", ok=(False,)),
-        ign(REF + "log_prob_max_token_len_per_gpu", "only with log_prob_use_dynamic_bsz"),
+        m(REF + "log_prob_use_dynamic_bsz", "rollout.max_tokens_per_micro_batch", "true: log_prob_max_token_len_per_gpu "
+          "(verl's default: the actor's ppo_max_token_len_per_gpu); one budget for every log-prob/value pass here",
+          dynamic_bsz(REF + "log_prob_max_token_len_per_gpu", ACTOR_TOKENS), context=True),
+        m(REF + "log_prob_max_token_len_per_gpu", "rollout.max_tokens_per_micro_batch",
+          "only with log_prob_use_dynamic_bsz (the smallest budget given wins)", token_budget(REF + "log_prob_use_dynamic_bsz"),
+          context=True),
         *_fsdp(REF, "reference"),
         uns(REF + "strategy", FSDP2, ok=("fsdp", "fsdp2")),
         uns(REF + "megatron", "hpcppo trains with FSDP2 only", prefix=True),
@@ -301,8 +309,12 @@ def _build_entries() -> list[Entry]:
         uns(R + "quantization", "hpcppo generates with the training weights' dtype", ok=(None,)),
         uns(R + "skip_rollout", "hpcppo always generates", ok=(False,)),
         uns(R + "enable_rollout_routing_replay", "MoE routing replay: not in hpcppo", ok=(False,)),
-        uns(R + "log_prob_use_dynamic_bsz", "hpcppo's micro-batches count samples", ok=(False,)),
-        ign(R + "log_prob_max_token_len_per_gpu", "only with log_prob_use_dynamic_bsz"),
+        m(R + "log_prob_use_dynamic_bsz", "rollout.max_tokens_per_micro_batch", "true: log_prob_max_token_len_per_gpu "
+          "(verl's default: the actor's ppo_max_token_len_per_gpu); one budget for every log-prob/value pass here",
+          dynamic_bsz(R + "log_prob_max_token_len_per_gpu", ACTOR_TOKENS), context=True),
+        m(R + "log_prob_max_token_len_per_gpu", "rollout.max_tokens_per_micro_batch",
+          "only with log_prob_use_dynamic_bsz (the smallest budget given wins)", token_budget(R + "log_prob_use_dynamic_bsz"),
+          context=True),
         ign(R + "calculate_log_probs", "hpcppo recomputes old log-probs with the training model"),
         ign(R + "logprobs_mode", "hpcppo recomputes old log-probs with the training model"),
         *[ign(R + k, PERF_VLLM) for k in ("dtype", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
@@ -341,9 +353,14 @@ def _build_entries() -> list[Entry]:
         ign("critic.load_weight", "an option of verl's Megatron workers"),
         ign("critic.nccl_timeout", "one timeout for every collective here: trainer.collective_timeout_s "
                                    "(actor_rollout_ref.nccl_timeout)"),
-        uns("critic.use_dynamic_bsz", "hpcppo's micro-batches count samples", ok=(False,)),
-        ign("critic.ppo_max_token_len_per_gpu", "only with use_dynamic_bsz"),
-        ign("critic.forward_max_token_len_per_gpu", "only with use_dynamic_bsz"),
+        m("critic.use_dynamic_bsz", "critic.max_tokens_per_micro_batch", "true: micro-batches under "
+          "ppo_max_token_len_per_gpu tokens (32768 unless given); false: fixed-size ones (0)",
+          dynamic_bsz(CRITIC_TOKENS, 32768), context=True),
+        m("critic.ppo_max_token_len_per_gpu", "critic.max_tokens_per_micro_batch", "only with use_dynamic_bsz",
+          token_budget("critic.use_dynamic_bsz"), context=True),
+        m("critic.forward_max_token_len_per_gpu", "rollout.max_tokens_per_micro_batch", "only with use_dynamic_bsz; "
+          "one budget for every log-prob/value pass here (the smallest given wins)",
+          token_budget("critic.use_dynamic_bsz"), context=True),
         uns("critic.ulysses_sequence_parallel_size", "no sequence parallelism in hpcppo", ok=(1,)),
         uns("critic.shuffle", "hpcppo does not reshuffle samples between mini-batches", ok=(False,)),
         ign("critic.data_loader_seed", "hpcppo seeds everything from the experiment's seed"),

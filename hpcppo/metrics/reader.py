@@ -422,6 +422,7 @@ def _gather(reads: Sequence[_Rows], declared: Sequence[str], rows: np.ndarray | 
     total = sum(sizes) if rows is None else int(rows.size)
     where = {name: j for j, name in enumerate(declared)}
     every_cell = all(set(declared) <= set(r.columns) for r in reads)
+    out: np.ndarray
     if dataset == schema.LOGGED:  # read as stored (uint8: no conversion), returned as int8 (255 reads as -1)
         out = np.zeros((total, len(declared)), np.uint8)
     else:

@@ -81,6 +81,9 @@ ASSUMPTIONS: dict[str, Constant] = {c.name: c for c in (
              "under load; measure yours"),
     Constant("framework reserve", 2.0, "GiB", "assumption: CUDA context (~0.5 GiB), NCCL buffers, allocator "
              "fragmentation"),
+    Constant("rank process host", 2.0, "GiB", "a trainer rank's host memory before its models load: 0.5 GB "
+             "measured on CPU after importing torch + transformers and joining the process group "
+             "(tools/bench_load.py); assumption: CUDA's context and libraries add ~1.5 GiB on a GPU node"),
     Constant("vLLM CUDA graphs", 1.0, "GiB", "assumption: vLLM's graph pool with enforce_eager = false"),
     Constant("vLLM batched tokens", 8192, "tokens", "vLLM's profiling forward (max_num_batched_tokens), whose "
              "activations are reserved before the KV cache (vllm/v1/worker/gpu_worker.py determine_available_memory)"),

@@ -19,10 +19,13 @@ log = logging.getLogger(__name__)
 def check_colocation(site: Site, experiment: Experiment, plan: RunPlan) -> Budget | None:
     """``ResolveError`` when the colocated job cannot fit one GPU of ``site`` (the first problem, with what to
     change); the warnings (KV cache waves, a ``signal_lead_s`` shorter than a step + checkpoint) are logged.
-    CPU sites are not judged (``None``): their memory is the host's, which the planner does not model."""
-    if site.device != "cuda":
-        return None
+    CPU sites are judged only on the host memory of their ranks while the models load (``site.slurm.mem_per_task``),
+    and return ``None``."""
     budget = estimate(site, experiment, plan)
+    if site.device != "cuda":  # only the host memory at start-up is judged (estimate._host_startup)
+        if budget.problems:
+            raise ResolveError(budget.problems[0])
+        return None
     if budget.model is None:
         log.warning("hpcppo: warning: GPU memory not checked: %s", budget.model_note)
     elif budget.gpu is None:

@@ -84,6 +84,7 @@ class Budget:
     constants: list[Constant] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    host: dict[str, Any] = field(default_factory=dict)  # host memory per rank and node while the models load
 
     @property
     def peak(self) -> Phase | None:
@@ -106,6 +107,7 @@ class Budget:
             "constants": [asdict(c) for c in self.constants],
             "problems": self.problems,
             "warnings": self.warnings,
+            "host_startup": self.host,
         }
 
 
@@ -240,6 +242,7 @@ def estimate(site: Site, exp: Experiment, plan: RunPlan) -> Budget:
     if exp.model.critic_path and plan.needs_critic:
         critic_shape = model_shape(exp.model.critic_path)[0] or shape
     _memory(budget, exp, plan, shape, critic_shape)
+    _host_startup(budget, site, exp, plan, shape, critic_shape)
     if gpu is not None:
         _judge(budget, exp, plan)
         _time(budget, exp, plan, shape, critic_shape, gpu)
@@ -411,6 +414,54 @@ def _fixes(exp: Experiment, plan: RunPlan, phase: str) -> list[str]:
         out.append("rollout.free_cache_engine = true (vLLM sleeps during the update)")
     out.append(f"more GPUs (resources.nodes, now {plan.nodes}) to shard over")
     return out
+
+
+_SLURM_MEM_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def slurm_mem_bytes(value: str) -> int | None:
+    """A Slurm memory size (``"120G"``, ``"512000"`` = MB) in bytes; None for ``""`` (the partition's default)."""
+    if not value:
+        return None
+    unit = value[-1].upper()
+    return int(value[:-1]) * _SLURM_MEM_UNITS[unit] if unit in _SLURM_MEM_UNITS else int(value) * 2**20
+
+
+def _host_startup(budget: Budget, site: Site, exp: Experiment, plan: RunPlan, m: ModelShape,
+                  cm: ModelShape) -> None:
+    """Host memory of a rank and of a node while actor, reference and critic load (hpcppo.train.build.load_sharded).
+
+    Each rank reads only its rows of each tensor (safetensors ``get_slice``) straight into its shards: the shards
+    stay in host memory when the models compute there (CPU ranks) or FSDP2 offloads them (``param_offload``,
+    ``reference.offload``), else they go to the GPU and the host holds one tensor's rows at a time (the largest, the
+    embedding or LM head: vocab x hidden / shard, counted at 4 B per element). On top of it the rank's process
+    (Python, torch, transformers; the CUDA context's host side on GPUs): ``rank process host``. The old path (every
+    rank building the whole float32 model before sharding) is shown beside it. ``site.slurm.mem_per_task`` is what
+    each rank gets (the job script asks ``--mem`` = that x ranks per node): a start-up that needs more is a problem.
+    """
+    shard, on_gpu = budget.shard_size, plan.device == "cuda"
+    process = int(ASSUMPTIONS["rank process host"].value * GIB)
+    loads = [("actor", m.params, exp.actor.fsdp.param_offload)]
+    if plan.needs_reference:
+        loads.append(("reference", m.params, exp.reference.offload))
+    if plan.needs_critic:
+        loads.append(("critic", cm.critic_params, exp.critic.fsdp.param_offload))
+    held = sum(math.ceil(n * MASTER_BYTES / shard) for _, n, offload in loads if offload or not on_gpu)
+    slice_bytes = math.ceil(max(m.vocab, cm.vocab) * max(m.hidden, cm.hidden) * MASTER_BYTES / shard)
+    per_rank = process + held + slice_bytes
+    old_per_rank = process + held + max(n for _, n, _ in loads) * MASTER_BYTES
+    ranks = plan.ranks_per_node
+    limit = slurm_mem_bytes(site.slurm.mem_per_task) if site.scheduler == "slurm" else None
+    budget.host = {"per_rank_bytes": per_rank, "per_node_bytes": per_rank * ranks, "ranks_per_node": ranks,
+                   "shards_on_host_bytes": held, "largest_slice_bytes": slice_bytes, "process_bytes": process,
+                   "old_path_per_rank_bytes": old_per_rank, "old_path_per_node_bytes": old_per_rank * ranks,
+                   "limit_per_rank_bytes": limit}
+    if limit is not None and per_rank > limit:
+        budget.problems.append(
+            f"host memory at start-up: {_gib(per_rank)} per rank ({_gib(per_rank * ranks)} per node of {ranks} "
+            f"ranks: shards on the host {_gib(held)}, the largest tensor's rows {_gib(slice_bytes)}, the process "
+            f"{_gib(process)}) > site.slurm.mem_per_task = {site.slurm.mem_per_task}; raise mem_per_task or use more "
+            "ranks per shard group")
 
 
 def _judge(budget: Budget, exp: Experiment, plan: RunPlan) -> None:

@@ -64,6 +64,26 @@ def render(budget: Budget, *, site: str, spec: str) -> list[Any]:
             table.add_row(item.what, _size(item.bytes))
         out.append(table)
 
+    host = budget.host
+    if host:
+        limit = host["limit_per_rank_bytes"]
+        over = limit is not None and host["per_rank_bytes"] > limit
+        out.append(Text(f"host memory at start-up: {_size(host['per_node_bytes'])} per node of "
+                        f"{host['ranks_per_node']} ranks" + (f", {_size(limit * host['ranks_per_node'])} given "
+                                                              "(slurm.mem_per_task x ranks)" if limit else ""),
+                        style="bold red" if over else "bold"))
+        table = Table()
+        table.add_column("on each rank while the models load")
+        table.add_column("size", justify="right")
+        table.add_row("shards kept on the host (CPU ranks, param_offload, reference.offload)",
+                      _size(host["shards_on_host_bytes"]))
+        table.add_row("one tensor's rows in flight (the largest)", _size(host["largest_slice_bytes"]))
+        table.add_row("the rank's process (rank process host)", _size(host["process_bytes"]))
+        table.add_row("per rank", _size(host["per_rank_bytes"]), style="bold")
+        table.add_row("per rank, old path (the whole float32 model on every rank)",
+                      _size(host["old_path_per_rank_bytes"]))
+        out.append(table)
+
     kv = budget.kv
     if kv:
         out.append(Text("vLLM share", style="bold"))

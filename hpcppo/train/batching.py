@@ -18,6 +18,7 @@ from torch import nn
 
 from hpcppo import algos
 from hpcppo.distributed.env import all_reduce_host
+from hpcppo.models import row_lengths, trimmed_columns
 
 
 def to_training_batch(out: Any, prompts: Sequence[Any], device: torch.device) -> dict[str, Any]:
@@ -72,6 +73,120 @@ def split(batch: Mapping[str, Any], size: int) -> Iterator[dict[str, Any]]:
     n = batch["response_mask"].shape[0]
     for start in range(0, n, size):
         yield {k: v[start : start + size] for k, v in batch.items()}
+
+
+def pack_rows(prompt_len: Sequence[int], response_len: Sequence[int], max_tokens: int,
+              count: int | None = None, *, packed: bool = False) -> list[list[int]]:
+    """Rows -> micro-batches (lists of row indices) of at most ``max_tokens`` tokens each, padding included.
+
+    A micro-batch runs trimmed to its longest prompt and longest response (``hpcppo.models.trimmed_columns``), so it
+    costs ``rows x (max prompt + max response)`` tokens; with ``packed`` (its rows packed into one sequence,
+    ``hpcppo.models.forward_log_probs_packed``) the sum of its rows' tokens. Rows are taken longest first and cut
+    into consecutive runs:
+    rows of like length share a micro-batch, so little padding is left to compute. With ``count`` (at least the
+    fewest micro-batches the budget allows, at most the number of rows) there are exactly that many, balanced: the
+    smallest per-micro-batch limit that still needs no more than ``count`` of them, then the costliest split in
+    two until there are ``count``.
+
+    verl (``rearrange_micro_batches`` in verl/utils/seqlen_balancing.py at b178a3c) balances the sum of real tokens
+    with Karmarkar-Karp partitions, which mixes long and short rows in each micro-batch: right where padding is
+    removed (its ``use_remove_padding``), wasteful where it is not. Here every micro-batch keeps its padding, so rows
+    are grouped by length and the budget bounds the padded tokens that run, never exceeded.
+    """
+    n = len(prompt_len)
+    if n != len(response_len):
+        raise ValueError(f"{n} prompt lengths but {len(response_len)} response lengths")
+    width = [int(p) + int(r) for p, r in zip(prompt_len, response_len)]
+    longest = max(width, default=0)
+    if longest > max_tokens:
+        raise ValueError(f"a row of {longest} tokens does not fit a micro-batch of {max_tokens} tokens")
+    order = sorted(range(n), key=lambda i: (-width[i], -int(response_len[i]), i))
+
+    def greedy(limit: int) -> list[list[int]]:
+        groups: list[list[int]] = []
+        top_p = top_r = 0
+        for i in order:
+            if packed:  # top_p counts the micro-batch's tokens
+                p, r = top_p + width[i], 0
+            else:
+                p, r = max(top_p, int(prompt_len[i])), max(top_r, int(response_len[i]))
+            if groups and (p + r if packed else (len(groups[-1]) + 1) * (p + r)) <= limit:
+                groups[-1].append(i)
+                top_p, top_r = p, r
+            else:
+                groups.append([i])
+                top_p, top_r = (width[i], 0) if packed else (int(prompt_len[i]), int(response_len[i]))
+        return groups
+
+    groups = greedy(max_tokens)
+    if count is None:
+        return groups
+    if not len(groups) <= count <= max(n, 1):
+        raise ValueError(f"{n} rows cannot make {count} micro-batches of at most {max_tokens} tokens "
+                         f"(between {len(groups)} and {n})")
+    low, high = max(longest, 1), max_tokens  # greedy(high) needs <= count micro-batches; find the smallest limit
+    while low < high:
+        mid = (low + high) // 2
+        if len(greedy(mid)) <= count:
+            high = mid
+        else:
+            low = mid + 1
+    groups = greedy(high)
+
+    def cost(group: list[int]) -> int:
+        return sum(width[i] for i in group) if packed else len(group) * max(width[i] for i in group)
+
+    while len(groups) < count:
+        at = max((k for k, g in enumerate(groups) if len(g) > 1), key=lambda k: cost(groups[k]))
+        g = groups[at]
+        groups[at: at + 1] = [g[: len(g) // 2], g[len(g) // 2:]]
+    return groups
+
+
+def token_budget_groups(attention_masks: Sequence[torch.Tensor], response_len: int, max_tokens: int, *,
+                        packed: bool = False) -> list[list[torch.Tensor]]:
+    """Micro-batches (row-index tensors) under ``max_tokens`` for each of several batches of this rank (the
+    mini-batches of an update, or the one batch of the log-prob and value passes).
+
+    Collective (one host all-reduce for all of them): every rank must run as many forwards and backwards per batch
+    as the others (each is a round of FSDP all-gathers and, on the last, reduce-scatters), so each batch gets the
+    largest count any rank needs, and every rank packs its rows into exactly that many (:func:`pack_rows`). Each
+    rank holds as many rows as the others, so that count never exceeds a rank's rows. ``packed``: the micro-batches
+    run without padding (:func:`pack_rows`).
+    """
+    lengths = []
+    for mask in attention_masks:
+        prompt, response = row_lengths(mask, response_len)
+        lengths.append((prompt.tolist(), response.tolist()))
+    fewest = [len(pack_rows(p, r, max_tokens, packed=packed)) for p, r in lengths]
+    counts = [int(c) for c in all_reduce_host(fewest, "max")] if fewest else []
+    device = attention_masks[0].device if attention_masks else None
+    return [[torch.tensor(g, dtype=torch.long, device=device)
+             for g in pack_rows(p, r, max_tokens, count, packed=packed)] for (p, r), count in zip(lengths, counts)]
+
+
+def take_rows(batch: Mapping[str, Any], rows: torch.Tensor) -> dict[str, Any]:
+    """The micro-batch of ``rows`` (indices), trimmed to its own columns (``hpcppo.models.trimmed_columns``):
+    ``[b, P+R]`` tensors to its longest prompt and response, ``[b, R]`` tensors to its longest response, ``[b]``
+    tensors and lists by row. A 2-D tensor of any other width is refused rather than guessed at."""
+    seq_width = batch["input_ids"].shape[1]
+    resp_width = batch["responses"].shape[1]
+    cols, width = trimmed_columns(batch["attention_mask"][rows], resp_width)
+    out: dict[str, Any] = {}
+    for key, value in batch.items():
+        if not isinstance(value, torch.Tensor):
+            out[key] = [value[i] for i in rows.tolist()]
+            continue
+        value = value[rows]
+        if value.dim() >= 2 and value.shape[1] == seq_width:
+            value = value[:, cols]
+        elif value.dim() >= 2 and value.shape[1] == resp_width:
+            value = value[:, :width]
+        elif value.dim() >= 2:
+            raise ValueError(f"batch key {key!r} is {tuple(value.shape)}: neither [b, {seq_width}] (prompt + "
+                             f"response) nor [b, {resp_width}] (response)")
+        out[key] = value
+    return out
 
 
 def _world() -> int:

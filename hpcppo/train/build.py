@@ -5,6 +5,7 @@ Each builder gets its own config section (or primitives), never the root config.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -22,6 +23,7 @@ from hpcppo.config import Compiled, DataSection, Experiment, FsdpSection, RunPla
 from hpcppo.data.dataset import PromptDataset, read_prompts
 from hpcppo.data.rewards import build_reward_fn, score_batch
 from hpcppo.data.sampler import ShardedEpochSampler
+from hpcppo.distributed import loading
 from hpcppo.distributed.checkpoint import CheckpointManager
 from hpcppo.distributed.env import DistEnv, RolloutGroups, broadcast_object, rollout_groups
 from hpcppo.distributed.fsdp import apply_activation_checkpointing, apply_fsdp
@@ -170,6 +172,47 @@ def _sharded(model: nn.Module, mesh: Any, fsdp: FsdpSection, model_dtype: str, *
     )
 
 
+def load_sharded(build: Callable[..., nn.Module], path: str, device: torch.device,
+                 shard: Callable[[nn.Module], nn.Module], *, offload: bool = False, checkpointing: bool = False,
+                 strip: str = "") -> nn.Module:
+    """A model built by ``build`` (a ``models.build_*`` with its path), sharded by ``shard``, holding its weights.
+
+    Built with its parameters on the meta device, sharded, then each rank reads only its shards from the safetensors
+    files (``hpcppo.distributed.loading``): a rank's host memory at start-up is its shards, not the whole model in
+    float32. The shards are those of building the whole model on every rank and sharding it, bit for bit
+    (tests/dist/test_loading.py). A directory that cannot be read so (no safetensors, or a parameter without a
+    tensor of its shape: see ``loading.match_checkpoint``) is loaded whole by rank 0 alone and broadcast tensor by
+    tensor (``loading.broadcast_shards``), with a warning; in a process without a group, whole, as before.
+    ``offload``: the shards live on the host (FSDP2's CPU offload), so their storage is made there.
+    """
+    model = build(empty=True)
+    keys, missing = loading.match_checkpoint(model, path, strip=strip)
+    grouped = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if missing and not grouped:
+        log.warning("%s: %d parameter(s) have no safetensors tensor of their shape (%s): the whole model is loaded",
+                    path, len(missing), ", ".join(missing[:3]))
+        model = build().to(device)
+    if checkpointing:
+        apply_activation_checkpointing(model)
+    model = shard(model)
+    if missing and not grouped:
+        return model
+    fresh = loading.materialize(model, torch.device("cpu") if offload else device)
+    if not missing:
+        loading.load_shards(model, path, keys)
+        return model
+    rank = torch.distributed.get_rank()
+    if rank == 0:
+        log.warning("%s: %d parameter(s) have no safetensors tensor of their shape (%s): rank 0 loads the whole model "
+                    "and broadcasts it", path, len(missing), ", ".join(missing[:3]))
+    full = None
+    if rank == 0:
+        with torch.random.fork_rng(devices=[]):  # the global generator stays where the other ranks leave theirs
+            full = build()
+    loading.broadcast_shards(model, full, fresh)
+    return model
+
+
 def enable_determinism(environ: MutableMapping[str, str] | None = None) -> None:
     """torch's deterministic algorithms (``trainer.deterministic``). With them a CUDA matmul raises unless
     ``CUBLAS_WORKSPACE_CONFIG`` was set before cuBLAS's first call; the job script and ``train.main`` set it, and
@@ -202,13 +245,13 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
     total_steps = plan.total_steps or plan.total_epochs * sampler.steps_per_epoch
 
     mesh = build_mesh(env.device_type, env.world_size, env.num_nodes, hsdp=plan.hsdp)
-    common = dict(dtype="float32", trust_remote_code=model_cfg.trust_remote_code,
-                  attn_implementation=model_cfg.attn_implementation)
+    common: dict[str, Any] = dict(dtype="float32", trust_remote_code=model_cfg.trust_remote_code,
+                                  attn_implementation=model_cfg.attn_implementation)
     # Master weights in float32; FSDP's param_dtype sets the compute dtype (model.dtype by default).
-    actor = models.build_actor(model_cfg.path, **common).to(device)
-    if model_cfg.gradient_checkpointing:
-        apply_activation_checkpointing(actor)
-    _sharded(actor, mesh, cfg.actor.fsdp, model_cfg.dtype)
+    ckpt_layers = model_cfg.gradient_checkpointing
+    actor = load_sharded(functools.partial(models.build_actor, model_cfg.path, **common), model_cfg.path, device,
+                         lambda m: _sharded(m, mesh, cfg.actor.fsdp, model_cfg.dtype),
+                         offload=cfg.actor.fsdp.param_offload, checkpointing=ckpt_layers)
     ac = cfg.actor
     actor_optim = build_optimizer(actor, lr=ac.lr, weight_decay=ac.weight_decay, betas=ac.betas)
     actor_updates = total_steps * plan.actor_optimizer_steps_per_step
@@ -219,16 +262,19 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
 
     reference = None
     if plan.needs_reference:
-        reference = models.build_reference(model_cfg.path, **common).to(device)
-        _sharded(reference, mesh, cfg.actor.fsdp, model_cfg.dtype, frozen=True, offload=cfg.reference.offload)
+        reference = load_sharded(
+            functools.partial(models.build_reference, model_cfg.path, **common), model_cfg.path, device,
+            lambda m: _sharded(m, mesh, cfg.actor.fsdp, model_cfg.dtype, frozen=True, offload=cfg.reference.offload),
+            offload=cfg.reference.offload)
 
     critic = critic_optim = critic_lr = None
     if plan.needs_critic:
         cc = cfg.critic
-        critic = models.build_critic(model_cfg.critic_path or model_cfg.path, **common).to(device)
-        if model_cfg.gradient_checkpointing:
-            apply_activation_checkpointing(critic)
-        _sharded(critic, mesh, cc.fsdp, model_cfg.dtype)
+        critic_path = model_cfg.critic_path or model_cfg.path
+        critic = load_sharded(functools.partial(models.build_critic, critic_path, **common), critic_path, device,
+                              lambda m: _sharded(m, mesh, cc.fsdp, model_cfg.dtype), offload=cc.fsdp.param_offload,
+                              checkpointing=ckpt_layers,
+                              strip="backbone.")
         critic_optim = build_optimizer(critic, lr=cc.lr, weight_decay=cc.weight_decay, betas=cc.betas)
         critic_per_step = plan.critic_ppo_epochs * plan.mini_batches_per_epoch_critic
         critic_updates = total_steps * critic_per_step

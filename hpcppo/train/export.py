@@ -1,9 +1,12 @@
 """Export a committed checkpoint's actor as a Hugging Face directory (safetensors + tokenizer).
 
 Runs in one process without a process group: DCP reads the sharded checkpoint into a plain model
-whatever world size saved it. The output directory appears complete or not at all (built beside it,
-then renamed). The checkpoint is verified first, shards' checksums included (it becomes a model someone will
-use): a damaged one is one line naming the file (``CorruptCheckpointError``, a ``RunStateError``).
+whatever world size saved it. The model is built on the meta device and given storage (``loading.materialize``)
+before DCP fills it: the base model's weights are never read, and the process holds one float32 copy of the
+actor, the one it writes; no rank of the training job takes part. The output directory appears complete or not at
+all (built beside it, then renamed). The checkpoint is verified first, shards' checksums included (it becomes a
+model someone will use): a damaged one is one line naming the file (``CorruptCheckpointError``, a
+``RunStateError``).
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ from hpcppo.rundir import RunPaths
 def export_actor(run_dir: Path, out_dir: Path, step: int | None = None) -> dict[str, object]:
     # torch and transformers only when a model is exported: the CLI module that imports this one also serves
     # `tools make-model`, which returns without torch when its outputs are up to date.
+    import torch
     from transformers import AutoTokenizer
 
     from hpcppo.config import load_resolved
     from hpcppo.distributed.checkpoint import CheckpointManager, CorruptCheckpointError
+    from hpcppo.distributed.loading import materialize
     from hpcppo.models import build_actor
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
@@ -40,7 +45,10 @@ def export_actor(run_dir: Path, out_dir: Path, step: int | None = None) -> dict[
         raise PathError(f"{out_dir} already exists; choose a new --out directory")
     try:
         manager.verify(step, shards=True)  # before the model is built: fail in a second, not after a minute
-        actor = build_actor(model_cfg.path, dtype="float32", trust_remote_code=model_cfg.trust_remote_code)
+        # The model's structure only: its weights come from the checkpoint, so the base model's are not read.
+        actor = build_actor(model_cfg.path, dtype="float32", trust_remote_code=model_cfg.trust_remote_code,
+                            empty=True)
+        materialize(actor, torch.device("cpu"))
         manager.load(step, models={"actor": actor}, optimizers={}, restore_rng=False)
     except CorruptCheckpointError as exc:
         older = [s for s in committed if s < step]

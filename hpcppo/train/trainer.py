@@ -226,18 +226,25 @@ class Trainer:
         c, p = self.c, self.plan
         args = (batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["responses"].shape[1])
         temperature = c.sampling.temperature or 1.0
+        budget = self.cfg.rollout.max_tokens_per_micro_batch
+        # Token-budget micro-batches (agreed in count across ranks) or fixed-size ones (micro_batches=None).
+        packed = self.cfg.model.remove_padding
+        groups = batching.token_budget_groups([batch["attention_mask"]], args[3], budget, packed=packed)[0] \
+            if budget else None
+        rows = p.logprob_micro_batch_per_rank
         out: Batch = {}
         with self.timer("old_logprob"):
-            out["old_log_probs"] = compute_log_probs(c.actor, *args, temperature=temperature,
-                                                     micro_batch_size=p.logprob_micro_batch_per_rank)
+            out["old_log_probs"] = compute_log_probs(c.actor, *args, temperature=temperature, micro_batch_size=rows,
+                                                     micro_batches=groups, packed=packed)
         if c.reference is not None:
             with self.timer("ref"):
                 out["ref_log_probs"] = compute_log_probs(c.reference, *args, temperature=temperature,
-                                                         micro_batch_size=p.logprob_micro_batch_per_rank)
+                                                         micro_batch_size=rows, micro_batches=groups,
+                                                         packed=packed)
         if c.critic is not None:
             with self.timer("values"):
-                out["values"] = compute_values(c.critic, *args, micro_batch_size=p.logprob_micro_batch_per_rank,
-                                               response_mask=batch["response_mask"])
+                out["values"] = compute_values(c.critic, *args, response_mask=batch["response_mask"],
+                                               micro_batch_size=rows, micro_batches=groups, packed=packed)
         return out
 
     def compute_advantages(self, batch: Batch) -> tuple[Batch, dict[str, float], float]:
@@ -277,30 +284,36 @@ class Trainer:
             metrics = batching.batch_metrics(full, kl_coef=kl_coef, max_response_length=cfg.data.max_response_length)
         return mine, metrics | extra, float(full["seq_tokens"].sum())
 
-    def update_settings(self, prefix: str, *, epochs: int, mini: int, micro: int, grad_clip: float) -> UpdateSettings:
+    def update_settings(self, prefix: str, *, epochs: int, mini: int, micro: int, grad_clip: float,
+                        max_tokens: int = 0) -> UpdateSettings:
         return UpdateSettings(prefix=prefix, epochs=epochs, mini_batch_per_rank=mini, micro_batch_per_rank=micro,
                               grad_clip=self.state.grad_clip(grad_clip), world_size=self.plan.world_size,
-                              max_response_length=self.cfg.data.max_response_length)
+                              max_response_length=self.cfg.data.max_response_length,
+                              max_tokens_per_micro_batch=max_tokens, remove_padding=self.cfg.model.remove_padding)
 
     def update_critic(self, batch: Batch) -> dict[str, float]:
         c, p = self.c, self.plan
         settings = self.update_settings("critic", epochs=p.critic_ppo_epochs, mini=p.critic_mini_batch_per_rank,
-                                        micro=p.critic_micro_batch_per_rank, grad_clip=self.cfg.critic.grad_clip)
+                                        micro=p.critic_micro_batch_per_rank, grad_clip=self.cfg.critic.grad_clip,
+                                        max_tokens=self.cfg.critic.max_tokens_per_micro_batch)
         critic, optim, lr = c.critic_parts()
         with self.timer("critic_update"):
-            return run_update(batch, critic, optim, lr, settings, critic_loss(critic, self.cfg.critic),
+            loss = critic_loss(critic, self.cfg.critic, packed=self.cfg.model.remove_padding)
+            return run_update(batch, critic, optim, lr, settings, loss,
                               offload_optimizer=c.critic_optim_offload)
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
         c, p = self.c, self.plan
         settings = self.update_settings("actor", epochs=p.actor_ppo_epochs, mini=p.actor_mini_batch_per_rank,
-                                        micro=p.actor_micro_batch_per_rank, grad_clip=self.cfg.actor.grad_clip)
+                                        micro=p.actor_micro_batch_per_rank, grad_clip=self.cfg.actor.grad_clip,
+                                        max_tokens=self.cfg.actor.max_tokens_per_micro_batch)
         generator = None
         if self.cfg.actor.policy_loss.loss_mode == "clip_cov":  # its random choice: seeded like the rollout
             generator = torch.Generator().manual_seed(derive_seed(self.cfg.seed, self.step, self.env.rank,
                                                                   self.state.branch) ^ CLIP_COV_SEED_SALT)
         loss = actor_loss(c.actor, self.cfg.actor, clip_ratio_low=p.clip_ratio_low, clip_ratio_high=p.clip_ratio_high,
-                          kl_loss=p.kl_loss, temperature=c.sampling.temperature or 1.0, generator=generator)
+                          kl_loss=p.kl_loss, temperature=c.sampling.temperature or 1.0, generator=generator,
+                          packed=self.cfg.model.remove_padding)
         with self.timer("actor_update"):
             return run_update(batch, c.actor, c.actor_optim, c.actor_lr, settings, loss,
                               offload_optimizer=c.actor_optim_offload, on_step=self._actor_stepped)

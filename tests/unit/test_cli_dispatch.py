@@ -1,5 +1,6 @@
 """The parser names each command's function as ``"<module>:<function>"`` of :mod:`hpcppo.cli`: every name resolves,
-and the torch-bound commands are the only ones in :mod:`hpcppo.cli.model`."""
+the torch-bound command is the only one in :mod:`hpcppo.cli.export`, and make-model (torch only to build) is alone in
+:mod:`hpcppo.cli.tools`."""
 
 from __future__ import annotations
 
@@ -31,4 +32,5 @@ def test_every_command_names_a_function_that_exists():
 
 def test_only_export_and_make_model_live_with_torch():
     found = handlers(build_parser())
-    assert sorted(c for c, h in found.items() if h.startswith("model:")) == [("export",), ("tools", "make-model")]
+    assert [c for c, h in found.items() if h.startswith("export:")] == [("export",)]
+    assert [c for c, h in found.items() if h.startswith("tools:")] == [("tools", "make-model")]

@@ -34,9 +34,9 @@ def test_job_defaults_fill_only_what_is_missing():
                        "VLLM_NO_USAGE_STATS": "1"}
 
 
-def _script(spec: Path, site: str, overrides: list[str], python: str = "python3") -> str:
+def _script(spec: Path, site: str, overrides: list[str], python: str = "python3", run_dir: Path = RUN_DIR) -> str:
     c = compile_config(spec, site, ["watchdog.enable=false", *overrides], check_paths=False)
-    return render.render(c.site, c.experiment, c.plan, RUN_DIR, python=python)
+    return render.render(c.site, c.experiment, c.plan, run_dir, python=python)
 
 
 @pytest.mark.parametrize("spec,site", [(ARITH, "local"), (ARITH, "local-slurm"), (GSM8K, "a100-cluster"),
@@ -67,7 +67,9 @@ def test_the_local_script_runs_the_trainer_with_them_and_keeps_what_was_set(tmp_
     import json
 
     script = tmp_path / "job.sbatch"
-    script.write_text(_script(ARITH, "local", ["trainer.deterministic=true"], python=str(_fake_python(tmp_path))))
+    # A run directory that exists: the local script starts in it (not in the caller's cwd).
+    script.write_text(_script(ARITH, "local", ["trainer.deterministic=true"], python=str(_fake_python(tmp_path)),
+                              run_dir=tmp_path))
     env = {k: v for k, v in os.environ.items() if k not in ALL} | preset | {"HPCPPO_ATTEMPT": "local-1"}
     proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

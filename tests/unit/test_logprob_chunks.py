@@ -8,12 +8,12 @@ with and without the entropy bonus, the KL loss and a temperature; and it must n
 from __future__ import annotations
 
 import functools
-import types
 
 import pytest
 import torch
 
 from hpcppo import algos, models
+from hpcppo.config.experiment import ActorSection
 from hpcppo.models import compute_log_probs, forward_log_probs
 from hpcppo.train import batching
 from hpcppo.train.update import actor_loss
@@ -81,8 +81,8 @@ def _grads(model, chunk: int, *, entropy_coeff: float, kl_loss: bool, temperatur
           "old_log_probs": -4.5 + 0.3 * torch.randn(BATCH, RESPONSE, generator=g),
           "ref_log_probs": -4.5 + 0.3 * torch.randn(BATCH, RESPONSE, generator=g),
           "advantages": torch.randn(BATCH, RESPONSE, generator=g)}
-    cfg = types.SimpleNamespace(entropy_coeff=entropy_coeff, clip_ratio=0.2, clip_ratio_c=3.0,
-                                loss_agg_mode="token-mean", kl_loss_type="low_var_kl", kl_loss_coef=0.1)
+    cfg = ActorSection(entropy_coeff=entropy_coeff, clip_ratio=0.2, clip_ratio_c=3.0, loss_agg_mode="token-mean",
+                       kl_loss_type="low_var_kl", kl_loss_coef=0.1)  # the [actor] section, the rest its defaults
     old = models.LOGITS_CHUNK_ELEMENTS
     models.LOGITS_CHUNK_ELEMENTS = chunk  # as the trainer calls it: the module default
     try:

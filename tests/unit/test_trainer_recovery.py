@@ -52,10 +52,11 @@ def make_trainer(tmp_path: Path, rules: list[Rule]) -> Trainer:
     def schedule(optim: torch.optim.Optimizer) -> LRSchedule:
         return LRSchedule(optim, base_lr=LR, warmup_steps=0, total_steps=10, schedule="constant", min_lr_ratio=0.0)
 
+    actor_lr, critic_lr = schedule(actor_optim), schedule(critic_optim)
     c = SimpleNamespace(
         cfg=cfg, plan=SimpleNamespace(world_size=1), env=SimpleNamespace(rank=0), run_dir=tmp_path,
         actor=actor, critic=critic, actor_optim=actor_optim, critic_optim=critic_optim,
-        actor_lr=schedule(actor_optim), critic_lr=schedule(critic_optim),
+        actor_lr=actor_lr, critic_lr=critic_lr, critic_parts=lambda: (critic, critic_optim, critic_lr),
         kl_ctrl=AdaptiveKLController(0.01, target_kl=0.1, horizon=100), sampler=Cursor(),
         ckpt=CheckpointManager(RunPaths(tmp_path).checkpoints, keep_last=10), metrics=None, attempt=0,
         preempt=SimpleNamespace(local=False), actor_optim_offload=False, critic_optim_offload=False,

@@ -45,6 +45,7 @@ def _worker(rank: int, world: int, model_dir: str, data_dir: str) -> dict:
     trainer = Trainer.__new__(Trainer)  # the rollout phase only, as the trainer runs it
     trainer.c, trainer.cfg, trainer.env = c, SimpleNamespace(seed=5), env
     trainer.state, trainer.timer, trainer.engine_version = TrainingState(step=1, kl_coef=0.0), PhaseTimer(), -1
+    trainer.greedy_baseline = False  # no ReMax baseline rollout
     share = trainer.rollout()  # sync (engine_version -1 -> 0), generate with the step's seed, this rank's half
 
     ids = prompts(Path(data_dir))

@@ -1,5 +1,5 @@
-"""Commands that need torch: export (a checkpoint's actor as a Hugging Face directory) and tools make-model. The
-dispatcher imports this module only for them, so the other commands stay torch-free on login nodes."""
+"""``hpcppo tools make-model``: the tiny offline model and its arithmetic data. :mod:`hpcppo.tiny` imports torch only
+inside the functions that build: a build that is up to date returns at once, without torch."""
 
 from __future__ import annotations
 
@@ -7,17 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from hpcppo.cli.common import runs_root
-from hpcppo.rundir import RunDir
 from hpcppo.tiny import build_tiny_model_and_data
-from hpcppo.train.export import export_actor
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    run = RunDir.open(runs_root(args), args.run)
-    info = export_actor(run.path, Path(args.out), step=args.step)
-    print(f"exported step {info['step']} of {info['run']} to {info['out']}")
-    return 0
 
 
 def cmd_make_model(args: argparse.Namespace) -> int:

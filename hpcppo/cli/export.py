@@ -1,0 +1,19 @@
+"""``hpcppo export``: a checkpoint's actor as a Hugging Face directory. The one command that imports torch (through
+:mod:`hpcppo.train.export`); the dispatcher imports this module only for it, so the others stay torch-free on login
+nodes."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from hpcppo.cli.common import runs_root
+from hpcppo.rundir import RunDir
+from hpcppo.train.export import export_actor
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    run = RunDir.open(runs_root(args), args.run)
+    info = export_actor(run.path, Path(args.out), step=args.step)
+    print(f"exported step {info['step']} of {info['run']} to {info['out']}")
+    return 0
