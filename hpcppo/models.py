@@ -425,6 +425,98 @@ def forward_values(
     return values[:, -response_len - 1:-1].float()
 
 
+def _pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+          response_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...],
+                                      torch.Tensor]:
+    """A left/right-padded ``[B, T]`` micro-batch as one packed sequence: ``ids``, ``positions`` ``[1, N]`` (its
+    ``N`` real tokens row after row; positions restart at 0 with each row), the packed positions whose outputs score
+    each response token (the one before it in its row), those tokens' ``(row, column)`` in ``[B, R]``, and the
+    tokens themselves."""
+    keep = attention_mask != 0
+    packed_index = keep.flatten().long().cumsum(0).view_as(keep) - 1
+    response = keep[:, -response_len:]
+    where = response.nonzero(as_tuple=True)
+    scored = packed_index[:, -response_len:][response] - 1
+    return input_ids[keep][None], position_ids[keep][None], scored, where, input_ids[:, -response_len:][response]
+
+
+def forward_log_probs_packed(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_len: int,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
+    chunk_elements: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`forward_log_probs` without padding: the same arguments and ``[B, R]`` outputs (0 off the response
+    tokens), computed on the micro-batch's rows packed into one sequence (:func:`_pack`) with no attention mask, so
+    that transformers keeps the rows apart by their restarting position ids (``masking_utils.create_causal_mask``
+    for sdpa and eager, ``flash_attn_varlen_func`` with ``cu_seqlens`` from the position ids for flash_attention_2/3;
+    tests/unit/test_packed_rows.py). Only the packed positions that score a response token reach the LM head
+    (``logits_to_keep`` as indices), in chunks as in :func:`forward_log_probs`.
+    """
+    _check_inputs(input_ids, attention_mask, position_ids, response_len)
+    ids, positions, scored, where, targets = _pack(input_ids, attention_mask, position_ids, response_len)
+    # A micro-batch without a response token still runs its forward (every rank runs as many as the others): it
+    # scores its last position, and the result stays in the graph with weight 0.
+    empty = scored.numel() == 0
+    if empty:
+        scored, targets = torch.tensor([ids.shape[1] - 1], device=ids.device), ids[0, -1:]
+    # The stand-in head drops the last position it receives (there the model's last token, which scores nothing):
+    # one more index, repeated, keeps the same code for both.
+    keep = torch.cat([scored, scored[-1:]])
+    kwargs = dict(input_ids=ids, attention_mask=None, position_ids=positions, use_cache=False)
+    head = _chunkable_head(model)
+    if head is None:
+        if not _accepts_logits_to_keep(model):
+            raise ValueError(f"{type(model).__name__} takes no logits_to_keep: its log-probs cannot be packed")
+        logits = model(**kwargs, logits_to_keep=keep).logits[:, :-1, :]
+        lp, ent = _token_log_probs(logits, targets[None], temperature, with_entropy, entropy_grad)
+    else:
+        stand_in = _LogProbHead(head, targets[None], temperature=temperature, with_entropy=with_entropy,
+                                entropy_grad=entropy_grad,
+                                chunk_elements=LOGITS_CHUNK_ELEMENTS if chunk_elements is None else chunk_elements)
+        model.lm_head = stand_in
+        try:
+            out: torch.Tensor = model(**kwargs, logits_to_keep=keep).logits
+        finally:
+            model.lm_head = head
+        if out is not stand_in.output:
+            raise RuntimeError(f"{type(model).__name__}'s forward changed its LM head's output; add the config "
+                               "attribute that makes it do so to hpcppo.models._LOGIT_TRANSFORMS")
+        lp, ent = out[..., 0], (out[..., 1] if with_entropy else None)
+    return _unpack(lp[0], where, input_ids.shape[0], response_len, empty), \
+        (None if ent is None else _unpack(ent[0], where, input_ids.shape[0], response_len, empty))
+
+
+def _unpack(packed: torch.Tensor, where: tuple[torch.Tensor, ...], rows: int, response_len: int,
+            empty: bool) -> torch.Tensor:
+    out = torch.zeros((rows, response_len), dtype=torch.float32, device=packed.device)
+    if empty:
+        return out + 0.0 * packed.sum()
+    return out.index_put(where, packed.float())
+
+
+def forward_values_packed(
+    critic: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_len: int,
+) -> torch.Tensor:
+    """:func:`forward_values` without padding (the rows packed as in :func:`forward_log_probs_packed`): ``[B, R]``
+    float32, 0 off the response tokens."""
+    _check_inputs(input_ids, attention_mask, position_ids, response_len)
+    ids, positions, scored, where, _ = _pack(input_ids, attention_mask, position_ids, response_len)
+    values = critic(input_ids=ids, attention_mask=None, position_ids=positions)[0]
+    empty = scored.numel() == 0
+    return _unpack(values[-1:] if empty else values[scored], where, input_ids.shape[0], response_len, empty)
+
+
 def _micro_batches(batch: int, micro_batch_size: int) -> list[slice]:
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
@@ -480,6 +572,7 @@ def compute_log_probs(
     micro_batch_size: int,
     with_entropy: bool = False,
     micro_batches: Sequence[torch.Tensor] | None = None,
+    packed: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """:func:`forward_log_probs` over the whole ``[B, T]`` batch in micro-batches, without autograd.
 
@@ -488,14 +581,18 @@ def compute_log_probs(
     columns (:func:`trimmed_columns`), and its outputs go back to its rows; columns outside a micro-batch's trimmed
     response hold 0 (they are padding, outside every row's response mask).
 
+    ``packed``: each micro-batch's rows run packed into one sequence, without padding
+    (:func:`forward_log_probs_packed`).
+
     Returns ``log_probs [B, R]`` float32, or ``(log_probs, entropy)`` with ``with_entropy``. The model's
     train/eval mode is left as it is (dropout is off in the models we build either way).
     """
+    forward = forward_log_probs_packed if packed else forward_log_probs
     if micro_batches is None:
         lps, ents = [], []
         for sl in _micro_batches(input_ids.shape[0], micro_batch_size):
-            lp, ent = forward_log_probs(model, input_ids[sl], attention_mask[sl], position_ids[sl], response_len,
-                                        temperature=temperature, with_entropy=with_entropy, entropy_grad=False)
+            lp, ent = forward(model, input_ids[sl], attention_mask[sl], position_ids[sl], response_len,
+                              temperature=temperature, with_entropy=with_entropy, entropy_grad=False)
             lps.append(lp)
             if ent is not None:
                 ents.append(ent)
@@ -506,9 +603,8 @@ def compute_log_probs(
     entropy = torch.zeros_like(log_probs) if with_entropy else None
     for rows in _row_groups(input_ids.shape[0], micro_batch_size, micro_batches):
         cols, width = trimmed_columns(attention_mask[rows], response_len)
-        lp, ent = forward_log_probs(model, input_ids[rows][:, cols], attention_mask[rows][:, cols],
-                                    position_ids[rows][:, cols], width, temperature=temperature,
-                                    with_entropy=with_entropy, entropy_grad=False)
+        lp, ent = forward(model, input_ids[rows][:, cols], attention_mask[rows][:, cols], position_ids[rows][:, cols],
+                          width, temperature=temperature, with_entropy=with_entropy, entropy_grad=False)
         log_probs[rows, :width] = lp
         if entropy is not None and ent is not None:
             entropy[rows, :width] = ent
@@ -526,21 +622,24 @@ def compute_values(
     micro_batch_size: int,
     response_mask: torch.Tensor | None = None,
     micro_batches: Sequence[torch.Tensor] | None = None,
+    packed: bool = False,
 ) -> torch.Tensor:
     """:func:`forward_values` over the whole batch in micro-batches, without autograd: ``[B, R]`` float32.
 
-    ``micro_batches``: as in :func:`compute_log_probs` (trimmed micro-batches of the given rows; 0 outside their
-    responses). With ``response_mask`` (``[B, R]``), values outside it are zeroed, as verl's ``compute_values`` does.
+    ``micro_batches``, ``packed``: as in :func:`compute_log_probs` (trimmed micro-batches of the given rows, 0 outside
+    their responses; rows packed without padding). With ``response_mask`` (``[B, R]``), values outside it are zeroed,
+    as verl's ``compute_values`` does.
     """
+    forward = forward_values_packed if packed else forward_values
     if micro_batches is None:
-        values = torch.cat([forward_values(critic, input_ids[sl], attention_mask[sl], position_ids[sl], response_len)
+        values = torch.cat([forward(critic, input_ids[sl], attention_mask[sl], position_ids[sl], response_len)
                             for sl in _micro_batches(input_ids.shape[0], micro_batch_size)], dim=0)
     else:
         values = torch.zeros((input_ids.shape[0], response_len), dtype=torch.float32, device=input_ids.device)
         for rows in _row_groups(input_ids.shape[0], micro_batch_size, micro_batches):
             cols, width = trimmed_columns(attention_mask[rows], response_len)
-            values[rows, :width] = forward_values(critic, input_ids[rows][:, cols], attention_mask[rows][:, cols],
-                                                  position_ids[rows][:, cols], width)
+            values[rows, :width] = forward(critic, input_ids[rows][:, cols], attention_mask[rows][:, cols],
+                                           position_ids[rows][:, cols], width)
     if response_mask is not None:
         values = values * response_mask.to(values.dtype)
     return values

@@ -81,6 +81,12 @@ class ModelSection:
     gradient_checkpointing: bool = opt(False, help="Recompute activations in backward to save memory.")
     attn_implementation: str = opt("sdpa", choices=("sdpa", "eager", "flash_attention_2", "flash_attention_3"),
                                    help="transformers attention implementation.")
+    remove_padding: bool = opt(False, help="Run each micro-batch of every training forward and backward (actor, "
+                                           "reference, critic) with its rows packed into one sequence, position ids "
+                                           "restarting per row, no attention mask: no padding computed (verl's "
+                                           "use_remove_padding); token budgets then count real tokens. Every "
+                                           "attn_implementation here supports it (flash_attention_2/3: varlen "
+                                           "kernels; sdpa and eager: a block-diagonal mask).")
 
 
 @attrs.frozen(kw_only=True)

@@ -123,8 +123,8 @@ def _model(verl: str, actor: bool) -> list[Entry]:
         m(verl + "trust_remote_code", "model.trust_remote_code"),
         m(verl + "enable_gradient_checkpointing", "model.gradient_checkpointing",
           "one setting for the actor and the critic here"),
-        ign(verl + "use_remove_padding", "hpcppo runs padded batches; removing padding is a speed-up with the same "
-                                         "results"),
+        m(verl + "use_remove_padding", "model.remove_padding", "rows packed into one sequence per micro-batch; one "
+          "setting for the actor, the reference and the critic here"),
         uns(verl + "override_config", "hpcppo loads the model's config as it is", ok=({},), prefix=True),
         uns(verl + "lora.rank", "no LoRA in hpcppo: full fine-tuning", ok=(0,)),
         ign(verl + "lora", "only with LoRA (lora.rank > 0), which hpcppo does not have", prefix=True),
@@ -236,7 +236,7 @@ def _build_entries() -> list[Entry]:
         ign(A + "data_loader_seed", "hpcppo seeds everything from the experiment's seed"),
         ign(A + "use_torch_compile", "hpcppo does not torch.compile (speed only)"),
         ign(A + "use_fused_kernels", "fused kernels are a speed-up; same results"),
-        ign(A + "use_remove_padding", "hpcppo runs padded batches; same results"),
+        ign(A + "use_remove_padding", "verl copies model.use_remove_padding here; hpcppo: model.remove_padding"),
         ign(A + "entropy_from_logits_with_chunking", "a memory optimisation of verl's entropy; same values"),
         ign(A + "entropy_checkpointing", "a memory optimisation of verl's entropy; same values"),
         ign(A + "calculate_entropy", "hpcppo always logs the entropy"),

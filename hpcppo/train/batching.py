@@ -76,11 +76,13 @@ def split(batch: Mapping[str, Any], size: int) -> Iterator[dict[str, Any]]:
 
 
 def pack_rows(prompt_len: Sequence[int], response_len: Sequence[int], max_tokens: int,
-              count: int | None = None) -> list[list[int]]:
+              count: int | None = None, *, packed: bool = False) -> list[list[int]]:
     """Rows -> micro-batches (lists of row indices) of at most ``max_tokens`` tokens each, padding included.
 
     A micro-batch runs trimmed to its longest prompt and longest response (``hpcppo.models.trimmed_columns``), so it
-    costs ``rows x (max prompt + max response)`` tokens. Rows are taken longest first and cut into consecutive runs:
+    costs ``rows x (max prompt + max response)`` tokens; with ``packed`` (its rows packed into one sequence,
+    ``hpcppo.models.forward_log_probs_packed``) the sum of its rows' tokens. Rows are taken longest first and cut
+    into consecutive runs:
     rows of like length share a micro-batch, so little padding is left to compute. With ``count`` (at least the
     fewest micro-batches the budget allows, at most the number of rows) there are exactly that many, balanced: the
     smallest per-micro-batch limit that still needs no more than ``count`` of them, then the costliest split in
@@ -104,13 +106,16 @@ def pack_rows(prompt_len: Sequence[int], response_len: Sequence[int], max_tokens
         groups: list[list[int]] = []
         top_p = top_r = 0
         for i in order:
-            p, r = max(top_p, int(prompt_len[i])), max(top_r, int(response_len[i]))
-            if groups and (len(groups[-1]) + 1) * (p + r) <= limit:
+            if packed:  # top_p counts the micro-batch's tokens
+                p, r = top_p + width[i], 0
+            else:
+                p, r = max(top_p, int(prompt_len[i])), max(top_r, int(response_len[i]))
+            if groups and (p + r if packed else (len(groups[-1]) + 1) * (p + r)) <= limit:
                 groups[-1].append(i)
                 top_p, top_r = p, r
             else:
                 groups.append([i])
-                top_p, top_r = int(prompt_len[i]), int(response_len[i])
+                top_p, top_r = (width[i], 0) if packed else (int(prompt_len[i]), int(response_len[i]))
         return groups
 
     groups = greedy(max_tokens)
@@ -129,7 +134,7 @@ def pack_rows(prompt_len: Sequence[int], response_len: Sequence[int], max_tokens
     groups = greedy(high)
 
     def cost(group: list[int]) -> int:
-        return len(group) * max(width[i] for i in group)
+        return sum(width[i] for i in group) if packed else len(group) * max(width[i] for i in group)
 
     while len(groups) < count:
         at = max((k for k, g in enumerate(groups) if len(g) > 1), key=lambda k: cost(groups[k]))
@@ -138,25 +143,26 @@ def pack_rows(prompt_len: Sequence[int], response_len: Sequence[int], max_tokens
     return groups
 
 
-def token_budget_groups(attention_masks: Sequence[torch.Tensor], response_len: int,
-                        max_tokens: int) -> list[list[torch.Tensor]]:
+def token_budget_groups(attention_masks: Sequence[torch.Tensor], response_len: int, max_tokens: int, *,
+                        packed: bool = False) -> list[list[torch.Tensor]]:
     """Micro-batches (row-index tensors) under ``max_tokens`` for each of several batches of this rank (the
     mini-batches of an update, or the one batch of the log-prob and value passes).
 
     Collective (one host all-reduce for all of them): every rank must run as many forwards and backwards per batch
     as the others (each is a round of FSDP all-gathers and, on the last, reduce-scatters), so each batch gets the
     largest count any rank needs, and every rank packs its rows into exactly that many (:func:`pack_rows`). Each
-    rank holds as many rows as the others, so that count never exceeds a rank's rows.
+    rank holds as many rows as the others, so that count never exceeds a rank's rows. ``packed``: the micro-batches
+    run without padding (:func:`pack_rows`).
     """
     lengths = []
     for mask in attention_masks:
         prompt, response = row_lengths(mask, response_len)
         lengths.append((prompt.tolist(), response.tolist()))
-    fewest = [len(pack_rows(p, r, max_tokens)) for p, r in lengths]
+    fewest = [len(pack_rows(p, r, max_tokens, packed=packed)) for p, r in lengths]
     counts = [int(c) for c in all_reduce_host(fewest, "max")] if fewest else []
     device = attention_masks[0].device if attention_masks else None
-    return [[torch.tensor(g, dtype=torch.long, device=device) for g in pack_rows(p, r, max_tokens, count)]
-            for (p, r), count in zip(lengths, counts)]
+    return [[torch.tensor(g, dtype=torch.long, device=device)
+             for g in pack_rows(p, r, max_tokens, count, packed=packed)] for (p, r), count in zip(lengths, counts)]
 
 
 def take_rows(batch: Mapping[str, Any], rows: torch.Tensor) -> dict[str, Any]:

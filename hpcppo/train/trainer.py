@@ -228,20 +228,23 @@ class Trainer:
         temperature = c.sampling.temperature or 1.0
         budget = self.cfg.rollout.max_tokens_per_micro_batch
         # Token-budget micro-batches (agreed in count across ranks) or fixed-size ones (micro_batches=None).
-        groups = batching.token_budget_groups([batch["attention_mask"]], args[3], budget)[0] if budget else None
+        packed = self.cfg.model.remove_padding
+        groups = batching.token_budget_groups([batch["attention_mask"]], args[3], budget, packed=packed)[0] \
+            if budget else None
         rows = p.logprob_micro_batch_per_rank
         out: Batch = {}
         with self.timer("old_logprob"):
             out["old_log_probs"] = compute_log_probs(c.actor, *args, temperature=temperature, micro_batch_size=rows,
-                                                     micro_batches=groups)
+                                                     micro_batches=groups, packed=packed)
         if c.reference is not None:
             with self.timer("ref"):
                 out["ref_log_probs"] = compute_log_probs(c.reference, *args, temperature=temperature,
-                                                         micro_batch_size=rows, micro_batches=groups)
+                                                         micro_batch_size=rows, micro_batches=groups,
+                                                         packed=packed)
         if c.critic is not None:
             with self.timer("values"):
                 out["values"] = compute_values(c.critic, *args, response_mask=batch["response_mask"],
-                                               micro_batch_size=rows, micro_batches=groups)
+                                               micro_batch_size=rows, micro_batches=groups, packed=packed)
         return out
 
     def compute_advantages(self, batch: Batch) -> tuple[Batch, dict[str, float], float]:
@@ -286,7 +289,7 @@ class Trainer:
         return UpdateSettings(prefix=prefix, epochs=epochs, mini_batch_per_rank=mini, micro_batch_per_rank=micro,
                               grad_clip=self.state.grad_clip(grad_clip), world_size=self.plan.world_size,
                               max_response_length=self.cfg.data.max_response_length,
-                              max_tokens_per_micro_batch=max_tokens)
+                              max_tokens_per_micro_batch=max_tokens, remove_padding=self.cfg.model.remove_padding)
 
     def update_critic(self, batch: Batch) -> dict[str, float]:
         c, p = self.c, self.plan
@@ -295,7 +298,8 @@ class Trainer:
                                         max_tokens=self.cfg.critic.max_tokens_per_micro_batch)
         critic, optim, lr = c.critic_parts()
         with self.timer("critic_update"):
-            return run_update(batch, critic, optim, lr, settings, critic_loss(critic, self.cfg.critic),
+            loss = critic_loss(critic, self.cfg.critic, packed=self.cfg.model.remove_padding)
+            return run_update(batch, critic, optim, lr, settings, loss,
                               offload_optimizer=c.critic_optim_offload)
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
@@ -308,7 +312,8 @@ class Trainer:
             generator = torch.Generator().manual_seed(derive_seed(self.cfg.seed, self.step, self.env.rank,
                                                                   self.state.branch) ^ CLIP_COV_SEED_SALT)
         loss = actor_loss(c.actor, self.cfg.actor, clip_ratio_low=p.clip_ratio_low, clip_ratio_high=p.clip_ratio_high,
-                          kl_loss=p.kl_loss, temperature=c.sampling.temperature or 1.0, generator=generator)
+                          kl_loss=p.kl_loss, temperature=c.sampling.temperature or 1.0, generator=generator,
+                          packed=self.cfg.model.remove_padding)
         with self.timer("actor_update"):
             return run_update(batch, c.actor, c.actor_optim, c.actor_lr, settings, loss,
                               offload_optimizer=c.actor_optim_offload, on_step=self._actor_stepped)

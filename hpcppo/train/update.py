@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from hpcppo import algos
-from hpcppo.models import forward_log_probs, forward_values
+from hpcppo.models import forward_log_probs, forward_log_probs_packed, forward_values, forward_values_packed
 from hpcppo.train import batching
 from hpcppo.train.optim import LRSchedule, OptimizerStateOffload
 
@@ -37,6 +37,9 @@ class UpdateSettings:
     # > 0: micro-batches of at most this many tokens, padding included, each trimmed to its own longest prompt and
     # response (batching.token_budget_groups), instead of micro_batch_per_rank rows padded to the batch's widths
     max_tokens_per_micro_batch: int = 0
+    # the loss runs its micro-batches' rows packed without padding (model.remove_padding): the budget counts real
+    # tokens then
+    remove_padding: bool = False
 
 
 def run_update(batch: Mapping[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, lr: LRSchedule,
@@ -54,7 +57,7 @@ def run_update(batch: Mapping[str, Any], model: nn.Module, optimizer: torch.opti
     groups = None
     if settings.max_tokens_per_micro_batch:  # the same rows in every epoch: one agreement for the whole update
         groups = batching.token_budget_groups([m["attention_mask"] for m in minis], batch["responses"].shape[1],
-                                              settings.max_tokens_per_micro_batch)
+                                              settings.max_tokens_per_micro_batch, packed=settings.remove_padding)
     for _ in range(settings.epochs):
         for k, mini in enumerate(minis):
             # The losses divide by the global mini-batch's tokens and sequences (and seq-mean-token-sum-norm by the
@@ -75,11 +78,12 @@ def run_update(batch: Mapping[str, Any], model: nn.Module, optimizer: torch.opti
     return sums.reduce() | {f"{settings.prefix}/lr": lr.lr}
 
 
-def critic_loss(critic: nn.Module, cfg: Any) -> LossFn:
-    """verl's clipped value loss; ``cfg`` is the ``[critic]`` section."""
+def critic_loss(critic: nn.Module, cfg: Any, *, packed: bool = False) -> LossFn:
+    """verl's clipped value loss; ``cfg`` is the ``[critic]`` section; ``packed``: the forward without padding."""
+    forward = forward_values_packed if packed else forward_values
 
     def loss(mb: Mapping[str, Any], info: algos.GlobalBatchInfo, sums: batching.UpdateMetrics, n_micro: int):
-        values = forward_values(critic, mb["input_ids"], mb["attention_mask"], mb["position_ids"], mb["responses"].shape[1])
+        values = forward(critic, mb["input_ids"], mb["attention_mask"], mb["position_ids"], mb["responses"].shape[1])
         out = algos.value_loss(values, mb["values"], mb["returns"], mb["response_mask"], cfg.cliprange_value,
                                cfg.loss_agg_mode, batch_info=info)
         # A batch_info loss is this micro-batch's share of the global mini-batch loss x dp: the mean over ranks of
@@ -92,7 +96,7 @@ def critic_loss(critic: nn.Module, cfg: Any) -> LossFn:
 
 
 def actor_loss(actor: nn.Module, cfg: Any, *, clip_ratio_low: float, clip_ratio_high: float, kl_loss: bool,
-               temperature: float, generator: torch.Generator | None = None) -> LossFn:
+               temperature: float, generator: torch.Generator | None = None, packed: bool = False) -> LossFn:
     """The policy loss of ``cfg.policy_loss.loss_mode`` (verl's; :mod:`hpcppo.algos.policy_losses`), minus the entropy
     bonus, plus the KL loss when it is on; ``cfg`` is the ``[actor]`` section, the clip bounds and ``kl_loss`` from
     the run plan, ``generator`` the random choice of ``clip_cov``. A mode logs only the metrics verl's reports."""
@@ -100,6 +104,7 @@ def actor_loss(actor: nn.Module, cfg: Any, *, clip_ratio_low: float, clip_ratio_
     # Without a bonus the entropy is only a metric: computed detached and in blocks, it keeps no [B, R, V] softmax
     # in the graph until backward (the same logged values; algos.entropy_metric).
     bonus = bool(cfg.entropy_coeff)
+    forward = forward_log_probs_packed if packed else forward_log_probs
     pl = cfg.policy_loss
     params = algos.PolicyLossParams(clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high,
                               clip_ratio_c=cfg.clip_ratio_c, clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb,
@@ -107,9 +112,9 @@ def actor_loss(actor: nn.Module, cfg: Any, *, clip_ratio_low: float, clip_ratio_
                               generator=generator)
 
     def loss(mb: Mapping[str, Any], info: algos.GlobalBatchInfo, sums: batching.UpdateMetrics, n_micro: int):
-        log_probs, entropy = forward_log_probs(actor, mb["input_ids"], mb["attention_mask"], mb["position_ids"],
-                                               mb["responses"].shape[1], temperature=temperature, with_entropy=True,
-                                               entropy_grad=bonus)
+        log_probs, entropy = forward(actor, mb["input_ids"], mb["attention_mask"], mb["position_ids"],
+                                     mb["responses"].shape[1], temperature=temperature, with_entropy=True,
+                                     entropy_grad=bonus)
         out = algos.compute_policy_loss(pl.loss_mode, mb["old_log_probs"], log_probs, mb["advantages"],
                                         mb["response_mask"], loss_agg_mode=cfg.loss_agg_mode, params=params,
                                         batch_info=info)

@@ -12,8 +12,8 @@ import torch
 from hpcppo.config import ActorSection, CriticSection, DataSection, Experiment, ModelSection, RolloutSection, resolve
 from hpcppo.config.site import LocalSection, Site
 from hpcppo.errors import ResolveError
-from hpcppo.models import (Critic, compute_log_probs, compute_values, position_ids_from_mask, row_lengths,
-                           trimmed_columns)
+from hpcppo.models import (Critic, compute_log_probs, compute_values, forward_log_probs, forward_log_probs_packed,
+                           forward_values, forward_values_packed, position_ids_from_mask, row_lengths, trimmed_columns)
 from hpcppo.train import batching
 from hpcppo.train.optim import LRSchedule
 from hpcppo.train.update import UpdateSettings, actor_loss, critic_loss, run_update
@@ -72,25 +72,35 @@ LONGEST = max(PROMPTS) + max(RESPONSES)
 # -- packing -------------------------------------------------------------------------------------------------------
 
 
-def _cost(group, p, r):
+def _cost(group, p, r, packed=False):
+    if packed:
+        return sum(p[i] + r[i] for i in group)
     return len(group) * (max(p[i] for i in group) + max(r[i] for i in group))
 
 
+@pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("seed", range(20))
-def test_packing_keeps_every_row_once_under_the_budget_in_the_count_asked(seed):
+def test_packing_keeps_every_row_once_under_the_budget_in_the_count_asked(seed, packed):
     rng = random.Random(seed)
     n = rng.randint(1, 40)
     p = [rng.randint(1, 30) for _ in range(n)]
     r = [rng.randint(0, 200) for _ in range(n)]
     budget = max(a + b for a, b in zip(p, r)) + rng.randint(0, 600)
-    fewest = batching.pack_rows(p, r, budget)
+    fewest = batching.pack_rows(p, r, budget, packed=packed)
     for count in sorted({len(fewest), min(n, len(fewest) + 1), n}):
-        groups = batching.pack_rows(p, r, budget, count)
+        groups = batching.pack_rows(p, r, budget, count, packed=packed)
         assert len(groups) == count and all(groups)
         assert sorted(i for g in groups for i in g) == list(range(n))
-        assert all(_cost(g, p, r) <= budget for g in groups)
+        assert all(_cost(g, p, r, packed) <= budget for g in groups)
         # balanced: the costliest micro-batch is no costlier than the costliest of the fewest-first packing
-        assert max(_cost(g, p, r) for g in groups) <= max(_cost(g, p, r) for g in fewest)
+        assert max(_cost(g, p, r, packed) for g in groups) <= max(_cost(g, p, r, packed) for g in fewest)
+
+
+def test_packed_micro_batches_count_real_tokens():
+    p, r = [4] * 6, [100, 3, 98, 5, 4, 97]
+    # padded: 2 x 104, 2 x 101 (3 x 101 > 268), 2 x 8; packed: 206 and 125 real tokens
+    assert batching.pack_rows(p, r, 268) == [[0, 2], [5, 3], [4, 1]]
+    assert batching.pack_rows(p, r, 268, packed=True) == [[0, 2], [5, 3, 4, 1]]
 
 
 def test_packing_groups_rows_of_like_length_and_needs_fewer_tokens_than_padding_to_the_batch():
@@ -161,19 +171,52 @@ def test_trimmed_forwards_give_the_padded_log_probs_values_and_entropy_in_row_or
     torch.testing.assert_close(v, v_fixed, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="each of the 8 rows exactly once"):
         compute_log_probs(actor, *args, micro_batch_size=3, micro_batches=groups[1:])
+    # packed: the same numbers, fixed-size or token-budget micro-batches
+    for micro_batches in (None, batching.token_budget_groups([b["attention_mask"]], args[3], 2 * LONGEST,
+                                                             packed=True)[0]):
+        lp_p, ent_p = compute_log_probs(actor, *args, micro_batch_size=3, with_entropy=True, packed=True,
+                                        micro_batches=micro_batches)
+        torch.testing.assert_close(lp_p[mask], lp_fixed[mask], rtol=0, atol=1e-5)
+        torch.testing.assert_close(ent_p[mask], ent_fixed[mask], rtol=0, atol=1e-5)
+        assert not lp_p[~mask].any()  # packed: only response tokens are scored
+        v_p = compute_values(critic, *args, micro_batch_size=3, response_mask=b["response_mask"], packed=True,
+                             micro_batches=micro_batches)
+        torch.testing.assert_close(v_p, v_fixed, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk", [None, 3 * VOCAB], ids=["one chunk", "chunks of 3 positions"])
+def test_packed_forwards_with_autograd_equal_the_padded_ones(chunk):
+    b = _batch(PROMPTS, RESPONSES, seed=5)
+    args = (b["input_ids"], b["attention_mask"], b["position_ids"], b["responses"].shape[1])
+    mask = b["response_mask"].bool()
+    actor = _actor()
+    lp, ent = forward_log_probs(actor, *args, temperature=0.7, with_entropy=True, chunk_elements=chunk)
+    lp_p, ent_p = forward_log_probs_packed(actor, *args, temperature=0.7, with_entropy=True, chunk_elements=chunk)
+    torch.testing.assert_close(lp_p[mask], lp[mask], rtol=0, atol=1e-5)
+    torch.testing.assert_close(ent_p[mask], ent[mask], rtol=0, atol=1e-5)
+    # a micro-batch without a response token still runs, and its (zero) output stays in the graph for backward
+    lp_e, _ = forward_log_probs_packed(actor, *(a[[4]] for a in args[:3]), args[3])
+    assert not lp_e.any() and lp_e.requires_grad
+    critic = _critic()
+    v, v_p = forward_values(critic, *args), forward_values_packed(critic, *args)
+    torch.testing.assert_close(v_p[mask], v[mask], rtol=0, atol=1e-5)
+    v_e = forward_values_packed(critic, *(a[[4]] for a in args[:3]), args[3])
+    assert not v_e.any() and v_e.requires_grad
 
 
 # -- the same gradient --------------------------------------------------------------------------------------------
 
 
-def _update(model, batch, loss_fn_of, budget: int, micro: int = 3, mini: int = 8) -> dict[str, torch.Tensor]:
+def _update(model, batch, loss_fn_of, budget: int, micro: int = 3, mini: int = 8,
+            packed: bool = False) -> dict[str, torch.Tensor]:
     """One run_update with plain SGD at lr 1 and no effective clip: the parameters move by minus the gradient."""
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     optim = torch.optim.SGD(model.parameters(), lr=1.0)
     lr = LRSchedule(optim, base_lr=1.0, warmup_steps=0, total_steps=0, schedule="constant", min_lr_ratio=0.0)
     settings = UpdateSettings(prefix="x", epochs=1, mini_batch_per_rank=mini, micro_batch_per_rank=micro,
-                              grad_clip=1e9, world_size=1, max_response_length=16, max_tokens_per_micro_batch=budget)
-    run_update(batch, model, optim, lr, settings, loss_fn_of(model))
+                              grad_clip=1e9, world_size=1, max_response_length=16, max_tokens_per_micro_batch=budget,
+                              remove_padding=packed)
+    run_update(batch, model, optim, lr, settings, loss_fn_of(model, packed))
     return {n: before[n] - p.detach() for n, p in model.named_parameters()}
 
 
@@ -187,40 +230,46 @@ def _assert_same_gradient(fixed, budget):
 MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["trimmed", "packed"])
 @pytest.mark.parametrize("mode", MODES)
-def test_actor_token_budget_gives_the_fixed_size_gradient(mode):
+def test_actor_token_budget_gives_the_fixed_size_gradient(mode, packed):
     b = _batch(PROMPTS, RESPONSES, seed=2)
     cfg = ActorSection(loss_agg_mode=mode, entropy_coeff=0.01, use_kl_loss=True)
 
-    def loss_of(model):
-        return actor_loss(model, cfg, clip_ratio_low=0.2, clip_ratio_high=0.2, kl_loss=True, temperature=0.9)
+    def loss_of(model, packed):
+        return actor_loss(model, cfg, clip_ratio_low=0.2, clip_ratio_high=0.2, kl_loss=True, temperature=0.9,
+                          packed=packed)
 
     fixed = _update(_actor(), b, loss_of, budget=0)
-    budget = _update(_actor(), b, loss_of, budget=LONGEST + 4)
+    budget = _update(_actor(), b, loss_of, budget=LONGEST + 4, packed=packed)
     _assert_same_gradient(fixed, budget)
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["trimmed", "packed"])
 @pytest.mark.parametrize("mode", MODES)
-def test_critic_token_budget_gives_the_fixed_size_gradient(mode):
+def test_critic_token_budget_gives_the_fixed_size_gradient(mode, packed):
     b = _batch(PROMPTS, RESPONSES, seed=3)
     cfg = CriticSection(loss_agg_mode=mode, cliprange_value=0.05)
 
-    def loss_of(model):
-        return critic_loss(model, cfg)
+    def loss_of(model, packed):
+        return critic_loss(model, cfg, packed=packed)
 
     _assert_same_gradient(_update(_critic(), b, loss_of, budget=0),
-                          _update(_critic(), b, loss_of, budget=2 * LONGEST))
+                          _update(_critic(), b, loss_of, budget=2 * LONGEST, packed=packed))
 
 
 def test_two_mini_batches_and_a_budget_of_one_row_each_still_give_the_same_gradient():
     b = _batch(PROMPTS, RESPONSES, seed=4)
     cfg = ActorSection(loss_agg_mode="seq-mean-token-mean")
 
-    def loss_of(model):
-        return actor_loss(model, cfg, clip_ratio_low=0.2, clip_ratio_high=0.28, kl_loss=False, temperature=1.0)
+    def loss_of(model, packed):
+        return actor_loss(model, cfg, clip_ratio_low=0.2, clip_ratio_high=0.28, kl_loss=False, temperature=1.0,
+                          packed=packed)
 
     _assert_same_gradient(_update(_actor(), b, loss_of, budget=0, micro=4, mini=4),
                           _update(_actor(), b, loss_of, budget=LONGEST, mini=4))
+    _assert_same_gradient(_update(_actor(), b, loss_of, budget=0, micro=4, mini=4),
+                          _update(_actor(), b, loss_of, budget=LONGEST, mini=4, packed=True))
 
 
 # -- config -------------------------------------------------------------------------------------------------------
@@ -288,6 +337,10 @@ def test_import_verl_translates_dynamic_micro_batches_with_verls_defaults(tmp_pa
     values, _ = _imported(A + "use_dynamic_bsz=false", "critic.use_dynamic_bsz=true",
                           "critic.ppo_max_token_len_per_gpu=9000", tmp_path=tmp_path)
     assert values == {"critic.max_tokens_per_micro_batch": 9000, "rollout.max_tokens_per_micro_batch": 9000}
+    from hpcppo.config.verl_import import read_command_line, translate
+
+    settings, _ = read_command_line("python3 -m verl.trainer.main_ppo actor_rollout_ref.model.use_remove_padding=True")
+    assert translate(settings, cwd=tmp_path).values["model.remove_padding"] is True
     values, report = _imported(A + "use_dynamic_bsz=true", A + "ppo_max_token_len_per_gpu=-5", tmp_path=tmp_path)
     assert "actor.max_tokens_per_micro_batch" not in values
     assert any(kind == "unsupported" and "is not a positive number of tokens" in why for kind, _, why in report)
