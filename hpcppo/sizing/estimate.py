@@ -250,12 +250,11 @@ def estimate(site: Site, exp: Experiment, plan: RunPlan) -> Budget:
 
 
 def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape) -> None:
-    gpu, shard = budget.gpu, budget.shard_size
+    shard = budget.shard_size
     ro, data = exp.rollout, exp.data
     L, R = plan.max_sequence_length, data.max_response_length
     mbytes = dtype_bytes(exp.model.dtype)
     pbytes, rbytes = dtype_bytes(plan.actor_param_dtype), dtype_bytes(exp.actor.fsdp.reduce_dtype)
-    cpbytes, crbytes = dtype_bytes(plan.critic_param_dtype), dtype_bytes(exp.critic.fsdp.reduce_dtype)
     ckpt = exp.model.gradient_checkpointing
     reserve = int(ASSUMPTIONS["framework reserve"].value * GIB) if plan.device == "cuda" else 0
 
@@ -263,23 +262,7 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
     critic = _trained(cm.critic_params, shard, exp.critic.fsdp) if plan.needs_critic else _Trained(0, 0, 0, 0)
     ref = 0 if (not plan.needs_reference or exp.reference.offload) else math.ceil(m.params * MASTER_BYTES / shard)
 
-    vllm_share = 0
-    vllm_asleep = 0
-    if ro.engine == "vllm" and gpu is not None:
-        # vLLM v1's Worker.init_device (vllm/v1/worker/gpu_worker.py): requested = total memory x
-        # gpu_memory_utilization, refused at start-up when less is free, so it is a per-instance share of the whole
-        # device, not of what training leaves. LLM.sleep(level=2) (vllm/entrypoints/llm.py) discards weights and KV
-        # cache; what stays is outside its CuMem pool (CUDA graphs), counted as "vLLM while asleep".
-        vllm_share = int(ro.gpu_memory_utilization * gpu.memory_bytes)
-        graphs = 0 if ro.enforce_eager else int(ASSUMPTIONS["vLLM CUDA graphs"].value * GIB)
-        if ro.kv_cache_memory_mb:
-            # An explicit KV cache replaces the share: Worker.determine_available_memory (vllm/v1/worker/
-            # gpu_worker.py, 0.32.0) still runs the profile pass, then reserves exactly kv_cache_memory_bytes,
-            # "This does not respect the gpu_memory_utilization config". Awake: weights + that pass + graphs + cache.
-            weights, profile = _vllm_weights_and_profile(plan, m, mbytes)
-            vllm_share = weights + profile + graphs + ro.kv_cache_memory_mb * 2**20
-        vllm_asleep = graphs if ro.free_cache_engine else vllm_share
-        _kv_cache(budget, exp, plan, m, vllm_share, graphs, mbytes)
+    vllm_share, vllm_asleep = _vllm_memory(budget, exp, plan, m, mbytes)
 
     def resident(skip: str = "") -> list[Item]:
         items = [Item("framework reserve (CUDA context, NCCL)", reserve)]
@@ -339,22 +322,55 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
             Item("actor AdamW moments (fp32 shard)", actor.optim)]))
 
     if plan.needs_critic:
-        cmb = plan.critic_micro_batch_per_rank
-        c_optim = critic.optim if (critic.optim_between_updates or plan.critic_ppo_epochs * plan.mini_batches_per_epoch_critic > 1) else 0
-        cupdate = resident(skip="critic") + asleep + [
-            Item("critic params (fp32 shard)", critic.params), Item("critic grads (fp32 shard)", critic.grads),
-            Item("critic AdamW moments (fp32 shard)", c_optim),
-            Item("gathered layers + one layer's grads", _gathered(cm, cm.layer_params, cpbytes, crbytes,
-                                                                 reshard=exp.critic.fsdp.reshard_after_forward,
-                                                                 backward=True)),
-            Item(f"activations ({cmb} x {L} tokens{', checkpointed' if ckpt else ''})",
-                 _layer_acts(cm, cmb * L, cpbytes, checkpointing=ckpt))]
-        phases.append(Phase("critic update", [i for i in cupdate if i.bytes]))
-        if critic.optim and not c_optim:
-            phases.append(Phase("critic optimizer step", resident(skip="critic") + asleep + [
-                Item("critic params (fp32 shard)", critic.params), Item("critic grads (fp32 shard)", critic.grads),
-                Item("critic AdamW moments (fp32 shard)", critic.optim)]))
+        phases += _critic_phases(exp, plan, cm, critic, resident(skip="critic") + asleep)
     budget.phases = [Phase(p.name, [i for i in p.items if i.bytes]) for p in phases]
+
+
+def _critic_phases(exp: Experiment, plan: RunPlan, cm: ModelShape, critic: _Trained,
+                   resident: list[Item]) -> list[Phase]:
+    """The critic's update (and its optimizer step when the moments come back for it alone); ``resident``: what
+    stays on the GPU meanwhile."""
+    L, ckpt = plan.max_sequence_length, exp.model.gradient_checkpointing
+    cpbytes, crbytes = dtype_bytes(plan.critic_param_dtype), dtype_bytes(exp.critic.fsdp.reduce_dtype)
+    phases = []
+    cmb = plan.critic_micro_batch_per_rank
+    c_optim = critic.optim if (critic.optim_between_updates or plan.critic_ppo_epochs * plan.mini_batches_per_epoch_critic > 1) else 0
+    cupdate = resident + [
+        Item("critic params (fp32 shard)", critic.params), Item("critic grads (fp32 shard)", critic.grads),
+        Item("critic AdamW moments (fp32 shard)", c_optim),
+        Item("gathered layers + one layer's grads", _gathered(cm, cm.layer_params, cpbytes, crbytes,
+                                                             reshard=exp.critic.fsdp.reshard_after_forward,
+                                                             backward=True)),
+        Item(f"activations ({cmb} x {L} tokens{', checkpointed' if ckpt else ''})",
+             _layer_acts(cm, cmb * L, cpbytes, checkpointing=ckpt))]
+    phases.append(Phase("critic update", [i for i in cupdate if i.bytes]))
+    if critic.optim and not c_optim:
+        phases.append(Phase("critic optimizer step", resident + [
+            Item("critic params (fp32 shard)", critic.params), Item("critic grads (fp32 shard)", critic.grads),
+            Item("critic AdamW moments (fp32 shard)", critic.optim)]))
+    return phases
+
+
+def _vllm_memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, mbytes: int) -> tuple[int, int]:
+    """vLLM's bytes per GPU while awake and while asleep (0, 0 without vLLM or a known GPU); fills ``budget.kv``."""
+    ro, gpu = exp.rollout, budget.gpu
+    if ro.engine != "vllm" or gpu is None:
+        return 0, 0
+    # vLLM v1's Worker.init_device (vllm/v1/worker/gpu_worker.py): requested = total memory x
+    # gpu_memory_utilization, refused at start-up when less is free, so it is a per-instance share of the whole
+    # device, not of what training leaves. LLM.sleep(level=2) (vllm/entrypoints/llm.py) discards weights and KV
+    # cache; what stays is outside its CuMem pool (CUDA graphs), counted as "vLLM while asleep".
+    vllm_share = int(ro.gpu_memory_utilization * gpu.memory_bytes)
+    graphs = 0 if ro.enforce_eager else int(ASSUMPTIONS["vLLM CUDA graphs"].value * GIB)
+    if ro.kv_cache_memory_mb:
+        # An explicit KV cache replaces the share: Worker.determine_available_memory (vllm/v1/worker/
+        # gpu_worker.py, 0.32.0) still runs the profile pass, then reserves exactly kv_cache_memory_bytes,
+        # "This does not respect the gpu_memory_utilization config". Awake: weights + that pass + graphs + cache.
+        weights, profile = _vllm_weights_and_profile(plan, m, mbytes)
+        vllm_share = weights + profile + graphs + ro.kv_cache_memory_mb * 2**20
+    vllm_asleep = graphs if ro.free_cache_engine else vllm_share
+    _kv_cache(budget, exp, plan, m, vllm_share, graphs, mbytes)
+    return vllm_share, vllm_asleep
 
 
 def _vllm_weights_and_profile(plan: RunPlan, m: ModelShape, mbytes: int) -> tuple[int, int]:
@@ -499,6 +515,38 @@ def _judge(budget: Budget, exp: Experiment, plan: RunPlan) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ time
+def _replica_grad_sync_bytes(exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape, shard: int) -> float:
+    """Bytes each GPU all-reduces across the HSDP replicas in a step (0 without replicas)."""
+    replicas = plan.mesh_shape[0] if plan.hsdp else 1
+    total = 0.0
+    if replicas > 1:
+        for fsdp, n, opt_steps in ((exp.actor.fsdp, m.params, plan.actor_optimizer_steps_per_step),
+                                   (exp.critic.fsdp, cm.critic_params,
+                                    plan.critic_ppo_epochs * plan.mini_batches_per_epoch_critic)):
+            total += opt_steps * 2 * (replicas - 1) / replicas * n * dtype_bytes(fsdp.reduce_dtype) / shard
+    return total
+
+
+def _offload_bytes(exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape, shard: int) -> float:
+    """Host <-> device bytes per GPU in a step: offloaded parameter shards (up for forward and backward, gradients
+    down, per micro-batch), offloaded AdamW moments (down and up once), an offloaded reference."""
+    host = 0.0
+    for fsdp, n, micro_batches in (
+            (exp.actor.fsdp, m.params, plan.actor_ppo_epochs * plan.samples_per_rank / plan.actor_micro_batch_per_rank),
+            (exp.critic.fsdp, cm.critic_params,
+             plan.critic_ppo_epochs * plan.samples_per_rank / max(1, plan.critic_micro_batch_per_rank))):
+        if fsdp is exp.critic.fsdp and not plan.needs_critic:
+            continue
+        shard_bytes = n * MASTER_BYTES / shard
+        if fsdp.param_offload:
+            host += micro_batches * 3 * shard_bytes
+        elif fsdp.optimizer_offload:
+            host += 2 * n * ADAM_BYTES / shard
+    if plan.needs_reference and exp.reference.offload:
+        host += math.ceil(plan.samples_per_rank / plan.logprob_micro_batch_per_rank) * m.params * MASTER_BYTES / shard
+    return host
+
+
 def _time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape, gpu: GpuSpec) -> None:
     A = {k: c.value for k, c in ASSUMPTIONS.items()}
     P, R, L = exp.data.max_prompt_length, exp.data.max_response_length, plan.max_sequence_length
@@ -539,33 +587,13 @@ def _time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: Mod
 
     # HSDP: each optimizer step all-reduces the gradient shards (reduce dtype) across the replicas (nodes), over the
     # network (ring all-reduce: 2 (r - 1) / r of the bytes). Sharding collectives inside a node overlap compute.
-    replicas = plan.mesh_shape[0] if plan.hsdp else 1
-    grad_sync = 0.0
-    if replicas > 1:
-        for fsdp, n, opt_steps in ((exp.actor.fsdp, m.params, plan.actor_optimizer_steps_per_step),
-                                   (exp.critic.fsdp, cm.critic_params,
-                                    plan.critic_ppo_epochs * plan.mini_batches_per_epoch_critic)):
-            grad_sync += opt_steps * 2 * (replicas - 1) / replicas * n * dtype_bytes(fsdp.reduce_dtype) / shard
-    t["replica_grad_sync_s"] = grad_sync / (gpu.network_bytes_s * A["collective efficiency"])
+    t["replica_grad_sync_s"] = _replica_grad_sync_bytes(exp, plan, m, cm, shard) / (
+        gpu.network_bytes_s * A["collective efficiency"])
 
     # Host <-> device traffic of the offloads, over each GPU's PCIe link.
-    pcie = gpu.pcie_bytes_s
-    host = 0.0
-    for fsdp, n, micro_batches in (
-            (exp.actor.fsdp, m.params, plan.actor_ppo_epochs * plan.samples_per_rank / plan.actor_micro_batch_per_rank),
-            (exp.critic.fsdp, cm.critic_params,
-             plan.critic_ppo_epochs * plan.samples_per_rank / max(1, plan.critic_micro_batch_per_rank))):
-        if fsdp is exp.critic.fsdp and not plan.needs_critic:
-            continue
-        shard_bytes = n * MASTER_BYTES / shard
-        if fsdp.param_offload:  # shards up for forward and for backward, gradients down, per micro-batch
-            host += micro_batches * 3 * shard_bytes
-        elif fsdp.optimizer_offload:
-            host += 2 * n * ADAM_BYTES / shard
-    if plan.needs_reference and exp.reference.offload:
-        host += math.ceil(plan.samples_per_rank / plan.logprob_micro_batch_per_rank) * m.params * MASTER_BYTES / shard
+    host = _offload_bytes(exp, plan, m, cm, shard)
     t["offload_bytes_per_gpu"] = host
-    t["offload_s"] = host / pcie
+    t["offload_s"] = host / gpu.pcie_bytes_s
     t["step_s"] = (t["generate_s"] + t["forward_and_update_s"] + t["weight_sync_s"] + t["replica_grad_sync_s"]
                    + t["offload_s"])
 
