@@ -290,16 +290,16 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
     asleep = [Item("vLLM while asleep" if ro.free_cache_engine else "vLLM share (no sleep mode)", vllm_asleep)] \
         if vllm_asleep else []
 
-    lm = plan.logprob_micro_batch_per_rank
+    lm, lm_tokens, lm_what = _micro_batch(plan.logprob_micro_batch_per_rank, ro.max_tokens_per_micro_batch, L, R)
     fwd = resident() + asleep + [
         Item("gathered layers (compute dtype)", _gathered(m, m.layer_params, pbytes, rbytes, reshard=True, backward=False)),
         # Without autograd nothing is kept across layers: the MLP's gate, up and product, plus the residual stream.
-        Item(f"one layer's working set ({lm} x {L} tokens)", lm * L * (2 * m.hidden + 3 * m.intermediate) * pbytes),
+        Item(f"one layer's working set ({lm_what})", lm_tokens * (2 * m.hidden + 3 * m.intermediate) * pbytes),
         Item(f"log-prob logits ({lm} x {logit_chunk_positions(lm, R, m.vocab)} of {R} x {m.vocab})",
              _logits(m, lm, R, pbytes, update=False))]
     phases.append(Phase("old log-probs / reference / values", fwd))
 
-    am = plan.actor_micro_batch_per_rank
+    am, am_tokens, am_what = _micro_batch(plan.actor_micro_batch_per_rank, exp.actor.max_tokens_per_micro_batch, L, R)
     bonus = bool(exp.actor.entropy_coeff)  # else the entropy is a metric, not in the graph (train/update.py)
     optimizer_steps = plan.actor_optimizer_steps_per_step
     # With optimizer_offload the moments come back before the first optimizer step and stay for the update's later
@@ -310,8 +310,8 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
         Item("actor AdamW moments (fp32 shard)", actor_optim_with_acts),
         Item("gathered layers + one layer's grads",
              _gathered(m, m.layer_params, pbytes, rbytes, reshard=exp.actor.fsdp.reshard_after_forward, backward=True)),
-        Item(f"activations ({am} x {L} tokens{', checkpointed' if ckpt else ''})",
-             _layer_acts(m, am * L, pbytes, checkpointing=ckpt)),
+        Item(f"activations ({am_what}{', checkpointed' if ckpt else ''})",
+             _layer_acts(m, am_tokens, pbytes, checkpointing=ckpt)),
         Item(f"policy logits{' + entropy' if bonus else ''} ({am} x {logit_chunk_positions(am, R, m.vocab)} of {R} x "
              f"{m.vocab})",
              _logits(m, am, R, pbytes, update=True, entropy_bonus=bonus))]
@@ -326,6 +326,18 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
     budget.phases = [Phase(p.name, [i for i in p.items if i.bytes]) for p in phases]
 
 
+def _micro_batch(rows: int, budget: int, seq_len: int, response: int) -> tuple[int, int, str]:
+    """A forward/backward's worst case: (rows for the logits bound, tokens in flight, how to say it).
+
+    Fixed-size micro-batches hold ``rows`` sequences padded to ``seq_len``. A token budget (``max_tokens_per_micro_
+    batch``, padding included, hpcppo.train.batching) holds at most ``budget`` tokens however many rows share them, so
+    activations scale with the budget; its response positions are at most ``budget`` too, as many as
+    ``budget // response`` full-length responses (the bound used for the logits)."""
+    if budget <= 0:
+        return rows, rows * seq_len, f"{rows} x {seq_len} tokens"
+    return max(1, budget // max(1, response)), budget, f"a budget of {budget} tokens"
+
+
 def _critic_phases(exp: Experiment, plan: RunPlan, cm: ModelShape, critic: _Trained,
                    resident: list[Item]) -> list[Phase]:
     """The critic's update (and its optimizer step when the moments come back for it alone); ``resident``: what
@@ -333,7 +345,8 @@ def _critic_phases(exp: Experiment, plan: RunPlan, cm: ModelShape, critic: _Trai
     L, ckpt = plan.max_sequence_length, exp.model.gradient_checkpointing
     cpbytes, crbytes = dtype_bytes(plan.critic_param_dtype), dtype_bytes(exp.critic.fsdp.reduce_dtype)
     phases = []
-    cmb = plan.critic_micro_batch_per_rank
+    cmb, cmb_tokens, cmb_what = _micro_batch(plan.critic_micro_batch_per_rank, exp.critic.max_tokens_per_micro_batch,
+                                             L, exp.data.max_response_length)
     c_optim = critic.optim if (critic.optim_between_updates or plan.critic_ppo_epochs * plan.mini_batches_per_epoch_critic > 1) else 0
     cupdate = resident + [
         Item("critic params (fp32 shard)", critic.params), Item("critic grads (fp32 shard)", critic.grads),
@@ -341,8 +354,8 @@ def _critic_phases(exp: Experiment, plan: RunPlan, cm: ModelShape, critic: _Trai
         Item("gathered layers + one layer's grads", _gathered(cm, cm.layer_params, cpbytes, crbytes,
                                                              reshard=exp.critic.fsdp.reshard_after_forward,
                                                              backward=True)),
-        Item(f"activations ({cmb} x {L} tokens{', checkpointed' if ckpt else ''})",
-             _layer_acts(cm, cmb * L, cpbytes, checkpointing=ckpt))]
+        Item(f"activations ({cmb_what}{', checkpointed' if ckpt else ''})",
+             _layer_acts(cm, cmb_tokens, cpbytes, checkpointing=ckpt))]
     phases.append(Phase("critic update", [i for i in cupdate if i.bytes]))
     if critic.optim and not c_optim:
         phases.append(Phase("critic optimizer step", resident + [
