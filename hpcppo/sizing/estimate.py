@@ -1,7 +1,7 @@
 """Per-GPU memory budget and step-time estimate of a colocated run, from the compiled config alone (no torch).
 
 The arithmetic follows what the trainer does (hpcppo/train/build.py, hpcppo/distributed/fsdp.py,
-hpcppo/train/optim.py, hpcppo/models.py):
+hpcppo/train/optim.py, hpcppo/models/):
 
 * actor, critic and reference are loaded in float32 and FSDP2-sharded over the mesh's ``shard`` dimension (all ranks,
   or the ranks of a node with HSDP); ``param_dtype`` (model.dtype unless set) is only the compute dtype of gathered
@@ -199,7 +199,7 @@ that the two agree)."""
 
 
 def logit_chunk_positions(micro: int, response: int, vocab: int, chunk_elements: int = LOGITS_CHUNK_ELEMENTS) -> int:
-    """Response positions per chunk of the log-prob pass (hpcppo.models._chunk_positions): ``response`` when a
+    """Response positions per chunk of the log-prob pass (hpcppo.models.forward._chunk_positions): ``response`` when a
     micro-batch's logits fit one chunk."""
     return min(response, max(1, chunk_elements // max(1, micro * vocab)))
 
