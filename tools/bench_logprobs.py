@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     pos = models.position_ids_from_mask(mask)
     R = args.response
     logits_mib = args.micro * R * args.vocab * 4 / MiB
-    positions = models._chunk_positions(args.micro, R, args.vocab, chunk)
+    positions = models.forward._chunk_positions(args.micro, R, args.vocab, chunk)
     print(f"model: Qwen2 h{args.hidden} x {args.layers} layers, vocab {args.vocab}, {params / MiB:.0f} MiB float32; "
           f"micro-batch {args.micro} x ({args.prompt} + {R}) tokens; float32 logits of the micro-batch: "
           f"{logits_mib:.0f} MiB; chunk: {min(positions, R)} positions ({chunk} logits)", flush=True)

@@ -44,6 +44,8 @@ TRUNCATION_MODES = ("error", "left", "right", "middle")
 NOT_PARQUET_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".arrow")
 PROMPT_TYPES = "list<struct<role: string, content: string>> (chat messages) or string (plain text)"
 
+Truncation = Literal["error", "left", "right", "middle"]  # data.truncation's values
+
 
 def prompt_schema(prompt_key: str = "prompt", extra_info_type: pa.DataType = GSM8K_EXTRA_INFO_TYPE) -> pa.Schema:
     """The explicit Parquet schema we write (verl's column order)."""
@@ -356,7 +358,7 @@ class PromptDataset:
         tokenizer: Any,
         *,
         max_prompt_length: int,
-        truncation: Literal["error", "left", "right", "middle"] = "error",
+        truncation: Truncation = "error",
         filter_overlong_prompts: bool = False,
         apply_chat_template: bool | None = None,
     ) -> None:

@@ -161,29 +161,7 @@ def _one_status(run: RunDir, meta: dict[str, Any], record: dict[str, Any], infos
                 query_error: str | None) -> Status:  # fmt: skip
     attempts = record.get("attempts", [])
     latest = latest_committed(run.checkpoints)
-    total = meta["total_steps"]
-    status: Status = {
-        "run_id": run.run_id,
-        "path": str(run.path),
-        "site": meta["site"],
-        "scheduler": meta["scheduler"],
-        "attempts": len(attempts),
-        "job_id": None,
-        "submitted_at": None,
-        "state": "NOT_SUBMITTED",
-        "reason": None,
-        "elapsed_s": None,
-        "restarts": None,
-        "source": None,
-        "latest_checkpoint": latest,
-        "total_steps": total,
-        "steps_done": meta["kind"] == "train" and isinstance(total, int) and latest is not None and latest >= total,
-        "exit_record": None,
-        "exit_reason": None,
-        "resumable": False,
-        "paused": control.is_paused(run),
-        "moved_from": script_elsewhere(run),
-    }
+    status = _blank_status(run, meta, len(attempts), latest)
     if not attempts:
         return status
     last = attempts[-1]
@@ -214,18 +192,8 @@ def _one_status(run: RunDir, meta: dict[str, Any], record: dict[str, Any], infos
                           reason=query_error or "not known to the scheduler (purged from its memory and no accounting?)")
         at_limit = _near(status["elapsed_s"], meta["time_limit_s"], (meta["signal_lead_s"] or 0) + SLURM_SIGNAL_EARLY_S)
     else:
-        local = local_job_info(run, status["job_id"], int(meta["world_size"]))
-        status.update(state=local["state"], reason=local["reason"], source="local")
         record_key = f"local-{status['job_id']}"
-        record_code = exit_record(run, record_key)
-        if record_code is None and local["state"] != "RUNNING":
-            record_code = local["codes"].get(0)  # rank 0's job script returned it through submitit
-        if submitted is not None:
-            end = _dt.datetime.now(_dt.timezone.utc).timestamp() if local["state"] == "RUNNING" else local["ended_at"]
-            if end is None and cancel_requested:
-                end = (parse_time(cancel_requested) or submitted).timestamp()
-            if end is not None:
-                status["elapsed_s"] = max(0.0, end - submitted.timestamp())
+        record_code = _local_status(run, meta, status, record_key, submitted, cancel_requested)
         at_limit = _near(status["elapsed_s"], meta["time_limit_s"], LOCAL_SIGNAL_DELAY_S)
     status["exit_record"] = record_code
     status["exit_reason"] = exitcodes.read_exit_reason(run.path, record_key) if record_key else None
@@ -248,6 +216,51 @@ def _one_status(run: RunDir, meta: dict[str, Any], record: dict[str, Any], infos
         status["reason"] = f"{status['reason']}; {moved}" if status["reason"] else moved
     return status
 
+
+def _blank_status(run: RunDir, meta: dict[str, Any], attempts: int, latest: int | None) -> Status:
+    """What a run's status is before its jobs are asked about: NOT_SUBMITTED, its checkpoints and control files."""
+    total = meta["total_steps"]
+    status: Status = {
+        "run_id": run.run_id,
+        "path": str(run.path),
+        "site": meta["site"],
+        "scheduler": meta["scheduler"],
+        "attempts": attempts,
+        "job_id": None,
+        "submitted_at": None,
+        "state": "NOT_SUBMITTED",
+        "reason": None,
+        "elapsed_s": None,
+        "restarts": None,
+        "source": None,
+        "latest_checkpoint": latest,
+        "total_steps": total,
+        "steps_done": meta["kind"] == "train" and isinstance(total, int) and latest is not None and latest >= total,
+        "exit_record": None,
+        "exit_reason": None,
+        "resumable": False,
+        "paused": control.is_paused(run),
+        "moved_from": script_elsewhere(run),
+    }
+    return status
+
+
+def _local_status(run: RunDir, meta: dict[str, Any], status: Status, record_key: str,
+                  submitted: _dt.datetime | None, cancel_requested: str | None) -> int | None:
+    """A local job's state, reason and elapsed time into ``status``; returns its exit code as recorded (rank 0's
+    exit record, or what rank 0's job script returned through submitit once the job is over)."""
+    local = local_job_info(run, status["job_id"], int(meta["world_size"]))
+    status.update(state=local["state"], reason=local["reason"], source="local")
+    record_code = exit_record(run, record_key)
+    if record_code is None and local["state"] != "RUNNING":
+        record_code = local["codes"].get(0)  # rank 0's job script returned it through submitit
+    if submitted is not None:
+        end = _dt.datetime.now(_dt.timezone.utc).timestamp() if local["state"] == "RUNNING" else local["ended_at"]
+        if end is None and cancel_requested:
+            end = (parse_time(cancel_requested) or submitted).timestamp()
+        if end is not None:
+            status["elapsed_s"] = max(0.0, end - submitted.timestamp())
+    return record_code
 
 def script_elsewhere(run: RunDir) -> str | None:
     """The directory ``job.sbatch`` runs in when it is not ``run``'s (a run directory copied or moved elsewhere and

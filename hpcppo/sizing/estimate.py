@@ -1,7 +1,7 @@
 """Per-GPU memory budget and step-time estimate of a colocated run, from the compiled config alone (no torch).
 
 The arithmetic follows what the trainer does (hpcppo/train/build.py, hpcppo/distributed/fsdp.py,
-hpcppo/train/optim.py, hpcppo/models.py):
+hpcppo/train/optim.py, hpcppo/models/):
 
 * actor, critic and reference are loaded in float32 and FSDP2-sharded over the mesh's ``shard`` dimension (all ranks,
   or the ranks of a node with HSDP); ``param_dtype`` (model.dtype unless set) is only the compute dtype of gathered
@@ -27,89 +27,17 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from hpcppo.config.experiment import Experiment, FsdpSection
 from hpcppo.config.plan import RunPlan
 from hpcppo.config.site import Site
-from hpcppo.sizing.catalog import ASSUMPTIONS, GIB, GPUS, KNOWN_MODELS, Constant, GpuSpec, ModelShape
+from hpcppo.sizing.budget import ADAM_BYTES, MASTER_BYTES, Budget, Item, Phase, dtype_bytes
+from hpcppo.sizing.catalog import ASSUMPTIONS, GIB, GPUS, KNOWN_MODELS, ModelShape
+from hpcppo.sizing.steptime import step_time
 
 __all__ = ["Item", "Phase", "Budget", "model_shape", "estimate", "dtype_bytes"]
-
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-MASTER_BYTES = 4  # build.py loads every model in float32; FSDP's param_dtype is only the compute dtype
-ADAM_BYTES = 8  # exp_avg + exp_avg_sq, float32 like the master weights
-
-
-def dtype_bytes(name: str) -> int:
-    return _DTYPE_BYTES[name]
-
-
-@dataclass
-class Item:
-    """One block of GPU memory."""
-
-    what: str
-    bytes: int
-
-
-@dataclass
-class Phase:
-    """What is on one GPU at the peak of one phase of a step."""
-
-    name: str
-    items: list[Item]
-
-    @property
-    def total(self) -> int:
-        return sum(i.bytes for i in self.items)
-
-
-@dataclass
-class Budget:
-    """The planner's result. ``problems`` are reasons the run cannot fit (``compile`` refuses on the first);
-    ``warnings`` are worth reading but do not stop it."""
-
-    model: ModelShape | None
-    model_note: str
-    gpu: GpuSpec | None
-    world_size: int
-    shard_size: int
-    device: str = "cuda"
-    phases: list[Phase] = field(default_factory=list)
-    kv: dict[str, Any] = field(default_factory=dict)
-    time: dict[str, float] = field(default_factory=dict)
-    constants: list[Constant] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    host: dict[str, Any] = field(default_factory=dict)  # host memory per rank and node while the models load
-
-    @property
-    def peak(self) -> Phase | None:
-        return max(self.phases, key=lambda p: p.total) if self.phases else None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": asdict(self.model) | {"params": self.model.params} if self.model else None,
-            "model_note": self.model_note,
-            "gpu": self.gpu.kind if self.gpu else None,
-            "gpu_memory_bytes": self.gpu.memory_bytes if self.gpu else None,
-            "world_size": self.world_size,
-            "device": self.device,
-            "shard_size": self.shard_size,
-            "phases": [{"name": p.name, "total_bytes": p.total, "items": [asdict(i) for i in p.items]}
-                       for p in self.phases],
-            "peak_phase": self.peak.name if self.peak else None,
-            "kv_cache": self.kv,
-            "time": self.time,
-            "constants": [asdict(c) for c in self.constants],
-            "problems": self.problems,
-            "warnings": self.warnings,
-            "host_startup": self.host,
-        }
-
 
 # ------------------------------------------------------------------------------------------------ model shape
 def _from_config_json(path: Path) -> ModelShape:
@@ -199,7 +127,7 @@ that the two agree)."""
 
 
 def logit_chunk_positions(micro: int, response: int, vocab: int, chunk_elements: int = LOGITS_CHUNK_ELEMENTS) -> int:
-    """Response positions per chunk of the log-prob pass (hpcppo.models._chunk_positions): ``response`` when a
+    """Response positions per chunk of the log-prob pass (hpcppo.models.forward._chunk_positions): ``response`` when a
     micro-batch's logits fit one chunk."""
     return min(response, max(1, chunk_elements // max(1, micro * vocab)))
 
@@ -245,17 +173,16 @@ def estimate(site: Site, exp: Experiment, plan: RunPlan) -> Budget:
     _host_startup(budget, site, exp, plan, shape, critic_shape)
     if gpu is not None:
         _judge(budget, exp, plan)
-        _time(budget, exp, plan, shape, critic_shape, gpu)
+        step_time(budget, exp, plan, shape, critic_shape, gpu)
     return budget
 
 
 def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape) -> None:
-    gpu, shard = budget.gpu, budget.shard_size
+    shard = budget.shard_size
     ro, data = exp.rollout, exp.data
     L, R = plan.max_sequence_length, data.max_response_length
     mbytes = dtype_bytes(exp.model.dtype)
     pbytes, rbytes = dtype_bytes(plan.actor_param_dtype), dtype_bytes(exp.actor.fsdp.reduce_dtype)
-    cpbytes, crbytes = dtype_bytes(plan.critic_param_dtype), dtype_bytes(exp.critic.fsdp.reduce_dtype)
     ckpt = exp.model.gradient_checkpointing
     reserve = int(ASSUMPTIONS["framework reserve"].value * GIB) if plan.device == "cuda" else 0
 
@@ -263,23 +190,7 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
     critic = _trained(cm.critic_params, shard, exp.critic.fsdp) if plan.needs_critic else _Trained(0, 0, 0, 0)
     ref = 0 if (not plan.needs_reference or exp.reference.offload) else math.ceil(m.params * MASTER_BYTES / shard)
 
-    vllm_share = 0
-    vllm_asleep = 0
-    if ro.engine == "vllm" and gpu is not None:
-        # vLLM v1's Worker.init_device (vllm/v1/worker/gpu_worker.py): requested = total memory x
-        # gpu_memory_utilization, refused at start-up when less is free, so it is a per-instance share of the whole
-        # device, not of what training leaves. LLM.sleep(level=2) (vllm/entrypoints/llm.py) discards weights and KV
-        # cache; what stays is outside its CuMem pool (CUDA graphs), counted as "vLLM while asleep".
-        vllm_share = int(ro.gpu_memory_utilization * gpu.memory_bytes)
-        graphs = 0 if ro.enforce_eager else int(ASSUMPTIONS["vLLM CUDA graphs"].value * GIB)
-        if ro.kv_cache_memory_mb:
-            # An explicit KV cache replaces the share: Worker.determine_available_memory (vllm/v1/worker/
-            # gpu_worker.py, 0.32.0) still runs the profile pass, then reserves exactly kv_cache_memory_bytes,
-            # "This does not respect the gpu_memory_utilization config". Awake: weights + that pass + graphs + cache.
-            weights, profile = _vllm_weights_and_profile(plan, m, mbytes)
-            vllm_share = weights + profile + graphs + ro.kv_cache_memory_mb * 2**20
-        vllm_asleep = graphs if ro.free_cache_engine else vllm_share
-        _kv_cache(budget, exp, plan, m, vllm_share, graphs, mbytes)
+    vllm_share, vllm_asleep = _vllm_memory(budget, exp, plan, m, mbytes)
 
     def resident(skip: str = "") -> list[Item]:
         items = [Item("framework reserve (CUDA context, NCCL)", reserve)]
@@ -307,16 +218,16 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
     asleep = [Item("vLLM while asleep" if ro.free_cache_engine else "vLLM share (no sleep mode)", vllm_asleep)] \
         if vllm_asleep else []
 
-    lm = plan.logprob_micro_batch_per_rank
+    lm, lm_tokens, lm_what = _micro_batch(plan.logprob_micro_batch_per_rank, ro.max_tokens_per_micro_batch, L, R)
     fwd = resident() + asleep + [
         Item("gathered layers (compute dtype)", _gathered(m, m.layer_params, pbytes, rbytes, reshard=True, backward=False)),
         # Without autograd nothing is kept across layers: the MLP's gate, up and product, plus the residual stream.
-        Item(f"one layer's working set ({lm} x {L} tokens)", lm * L * (2 * m.hidden + 3 * m.intermediate) * pbytes),
+        Item(f"one layer's working set ({lm_what})", lm_tokens * (2 * m.hidden + 3 * m.intermediate) * pbytes),
         Item(f"log-prob logits ({lm} x {logit_chunk_positions(lm, R, m.vocab)} of {R} x {m.vocab})",
              _logits(m, lm, R, pbytes, update=False))]
     phases.append(Phase("old log-probs / reference / values", fwd))
 
-    am = plan.actor_micro_batch_per_rank
+    am, am_tokens, am_what = _micro_batch(plan.actor_micro_batch_per_rank, exp.actor.max_tokens_per_micro_batch, L, R)
     bonus = bool(exp.actor.entropy_coeff)  # else the entropy is a metric, not in the graph (train/update.py)
     optimizer_steps = plan.actor_optimizer_steps_per_step
     # With optimizer_offload the moments come back before the first optimizer step and stay for the update's later
@@ -327,8 +238,8 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
         Item("actor AdamW moments (fp32 shard)", actor_optim_with_acts),
         Item("gathered layers + one layer's grads",
              _gathered(m, m.layer_params, pbytes, rbytes, reshard=exp.actor.fsdp.reshard_after_forward, backward=True)),
-        Item(f"activations ({am} x {L} tokens{', checkpointed' if ckpt else ''})",
-             _layer_acts(m, am * L, pbytes, checkpointing=ckpt)),
+        Item(f"activations ({am_what}{', checkpointed' if ckpt else ''})",
+             _layer_acts(m, am_tokens, pbytes, checkpointing=ckpt)),
         Item(f"policy logits{' + entropy' if bonus else ''} ({am} x {logit_chunk_positions(am, R, m.vocab)} of {R} x "
              f"{m.vocab})",
              _logits(m, am, R, pbytes, update=True, entropy_bonus=bonus))]
@@ -339,22 +250,68 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
             Item("actor AdamW moments (fp32 shard)", actor.optim)]))
 
     if plan.needs_critic:
-        cmb = plan.critic_micro_batch_per_rank
-        c_optim = critic.optim if (critic.optim_between_updates or plan.critic_ppo_epochs * plan.mini_batches_per_epoch_critic > 1) else 0
-        cupdate = resident(skip="critic") + asleep + [
-            Item("critic params (fp32 shard)", critic.params), Item("critic grads (fp32 shard)", critic.grads),
-            Item("critic AdamW moments (fp32 shard)", c_optim),
-            Item("gathered layers + one layer's grads", _gathered(cm, cm.layer_params, cpbytes, crbytes,
-                                                                 reshard=exp.critic.fsdp.reshard_after_forward,
-                                                                 backward=True)),
-            Item(f"activations ({cmb} x {L} tokens{', checkpointed' if ckpt else ''})",
-                 _layer_acts(cm, cmb * L, cpbytes, checkpointing=ckpt))]
-        phases.append(Phase("critic update", [i for i in cupdate if i.bytes]))
-        if critic.optim and not c_optim:
-            phases.append(Phase("critic optimizer step", resident(skip="critic") + asleep + [
-                Item("critic params (fp32 shard)", critic.params), Item("critic grads (fp32 shard)", critic.grads),
-                Item("critic AdamW moments (fp32 shard)", critic.optim)]))
+        phases += _critic_phases(exp, plan, cm, critic, resident(skip="critic") + asleep)
     budget.phases = [Phase(p.name, [i for i in p.items if i.bytes]) for p in phases]
+
+
+def _micro_batch(rows: int, budget: int, seq_len: int, response: int) -> tuple[int, int, str]:
+    """A forward/backward's worst case: (rows for the logits bound, tokens in flight, how to say it).
+
+    Fixed-size micro-batches hold ``rows`` sequences padded to ``seq_len``. A token budget (``max_tokens_per_micro_
+    batch``, padding included, hpcppo.train.batching) holds at most ``budget`` tokens however many rows share them, so
+    activations scale with the budget; its response positions are at most ``budget`` too, as many as
+    ``budget // response`` full-length responses (the bound used for the logits)."""
+    if budget <= 0:
+        return rows, rows * seq_len, f"{rows} x {seq_len} tokens"
+    return max(1, budget // max(1, response)), budget, f"a budget of {budget} tokens"
+
+
+def _critic_phases(exp: Experiment, plan: RunPlan, cm: ModelShape, critic: _Trained,
+                   resident: list[Item]) -> list[Phase]:
+    """The critic's update (and its optimizer step when the moments come back for it alone); ``resident``: what
+    stays on the GPU meanwhile."""
+    L, ckpt = plan.max_sequence_length, exp.model.gradient_checkpointing
+    cpbytes, crbytes = dtype_bytes(plan.critic_param_dtype), dtype_bytes(exp.critic.fsdp.reduce_dtype)
+    phases = []
+    cmb, cmb_tokens, cmb_what = _micro_batch(plan.critic_micro_batch_per_rank, exp.critic.max_tokens_per_micro_batch,
+                                             L, exp.data.max_response_length)
+    c_optim = critic.optim if (critic.optim_between_updates or plan.critic_ppo_epochs * plan.mini_batches_per_epoch_critic > 1) else 0
+    cupdate = resident + [
+        Item("critic params (fp32 shard)", critic.params), Item("critic grads (fp32 shard)", critic.grads),
+        Item("critic AdamW moments (fp32 shard)", c_optim),
+        Item("gathered layers + one layer's grads", _gathered(cm, cm.layer_params, cpbytes, crbytes,
+                                                             reshard=exp.critic.fsdp.reshard_after_forward,
+                                                             backward=True)),
+        Item(f"activations ({cmb_what}{', checkpointed' if ckpt else ''})",
+             _layer_acts(cm, cmb_tokens, cpbytes, checkpointing=ckpt))]
+    phases.append(Phase("critic update", [i for i in cupdate if i.bytes]))
+    if critic.optim and not c_optim:
+        phases.append(Phase("critic optimizer step", resident + [
+            Item("critic params (fp32 shard)", critic.params), Item("critic grads (fp32 shard)", critic.grads),
+            Item("critic AdamW moments (fp32 shard)", critic.optim)]))
+    return phases
+
+
+def _vllm_memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, mbytes: int) -> tuple[int, int]:
+    """vLLM's bytes per GPU while awake and while asleep (0, 0 without vLLM or a known GPU); fills ``budget.kv``."""
+    ro, gpu = exp.rollout, budget.gpu
+    if ro.engine != "vllm" or gpu is None:
+        return 0, 0
+    # vLLM v1's Worker.init_device (vllm/v1/worker/gpu_worker.py): requested = total memory x
+    # gpu_memory_utilization, refused at start-up when less is free, so it is a per-instance share of the whole
+    # device, not of what training leaves. LLM.sleep(level=2) (vllm/entrypoints/llm.py) discards weights and KV
+    # cache; what stays is outside its CuMem pool (CUDA graphs), counted as "vLLM while asleep".
+    vllm_share = int(ro.gpu_memory_utilization * gpu.memory_bytes)
+    graphs = 0 if ro.enforce_eager else int(ASSUMPTIONS["vLLM CUDA graphs"].value * GIB)
+    if ro.kv_cache_memory_mb:
+        # An explicit KV cache replaces the share: Worker.determine_available_memory (vllm/v1/worker/
+        # gpu_worker.py, 0.32.0) still runs the profile pass, then reserves exactly kv_cache_memory_bytes,
+        # "This does not respect the gpu_memory_utilization config". Awake: weights + that pass + graphs + cache.
+        weights, profile = _vllm_weights_and_profile(plan, m, mbytes)
+        vllm_share = weights + profile + graphs + ro.kv_cache_memory_mb * 2**20
+    vllm_asleep = graphs if ro.free_cache_engine else vllm_share
+    _kv_cache(budget, exp, plan, m, vllm_share, graphs, mbytes)
+    return vllm_share, vllm_asleep
 
 
 def _vllm_weights_and_profile(plan: RunPlan, m: ModelShape, mbytes: int) -> tuple[int, int]:
@@ -496,92 +453,3 @@ def _judge(budget: Budget, exp: Experiment, plan: RunPlan) -> None:
                 f"vLLM's KV cache holds {kv['concurrent_sequences']} of the {kv['sequences_per_engine']} sequences per "
                 f"engine at max_model_len {kv['max_model_len']}: generation runs in {kv['waves']} waves (raise "
                 f"rollout.gpu_memory_utilization or rollout.tensor_parallel_size for fewer)")
-
-
-# ------------------------------------------------------------------------------------------------ time
-def _time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape, gpu: GpuSpec) -> None:
-    A = {k: c.value for k, c in ASSUMPTIONS.items()}
-    P, R, L = exp.data.max_prompt_length, exp.data.max_response_length, plan.max_sequence_length
-    tp, world, shard = plan.tensor_parallel_size, plan.world_size, budget.shard_size
-    mbytes = dtype_bytes(exp.model.dtype)
-    peak = gpu.bf16_flops if mbytes == 2 else gpu.bf16_flops / 16  # fp32 without TF32 tensor cores: ~1/16
-    t: dict[str, float] = {}
-
-    # Generation, per engine (one TP group), worst case: every response runs to max_response_length.
-    seqs = plan.prompts_per_rank * exp.rollout.n
-    waves = max(1, budget.kv.get("waves", 1) or 1)
-    per_wave = seqs / waves
-    kv_tok = budget.kv.get("kv_bytes_per_token_per_gpu") or m.kv_bytes_per_token(mbytes) / tp
-    weights_gpu = m.params * mbytes / tp
-    step_bytes = weights_gpu + per_wave * (P + R / 2) * kv_tok  # weights + the KV cache read once per decode step
-    t["decode_s"] = waves * R * step_bytes / (gpu.hbm_bytes_s * A["decode bandwidth use"])
-    t["prefill_s"] = 2 * m.params * seqs * P / (tp * peak * A["prefill MFU"])
-    t["generate_s"] = t["decode_s"] + t["prefill_s"]
-    t["generated_tokens_per_s"] = plan.samples_per_step * R / t["generate_s"]
-
-    # Forwards and updates at MFU; 6N per token to train (8N with activation checkpointing: one more forward).
-    tokens = plan.samples_per_step * L
-    train_factor = 8 if exp.model.gradient_checkpointing else 6
-    flops = 2 * m.params * tokens  # old log-probs
-    if plan.needs_reference:
-        flops += 2 * m.params * tokens
-    if plan.needs_critic:
-        flops += 2 * cm.critic_params * tokens + train_factor * cm.critic_params * tokens * plan.critic_ppo_epochs
-    flops += train_factor * m.params * tokens * plan.actor_ppo_epochs
-    t["update_flops"] = flops
-    t["forward_and_update_s"] = flops / (world * peak * A["train MFU"])
-
-    # Weight sync: every rank all-gathers the actor in the engine dtype over the FSDP shard group.
-    link = gpu.nvlink_bytes_s if (plan.hsdp or plan.nodes == 1) else gpu.network_bytes_s
-    sync_bytes = m.params * mbytes
-    t["weight_sync_bytes"] = sync_bytes
-    t["weight_sync_s"] = sync_bytes * (shard - 1) / shard / (link * A["collective efficiency"]) if exp.rollout.engine == "vllm" else 0.0
-
-    # HSDP: each optimizer step all-reduces the gradient shards (reduce dtype) across the replicas (nodes), over the
-    # network (ring all-reduce: 2 (r - 1) / r of the bytes). Sharding collectives inside a node overlap compute.
-    replicas = plan.mesh_shape[0] if plan.hsdp else 1
-    grad_sync = 0.0
-    if replicas > 1:
-        for fsdp, n, opt_steps in ((exp.actor.fsdp, m.params, plan.actor_optimizer_steps_per_step),
-                                   (exp.critic.fsdp, cm.critic_params,
-                                    plan.critic_ppo_epochs * plan.mini_batches_per_epoch_critic)):
-            grad_sync += opt_steps * 2 * (replicas - 1) / replicas * n * dtype_bytes(fsdp.reduce_dtype) / shard
-    t["replica_grad_sync_s"] = grad_sync / (gpu.network_bytes_s * A["collective efficiency"])
-
-    # Host <-> device traffic of the offloads, over each GPU's PCIe link.
-    pcie = gpu.pcie_bytes_s
-    host = 0.0
-    for fsdp, n, micro_batches in (
-            (exp.actor.fsdp, m.params, plan.actor_ppo_epochs * plan.samples_per_rank / plan.actor_micro_batch_per_rank),
-            (exp.critic.fsdp, cm.critic_params,
-             plan.critic_ppo_epochs * plan.samples_per_rank / max(1, plan.critic_micro_batch_per_rank))):
-        if fsdp is exp.critic.fsdp and not plan.needs_critic:
-            continue
-        shard_bytes = n * MASTER_BYTES / shard
-        if fsdp.param_offload:  # shards up for forward and for backward, gradients down, per micro-batch
-            host += micro_batches * 3 * shard_bytes
-        elif fsdp.optimizer_offload:
-            host += 2 * n * ADAM_BYTES / shard
-    if plan.needs_reference and exp.reference.offload:
-        host += math.ceil(plan.samples_per_rank / plan.logprob_micro_batch_per_rank) * m.params * MASTER_BYTES / shard
-    t["offload_bytes_per_gpu"] = host
-    t["offload_s"] = host / pcie
-    t["step_s"] = (t["generate_s"] + t["forward_and_update_s"] + t["weight_sync_s"] + t["replica_grad_sync_s"]
-                   + t["offload_s"])
-
-    # A checkpoint: fp32 weights and AdamW moments of actor and critic, written once (DCP deduplicates replicas).
-    state = 12 * m.params + (12 * cm.critic_params if plan.needs_critic else 0)
-    t["checkpoint_bytes"] = state
-    t["checkpoint_s"] = state / (plan.nodes * A["checkpoint write per node"] * 1e9)
-    if plan.total_steps:
-        t["total_steps"] = plan.total_steps
-        t["gpu_hours"] = plan.total_steps * t["step_s"] * world / 3600
-    t["gpu_hours_per_100_steps"] = 100 * t["step_s"] * world / 3600
-    budget.time = t
-    lead = plan.signal_lead_s
-    if lead and exp.checkpoint.save_on_preempt and lead < t["step_s"] + t["checkpoint_s"]:
-        budget.warnings.append(
-            f"slurm.signal_lead_s = {lead} s is shorter than an estimated step + checkpoint "
-            f"({t['step_s']:.0f} s + {t['checkpoint_s']:.0f} s): the USR2 checkpoint may not finish before the time "
-            f"limit and the job would end in TIMEOUT, which Slurm does not requeue; raise it to at least "
-            f"{math.ceil(1.5 * (t['step_s'] + t['checkpoint_s']))} (-o site.slurm.signal_lead_s=...)")

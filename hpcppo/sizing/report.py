@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.table import Table
+from rich.text import Text
+
 from hpcppo.sizing.catalog import GIB
 from hpcppo.sizing.estimate import Budget
 
@@ -34,23 +37,10 @@ def as_json(budget: Budget, *, site: str, spec: str) -> dict[str, Any]:
     return {"site": site, "spec": spec, **budget.to_dict()}
 
 
-def render(budget: Budget, *, site: str, spec: str) -> list[Any]:
-    """Renderables for a rich Console, top to bottom: memory per phase, KV cache, time, constants, verdict."""
-    from rich.table import Table
-    from rich.text import Text
-
+def _phase_tables(budget: Budget) -> list[Any]:
+    """Memory per phase: one table each, red where it does not fit."""
     out: list[Any] = []
-    m, gpu = budget.model, budget.gpu
-    ranks = "GPUs" if budget.device == "cuda" else "CPU ranks"
-    head = f"{spec} on {site}: {budget.world_size} {ranks}, FSDP shards over {budget.shard_size}"
-    out.append(Text(head, style="bold"))
-    out.append(Text(f"model: {budget.model_note}" + (f"; {_count(m.params)} parameters" if m else "")))
-    if gpu is None:
-        out.append(Text("GPU kind unknown (the site has no `gpu` key, or it is a CPU site): memory is shown without a "
-                        "capacity, and no time is estimated", style="yellow"))
-    if m is None:
-        return out
-
+    gpu = budget.gpu
     cap = gpu.memory_bytes if gpu else None
     for phase in budget.phases:
         title = f"{phase.name}: {_size(phase.total)}" + (f" of {_gib(cap)} GiB" if cap else "") + \
@@ -63,7 +53,12 @@ def render(budget: Budget, *, site: str, spec: str) -> list[Any]:
         for item in sorted(phase.items, key=lambda i: -i.bytes):
             table.add_row(item.what, _size(item.bytes))
         out.append(table)
+    return out
 
+
+def _host_table(budget: Budget) -> list[Any]:
+    """Host memory per rank and node while the models load."""
+    out: list[Any] = []
     host = budget.host
     if host:
         limit = host["limit_per_rank_bytes"]
@@ -83,7 +78,12 @@ def render(budget: Budget, *, site: str, spec: str) -> list[Any]:
         table.add_row("per rank, old path (the whole float32 model on every rank)",
                       _size(host["old_path_per_rank_bytes"]))
         out.append(table)
+    return out
 
+
+def _kv_table(budget: Budget) -> list[Any]:
+    """vLLM's share of a GPU and the KV cache it leaves."""
+    out: list[Any] = []
     kv = budget.kv
     if kv:
         out.append(Text("vLLM share", style="bold"))
@@ -104,7 +104,12 @@ def render(budget: Budget, *, site: str, spec: str) -> list[Any]:
                       f"{kv['concurrent_sequences']:,} of {kv['sequences_per_engine']:,} "
                       f"({kv['waves']} wave{'s' if kv['waves'] != 1 else ''})")
         out.append(table)
+    return out
 
+
+def _time_table(budget: Budget) -> list[Any]:
+    """One step's time, worst case, and GPU-hours."""
+    out: list[Any] = []
     t = budget.time
     if t:
         out.append(Text("one step, worst case (every response max_response_length long)", style="bold"))
@@ -126,7 +131,12 @@ def render(budget: Budget, *, site: str, spec: str) -> list[Any]:
         if "gpu_hours" in t:
             table.add_row(f"GPU-hours for {int(t['total_steps']):,} steps", f"{t['gpu_hours']:,.1f}", style="bold")
         out.append(table)
+    return out
 
+
+def _constants_table(budget: Budget) -> list[Any]:
+    """The constants the estimate uses, with their sources."""
+    out: list[Any] = []
     out.append(Text("constants", style="bold"))
     table = Table()
     table.add_column("constant")
@@ -135,7 +145,25 @@ def render(budget: Budget, *, site: str, spec: str) -> list[Any]:
     for c in budget.constants:
         table.add_row(c.name, f"{c.value:g} {c.unit}", c.source)
     out.append(table)
+    return out
 
+
+def render(budget: Budget, *, site: str, spec: str) -> list[Any]:
+    """Renderables for a rich Console, top to bottom: memory per phase, KV cache, time, constants, verdict."""
+    out: list[Any] = []
+    m, gpu = budget.model, budget.gpu
+    ranks = "GPUs" if budget.device == "cuda" else "CPU ranks"
+    head = f"{spec} on {site}: {budget.world_size} {ranks}, FSDP shards over {budget.shard_size}"
+    out.append(Text(head, style="bold"))
+    out.append(Text(f"model: {budget.model_note}" + (f"; {_count(m.params)} parameters" if m else "")))
+    if gpu is None:
+        out.append(Text("GPU kind unknown (the site has no `gpu` key, or it is a CPU site): memory is shown without a "
+                        "capacity, and no time is estimated", style="yellow"))
+    if m is None:
+        return out
+
+    out += _phase_tables(budget) + _host_table(budget) + _kv_table(budget) + _time_table(budget)
+    out += _constants_table(budget)
     for problem in budget.problems:
         out.append(Text(f"does not fit: {problem}", style="bold red"))
     for warning in budget.warnings:

@@ -12,7 +12,7 @@ import os
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 from torch import nn
@@ -20,7 +20,7 @@ from transformers import AutoTokenizer
 
 from hpcppo import algos, jobenv, models
 from hpcppo.config import Compiled, DataSection, Experiment, FsdpSection, RunPlan, Site
-from hpcppo.data.dataset import PromptDataset, read_prompts
+from hpcppo.data.dataset import PromptDataset, Truncation, read_prompts
 from hpcppo.data.rewards import build_reward_fn, score_batch
 from hpcppo.data.sampler import ShardedEpochSampler
 from hpcppo.distributed import loading
@@ -115,14 +115,19 @@ def freeze_long_lived_objects() -> int:
     return gc.get_freeze_count()
 
 
-def _dtype(name: str, default: str) -> torch.dtype:
-    return models.as_torch_dtype(name or default)
+def _dtype(name: str, default: str = "") -> torch.dtype:
+    """A compute dtype from its config name (``name``, or ``default`` when it is empty)."""
+    dtype = models.as_torch_dtype(name or default)
+    if not isinstance(dtype, torch.dtype):  # "auto" means "as saved": a loading dtype, not one to compute in
+        raise ValueError(f"dtype {name or default!r} is not a compute dtype")
+    return dtype
 
 
 def build_datasets(data: DataSection, tokenizer: Any) -> tuple[PromptDataset, PromptDataset | None]:
     def dataset(files: list[str]) -> PromptDataset:
         return PromptDataset(read_prompts(files, prompt_key=data.prompt_key), tokenizer,
-                             max_prompt_length=data.max_prompt_length, truncation=data.truncation,
+                             max_prompt_length=data.max_prompt_length,
+                             truncation=cast(Truncation, data.truncation),  # the config's choices are its values
                              filter_overlong_prompts=data.filter_overlong_prompts)
 
     return dataset(list(data.train_files)), (dataset(list(data.val_files)) if data.val_files else None)
@@ -166,7 +171,7 @@ def _sharded(model: nn.Module, mesh: Any, fsdp: FsdpSection, model_dtype: str, *
     return apply_fsdp(
         model, mesh,
         param_dtype=param_dtype,
-        reduce_dtype=models.as_torch_dtype(fsdp.reduce_dtype),
+        reduce_dtype=_dtype(fsdp.reduce_dtype),
         cpu_offload=cpu_offload,
         reshard_after_forward=True if frozen else fsdp.reshard_after_forward,
     )
@@ -223,6 +228,48 @@ def enable_determinism(environ: MutableMapping[str, str] | None = None) -> None:
     torch.use_deterministic_algorithms(True)
 
 
+def _lr_schedule(optim: torch.optim.Optimizer, section: Any, total_steps: int, updates_per_step: int) -> LRSchedule:
+    """The lr schedule of the ``[actor]`` or ``[critic]`` ``section``, over its optimizer steps (warm-up is given in
+    training steps, verl's unit, and converted)."""
+    return LRSchedule(optim, base_lr=section.lr, warmup_steps=warmup_optimizer_steps(
+                          section.warmup_steps, section.warmup_ratio, total_steps, updates_per_step),
+                      total_steps=total_steps * updates_per_step, schedule=section.lr_schedule,
+                      min_lr_ratio=section.min_lr_ratio)
+
+
+def _sampling_params(cfg: Experiment, tokenizer: Any) -> tuple[SamplingParams, SamplingParams]:
+    """The rollout's and validation's sampling settings."""
+    ro = cfg.rollout
+    # Every stop id the engines honour (the tokenizer's EOS and generation_config's, as vLLM uses both).
+    eos = stop_token_ids(tokenizer.eos_token_id, generation_config_eos(cfg.model.path))
+    sampling = SamplingParams(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, n=ro.n, temperature=ro.temperature,
+                              top_p=ro.top_p, top_k=ro.top_k, max_new_tokens=cfg.data.max_response_length)
+    val_sampling = SamplingParams(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, n=ro.val_n,
+                                  temperature=ro.val_temperature, top_p=ro.val_top_p,
+                                  max_new_tokens=cfg.data.max_response_length)
+    return sampling, val_sampling
+
+
+def _kl_controller(kc: Any) -> Any:
+    """The ``[algorithm.kl_ctrl]`` controller."""
+    kwargs: dict[str, Any] = {"fixed": dict(kl_coef=kc.kl_coef),
+                              "adaptive": dict(init_kl_coef=kc.kl_coef, target_kl=kc.target_kl, horizon=kc.horizon),
+                              "step": dict(init_kl_coef=kc.kl_coef, target_kl=kc.target_kl, factor=kc.factor,
+                                           min_coef=kc.min_coef, max_coef=kc.max_coef)}[kc.type]
+    return algos.build_kl_controller(kc.type, **kwargs)
+
+
+def _metrics_log(paths: RunPaths, env: DistEnv, site: Site, columns: Any) -> tuple[int, MetricsWriter | None]:
+    """This job's attempt number and, on rank 0, its HDF5 metrics log (``metrics/attempt-NNNN.h5``). Every rank
+    learns the attempt from rank 0, which counts the metrics files before it creates its own."""
+    attempt = broadcast_object(len(paths.attempt_files()) if env.rank == 0 else None)
+    metrics = None
+    if env.rank == 0:
+        metrics = MetricsWriter(paths.path, columns, attempt=attempt, swmr=site.hdf5.swmr,
+                                locking=None if site.hdf5.locking else False)
+    return attempt, metrics
+
+
 def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
                      preempt: PreemptionFlag | None = None) -> Components:
     """Everything the loop needs. ``preempt`` should be installed by the caller before anything slow runs, so a
@@ -254,11 +301,7 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
                          offload=cfg.actor.fsdp.param_offload, checkpointing=ckpt_layers)
     ac = cfg.actor
     actor_optim = build_optimizer(actor, lr=ac.lr, weight_decay=ac.weight_decay, betas=ac.betas)
-    actor_updates = total_steps * plan.actor_optimizer_steps_per_step
-    actor_lr = LRSchedule(actor_optim, base_lr=ac.lr, warmup_steps=warmup_optimizer_steps(
-                              ac.warmup_steps, ac.warmup_ratio, total_steps, plan.actor_optimizer_steps_per_step),
-                          total_steps=actor_updates,
-                          schedule=ac.lr_schedule, min_lr_ratio=ac.min_lr_ratio)
+    actor_lr = _lr_schedule(actor_optim, ac, total_steps, plan.actor_optimizer_steps_per_step)
 
     reference = None
     if plan.needs_reference:
@@ -276,40 +319,18 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
                               checkpointing=ckpt_layers,
                               strip="backbone.")
         critic_optim = build_optimizer(critic, lr=cc.lr, weight_decay=cc.weight_decay, betas=cc.betas)
-        critic_per_step = plan.critic_ppo_epochs * plan.mini_batches_per_epoch_critic
-        critic_updates = total_steps * critic_per_step
-        critic_lr = LRSchedule(critic_optim, base_lr=cc.lr, warmup_steps=warmup_optimizer_steps(
-                                   cc.warmup_steps, cc.warmup_ratio, total_steps, critic_per_step),
-                               total_steps=critic_updates,
-                               schedule=cc.lr_schedule, min_lr_ratio=cc.min_lr_ratio)
+        critic_lr = _lr_schedule(critic_optim, cc, total_steps,
+                                 plan.critic_ppo_epochs * plan.mini_batches_per_epoch_critic)
 
     ro = cfg.rollout
     engine = build_engine(ro.engine, **_engine_kwargs(cfg, plan, device, env))
-    # Every stop id the engines honour (the tokenizer's EOS and generation_config's, as vLLM uses both).
-    eos = stop_token_ids(tokenizer.eos_token_id, generation_config_eos(model_cfg.path))
-    sampling = SamplingParams(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, n=ro.n, temperature=ro.temperature,
-                              top_p=ro.top_p, top_k=ro.top_k, max_new_tokens=cfg.data.max_response_length)
-    val_sampling = SamplingParams(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, n=ro.val_n,
-                                  temperature=ro.val_temperature, top_p=ro.val_top_p,
-                                  max_new_tokens=cfg.data.max_response_length)
-
-    kc = cfg.algorithm.kl_ctrl
-    kl_kwargs: dict[str, Any] = {"fixed": dict(kl_coef=kc.kl_coef),
-                                 "adaptive": dict(init_kl_coef=kc.kl_coef, target_kl=kc.target_kl, horizon=kc.horizon),
-                                 "step": dict(init_kl_coef=kc.kl_coef, target_kl=kc.target_kl, factor=kc.factor,
-                                              min_coef=kc.min_coef, max_coef=kc.max_coef)}[kc.type]
-    kl_ctrl = algos.build_kl_controller(kc.type, **kl_kwargs)
+    sampling, val_sampling = _sampling_params(cfg, tokenizer)
+    kl_ctrl = _kl_controller(cfg.algorithm.kl_ctrl)
 
     paths = RunPaths(run_dir)
     ckpt = CheckpointManager(paths.checkpoints, keep_last=cfg.checkpoint.keep_last, rank=env.rank,
                              world_size=env.world_size)
-    columns = trainer_columns(val_sources, ro.val_n)
-    metrics = None
-    # Every rank learns the attempt from rank 0, which counts the metrics files before it creates its own.
-    attempt = broadcast_object(len(paths.attempt_files()) if env.rank == 0 else None)
-    if env.rank == 0:
-        metrics = MetricsWriter(run_dir, columns, attempt=attempt, swmr=site.hdf5.swmr,
-                                locking=None if site.hdf5.locking else False)
+    attempt, metrics = _metrics_log(paths, env, site, trainer_columns(val_sources, ro.val_n))
     log.info("built: %d train prompts, %d val prompts, %d steps; actor%s%s; engine %s",
              len(train_data), len(val_data) if val_data else 0, total_steps,
              " + critic" if critic is not None else "", " + reference" if reference is not None else "", ro.engine)

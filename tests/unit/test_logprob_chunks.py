@@ -83,8 +83,8 @@ def _grads(model, chunk: int, *, entropy_coeff: float, kl_loss: bool, temperatur
           "advantages": torch.randn(BATCH, RESPONSE, generator=g)}
     cfg = ActorSection(entropy_coeff=entropy_coeff, clip_ratio=0.2, clip_ratio_c=3.0, loss_agg_mode="token-mean",
                        kl_loss_type="low_var_kl", kl_loss_coef=0.1)  # the [actor] section, the rest its defaults
-    old = models.LOGITS_CHUNK_ELEMENTS
-    models.LOGITS_CHUNK_ELEMENTS = chunk  # as the trainer calls it: the module default
+    old = models.forward.LOGITS_CHUNK_ELEMENTS
+    models.forward.LOGITS_CHUNK_ELEMENTS = chunk  # as the trainer calls it: the module default
     try:
         loss_fn = actor_loss(model, cfg, clip_ratio_low=0.2, clip_ratio_high=0.28, kl_loss=kl_loss,
                              temperature=temperature)
@@ -93,7 +93,7 @@ def _grads(model, chunk: int, *, entropy_coeff: float, kl_loss: bool, temperatur
         loss = loss_fn(mb, algos.GlobalBatchInfo(), sums, 1)
         loss.backward()
     finally:
-        models.LOGITS_CHUNK_ELEMENTS = old
+        models.forward.LOGITS_CHUNK_ELEMENTS = old
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
@@ -113,12 +113,12 @@ def test_actor_loss_gradients_equal_the_whole_logits(entropy_coeff, kl_loss, tem
 def test_compute_log_probs_in_chunks_matches_and_leaves_no_graph():
     model, (ids, mask, pos) = qwen2(), inputs()
     want = compute_log_probs(model, ids, mask, pos, RESPONSE, micro_batch_size=2)
-    old = models.LOGITS_CHUNK_ELEMENTS
-    models.LOGITS_CHUNK_ELEMENTS = SMALL
+    old = models.forward.LOGITS_CHUNK_ELEMENTS
+    models.forward.LOGITS_CHUNK_ELEMENTS = SMALL
     try:
         got, ent = compute_log_probs(model, ids, mask, pos, RESPONSE, micro_batch_size=2, with_entropy=True)
     finally:
-        models.LOGITS_CHUNK_ELEMENTS = old
+        models.forward.LOGITS_CHUNK_ELEMENTS = old
     torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
     assert not got.requires_grad and not ent.requires_grad
 
@@ -131,7 +131,7 @@ def test_a_model_that_transforms_its_logits_keeps_the_whole_logits_path():
     cfg = Gemma2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                        intermediate_size=64, vocab_size=VOCAB, max_position_embeddings=64, final_logit_softcapping=0.5)
     model = Gemma2ForCausalLM(cfg).eval()
-    assert models._chunkable_head(model) is None
+    assert models.forward._chunkable_head(model) is None
     ids, mask, pos = inputs()
     with torch.no_grad():
         lp, _ = forward_log_probs(model, ids, mask, pos, RESPONSE, chunk_elements=SMALL)

@@ -95,5 +95,5 @@ def test_log_prob_logits(update, bonus, chunk_positions, monkeypatch):
 def test_the_planner_chunks_as_the_models_do():
     assert LOGITS_CHUNK_ELEMENTS == models.LOGITS_CHUNK_ELEMENTS
     for micro, response, vocab in [(4, 4096, 151_936), (1, 100, 64), (64, 2048, 32_000), (3, 7, 10**9)]:
-        want = min(response, models._chunk_positions(micro, response, vocab, LOGITS_CHUNK_ELEMENTS))
+        want = min(response, models.forward._chunk_positions(micro, response, vocab, LOGITS_CHUNK_ELEMENTS))
         assert logit_chunk_positions(micro, response, vocab) == want

@@ -350,3 +350,42 @@ def test_the_examples_still_compile_on_their_sites(example, site):
     if c.site.device == "cuda":
         budget = check_colocation(c.site, c.experiment, c.plan)
         assert budget is not None and budget.peak.total < budget.gpu.memory_bytes
+
+
+def test_token_budgets_size_the_activations_and_logits_of_their_passes(tmp_path):
+    """With max_tokens_per_micro_batch a micro-batch holds at most that many tokens whatever its rows: the plan sizes
+    activations by the budget, not by micro-batch rows x the longest sequence, and bounds the logits by it."""
+    path = q7b_ppo(tmp_path, offload=True)
+    fixed, c = budget_of(path, "a100-cluster")
+    seq = c.plan.max_sequence_length
+    rows = c.plan.actor_micro_batch_per_rank
+    same, _ = budget_of(path, "a100-cluster", [f"actor.max_tokens_per_micro_batch={rows * seq}"])
+    double, _ = budget_of(path, "a100-cluster", [f"actor.max_tokens_per_micro_batch={2 * rows * seq}",
+                                                 f"critic.max_tokens_per_micro_batch={4 * seq}",
+                                                 f"rollout.max_tokens_per_micro_batch={4 * seq}"])
+
+    def acts(budget, phase):
+        return next(v for k, v in items(budget, phase).items() if k.startswith("activations"))
+
+    assert acts(same, "actor update") == acts(fixed, "actor update")  # the same tokens in flight
+    assert acts(double, "actor update") > acts(fixed, "actor update")
+    four_rows, _ = budget_of(path, "a100-cluster", ["critic.ppo_micro_batch_size_per_gpu=4"])
+    assert acts(double, "critic update") == acts(four_rows, "critic update")  # 4 x seq tokens either way
+    # The logits: as many full-length responses as the budget holds, chunked as the trainer chunks them.
+    response = c.experiment.data.max_response_length
+    [label] = [k for k in items(double, "actor update") if k.startswith("policy logits")]
+    assert label.startswith(f"policy logits ({2 * rows * seq // response} x ")
+    fwd = items(double, "old log-probs / reference / values")
+    assert any(f"a budget of {4 * seq} tokens" in k for k in fwd)
+
+
+def test_the_72b_example_compiles_and_fits_64_h100s_with_the_settings_it_names():
+    """examples/gsm8k-qwen2.5-72b.toml (docs/plan.md has its figures): meta-device loading keeps a rank's host memory
+    near its shard, token budgets size the passes, full sharding over 64 GPUs fits every phase."""
+    budget, c = budget_of(REPO / "examples" / "gsm8k-qwen2.5-72b.toml", "h100-cluster")
+    assert c.plan.world_size == 64 and not c.plan.hsdp and budget.shard_size == 64
+    assert budget.problems == []
+    assert budget.peak is not None and budget.peak.total < budget.gpu.memory_bytes
+    host = budget.host
+    assert host["per_rank_bytes"] < host["old_path_per_rank_bytes"] / 20
+    assert any("a budget of 6144 tokens" in k for k in items(budget, "actor update"))

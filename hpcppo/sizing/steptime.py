@@ -1,0 +1,115 @@
+"""One step's time, worst case, and GPU-hours of a run (``hpcppo plan``'s time table), from the compiled config and
+the GPU's data sheet; the constants are :data:`hpcppo.sizing.catalog.ASSUMPTIONS`."""
+
+from __future__ import annotations
+
+import math
+
+from hpcppo.config.experiment import Experiment
+from hpcppo.config.plan import RunPlan
+from hpcppo.sizing.budget import ADAM_BYTES, MASTER_BYTES, Budget, dtype_bytes
+from hpcppo.sizing.catalog import ASSUMPTIONS, GpuSpec, ModelShape
+
+__all__ = ["step_time"]
+
+
+def _replica_grad_sync_bytes(exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape, shard: int) -> float:
+    """Bytes each GPU all-reduces across the HSDP replicas in a step (0 without replicas)."""
+    replicas = plan.mesh_shape[0] if plan.hsdp else 1
+    total = 0.0
+    if replicas > 1:
+        for fsdp, n, opt_steps in ((exp.actor.fsdp, m.params, plan.actor_optimizer_steps_per_step),
+                                   (exp.critic.fsdp, cm.critic_params,
+                                    plan.critic_ppo_epochs * plan.mini_batches_per_epoch_critic)):
+            total += opt_steps * 2 * (replicas - 1) / replicas * n * dtype_bytes(fsdp.reduce_dtype) / shard
+    return total
+
+
+def _offload_bytes(exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape, shard: int) -> float:
+    """Host <-> device bytes per GPU in a step: offloaded parameter shards (up for forward and backward, gradients
+    down, per micro-batch), offloaded AdamW moments (down and up once), an offloaded reference."""
+    host = 0.0
+    for fsdp, n, micro_batches in (
+            (exp.actor.fsdp, m.params, plan.actor_ppo_epochs * plan.samples_per_rank / plan.actor_micro_batch_per_rank),
+            (exp.critic.fsdp, cm.critic_params,
+             plan.critic_ppo_epochs * plan.samples_per_rank / max(1, plan.critic_micro_batch_per_rank))):
+        if fsdp is exp.critic.fsdp and not plan.needs_critic:
+            continue
+        shard_bytes = n * MASTER_BYTES / shard
+        if fsdp.param_offload:
+            host += micro_batches * 3 * shard_bytes
+        elif fsdp.optimizer_offload:
+            host += 2 * n * ADAM_BYTES / shard
+    if plan.needs_reference and exp.reference.offload:
+        host += math.ceil(plan.samples_per_rank / plan.logprob_micro_batch_per_rank) * m.params * MASTER_BYTES / shard
+    return host
+
+
+def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape, gpu: GpuSpec) -> None:
+    """``budget.time``: one step's phases, worst case, the checkpoint and GPU-hours; a warning when the preemption
+    signal's lead is shorter than a step and a checkpoint."""
+    A = {k: c.value for k, c in ASSUMPTIONS.items()}
+    P, R, L = exp.data.max_prompt_length, exp.data.max_response_length, plan.max_sequence_length
+    tp, world, shard = plan.tensor_parallel_size, plan.world_size, budget.shard_size
+    mbytes = dtype_bytes(exp.model.dtype)
+    peak = gpu.bf16_flops if mbytes == 2 else gpu.bf16_flops / 16  # fp32 without TF32 tensor cores: ~1/16
+    t: dict[str, float] = {}
+
+    # Generation, per engine (one TP group), worst case: every response runs to max_response_length.
+    seqs = plan.prompts_per_rank * exp.rollout.n
+    waves = max(1, budget.kv.get("waves", 1) or 1)
+    per_wave = seqs / waves
+    kv_tok = budget.kv.get("kv_bytes_per_token_per_gpu") or m.kv_bytes_per_token(mbytes) / tp
+    weights_gpu = m.params * mbytes / tp
+    step_bytes = weights_gpu + per_wave * (P + R / 2) * kv_tok  # weights + the KV cache read once per decode step
+    t["decode_s"] = waves * R * step_bytes / (gpu.hbm_bytes_s * A["decode bandwidth use"])
+    t["prefill_s"] = 2 * m.params * seqs * P / (tp * peak * A["prefill MFU"])
+    t["generate_s"] = t["decode_s"] + t["prefill_s"]
+    t["generated_tokens_per_s"] = plan.samples_per_step * R / t["generate_s"]
+
+    # Forwards and updates at MFU; 6N per token to train (8N with activation checkpointing: one more forward).
+    tokens = plan.samples_per_step * L
+    train_factor = 8 if exp.model.gradient_checkpointing else 6
+    flops = 2 * m.params * tokens  # old log-probs
+    if plan.needs_reference:
+        flops += 2 * m.params * tokens
+    if plan.needs_critic:
+        flops += 2 * cm.critic_params * tokens + train_factor * cm.critic_params * tokens * plan.critic_ppo_epochs
+    flops += train_factor * m.params * tokens * plan.actor_ppo_epochs
+    t["update_flops"] = flops
+    t["forward_and_update_s"] = flops / (world * peak * A["train MFU"])
+
+    # Weight sync: every rank all-gathers the actor in the engine dtype over the FSDP shard group.
+    link = gpu.nvlink_bytes_s if (plan.hsdp or plan.nodes == 1) else gpu.network_bytes_s
+    sync_bytes = m.params * mbytes
+    t["weight_sync_bytes"] = sync_bytes
+    t["weight_sync_s"] = sync_bytes * (shard - 1) / shard / (link * A["collective efficiency"]) if exp.rollout.engine == "vllm" else 0.0
+
+    # HSDP: each optimizer step all-reduces the gradient shards (reduce dtype) across the replicas (nodes), over the
+    # network (ring all-reduce: 2 (r - 1) / r of the bytes). Sharding collectives inside a node overlap compute.
+    t["replica_grad_sync_s"] = _replica_grad_sync_bytes(exp, plan, m, cm, shard) / (
+        gpu.network_bytes_s * A["collective efficiency"])
+
+    # Host <-> device traffic of the offloads, over each GPU's PCIe link.
+    host = _offload_bytes(exp, plan, m, cm, shard)
+    t["offload_bytes_per_gpu"] = host
+    t["offload_s"] = host / gpu.pcie_bytes_s
+    t["step_s"] = (t["generate_s"] + t["forward_and_update_s"] + t["weight_sync_s"] + t["replica_grad_sync_s"]
+                   + t["offload_s"])
+
+    # A checkpoint: fp32 weights and AdamW moments of actor and critic, written once (DCP deduplicates replicas).
+    state = 12 * m.params + (12 * cm.critic_params if plan.needs_critic else 0)
+    t["checkpoint_bytes"] = state
+    t["checkpoint_s"] = state / (plan.nodes * A["checkpoint write per node"] * 1e9)
+    if plan.total_steps:
+        t["total_steps"] = plan.total_steps
+        t["gpu_hours"] = plan.total_steps * t["step_s"] * world / 3600
+    t["gpu_hours_per_100_steps"] = 100 * t["step_s"] * world / 3600
+    budget.time = t
+    lead = plan.signal_lead_s
+    if lead and exp.checkpoint.save_on_preempt and lead < t["step_s"] + t["checkpoint_s"]:
+        budget.warnings.append(
+            f"slurm.signal_lead_s = {lead} s is shorter than an estimated step + checkpoint "
+            f"({t['step_s']:.0f} s + {t['checkpoint_s']:.0f} s): the USR2 checkpoint may not finish before the time "
+            f"limit and the job would end in TIMEOUT, which Slurm does not requeue; raise it to at least "
+            f"{math.ceil(1.5 * (t['step_s'] + t['checkpoint_s']))} (-o site.slurm.signal_lead_s=...)")
