@@ -510,11 +510,5 @@ def _build_entries() -> list[Entry]:
             *_critic_and_algorithm_entries(), *_trainer_entries(), *_alias_entries()]
 
 
-
+# Indexed (and checked for keys listed twice) where it is looked up: hpcppo.config.verl.
 ENTRIES: tuple[Entry, ...] = tuple(_build_entries())
-_EXACT: dict[str, Entry] = {}
-for _e in ENTRIES:
-    if _e.verl in _EXACT:
-        raise RuntimeError(f"verl key {_e.verl} is in the table twice")
-    _EXACT[_e.verl] = _e
-_PREFIXES = sorted((e for e in ENTRIES if e.prefix), key=lambda e: -len(e.verl))
