@@ -37,6 +37,14 @@ def as_json(budget: Budget, *, site: str, spec: str) -> dict[str, Any]:
     return {"site": site, "spec": spec, **budget.to_dict()}
 
 
+def _table(what: str, amount: str) -> Table:
+    """A table of two columns: what, and how much (right-aligned)."""
+    table = Table()
+    table.add_column(what)
+    table.add_column(amount, justify="right")
+    return table
+
+
 def _phase_tables(budget: Budget) -> list[Any]:
     """Memory per phase: one table each, red where it does not fit."""
     out: list[Any] = []
@@ -47,9 +55,7 @@ def _phase_tables(budget: Budget) -> list[Any]:
             (" per GPU" if budget.device == "cuda" else " per rank")
         over = cap is not None and phase.total > cap
         out.append(Text(title, style="bold red" if over else "bold"))
-        table = Table()
-        table.add_column("on each GPU" if budget.device == "cuda" else "on each rank")
-        table.add_column("size", justify="right")
+        table = _table("on each GPU" if budget.device == "cuda" else "on each rank", "size")
         for item in sorted(phase.items, key=lambda i: -i.bytes):
             table.add_row(item.what, _size(item.bytes))
         out.append(table)
@@ -67,9 +73,7 @@ def _host_table(budget: Budget) -> list[Any]:
                         f"{host['ranks_per_node']} ranks" + (f", {_size(limit * host['ranks_per_node'])} given "
                                                               "(slurm.mem_per_task x ranks)" if limit else ""),
                         style="bold red" if over else "bold"))
-        table = Table()
-        table.add_column("on each rank while the models load")
-        table.add_column("size", justify="right")
+        table = _table("on each rank while the models load", "size")
         table.add_row("shards kept on the host (CPU ranks, param_offload, reference.offload)",
                       _size(host["shards_on_host_bytes"]))
         table.add_row("one tensor's rows in flight (the largest)", _size(host["largest_slice_bytes"]))
@@ -87,9 +91,7 @@ def _kv_table(budget: Budget) -> list[Any]:
     kv = budget.kv
     if kv:
         out.append(Text("vLLM share", style="bold"))
-        table = Table()
-        table.add_column("per GPU")
-        table.add_column("value", justify="right")
+        table = _table("per GPU", "value")
         source = ("weights + profile + graphs + kv_cache_memory_mb" if kv.get("share_from") == "kv_cache_memory_mb"
                   else "gpu_memory_utilization x memory")
         table.add_row(f"share ({source})", f"{_gib(kv['vllm_share_bytes'])} GiB")
@@ -113,9 +115,7 @@ def _time_table(budget: Budget) -> list[Any]:
     t = budget.time
     if t:
         out.append(Text("one step, worst case (every response max_response_length long)", style="bold"))
-        table = Table()
-        table.add_column("phase")
-        table.add_column("estimate", justify="right")
+        table = _table("phase", "estimate")
         table.add_row("generation (prefill + decode)", _duration(t["generate_s"]))
         table.add_row("  generated tokens/s (whole job)", f"{t['generated_tokens_per_s']:,.0f}")
         table.add_row("forwards + updates at MFU", _duration(t["forward_and_update_s"]))
@@ -138,9 +138,7 @@ def _constants_table(budget: Budget) -> list[Any]:
     """The constants the estimate uses, with their sources."""
     out: list[Any] = []
     out.append(Text("constants", style="bold"))
-    table = Table()
-    table.add_column("constant")
-    table.add_column("value", justify="right")
+    table = _table("constant", "value")
     table.add_column("source", overflow="fold")
     for c in budget.constants:
         table.add_row(c.name, f"{c.value:g} {c.unit}", c.source)
