@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -131,6 +131,29 @@ def run_processes(cmd: list[str], world: int, log_dir: Path, name: str, *, timeo
     if any(codes):
         logs = "\n".join(log_tail(log) for _, log in procs)
         pytest.fail(f"{name}: exit codes {codes} (rank order)\n{logs}")
+
+
+def scenario_main(argv: list[str], name: str, scenario: Callable[[Path], dict[str, Any]]) -> int:
+    """The command line of a one-rank scenario in its own test file (``run_scenario(name, 1, ..., script=<file>)``):
+    ``NAME OUT_DIR`` runs ``scenario(OUT_DIR)`` in this process and saves what it returns as ``OUT_DIR/result-0.pt``,
+    atomically (a rank that dies leaves none); the process group is destroyed either way."""
+    import torch
+
+    from hpcppo.distributed.env import destroy_distributed
+
+    if argv[:1] != [name] or len(argv) != 2:
+        print(f"usage: {Path(sys.argv[0]).name} {name} OUT_DIR", file=sys.stderr)
+        return 2
+    out_dir = Path(argv[1])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        result = scenario(out_dir)
+        tmp = out_dir / ".result-0.pt.tmp"
+        torch.save(result, tmp)
+        os.replace(tmp, out_dir / "result-0.pt")
+    finally:
+        destroy_distributed()
+    return 0
 
 
 def run_scenario(name: str, world: int, out_dir: Path, *args: str, timeout_s: float,

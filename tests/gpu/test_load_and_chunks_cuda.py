@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from _gpu_launch import cuda_device_count, run_scenario
+from _gpu_launch import cuda_device_count, run_scenario, scenario_main
 
 
 @pytest.fixture(scope="module")
@@ -140,25 +140,5 @@ def scenario_load(out_dir: Path) -> dict[str, Any]:
                 "chunks": _chunks_case(mesh, device, directory)}
 
 
-def _main(argv: list[str]) -> int:
-    import torch
-
-    from hpcppo.distributed.env import destroy_distributed
-
-    if argv[:1] != ["load"] or len(argv) != 2:
-        print("usage: test_load_and_chunks_cuda.py load OUT_DIR", file=sys.stderr)
-        return 2
-    out_dir = Path(argv[1])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        r = scenario_load(out_dir)
-        tmp = out_dir / ".result-0.pt.tmp"
-        torch.save(r, tmp)
-        os.replace(tmp, out_dir / "result-0.pt")
-    finally:
-        destroy_distributed()
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    sys.exit(scenario_main(sys.argv[1:], "load", scenario_load))

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from _gpu_launch import cuda_device_count, run_scenario
+from _gpu_launch import cuda_device_count, run_scenario, scenario_main
 
 HOST_VALUES = [1.0, 2.0**53, -3.5, 0.1]
 GATHERS = ("all_gather_into_tensor", "all_gather_single", "broadcast")
@@ -195,25 +195,5 @@ def scenario_paths(out_dir: Path) -> dict[str, Any]:
     return r
 
 
-def _main(argv: list[str]) -> int:
-    import torch
-
-    from hpcppo.distributed.env import destroy_distributed
-
-    if argv[:1] != ["paths"] or len(argv) != 2:
-        print("usage: test_one_rank_paths.py paths OUT_DIR", file=sys.stderr)
-        return 2
-    out_dir = Path(argv[1])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        r = scenario_paths(out_dir)
-        tmp = out_dir / ".result-0.pt.tmp"
-        torch.save(r, tmp)
-        os.replace(tmp, out_dir / "result-0.pt")
-    finally:
-        destroy_distributed()
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    sys.exit(scenario_main(sys.argv[1:], "paths", scenario_paths))
