@@ -151,6 +151,9 @@ def _check_trainer(exp: Experiment, needs_critic: bool) -> None:
     if warm and not needs_critic:
         raise ResolveError(f"critic.warmup_updates={warm} but algorithm.adv_estimator="
                            f"{exp.algorithm.adv_estimator!r} trains no critic; use 0")
+    if exp.critic.lora.enabled and not needs_critic:
+        raise ResolveError(f"critic.lora.rank={exp.critic.lora.rank} but algorithm.adv_estimator="
+                           f"{exp.algorithm.adv_estimator!r} trains no critic; use 0")
     if warm and tr.total_steps and warm >= tr.total_steps:
         raise ResolveError(f"critic.warmup_updates={warm} >= trainer.total_steps={tr.total_steps}: the actor would "
                            f"never be updated; use fewer warm-up steps")

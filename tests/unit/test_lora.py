@@ -183,3 +183,62 @@ def test_import_verl_translates_the_lora_keys_of_actor_and_critic(tmp_path):
     assert values["actor.lora.rank"] == 8 and "actor.lora.target_modules" not in values
     assert why[m + "target_modules"][0] == "unsupported" and "regular expression" in why[m + "target_modules"][1]
     assert why[m + "lora_adapter_path"][0] == "unsupported"
+
+
+def test_a_critic_lora_without_a_critic_is_refused(tmp_path):
+    from hpcppo.config import load_site, resolve
+    from hpcppo.errors import ResolveError
+
+    exp = _spec(tmp_path, "[algorithm]\nadv_estimator = \"grpo\"\n[rollout]\nn = 2\n[critic.lora]\nrank = 4\n")
+    with pytest.raises(ResolveError, match="critic.lora.rank=4 but algorithm.adv_estimator='grpo' trains no critic"):
+        resolve(load_site("local"), exp)
+
+
+def test_plan_counts_gradients_and_moments_of_the_adapters_only_and_no_reference_copy(tmp_path):
+    from peft import LoraConfig, inject_adapter_in_model
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from hpcppo.compiler import compile_config
+    from hpcppo.config.lora import LoraSection
+    from hpcppo.sizing.catalog import KNOWN_MODELS
+    from hpcppo.sizing.estimate import estimate
+    from hpcppo.sizing.lora import adapter_params
+
+    # The adapter count is peft's own on a model of the same shape (scaled down: Qwen2.5-7B's proportions).
+    shape = KNOWN_MODELS["qwen2.5-7b"]
+    small = Qwen2Config(hidden_size=shape.hidden // 32, num_hidden_layers=2, num_attention_heads=shape.heads // 2,
+                        num_key_value_heads=shape.kv_heads, intermediate_size=shape.intermediate // 32,
+                        vocab_size=64, head_dim=shape.hidden // shape.heads // 8)
+    lora = LoraSection(rank=8, target_modules=["q_proj", "k_proj", "down_proj"])
+    model = inject_adapter_in_model(LoraConfig(r=8, target_modules=["q_proj", "k_proj", "down_proj"]),
+                                    Qwen2ForCausalLM(small))
+    counted = sum(p.numel() for n, p in model.named_parameters() if ".lora_" in n)
+    from hpcppo.sizing.estimate import _from_config_json
+
+    small.save_pretrained(tmp_path / "small")
+    assert adapter_params(_from_config_json(tmp_path / "small" / "config.json"), lora) == counted > 0
+
+    (tmp_path / "exp.toml").write_text('name = "q7b"\n[model]\npath = "Qwen/Qwen2.5-7B-Instruct"\n[data]\n'
+                                       'train_files = ["t.parquet"]\n[rollout]\nengine = "vllm"\nn = 4\n'
+                                       '[actor]\nppo_mini_batch_size = 64\nuse_kl_loss = true\n'
+                                       '[algorithm]\nadv_estimator = "grpo"\n[trainer]\ntrain_batch_size = 64\n')
+
+    def update_items(overrides):
+        c = compile_config(tmp_path / "exp.toml", "a100-cluster", overrides, check_paths=False, check_memory=False)
+        budget = estimate(c.site, c.experiment, c.plan)
+        [update] = [p for p in budget.phases if p.name == "actor update"]
+        return {i.what: i.bytes for i in update.items}, budget, c
+
+    full, full_budget, _ = update_items([])
+    lora_items, lora_budget, c = update_items(["actor.lora.rank=32"])
+    shard = lora_budget.shard_size
+    adapters = adapter_params(shape, c.experiment.actor.lora)
+    assert adapters == 28 * 32 * (2 * (3584 + 3584) + 2 * (3584 + 512) + 3 * (3584 + 18944))  # all-linear
+    assert lora_items["actor grads (fp32 shard)"] == -(-adapters * 4 // shard)
+    assert lora_items["actor AdamW moments (fp32 shard)"] == -(-adapters * 8 // shard)
+    assert lora_items["actor params (fp32 shard)"] == -(-(shape.params + adapters) * 4 // shard)
+    assert full["actor grads (fp32 shard)"] == -(-shape.params * 4 // shard)
+    rollout = {i.what for p in lora_budget.phases for i in p.items}
+    assert "reference params (fp32 shard)" not in rollout  # the actor without its adapters is the reference
+    assert "reference params (fp32 shard)" in {i.what for p in full_budget.phases for i in p.items}
+    assert lora_budget.peak.total < full_budget.peak.total
