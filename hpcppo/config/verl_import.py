@@ -548,6 +548,20 @@ asks (`do_sample=False`) and its synchronous rollouts do; verl's default agent l
 read `do_sample` and samples that response at the rollout's temperature. `clip_cov` draws its tokens from a generator
 seeded per step and rank (verl: `torch.randperm` on the global generator): as many tokens, among the same candidates.
 
+**A reward model** (`reward_model.enable`): at this commit verl's default is its reward loop (`use_reward_loop=True`,
+dp_reward_loop.yaml: the model served by vLLM's classify endpoint, `RewardLoopWorker.compute_score_disrm`);
+`use_reward_loop=False` runs the FSDP `RewardModelWorker`. Both decode the response with the actor's tokenizer, append
+it to the prompt's messages, render them with the reward model's chat template and take the one-label head's logit at
+the last token. hpcppo runs the model with FSDP2 like its reference and reads it as the worker does (input cut to
+`reward_model.max_length` from the right, special tokens from the template only); it always re-templates, so
+`model.input_tokenizer=null` with the legacy worker (the actor's tokens fed as they are) is refused. The score
+replaces the rule-based one in training (verl's `rm_scores` skip the reward manager): a reward model with the DAPO
+manager is refused rather than half applied. Validation stays rule-based, and is skipped for data whose
+`reward_model.style` is `model`, as in verl. **DAPO's overlong buffer** (`reward_manager=dapo`) adds verl's
+`min(-(L - (max_resp_len - len)) / len * penalty_factor, 0)` to the score of a response of `L` tokens, in training and
+validation (verl builds both reward functions with the same kwargs); with `log` the batch's mean penalty and overlong
+fraction are metrics (verl keeps them as extra info).
+
 When the input leaves one of these unset, the import writes verl's default, because hpcppo's differs: {defaults}
 (`trainer.val_before_train` only when `data.val_files` is given, `fsdp_size` only on more than one node).
 """
