@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from hpcppo.tiny import build_tiny_model_and_data
+from hpcppo.tiny.reward_model import build_tiny_reward_model
 
 
 def cmd_make_model(args: argparse.Namespace) -> int:
@@ -16,8 +17,6 @@ def cmd_make_model(args: argparse.Namespace) -> int:
     info = build_tiny_model_and_data(Path(args.out), Path(args.data_out) if args.data_out else None, seed=args.seed,
                                      train_size=args.train_size, val_size=args.val_size, force=args.force, **overrides)
     if args.reward_out:
-        from hpcppo.tiny.reward_model import build_tiny_reward_model
-
         info["reward_model"] = build_tiny_reward_model(Path(args.reward_out), seed=args.seed, force=args.force,
                                                        **overrides)
     if args.json:

@@ -102,7 +102,8 @@ def _paths(target: str, value: Any, s: Setting, cwd: Path, out_dir: Path, imp: I
     for v in items:
         if isinstance(v, str) and "$" in v:
             imp.notes.append(f"{s.key}: {v} left as written; compile expands $VAR in paths from the environment")
-    if target in ("model.path", "model.critic_path") and isinstance(value, str) and _HUB_ID.match(value) \
+    if target in ("model.path", "model.critic_path", "reward_model.path") and isinstance(value, str) \
+            and _HUB_ID.match(value) \
             and not (cwd / value).exists():
         imp.notes.append(f"{s.key}: {value} looks like a Hugging Face hub id; hpcppo loads a model directory: "
                          f"download it (huggingface-cli download {value} --local-dir DIR) and set {target} = DIR; as "

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from hpcppo.data import synthetic
 from hpcppo.data.rm_inputs import reward_model_text
 from hpcppo.errors import PathError
+from hpcppo.tiny.make import _install_dir, _pin_tokenizer_class
 from hpcppo.tiny.settings import TinySettings
 from hpcppo.tiny.tokenizer import build_tokenizer
 
@@ -109,9 +110,6 @@ def build_tiny_reward_model(out_dir: str | os.PathLike[str], *, seed: int = 0, f
                             **overrides: Any) -> dict[str, Any]:
     """Build (or find up to date) the tiny reward model in ``out_dir``; returns its ``hpcppo_tiny_rm.json`` record
     plus ``"built"``. ``overrides`` are task settings (``TinySettings`` fields, as for the actor)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForSequenceClassification
-
     settings = TinySettings(seed=seed, **overrides)
     out = Path(out_dir)
     digest = f"{settings.digest()}:rm:{RM_STEPS}:{RM_BATCH}:{RM_LR}"
@@ -121,7 +119,10 @@ def build_tiny_reward_model(out_dir: str | os.PathLike[str], *, seed: int = 0, f
     if not force and info_path.is_file():
         info = json.loads(info_path.read_text())
         if info.get("settings_hash") == digest:
-            return {**info, "built": False}
+            return {**info, "built": False}  # without importing torch: the CLI stays instant when up to date
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
     t0 = time.perf_counter()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -150,8 +151,6 @@ def build_tiny_reward_model(out_dir: str | os.PathLike[str], *, seed: int = 0, f
 
 
 def _save(model: Any, tokenizer: Any, info: dict[str, Any], out: Path) -> None:
-    from hpcppo.tiny.make import _install_dir, _pin_tokenizer_class
-
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f"{out.name}.tmp-"))
     try:
