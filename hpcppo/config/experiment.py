@@ -16,6 +16,7 @@ from hpcppo import estimators
 from hpcppo.config.fields import FieldValueError, opt, parse_slurm_time
 from hpcppo.config.debug import DebugSection, InjectSection
 from hpcppo.config.reward import RewardManagerSection, RewardModelSection
+from hpcppo.config.lora import LoraSection
 from hpcppo.config.watchdog import Rule, WatchdogSection
 
 __all__ = ["Experiment", "ModelSection", "DataSection", "RolloutSection", "FsdpSection", "ActorSection",
@@ -287,6 +288,7 @@ class ActorSection:
                             help="KL estimator of the KL loss; a trailing '+' uses k2's gradient (straight-through).")
     policy_loss: PolicyLossSection = opt(factory=PolicyLossSection, help="The policy loss mode and its parameters.")
     fsdp: FsdpSection = opt(factory=FsdpSection, help="FSDP2 options of the actor.")
+    lora: LoraSection = opt(factory=LoraSection, help="LoRA adapters of the actor (rank 0 = full fine-tuning).")
 
     def __attrs_post_init__(self) -> None:
         _check_warmup(self)
@@ -315,6 +317,8 @@ class CriticSection:
     warmup_updates: int = opt(0, ge=0, help="Critic warm-up: the actor is not updated during the first N steps "
                                              "(verl's critic_warmup = N + 1: verl counts steps from 1).")
     fsdp: FsdpSection = opt(factory=FsdpSection, help="FSDP2 options of the critic.")
+    lora: LoraSection = opt(factory=LoraSection, help="LoRA adapters of the critic's backbone (its value head "
+                                                      "trains whole); rank 0 = full fine-tuning.")
 
     def __attrs_post_init__(self) -> None:
         _check_warmup(self)

@@ -110,10 +110,16 @@ def _check_vllm_cpu(site: Site, exp: Experiment) -> None:
 
 
 def _update_batches(role: str, *, train: int, mini: int, micro: int, n: int, dp: int,
-                    mini_key: str, micro_key: str) -> tuple[int, int, int, int]:
+                    mini_key: str, micro_key: str, budget: int = 0) -> tuple[int, int, int, int]:
     """(mini_samples, mini_per_rank, grad_accum, mini_batches_per_epoch) or ResolveError with suggestions.
 
-    ``mini_key``/``micro_key`` are the ``key=value`` texts shown in messages.
+    ``mini_key``/``micro_key`` are the ``key=value`` texts shown in messages. With a token budget (``budget`` > 0,
+    ``<role>.max_tokens_per_micro_batch``) the update's micro-batches are the budget's and the fixed size plays no
+    part in it, so it need not divide the per-rank mini-batch; the returned grad_accum is then the fixed size's count
+    rounded up (what the plan sizes time by). verl's ``ActorConfig.validate`` (verl/workers/config/actor.py) skips
+    its check under ``use_dynamic_bsz`` too, though its FSDP worker (``ActorRolloutRefWorker.__init__``,
+    verl/workers/fsdp_workers.py) still asserts divisibility whenever ``ppo_micro_batch_size_per_gpu`` is set; here
+    the size has a default (4) the user never chose, which must not refuse a budgeted run.
     """
     if train % mini:
         ok = [m for m in divisors(train) if (m * n) % dp == 0]
@@ -125,6 +131,8 @@ def _update_batches(role: str, *, train: int, mini: int, micro: int, n: int, dp:
         raise ResolveError(f"{mini_key} x rollout.n={n} = {samples} samples is not divisible by data-parallel "
                            f"size {dp}; valid {role} mini-batch sizes: {_listing(ok) or 'none (change train_batch_size)'}")
     per_rank = samples // dp
+    if budget:
+        return samples, per_rank, -(-per_rank // micro), train // mini
     if per_rank % micro:
         raise ResolveError(f"{mini_key} x rollout.n={n} = {samples} samples is not divisible by data-parallel "
                            f"size {dp} x {micro_key} = {dp * micro}; valid micro-batch sizes: "
@@ -151,6 +159,9 @@ def _check_trainer(exp: Experiment, needs_critic: bool) -> None:
     if warm and not needs_critic:
         raise ResolveError(f"critic.warmup_updates={warm} but algorithm.adv_estimator="
                            f"{exp.algorithm.adv_estimator!r} trains no critic; use 0")
+    if exp.critic.lora.enabled and not needs_critic:
+        raise ResolveError(f"critic.lora.rank={exp.critic.lora.rank} but algorithm.adv_estimator="
+                           f"{exp.algorithm.adv_estimator!r} trains no critic; use 0")
     if warm and tr.total_steps and warm >= tr.total_steps:
         raise ResolveError(f"critic.warmup_updates={warm} >= trainer.total_steps={tr.total_steps}: the actor would "
                            f"never be updated; use fewer warm-up steps")
@@ -176,7 +187,8 @@ def _actor_fields(exp: Experiment, world: int) -> dict[str, int]:
     samples, per_rank, accum, minis = _update_batches(
         "actor", train=exp.trainer.train_batch_size, mini=a.ppo_mini_batch_size, micro=a.ppo_micro_batch_size_per_gpu,
         n=exp.rollout.n, dp=world, mini_key=f"actor.ppo_mini_batch_size={a.ppo_mini_batch_size}",
-        micro_key=f"actor.ppo_micro_batch_size_per_gpu={a.ppo_micro_batch_size_per_gpu}")
+        micro_key=f"actor.ppo_micro_batch_size_per_gpu={a.ppo_micro_batch_size_per_gpu}",
+        budget=a.max_tokens_per_micro_batch)
     return {"actor_ppo_epochs": a.ppo_epochs, "actor_mini_batch_samples": samples,
             "actor_mini_batch_per_rank": per_rank, "actor_micro_batch_per_rank": a.ppo_micro_batch_size_per_gpu,
             "grad_accum_steps_actor": accum, "mini_batches_per_epoch_actor": minis,
@@ -198,7 +210,7 @@ def _critic_fields(exp: Experiment, world: int) -> dict[str, int]:
         "" if c.ppo_micro_batch_size_per_gpu else f" (= the actor's {micro})")
     samples, per_rank, accum, minis = _update_batches(
         "critic", train=exp.trainer.train_batch_size, mini=mini, micro=micro, n=exp.rollout.n, dp=world,
-        mini_key=mini_key, micro_key=micro_key)
+        mini_key=mini_key, micro_key=micro_key, budget=c.max_tokens_per_micro_batch)
     return dict(zip(_CRITIC_FIELDS, (c.ppo_epochs or a.ppo_epochs, samples, per_rank, micro, accum, minis)))
 
 

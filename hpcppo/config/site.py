@@ -137,6 +137,19 @@ class EnvSection:
     threads_per_rank: int = opt(0, ge=0, help="OMP_NUM_THREADS for each rank; 0 = leave it unset.")
 
 
+# apptainer exec's options that start from an empty environment: --cleanenv (-e) and --containall (-C), which
+# implies it (apptainer-exec(1)); short booleans may be grouped (-eC), and a bool flag may be spelt --cleanenv=true.
+_CLEANENV_LONG = ("--cleanenv", "--containall")
+_SHORT_GROUP_RE = re.compile(r"^-[A-Za-z]+$")
+
+
+def _cleans_environment(arg: str) -> bool:
+    name, _, value = arg.partition("=")
+    if name in _CLEANENV_LONG:
+        return value.lower() not in ("false", "0")
+    return bool(_SHORT_GROUP_RE.match(arg)) and ("e" in arg[1:] or "C" in arg[1:])
+
+
 @attrs.frozen(kw_only=True)
 class ContainerSection:
     """``[container]``: run the ranks inside a container."""
@@ -146,11 +159,20 @@ class ContainerSection:
     image: str = opt("", help="Container image (a .sif path for apptainer, an enroot/docker reference for pyxis).")
     mounts: list[str] = opt(factory=list, check=_check_mounts, help="Bind mounts \"src:dst[:ro]\".")
     workdir: str = opt("", help="Working directory inside the container; \"\" = the submission directory.")
-    extra_args: list[str] = opt(factory=list, help="Extra arguments for the runtime (each one shell-quoted).")
+    extra_args: list[str] = opt(factory=list, help="Extra arguments for the runtime (each one shell-quoted); "
+                                 "apptainer's --cleanenv and --containall are refused (the ranks need the "
+                                 "SLURM_* variables srun sets).")
 
     def __attrs_post_init__(self) -> None:
         if self.runtime != "none" and not self.image:
             raise FieldValueError("image", f"runtime = {self.runtime!r} needs an image")
+        cleaning = [a for a in self.extra_args if _cleans_environment(a)] if self.runtime == "apptainer" else []
+        if cleaning:
+            raise FieldValueError(
+                "extra_args", f"{cleaning[0]!r} starts the ranks without the host environment: apptainer then keeps "
+                "only a few variables and APPTAINERENV_* ones, so each rank loses the SLURM_* variables srun sets for "
+                "it (its rank, node, task count) and would start as a world of one, beside MASTER_ADDR/PORT and the "
+                "site's env and nccl variables; remove it (apptainer exec passes the host environment by default)")
 
 
 @attrs.frozen(kw_only=True)

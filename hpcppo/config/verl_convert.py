@@ -309,3 +309,27 @@ def token_budget(flag_key: str) -> Convert:
         return _budget(value, flag_key.rpartition(".")[0] + "...")
 
     return convert
+
+
+def lora_setting(rank_key: str, inner: Convert | None = None) -> Convert:
+    """A LoRA setting, translated only when ``rank_key`` (verl's ``lora_rank``) is above 0: verl builds the adapter
+    from it only then (fsdp_workers.py: ``_is_lora``, ``_build_model_optimizer``)."""
+    def convert(value: Any, ctx: Mapping[str, Any]) -> Any:
+        if whole_number(ctx.get(rank_key), 0) <= 0:
+            raise Ignored("only with lora_rank > 0 (verl builds no adapter otherwise)")
+        return inner(value, ctx) if inner is not None else value
+
+    return convert
+
+
+def lora_modules(value: Any, ctx: Mapping[str, Any]) -> Any:
+    """verl's ``target_modules`` / ``exclude_modules`` as peft takes them: ``"all-linear"``, a list of layer names,
+    or null (none excluded); any other string is a regular expression over module paths in peft."""
+    if value is None:
+        raise Ignored("null: no module excluded")
+    if isinstance(value, str):
+        if value == "all-linear":
+            return [value]
+        raise Untranslatable(f"{value!r}: peft reads a string other than \"all-linear\" as a regular expression over "
+                             f"module paths; give the layer names as a list (e.g. [q_proj,v_proj])")
+    return list(value)

@@ -563,6 +563,14 @@ manager is refused rather than half applied. Validation stays rule-based, and is
 validation (verl builds both reward functions with the same kwargs); with `log` the batch's mean penalty and overlong
 fraction are metrics (verl keeps them as extra info).
 
+**LoRA** (`model.lora_rank`, `lora_alpha`, `target_modules`, `exclude_modules` -> `[actor.lora]`, `[critic.lora]`):
+peft's adapters as verl's FSDP workers build them (`r`, `lora_alpha`, `bias="none"`, no dropout, `lora_B = 0`), and the
+reference is the actor with its adapters disabled, as verl's. The rollout engine differs in form, not in math: verl
+loads the base into vLLM once and then sends only the adapters (vLLM's LoRA support, `enable_lora`); hpcppo sends
+merged weights `W + (alpha / r) B A` under the base model's names (equal, bit for bit, to peft's `merge_and_unload`),
+so vLLM and the HF engine run plain weights: the same matmuls as a full fine-tune, no LoRA kernels, no adapter dtype
+of vLLM's own, no `max_lora_rank`. `lora_adapter_path` (a trained adapter to continue) is not supported.
+
 When the input leaves one of these unset, the import writes verl's default, because hpcppo's differs: {defaults}
 (`trainer.val_before_train` only when `data.val_files` is given, `fsdp_size` only on more than one node).
 """

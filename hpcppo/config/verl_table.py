@@ -8,7 +8,7 @@ from typing import Any
 
 from hpcppo.config.verl_convert import (A, ACTOR_TOKENS, ARR, CRITIC_TOKENS, IGNORED, MAP, MODEL, NOT_VERL, R, REF, REWARD_KWARGS, UNSUPPORTED,
                                         Convert, Entry, clip_ratio, critic_warmup, dtype, dynamic_bsz, engine, files, freq, hsdp,
-                                        keep, logger, none_is_default, per_gpu, project_name, resume, reward_kwargs,
+                                        keep, logger, lora_modules, lora_setting, none_is_default, per_gpu, project_name, resume, reward_kwargs,
                                         reward_name, reward_path, run_name, schedule, token_budget, top_k, total_steps, warmup,
                                         warmup_ratio)
 
@@ -116,6 +116,26 @@ def _fsdp(verl: str, role: str) -> list[Entry]:
     return out
 
 
+def _lora(verl: str, role: str) -> list[Entry]:
+    """``<model>.lora_*``: peft's LoraConfig in verl's FSDP workers (fsdp_workers.py, ``_build_model_optimizer``,
+    ``_build_critic_model_optimizer``). Merged weights reach the rollout engine (hpcppo.models.lora says why)."""
+    rank = verl + "lora_rank"
+    out = [
+        m(rank, f"{role}.lora.rank", "0 = full fine-tuning, as in verl"),
+        m(verl + "lora_alpha", f"{role}.lora.alpha", "only with lora_rank > 0", lora_setting(rank), context=True),
+        m(verl + "target_modules", f"{role}.lora.target_modules", "\"all-linear\" or a list of layer names; only "
+          "with lora_rank > 0", lora_setting(rank, lora_modules), context=True),
+        uns(verl + "lora_adapter_path", "hpcppo starts the adapters from zero (lora_B = 0); it does not load a "
+                                        "trained adapter", ok=(None,)),
+    ]
+    if role == "actor":
+        out.append(m(verl + "exclude_modules", "actor.lora.exclude_modules", "a list of layer names; only with "
+                     "lora_rank > 0", lora_setting(rank, lora_modules), context=True))
+    else:  # verl's critic builds its LoraConfig without exclude_modules
+        out.append(ign(verl + "exclude_modules", "verl's critic LoRA takes no exclude_modules"))
+    return out
+
+
 def _model(verl: str, actor: bool) -> list[Entry]:
     return [
         m(verl + "path", "model.path" if actor else "model.critic_path",
@@ -128,14 +148,11 @@ def _model(verl: str, actor: bool) -> list[Entry]:
         m(verl + "use_remove_padding", "model.remove_padding", "rows packed into one sequence per micro-batch; one "
           "setting for the actor, the reference and the critic here"),
         uns(verl + "override_config", "hpcppo loads the model's config as it is", ok=({},), prefix=True),
-        uns(verl + "lora.rank", "no LoRA in hpcppo: full fine-tuning", ok=(0,)),
-        ign(verl + "lora", "only with LoRA (lora.rank > 0), which hpcppo does not have", prefix=True),
+        uns(verl + "lora.rank", "verl's Megatron-backend LoRA (model.lora.*); verl's FSDP workers read lora_rank, "
+                                "which hpcppo translates", ok=(0,)),
+        ign(verl + "lora", "only with verl's Megatron-backend LoRA (lora.rank > 0)", prefix=True),
         uns(verl + "external_lib", "hpcppo imports no extra library for the model", ok=(None,)),
-        uns(verl + "lora_rank", "no LoRA in hpcppo: full fine-tuning", ok=(0,)),
-        ign(verl + "lora_alpha", "only with lora_rank > 0"),
-        ign(verl + "target_modules", "only with lora_rank > 0"),
-        ign(verl + "exclude_modules", "only with lora_rank > 0"),
-        uns(verl + "lora_adapter_path", "no LoRA in hpcppo", ok=(None,)),
+        *_lora(verl, "actor" if actor else "critic"),
         ign(verl + "use_shm", "hpcppo reads the model directory directly"),
         uns(verl + "enable_activation_offload", "no activation offload in hpcppo (model.gradient_checkpointing "
                                                 "saves memory instead)", ok=(False,)),
@@ -340,9 +357,11 @@ def _rollout_entries() -> list[Entry]:
     ign(R + "logprobs_mode", "hpcppo recomputes old log-probs with the training model"),
     *[ign(R + k, PERF_VLLM) for k in ("dtype", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
                                       "enable_chunked_prefill", "enable_prefix_caching", "cudagraph_capture_sizes",
-                                      "load_format", "disable_log_stats", "scheduling_policy", "layered_summon",
+                                      "load_format", "disable_log_stats", "scheduling_policy",
                                       "multi_stage_wake_up", "skip_tokenizer_init", "quantization_config_file")],
     ign(R + "engine_kwargs", PERF_VLLM, prefix=True),
+    ign(R + "layered_summon", "verl's LoRA sync gathers the adapters for vLLM layer by layer; hpcppo sends merged "
+                              "weights one bucket of parameters at a time, never the whole model at once"),
     ign(R + "layer_name_map", "an option of verl's Megatron weight sync", prefix=True),
     ign(R + "checkpoint_engine", "hpcppo streams weights to vLLM parameter by parameter", prefix=True),
     ign(R + "trace", "rollout tracing: not in hpcppo", prefix=True),

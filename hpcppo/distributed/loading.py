@@ -63,9 +63,10 @@ def checkpoint_tensors(directory: str | Path) -> dict[str, tuple[Path, tuple[int
 
 
 def _candidates(name: str, prefixes: Iterable[str]) -> list[str]:
-    """Checkpoint keys a parameter may be stored under: its name without wrapper prefixes, and with each of the
-    HF base-model ``prefixes`` added or removed."""
-    name = name.replace(CHECKPOINT_WRAPPER_ATTR + ".", "")
+    """Checkpoint keys a parameter may be stored under: its name without wrapper parts (activation checkpointing's,
+    peft's ``base_layer``), and with each of the HF base-model ``prefixes`` added or removed."""
+    # peft's LoRA layer holds the checkpoint's Linear as its base_layer (hpcppo.models.lora).
+    name = name.replace(CHECKPOINT_WRAPPER_ATTR + ".", "").replace(".base_layer.", ".")
     out = [name]
     for prefix in prefixes:
         out.append(name.removeprefix(prefix + ".") if name.startswith(prefix + ".") else f"{prefix}.{name}")

@@ -35,6 +35,7 @@ from hpcppo.config.plan import RunPlan
 from hpcppo.config.site import Site
 from hpcppo.sizing.budget import ADAM_BYTES, MASTER_BYTES, Budget, Item, Phase, dtype_bytes
 from hpcppo.sizing.catalog import ASSUMPTIONS, GIB, GPUS, KNOWN_MODELS, ModelShape
+from hpcppo.sizing.lora import adapter_params, loads_reference
 from hpcppo.sizing.steptime import step_time
 
 __all__ = ["Item", "Phase", "Budget", "model_shape", "estimate", "dtype_bytes"]
@@ -86,10 +87,13 @@ class _Trained:
     optim_between_updates: int  # 0 when optimizer_offload keeps the moments on the host between updates
 
 
-def _trained(n: int, shard: int, fsdp: FsdpSection) -> _Trained:
+def _trained(n: int, shard: int, fsdp: FsdpSection, adapters: int = 0) -> _Trained:
+    """``n`` parameters; with LoRA ``adapters`` > 0 of them more, and only those have gradients and moments."""
     if fsdp.param_offload:
         return _Trained(0, 0, 0, 0)
-    params, grads, optim = (math.ceil(n * b / shard) for b in (MASTER_BYTES, MASTER_BYTES, ADAM_BYTES))
+    trained = adapters or n
+    params = math.ceil((n + adapters) * MASTER_BYTES / shard)
+    grads, optim = (math.ceil(trained * b / shard) for b in (MASTER_BYTES, ADAM_BYTES))
     return _Trained(params, grads, optim, 0 if fsdp.optimizer_offload else optim)
 
 
@@ -186,9 +190,11 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
     ckpt = exp.model.gradient_checkpointing
     reserve = int(ASSUMPTIONS["framework reserve"].value * GIB) if plan.device == "cuda" else 0
 
-    actor = _trained(m.params, shard, exp.actor.fsdp)
-    critic = _trained(cm.critic_params, shard, exp.critic.fsdp) if plan.needs_critic else _Trained(0, 0, 0, 0)
-    ref = 0 if (not plan.needs_reference or exp.reference.offload) else math.ceil(m.params * MASTER_BYTES / shard)
+    actor = _trained(m.params, shard, exp.actor.fsdp, adapter_params(m, exp.actor.lora))
+    critic = _trained(cm.critic_params, shard, exp.critic.fsdp, adapter_params(cm, exp.critic.lora)) \
+        if plan.needs_critic else _Trained(0, 0, 0, 0)
+    ref = 0 if (not loads_reference(exp, plan) or exp.reference.offload) \
+        else math.ceil(m.params * MASTER_BYTES / shard)
     rm_shape = reward_model_shape(exp)
     rm = 0 if rm_shape is None or exp.reward_model.offload else math.ceil(rm_shape.critic_params * MASTER_BYTES / shard)
 
@@ -382,7 +388,7 @@ def _fixes(exp: Experiment, plan: RunPlan, phase: str) -> list[str]:
         out.append("actor.fsdp.optimizer_offload = true")
     if not a.fsdp.param_offload:
         out.append("actor.fsdp.param_offload = true")
-    if plan.needs_reference and not exp.reference.offload:
+    if loads_reference(exp, plan) and not exp.reference.offload:
         out.append("reference.offload = true")
     if exp.reward_model.enable and not exp.reward_model.offload:
         out.append("reward_model.offload = true")
@@ -427,7 +433,7 @@ def _host_startup(budget: Budget, site: Site, exp: Experiment, plan: RunPlan, m:
     shard, on_gpu = budget.shard_size, plan.device == "cuda"
     process = int(ASSUMPTIONS["rank process host"].value * GIB)
     loads = [("actor", m.params, exp.actor.fsdp.param_offload)]
-    if plan.needs_reference:
+    if loads_reference(exp, plan):
         loads.append(("reference", m.params, exp.reference.offload))
     if plan.needs_critic:
         loads.append(("critic", cm.critic_params, exp.critic.fsdp.param_offload))

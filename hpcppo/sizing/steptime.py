@@ -9,6 +9,7 @@ from hpcppo.config.experiment import Experiment
 from hpcppo.config.plan import RunPlan
 from hpcppo.sizing.budget import ADAM_BYTES, MASTER_BYTES, Budget, dtype_bytes
 from hpcppo.sizing.catalog import ASSUMPTIONS, GpuSpec, ModelShape
+from hpcppo.sizing.lora import loads_reference
 
 __all__ = ["step_time"]
 
@@ -41,7 +42,7 @@ def _offload_bytes(exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape
             host += micro_batches * 3 * shard_bytes
         elif fsdp.optimizer_offload:
             host += 2 * n * ADAM_BYTES / shard
-    if plan.needs_reference and exp.reference.offload:
+    if loads_reference(exp, plan) and exp.reference.offload:
         host += math.ceil(plan.samples_per_rank / plan.logprob_micro_batch_per_rank) * m.params * MASTER_BYTES / shard
     if rm is not None and exp.reward_model.offload:  # up once per forward, like the reference
         rows = exp.reward_model.micro_batch_size_per_gpu or plan.logprob_micro_batch_per_rank

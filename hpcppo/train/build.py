@@ -5,6 +5,7 @@ Each builder gets its own config section (or primitives), never the root config.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import logging
@@ -38,6 +39,8 @@ from hpcppo.rollout import RolloutEngine, SamplingParams, build_engine
 from hpcppo.rollout.base import generation_config_eos, stop_token_ids
 from hpcppo.rundir import RunPaths
 from hpcppo.train.reward_phase import RewardModelScorer
+from hpcppo.models.lora import adapters_disabled
+from hpcppo.train.lora import with_lora
 from hpcppo.train.optim import LRSchedule, build_optimizer, warmup_optimizer_steps
 from hpcppo.train.signals import PreemptionFlag
 
@@ -84,6 +87,15 @@ class Components:
     # dp_rank; each rank of a group trains on its tp_rank-th share of the group's batch.
     groups: RolloutGroups = field(default_factory=lambda: RolloutGroups(tp_size=1, dp_size=1, dp_rank=0, tp_rank=0))
     reward_model: RewardModelScorer | None = None  # [reward_model]: its scores replace score_fn's in training
+    # With the actor's LoRA the reference is the actor with its adapters disabled (verl's ref_in_actor): no copy.
+    ref_in_actor: bool = False
+
+    def reference_policy(self) -> contextlib.AbstractContextManager[nn.Module | None]:
+        """The reference policy for the KL (None when the run has none): its own model, or the actor without its
+        LoRA adapters while the context lasts."""
+        if self.ref_in_actor:
+            return adapters_disabled(self.actor)
+        return contextlib.nullcontext(self.reference)
 
     def critic_parts(self) -> tuple[nn.Module, torch.optim.Optimizer, LRSchedule]:
         """The critic, its optimizer and lr schedule (only when the estimator has a critic)."""
@@ -316,7 +328,8 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
                                   attn_implementation=model_cfg.attn_implementation)
     # Master weights in float32; FSDP's param_dtype sets the compute dtype (model.dtype by default).
     ckpt_layers = model_cfg.gradient_checkpointing
-    actor = load_sharded(functools.partial(models.build_actor, model_cfg.path, **common), model_cfg.path, device,
+    actor = load_sharded(with_lora(functools.partial(models.build_actor, model_cfg.path, **common), cfg.actor.lora),
+                         model_cfg.path, device,
                          lambda m: _sharded(m, mesh, cfg.actor.fsdp, model_cfg.dtype),
                          offload=cfg.actor.fsdp.param_offload, checkpointing=ckpt_layers)
     ac = cfg.actor
@@ -324,7 +337,8 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
     actor_lr = _lr_schedule(actor_optim, ac, total_steps, plan.actor_optimizer_steps_per_step)
 
     reference = None
-    if plan.needs_reference:
+    ref_in_actor = plan.needs_reference and cfg.actor.lora.enabled
+    if plan.needs_reference and not ref_in_actor:
         reference = load_sharded(
             functools.partial(models.build_reference, model_cfg.path, **common), model_cfg.path, device,
             lambda m: _sharded(m, mesh, cfg.actor.fsdp, model_cfg.dtype, frozen=True, offload=cfg.reference.offload),
@@ -334,7 +348,8 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
     if plan.needs_critic:
         cc = cfg.critic
         critic_path = model_cfg.critic_path or model_cfg.path
-        critic = load_sharded(functools.partial(models.build_critic, critic_path, **common), critic_path, device,
+        critic = load_sharded(with_lora(functools.partial(models.build_critic, critic_path, **common), cc.lora,
+                                        inside=lambda m: cast(models.Critic, m).backbone), critic_path, device,
                               lambda m: _sharded(m, mesh, cc.fsdp, model_cfg.dtype), offload=cc.fsdp.param_offload,
                               checkpointing=ckpt_layers,
                               strip="backbone.")
@@ -364,7 +379,7 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
         attempt=attempt, preempt=preempt if preempt is not None else PreemptionFlag(),
         actor_optim_offload=_offloads_optimizer(cfg.actor.fsdp),
         critic_optim_offload=critic is not None and _offloads_optimizer(cfg.critic.fsdp),
-        groups=groups, reward_model=reward_model,
+        groups=groups, ref_in_actor=ref_in_actor, reward_model=reward_model,
     )
 
 

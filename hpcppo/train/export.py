@@ -1,4 +1,5 @@
-"""Export a committed checkpoint's actor as a Hugging Face directory (safetensors + tokenizer).
+"""Export a committed checkpoint's actor as a Hugging Face directory (safetensors + tokenizer); with LoRA, the
+merged model (``W + (alpha / r) B A`` under the base model's names, as the rollout engine gets it).
 
 Runs in one process without a process group: DCP reads the sharded checkpoint into a plain model
 whatever world size saved it. The model is built on the meta device and given storage (``loading.materialize``)
@@ -11,6 +12,7 @@ model someone will use): a damaged one is one line naming the file (``CorruptChe
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from pathlib import Path
@@ -29,7 +31,10 @@ def export_actor(run_dir: Path, out_dir: Path, step: int | None = None) -> dict[
     from hpcppo.config import load_resolved
     from hpcppo.distributed.checkpoint import CheckpointManager, CorruptCheckpointError
     from hpcppo.distributed.loading import materialize
+    from hpcppo.distributed.weights import load_into
     from hpcppo.models import build_actor
+    from hpcppo.models.lora import has_lora, merge_stream, scalings
+    from hpcppo.train.lora import with_lora
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     compiled = load_resolved(RunPaths(run_dir).resolved)
@@ -46,10 +51,16 @@ def export_actor(run_dir: Path, out_dir: Path, step: int | None = None) -> dict[
     try:
         manager.verify(step, shards=True)  # before the model is built: fail in a second, not after a minute
         # The model's structure only: its weights come from the checkpoint, so the base model's are not read.
-        actor = build_actor(model_cfg.path, dtype="float32", trust_remote_code=model_cfg.trust_remote_code,
-                            empty=True)
+        build = functools.partial(build_actor, model_cfg.path, dtype="float32",
+                                  trust_remote_code=model_cfg.trust_remote_code)
+        actor = with_lora(build, compiled.experiment.actor.lora)(empty=True)
         materialize(actor, torch.device("cpu"))
         manager.load(step, models={"actor": actor}, optimizers={}, restore_rng=False)
+        if has_lora(actor):  # the merged weights, as the rollout engine gets them, into the plain model
+            merged = build(empty=True)
+            materialize(merged, torch.device("cpu"))
+            load_into(merged, merge_stream(actor.named_parameters(), scalings(actor)))
+            actor = merged
     except CorruptCheckpointError as exc:
         older = [s for s in committed if s < step]
         raise CorruptCheckpointError(exc.path, exc.file, exc.reason, hint=(

@@ -33,7 +33,6 @@ import torch
 
 from hpcppo import algos, estimators
 from hpcppo.distributed.env import all_reduce_host, broadcast_object
-from hpcppo.distributed.weights import iter_full_params
 from hpcppo.models import compute_log_probs, compute_values
 from hpcppo.rollout.base import derive_seed
 from hpcppo.config.convert import converter
@@ -42,6 +41,7 @@ from hpcppo.rundir import control, events, exitcodes, metric_names
 from hpcppo.train import batching, reward_phase, validation
 from hpcppo.train.build import Components, build_components, freeze_long_lived_objects
 from hpcppo.train.inject import FaultInjector
+from hpcppo.train.lora import actor_weights
 from hpcppo.train.recovery import Recovery
 from hpcppo.train.update import UpdateSettings, actor_loss, critic_loss, run_update
 from hpcppo.watchdog import Decision, TrainingState, decide, history_keep, respond
@@ -211,7 +211,7 @@ class Trainer:
         if self.engine_version != self.state.actor_version or engine.weights_dropped:
             # Gathered in the engine's dtype where it has one (bf16 traffic for vLLM); the HF engine takes fp32, and
             # offers its parameters to be gathered into in place (no buffer, no copy).
-            engine.sync_weights(iter_full_params(self.c.actor, dtype=engine.sync_dtype, into=engine.sync_targets))
+            engine.sync_weights(actor_weights(self.c.actor, dtype=engine.sync_dtype, into=engine.sync_targets))
             self.engine_version = self.state.actor_version
 
     def score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
@@ -248,11 +248,12 @@ class Trainer:
         with self.timer("old_logprob"):
             out["old_log_probs"] = compute_log_probs(c.actor, *args, temperature=temperature, micro_batch_size=rows,
                                                      micro_batches=groups, packed=packed)
-        if c.reference is not None:
-            with self.timer("ref"):
-                out["ref_log_probs"] = compute_log_probs(c.reference, *args, temperature=temperature,
-                                                         micro_batch_size=rows, micro_batches=groups,
-                                                         packed=packed)
+        with c.reference_policy() as reference:
+            if reference is not None:
+                with self.timer("ref"):
+                    out["ref_log_probs"] = compute_log_probs(reference, *args, temperature=temperature,
+                                                             micro_batch_size=rows, micro_batches=groups,
+                                                             packed=packed)
         if c.critic is not None:
             with self.timer("values"):
                 out["values"] = compute_values(c.critic, *args, response_mask=batch["response_mask"],

@@ -89,6 +89,9 @@ def test_lookup_order_env_then_user_then_packaged(tmp_path, monkeypatch):
     ('[env]\nvars = { A = 1 }', "env.vars.A: expected a string, got 1 (an integer)"),
     ('[container]\nruntime = "pyxis"', "container.image: runtime = 'pyxis' needs an image"),
     ('[container]\nruntime = "apptainer"\nimage = "x.sif"\nmounts = ["/data"]', "container.mounts: '/data' is not a mount"),
+    *[(f'[container]\nruntime = "apptainer"\nimage = "x.sif"\nextra_args = ["--bind", "/a:/a", "{arg}"]',
+       f"container.extra_args: '{arg}' starts the ranks without the host environment")
+      for arg in ("--cleanenv", "-e", "--containall", "-C", "-eC", "--cleanenv=true")],
     ('[slurm]\ncpus_per_task = 4\n[env]\nthreads_per_rank = 8',
      "env.threads_per_rank: 8 is more than slurm.cpus_per_task = 4 cores per rank"),
     ('[slurm]\npartiton = "x"', "slurm.partiton: unknown key (did you mean 'partition'?)"),
@@ -100,6 +103,20 @@ def test_site_validation_messages(tmp_path, text, expected):
         load_site(p)
     assert str(info.value).startswith(f"{p}: ")
     assert expected in str(info.value)
+
+
+@pytest.mark.parametrize("args", [["--writable-tmpfs"], ["--cleanenv=false"], ["--env", "A=1"], ["-B", "/a:/a"]])
+def test_apptainer_args_that_keep_the_environment_pass(tmp_path, args):
+    p = tmp_path / "s.toml"
+    p.write_text(f'name = "s"\n[container]\nruntime = "apptainer"\nimage = "x.sif"\nextra_args = {args!r}\n'
+                 .replace("'", '"'))
+    assert load_site(p).container.extra_args == args
+
+
+def test_pyxis_args_are_not_read_as_apptainer_flags(tmp_path):
+    p = tmp_path / "s.toml"
+    p.write_text('name = "s"\n[container]\nruntime = "pyxis"\nimage = "img"\nextra_args = ["-e"]\n')
+    assert load_site(p).container.extra_args == ["-e"]
 
 
 def test_site_templates_dir_is_relative_to_the_site_file(tmp_path):

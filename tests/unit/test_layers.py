@@ -26,7 +26,7 @@ DEFERRED: dict[tuple[str, str], str] = {
     **{("hpcppo.train.export", target): "torch only when a model is exported: cli.model, which imports this "
                                         "module, also serves `tools make-model`, torch-free when up to date"
        for target in ("hpcppo.config", "hpcppo.distributed.checkpoint", "hpcppo.distributed.loading",
-                      "hpcppo.models")},
+                      "hpcppo.distributed.weights", "hpcppo.models", "hpcppo.models.lora", "hpcppo.train.lora")},
 }
 #: Imports outside the table, until their package is reworked (an entry that no longer happens fails the test, so
 #: that it is removed with the import).

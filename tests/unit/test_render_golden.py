@@ -25,7 +25,7 @@ PYTHON = "/opt/hpcppo/venv/bin/python"  # sites without env.python get this one 
 GSM8K = REPO / "examples" / "gsm8k-qwen2.5-7b.toml"
 ARITH = REPO / "examples" / "arith-tiny.toml"
 APPTAINER = ["site.container.runtime=apptainer", "site.container.image=/images/hpcppo.sif",
-             "site.container.extra_args=[\"--cleanenv\"]"]  # fmt: skip
+             "site.container.extra_args=[\"--writable-tmpfs\"]"]  # fmt: skip
 
 CASES = {
     # name: (spec, site, overrides)
@@ -140,7 +140,7 @@ def test_container_variants():
     assert "apptainer" not in pyxis
     app = (GOLDEN / "h100-cluster-apptainer.sbatch").read_text()
     assert "--container-image" not in app
-    launch = "apptainer exec --nv --bind /data:/data --bind /home:/home --bind /scratch:/scratch --cleanenv /images/hpcppo.sif"
+    launch = "apptainer exec --nv --bind /data:/data --bind /home:/home --bind /scratch:/scratch --writable-tmpfs /images/hpcppo.sif"
     assert f"  {launch} python -u -m hpcppo.train.main {RUN_DIR}" in app
     # the watchdog runs in the same image
     assert f"{launch} python -u -m hpcppo.watchdog {RUN_DIR}" in app

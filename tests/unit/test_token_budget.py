@@ -305,6 +305,23 @@ def test_the_critic_budget_is_checked_only_where_a_critic_trains():
                         rollout=RolloutSection(n=2)))
 
 
+def test_a_budget_frees_the_fixed_micro_batch_from_dividing_the_mini_batch():
+    """6 samples per mini-batch over 2 ranks = 3 per rank, which the default micro-batch of 4 does not divide: refused
+    with fixed-size micro-batches, accepted once a budget makes the update's micro-batches (actor and critic)."""
+    from hpcppo.config import TrainerSection
+
+    batches = dict(trainer=TrainerSection(train_batch_size=12), rollout=RolloutSection(n=1))
+    actor = dict(ppo_mini_batch_size=6, ppo_micro_batch_size_per_gpu=4)
+    with pytest.raises(ResolveError, match="ppo_micro_batch_size_per_gpu=4 = 8; valid micro-batch sizes: 1, 3"):
+        resolve(LOCAL, _exp(actor=ActorSection(**actor), **batches))
+    with pytest.raises(ResolveError, match=r"critic.ppo_micro_batch_size_per_gpu=0 \(= the actor's 4\)"):
+        resolve(LOCAL, _exp(actor=ActorSection(**actor, max_tokens_per_micro_batch=2048), **batches))
+    plan = resolve(LOCAL, _exp(actor=ActorSection(**actor, max_tokens_per_micro_batch=2048),
+                               critic=CriticSection(max_tokens_per_micro_batch=2048), **batches))
+    assert (plan.actor_mini_batch_per_rank, plan.grad_accum_steps_actor) == (3, 1)
+    assert (plan.critic_mini_batch_per_rank, plan.grad_accum_steps_critic) == (3, 1)
+
+
 # -- import-verl ------------------------------------------------------------------------------------------------------
 
 

@@ -1,0 +1,107 @@
+"""``[actor.lora]`` / ``[critic.lora]``: LoRA adapters instead of full fine-tuning, and compile's check of their
+target modules against the model's ``config.json`` (no torch).
+
+verl's keys (verl b178a3c, ``verl/workers/fsdp_workers.py``, ``ActorRolloutRefWorker._build_model_optimizer`` and
+``CriticWorker._build_critic_model_optimizer``): LoRA is on when ``model.lora_rank > 0``; the adapter is peft's
+``LoraConfig(r=lora_rank, lora_alpha=lora_alpha, target_modules=..., exclude_modules=..., bias="none")`` (no dropout:
+peft's default 0), ``target_modules`` defaults to ``"all-linear"`` and ``lora_alpha`` to 16
+(``verl/trainer/config/_generated_ppo_trainer.yaml``); the critic's LoRA takes no ``exclude_modules``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from hpcppo.config.fields import FieldValueError, opt
+from hpcppo.errors import ConfigError
+
+__all__ = ["LoraSection", "ALL_LINEAR", "linear_modules", "check_lora_targets"]
+
+ALL_LINEAR = "all-linear"
+
+# The nn.Linear layers of a decoder layer, by config.json's model_type (transformers' modeling_<type>.py). The
+# output layer (lm_head) is never a target: peft's "all-linear" leaves it out too, and with tied embeddings a merged
+# lm_head would change the input embedding as well.
+_LLAMA_LIKE = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_LINEAR_BY_TYPE: dict[str, tuple[str, ...]] = {
+    **{t: _LLAMA_LIKE for t in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo2",
+                                "granite", "smollm3")},
+    "phi3": ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
+}
+
+
+def _check_names(value: list[str]) -> str | None:
+    if not value or any(not isinstance(v, str) or not v for v in value):
+        return f"{value} must name at least one module (e.g. [\"all-linear\"] or [\"q_proj\", \"v_proj\"])"
+    if ALL_LINEAR in value and len(value) > 1:
+        return f"{value}: \"all-linear\" stands alone (it already names every linear layer but the output layer)"
+    return None
+
+
+def _check_excludes(value: list[str]) -> str | None:
+    if ALL_LINEAR in value:
+        return "\"all-linear\" cannot be excluded"
+    return None
+
+
+@attrs.frozen(kw_only=True)
+class LoraSection:
+    """``[actor.lora]`` / ``[critic.lora]``: train low-rank adapters (peft's LoRA) instead of every weight."""
+
+    rank: int = opt(0, ge=0, help="LoRA rank r; 0 = full fine-tuning (verl's lora_rank). The base weights are frozen; "
+                                  "the optimizer holds only the adapters (and the critic's value head); with the "
+                                  "actor's LoRA the reference is the actor with its adapters disabled (no copy).")
+    alpha: float = opt(16.0, gt=0.0, help="LoRA alpha: the update is (alpha / rank) x B A (verl's lora_alpha).")
+    target_modules: list[str] = opt(factory=lambda: [ALL_LINEAR], check=_check_names,
+                                    help="Linear layers given adapters, by name (q_proj, v_proj ...), or "
+                                         "[\"all-linear\"]: every linear layer of the decoder, not the output layer "
+                                         "(verl's target_modules); checked against the model's config.json.")
+    exclude_modules: list[str] = opt(factory=list, check=_check_excludes,
+                                     help="Linear layers left without an adapter (verl's exclude_modules); "
+                                          "[] = none.")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    def __attrs_post_init__(self) -> None:
+        # A setting of an adapter that does not exist would do nothing: refuse it rather than ignore it.
+        if not self.enabled:
+            for name, default in (("alpha", 16.0), ("target_modules", [ALL_LINEAR]), ("exclude_modules", [])):
+                if getattr(self, name) != default:
+                    raise FieldValueError(name, "sets up a LoRA adapter and does nothing with rank = 0 (full "
+                                                "fine-tuning); set rank > 0")
+        both = set(self.target_modules) & set(self.exclude_modules)
+        if both:
+            raise FieldValueError("exclude_modules", f"{sorted(both)} are also in target_modules")
+
+
+def linear_modules(config: dict[str, Any]) -> tuple[str, ...] | None:
+    """The names of the linear layers LoRA may target in a model with this ``config.json`` (a multimodal config's
+    ``text_config`` counts), or None for a model type hpcppo does not know (checked when the job builds it)."""
+    for source in (config, config.get("text_config")):
+        if isinstance(source, dict) and source.get("model_type") in _LINEAR_BY_TYPE:
+            return _LINEAR_BY_TYPE[source["model_type"]]
+    return None
+
+
+def check_lora_targets(key: str, lora: LoraSection, config: dict[str, Any], path: str) -> None:
+    """``ConfigError`` naming ``key`` (``actor.lora`` / ``critic.lora``) when ``target_modules`` or
+    ``exclude_modules`` name a layer the model at ``path`` does not have, or exclude every target."""
+    if not lora.enabled:
+        return
+    known = linear_modules(config)
+    if known is None:
+        return
+    for field in ("target_modules", "exclude_modules"):
+        for name in getattr(lora, field):
+            if name != ALL_LINEAR and name not in known:
+                raise ConfigError(f"{name!r} is not a linear layer of {path} (model_type "
+                                  f"{config.get('model_type')!r}); allowed: \"all-linear\" or any of "
+                                  f"{', '.join(known)}", key=f"{key}.{field}")
+    targets = set(known) if lora.target_modules == [ALL_LINEAR] else set(lora.target_modules)
+    if not targets - set(lora.exclude_modules):
+        raise ConfigError(f"every target module is excluded ({', '.join(sorted(targets))}): nothing would train",
+                          key=f"{key}.exclude_modules")

@@ -1,0 +1,39 @@
+"""LoRA in the memory plan: how many parameters the adapters add and train (no torch).
+
+With ``[actor.lora]`` / ``[critic.lora]`` (hpcppo.models.lora) the base weights stay in the model, frozen: their
+float32 shards are still held, but FSDP2 makes no gradient for them and AdamW holds no moments for them; the adapters
+(``r x (in + out)`` per adapted linear layer) get all three. The actor's reference is the actor with its adapters
+disabled: no reference copy is loaded.
+"""
+
+from __future__ import annotations
+
+from hpcppo.config.experiment import Experiment
+from hpcppo.config.lora import ALL_LINEAR, LoraSection
+from hpcppo.config.plan import RunPlan
+from hpcppo.sizing.catalog import ModelShape
+
+__all__ = ["adapter_params", "loads_reference"]
+
+
+def loads_reference(exp: Experiment, plan: RunPlan) -> bool:
+    """Whether the job loads a reference copy: not with the actor's LoRA (hpcppo.train.build: ``ref_in_actor``)."""
+    return plan.needs_reference and not exp.actor.lora.enabled
+
+
+def _linear_shapes(m: ModelShape) -> dict[str, tuple[int, int]]:
+    """``(in, out)`` features of each linear layer of one decoder layer of a Llama/Qwen2-style model."""
+    h, hd, i = m.hidden, m.hd, m.intermediate
+    return {"q_proj": (h, m.heads * hd), "k_proj": (h, m.kv_heads * hd), "v_proj": (h, m.kv_heads * hd),
+            "o_proj": (m.heads * hd, h), "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+
+def adapter_params(m: ModelShape, lora: LoraSection) -> int:
+    """Parameters of ``lora``'s adapters on model ``m`` (0 when LoRA is off): lora_A ``[r, in]`` and lora_B
+    ``[out, r]`` on every targeted linear layer of every decoder layer."""
+    if not lora.enabled:
+        return 0
+    shapes = _linear_shapes(m)
+    names = set(shapes) if lora.target_modules == [ALL_LINEAR] else set(lora.target_modules) & set(shapes)
+    names -= set(lora.exclude_modules)
+    return m.layers * sum(lora.rank * sum(shapes[name]) for name in names)

@@ -1,0 +1,244 @@
+"""LoRA (issue 23) on one process: the adapters (deterministic, lora_B = 0, only they train), the reference as the
+actor with its adapters disabled, the merge against peft's own ``merge_and_unload``, the config's checks (at load
+and against the model's config.json), and import-verl's translation of verl's LoRA keys."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from hpcppo.config.verl_import import read_command_line, translate
+from hpcppo.errors import ConfigError
+
+CMD = "python3 -m verl.trainer.main_ppo "
+
+
+def _tiny(directory) -> str:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                 intermediate_size=48, vocab_size=50, max_position_embeddings=64)).save_pretrained(
+        directory)
+    return str(directory)
+
+
+def _actor(path: str, *, empty: bool = False, **lora):
+    from hpcppo import models
+    from hpcppo.config.lora import LoraSection
+    from hpcppo.distributed.loading import materialize, match_checkpoint, load_shards
+    from hpcppo.train.lora import with_lora
+
+    model = with_lora(functools.partial(models.build_actor, path), LoraSection(**lora))(empty=empty)
+    if empty:  # as load_sharded fills it on one rank: the base from the files, the adapters as built
+        keys, missing = match_checkpoint(model, path)
+        assert not missing
+        materialize(model, torch.device("cpu"))
+        load_shards(model, path, keys)
+    return model
+
+
+def test_adapters_are_deterministic_zero_at_start_and_the_only_trainable_weights(tmp_path):
+    path = _tiny(tmp_path)
+    torch.manual_seed(1)
+    whole = _actor(path, rank=4, alpha=8)
+    torch.manual_seed(2)  # the global generator does not matter: every rank draws the same adapters
+    empty = _actor(path, empty=True, rank=4, alpha=8)
+    a, b = dict(whole.named_parameters()), dict(empty.named_parameters())
+    assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+    trainable = sorted(n for n, p in a.items() if p.requires_grad)
+    assert trainable and all(".lora_A.default." in n or ".lora_B.default." in n for n in trainable)
+    assert len(trainable) == 2 * 7 * 2 and not any("lm_head" in n or "embed" in n for n in a if ".lora_" in n)
+    assert all(not p.any() for n, p in a.items() if ".lora_B." in n) and all(p.any() for n, p in a.items()
+                                                                             if ".lora_A." in n)
+    from hpcppo.models import build_actor
+
+    base = build_actor(path).eval()
+    ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():  # lora_B = 0: step 0 is the base model
+        torch.testing.assert_close(whole.eval()(input_ids=ids).logits, base(input_ids=ids).logits)
+
+
+def test_reference_is_the_actor_without_its_adapters_and_they_come_back_trainable(tmp_path):
+    from hpcppo.models import build_actor
+    from hpcppo.models.lora import adapters_disabled
+
+    path = _tiny(tmp_path)
+    actor = _actor(path, rank=4, alpha=8).eval()
+    with torch.no_grad():
+        for name, p in actor.named_parameters():
+            if ".lora_B." in name:
+                p.normal_(generator=torch.Generator().manual_seed(len(name)))
+    ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        adapted = actor(input_ids=ids).logits
+        with adapters_disabled(actor) as reference:
+            disabled = reference(input_ids=ids).logits
+        again = actor(input_ids=ids).logits
+        base = build_actor(path).eval()(input_ids=ids).logits
+    assert torch.equal(disabled, base) and not torch.allclose(adapted, base) and torch.equal(again, adapted)
+    assert all(p.requires_grad == (".lora_" in n) for n, p in actor.named_parameters())
+
+
+def test_merge_stream_equals_peft_merge_and_unload_bit_for_bit(tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaForCausalLM
+
+    from hpcppo.models.lora import merge_stream, scalings
+
+    path = _tiny(tmp_path)
+    actor = _actor(path, rank=4, alpha=12, target_modules=["q_proj", "v_proj", "down_proj"],
+                   exclude_modules=["k_proj"])
+    with torch.no_grad():
+        for name, p in actor.named_parameters():
+            if ".lora_B." in name:
+                p.normal_(generator=torch.Generator().manual_seed(len(name)))
+    trained = {n: p.detach().clone() for n, p in actor.named_parameters()}
+    merged = dict(merge_stream(reversed(list(actor.named_parameters())), scalings(actor), dtype=torch.bfloat16))
+    peft_model = get_peft_model(LlamaForCausalLM.from_pretrained(path), LoraConfig(
+        r=4, lora_alpha=12, target_modules=["q_proj", "v_proj", "down_proj"], bias="none"))
+    result = peft_model.load_state_dict({"base_model.model." + n: t for n, t in trained.items()}, strict=False)
+    assert not result.unexpected_keys
+    expected = dict(peft_model.merge_and_unload().named_parameters())
+    assert merged.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert merged[name].dtype == torch.bfloat16 and torch.equal(merged[name], tensor.detach().bfloat16()), name
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(merged[q], trained[q.replace(".weight", ".base_layer.weight")].bfloat16())
+    with pytest.raises(KeyError, match="lora_A and lora_B"):
+        list(merge_stream([(n, t) for n, t in trained.items() if ".lora_B." not in n], scalings(actor)))
+
+
+def _spec(tmp_path, lora: str) -> object:
+    from hpcppo.config import load_experiment
+
+    (tmp_path / "train.parquet").write_bytes(b"")
+    spec = tmp_path / "exp.toml"
+    spec.write_text(f'name = "l"\n[model]\npath = "m"\n[data]\ntrain_files = ["train.parquet"]\n{lora}')
+    return load_experiment(spec)
+
+
+@pytest.mark.parametrize("lora,message", [
+    ("[actor.lora]\nalpha = 32\n", "actor.lora.alpha: sets up a LoRA adapter and does nothing with rank = 0"),
+    ("[critic.lora]\nrank = 4\ntarget_modules = [\"all-linear\", \"q_proj\"]\n",
+     "critic.lora.target_modules: ['all-linear', 'q_proj']: \"all-linear\" stands alone"),
+    ("[actor.lora]\nrank = 4\ntarget_modules = [\"q_proj\"]\nexclude_modules = [\"q_proj\"]\n",
+     "actor.lora.exclude_modules: ['q_proj'] are also in target_modules"),
+    ("[actor.lora]\nrank = -1\n", "actor.lora.rank"),
+])
+def test_bad_lora_settings_are_one_line_errors_naming_the_key(tmp_path, lora, message):
+    with pytest.raises(ConfigError) as err:
+        _spec(tmp_path, lora)
+    assert message in str(err.value) and "exp.toml" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("lora,message", [
+    ("[actor.lora]\nrank = 8\ntarget_modules = [\"c_attn\"]\n",
+     "actor.lora.target_modules: 'c_attn' is not a linear layer of"),
+    ("[critic.lora]\nrank = 8\nexclude_modules = [\"lm_head\"]\n", "critic.lora.exclude_modules: 'lm_head'"),
+    ("[actor.lora]\nrank = 8\ntarget_modules = [\"q_proj\"]\nexclude_modules = [\"v_proj\", \"k_proj\"]\n", None),
+])
+def test_compile_checks_target_modules_against_the_models_config(tmp_path, lora, message):
+    from hpcppo.config import check_experiment_paths
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text('{"model_type": "qwen2", "max_position_embeddings": 4096}')
+    exp = _spec(tmp_path, lora)
+    if message is None:
+        check_experiment_paths(exp)
+        return
+    with pytest.raises(ConfigError) as err:
+        check_experiment_paths(exp)
+    text = str(err.value)
+    assert message in text and "allowed: \"all-linear\" or any of q_proj, k_proj, v_proj, o_proj, gate_proj" in text
+
+
+def _imported(*tokens: str, tmp_path):
+    settings, _ = read_command_line(CMD + " ".join(tokens))
+    imp = translate(settings, cwd=tmp_path)
+    return imp.values, {text.split("=")[0]: (kind, why) for kind, text, why in imp.report}
+
+
+def test_import_verl_translates_the_lora_keys_of_actor_and_critic(tmp_path):
+    m = "actor_rollout_ref.model."
+    values, why = _imported(m + "lora_rank=32", m + "lora_alpha=64", m + "target_modules=[q_proj,v_proj]",
+                            m + "exclude_modules=[v_proj]", "critic.model.lora_rank=8",
+                            "critic.model.target_modules=all-linear", "critic.model.exclude_modules=[o_proj]",
+                            tmp_path=tmp_path)
+    assert values["actor.lora.rank"] == 32 and values["actor.lora.alpha"] == 64
+    assert values["actor.lora.target_modules"] == ["q_proj", "v_proj"]
+    assert values["actor.lora.exclude_modules"] == ["v_proj"]
+    assert values["critic.lora.rank"] == 8 and values["critic.lora.target_modules"] == ["all-linear"]
+    assert "critic.lora.exclude_modules" not in values  # verl's critic builds its LoraConfig without them
+    assert why["critic.model.exclude_modules"][0] == "ignored"
+    # Settings of an adapter that verl does not build (lora_rank = 0) are not translated, a regex is refused, a
+    # trained adapter to load is unsupported.
+    values, why = _imported(m + "lora_alpha=64", m + "target_modules=all-linear", tmp_path=tmp_path)
+    assert not any(k.startswith("actor.lora.") for k in values)
+    assert why[m + "lora_alpha"] == ("ignored", "only with lora_rank > 0 (verl builds no adapter otherwise)")
+    values, why = _imported(m + "lora_rank=8", m + "target_modules='.*proj'", m + "lora_adapter_path=/a/b",
+                            tmp_path=tmp_path)
+    assert values["actor.lora.rank"] == 8 and "actor.lora.target_modules" not in values
+    assert why[m + "target_modules"][0] == "unsupported" and "regular expression" in why[m + "target_modules"][1]
+    assert why[m + "lora_adapter_path"][0] == "unsupported"
+
+
+def test_a_critic_lora_without_a_critic_is_refused(tmp_path):
+    from hpcppo.config import load_site, resolve
+    from hpcppo.errors import ResolveError
+
+    exp = _spec(tmp_path, "[algorithm]\nadv_estimator = \"grpo\"\n[rollout]\nn = 2\n[critic.lora]\nrank = 4\n")
+    with pytest.raises(ResolveError, match="critic.lora.rank=4 but algorithm.adv_estimator='grpo' trains no critic"):
+        resolve(load_site("local"), exp)
+
+
+def test_plan_counts_gradients_and_moments_of_the_adapters_only_and_no_reference_copy(tmp_path):
+    from peft import LoraConfig, inject_adapter_in_model
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from hpcppo.compiler import compile_config
+    from hpcppo.config.lora import LoraSection
+    from hpcppo.sizing.catalog import KNOWN_MODELS
+    from hpcppo.sizing.estimate import estimate
+    from hpcppo.sizing.lora import adapter_params
+
+    # The adapter count is peft's own on a model of the same shape (scaled down: Qwen2.5-7B's proportions).
+    shape = KNOWN_MODELS["qwen2.5-7b"]
+    small = Qwen2Config(hidden_size=shape.hidden // 32, num_hidden_layers=2, num_attention_heads=shape.heads // 2,
+                        num_key_value_heads=shape.kv_heads, intermediate_size=shape.intermediate // 32,
+                        vocab_size=64, head_dim=shape.hidden // shape.heads // 8)
+    lora = LoraSection(rank=8, target_modules=["q_proj", "k_proj", "down_proj"])
+    model = inject_adapter_in_model(LoraConfig(r=8, target_modules=["q_proj", "k_proj", "down_proj"]),
+                                    Qwen2ForCausalLM(small))
+    counted = sum(p.numel() for n, p in model.named_parameters() if ".lora_" in n)
+    from hpcppo.sizing.estimate import _from_config_json
+
+    small.save_pretrained(tmp_path / "small")
+    assert adapter_params(_from_config_json(tmp_path / "small" / "config.json"), lora) == counted > 0
+
+    (tmp_path / "exp.toml").write_text('name = "q7b"\n[model]\npath = "Qwen/Qwen2.5-7B-Instruct"\n[data]\n'
+                                       'train_files = ["t.parquet"]\n[rollout]\nengine = "vllm"\nn = 4\n'
+                                       '[actor]\nppo_mini_batch_size = 64\nuse_kl_loss = true\n'
+                                       '[algorithm]\nadv_estimator = "grpo"\n[trainer]\ntrain_batch_size = 64\n')
+
+    def update_items(overrides):
+        c = compile_config(tmp_path / "exp.toml", "a100-cluster", overrides, check_paths=False, check_memory=False)
+        budget = estimate(c.site, c.experiment, c.plan)
+        [update] = [p for p in budget.phases if p.name == "actor update"]
+        return {i.what: i.bytes for i in update.items}, budget, c
+
+    full, full_budget, _ = update_items([])
+    lora_items, lora_budget, c = update_items(["actor.lora.rank=32"])
+    shard = lora_budget.shard_size
+    adapters = adapter_params(shape, c.experiment.actor.lora)
+    assert adapters == 28 * 32 * (2 * (3584 + 3584) + 2 * (3584 + 512) + 3 * (3584 + 18944))  # all-linear
+    assert lora_items["actor grads (fp32 shard)"] == -(-adapters * 4 // shard)
+    assert lora_items["actor AdamW moments (fp32 shard)"] == -(-adapters * 8 // shard)
+    assert lora_items["actor params (fp32 shard)"] == -(-(shape.params + adapters) * 4 // shard)
+    assert full["actor grads (fp32 shard)"] == -(-shape.params * 4 // shard)
+    rollout = {i.what for p in lora_budget.phases for i in p.items}
+    assert "reference params (fp32 shard)" not in rollout  # the actor without its adapters is the reference
+    assert "reference params (fp32 shard)" in {i.what for p in full_budget.phases for i in p.items}
+    assert lora_budget.peak.total < full_budget.peak.total
