@@ -36,6 +36,29 @@ def random_tiny(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def random_tiny_rm(tmp_path_factory) -> Path:
+    """An untrained tiny reward model (LlamaForSequenceClassification, one label) with the tiny tokenizer."""
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from hpcppo.tiny import TinySettings, build_tokenizer
+
+    root = tmp_path_factory.mktemp("random-tiny-rm") / "rm"
+    tok, s = build_tokenizer(), TinySettings(seed=3)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
+                      num_hidden_layers=s.num_layers, num_attention_heads=s.num_heads, num_key_value_heads=s.num_kv_heads,
+                      max_position_embeddings=s.max_position_embeddings, pad_token_id=tok.pad_token_id)
+    cfg.num_labels = 1
+    torch.manual_seed(4)
+    model = LlamaForSequenceClassification(cfg)
+    with torch.no_grad():
+        model.score.weight.normal_(0.0, 1.0)  # scores of order 1 that differ between responses
+    model.save_pretrained(root)
+    tok.save_pretrained(root)
+    return root
+
+
+@pytest.fixture(scope="session")
 def warm_tiny(tmp_path_factory):
     """The warm-started tiny model of ``examples/arith-tiny.toml`` and its data (about a minute to build, once)."""
     from hpcppo.tiny import build_tiny_model_and_data

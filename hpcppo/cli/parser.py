@@ -252,6 +252,10 @@ def _add_tool_commands(sub: Any) -> None:
     q.add_argument("--train-size", type=int, default=4096, help="rows of train.parquet (default: 4096)")
     q.add_argument("--val-size", type=int, default=512, help="rows of val.parquet (default: 512)")
     q.add_argument("--max-operand", type=int, default=None, help="task difficulty (default: the library's)")
+    q.add_argument("--reward-out", default="",
+                   help="also build a tiny reward model here (LlamaForSequenceClassification, the same tokenizer, "
+                        "regressed in seconds onto the arith rule's score: [reward_model] path); '' for none "
+                        "(default)")
     q.add_argument("--force", action="store_true", help="rebuild even when up to date")
     q.add_argument("--json", action="store_true", help="print the whole build record (hpcppo_tiny.json) as JSON")
     q.set_defaults(func="tools:cmd_make_model")

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from hpcppo.tiny import build_tiny_model_and_data
+from hpcppo.tiny.reward_model import build_tiny_reward_model
 
 
 def cmd_make_model(args: argparse.Namespace) -> int:
@@ -15,6 +16,9 @@ def cmd_make_model(args: argparse.Namespace) -> int:
     overrides = {} if args.max_operand is None else {"max_operand": args.max_operand}
     info = build_tiny_model_and_data(Path(args.out), Path(args.data_out) if args.data_out else None, seed=args.seed,
                                      train_size=args.train_size, val_size=args.val_size, force=args.force, **overrides)
+    if args.reward_out:
+        info["reward_model"] = build_tiny_reward_model(Path(args.reward_out), seed=args.seed, force=args.force,
+                                                       **overrides)
     if args.json:
         print(json.dumps(info, indent=2, default=str))
         return 0
@@ -24,4 +28,9 @@ def cmd_make_model(args: argparse.Namespace) -> int:
     print(f"  warm start on held-out prompts: greedy {ws['greedy_accuracy']:.3f}, sampled {ws['sampled_accuracy']:.3f}")
     for split, path in sorted(info.get("data", {}).items()):
         print(f"  {split}: {path}")
+    if args.reward_out:
+        rm = info["reward_model"]
+        print(f"tiny reward model {args.reward_out}: {rm['architecture']}, "
+              f"{'built in ' + format(rm['build_seconds'], '.0f') + ' s' if rm['built'] else 'up to date'}; agrees "
+              f"with the arith rule on {rm['held_out']['agreement']:.0%} of held-out responses")
     return 0

@@ -15,6 +15,7 @@ import attrs
 from hpcppo import estimators
 from hpcppo.config.fields import FieldValueError, opt, parse_slurm_time
 from hpcppo.config.debug import DebugSection, InjectSection
+from hpcppo.config.reward import RewardManagerSection, RewardModelSection
 from hpcppo.config.lora import LoraSection
 from hpcppo.config.watchdog import Rule, WatchdogSection
 
@@ -435,6 +436,9 @@ class Experiment:
     actor: ActorSection = opt(factory=ActorSection, help="Policy optimisation.")
     critic: CriticSection = opt(factory=CriticSection, help="Value model optimisation.")
     reference: ReferenceSection = opt(factory=ReferenceSection, help="Reference policy.")
+    reward_model: RewardModelSection = opt(factory=RewardModelSection, help="A reward model scoring the responses.")
+    reward_manager: RewardManagerSection = opt(factory=RewardManagerSection,
+                                               help="How rule-based scores become rewards (DAPO's overlong buffer).")
     algorithm: AlgorithmSection = opt(factory=AlgorithmSection, help="Advantages and KL penalty.")
     trainer: TrainerSection = opt(factory=TrainerSection, help="Training loop.")
     checkpoint: CheckpointSection = opt(factory=CheckpointSection, help="Checkpoints.")

@@ -102,7 +102,8 @@ def _paths(target: str, value: Any, s: Setting, cwd: Path, out_dir: Path, imp: I
     for v in items:
         if isinstance(v, str) and "$" in v:
             imp.notes.append(f"{s.key}: {v} left as written; compile expands $VAR in paths from the environment")
-    if target in ("model.path", "model.critic_path") and isinstance(value, str) and _HUB_ID.match(value) \
+    if target in ("model.path", "model.critic_path", "reward_model.path") and isinstance(value, str) \
+            and _HUB_ID.match(value) \
             and not (cwd / value).exists():
         imp.notes.append(f"{s.key}: {value} looks like a Hugging Face hub id; hpcppo loads a model directory: "
                          f"download it (huggingface-cli download {value} --local-dir DIR) and set {target} = DIR; as "
@@ -547,6 +548,20 @@ ReMax's baseline (`adv_estimator=remax`) is the score of a greedy response per p
 asks (`do_sample=False`) and its synchronous rollouts do; verl's default agent loop (`rollout.mode=async`) does not
 read `do_sample` and samples that response at the rollout's temperature. `clip_cov` draws its tokens from a generator
 seeded per step and rank (verl: `torch.randperm` on the global generator): as many tokens, among the same candidates.
+
+**A reward model** (`reward_model.enable`): at this commit verl's default is its reward loop (`use_reward_loop=True`,
+dp_reward_loop.yaml: the model served by vLLM's classify endpoint, `RewardLoopWorker.compute_score_disrm`);
+`use_reward_loop=False` runs the FSDP `RewardModelWorker`. Both decode the response with the actor's tokenizer, append
+it to the prompt's messages, render them with the reward model's chat template and take the one-label head's logit at
+the last token. hpcppo runs the model with FSDP2 like its reference and reads it as the worker does (input cut to
+`reward_model.max_length` from the right, special tokens from the template only); it always re-templates, so
+`model.input_tokenizer=null` with the legacy worker (the actor's tokens fed as they are) is refused. The score
+replaces the rule-based one in training (verl's `rm_scores` skip the reward manager): a reward model with the DAPO
+manager is refused rather than half applied. Validation stays rule-based, and is skipped for data whose
+`reward_model.style` is `model`, as in verl. **DAPO's overlong buffer** (`reward_manager=dapo`) adds verl's
+`min(-(L - (max_resp_len - len)) / len * penalty_factor, 0)` to the score of a response of `L` tokens, in training and
+validation (verl builds both reward functions with the same kwargs); with `log` the batch's mean penalty and overlong
+fraction are metrics (verl keeps them as extra info).
 
 **LoRA** (`model.lora_rank`, `lora_alpha`, `target_modules`, `exclude_modules` -> `[actor.lora]`, `[critic.lora]`):
 peft's adapters as verl's FSDP workers build them (`r`, `lora_alpha`, `bias="none"`, no dropout, `lora_B = 0`), and the

@@ -12,6 +12,8 @@ from hpcppo.config.verl_convert import (A, ACTOR_TOKENS, ARR, CRITIC_TOKENS, IGN
                                         reward_name, reward_path, run_name, schedule, token_budget, top_k, total_steps, warmup,
                                         warmup_ratio)
 
+from hpcppo.config.verl_reward import reward_entries
+
 __all__ = ["ENTRIES", "m", "alias", "ign", "uns"]
 
 FSDP2 = "hpcppo always shards with FSDP2 (fully_shard)"
@@ -480,17 +482,7 @@ def _trainer_entries() -> list[Entry]:
       context=True),
     m(REWARD_KWARGS, "data.reward_kwargs", "keyword arguments of the function custom_reward_function.path names",
       reward_kwargs, context=True),
-    uns("reward_model.reward_kwargs", "keyword arguments of verl's reward manager (load_reward_manager in "
-                                      "verl/trainer/ppo/reward.py, passed whatever reward_model.enable says): the "
-                                      "DAPO manager's overlong_buffer_cfg and max_resp_len (an overlong penalty) "
-                                      "are not in hpcppo, whose scoring is verl's naive manager, which takes none",
-        ok=({},), prefix=True),
-    uns("reward_model.enable", "hpcppo scores with rule-based functions (data.reward_fn), not a reward model",
-        ok=(False,)),
-    uns("reward_model.reward_manager", "hpcppo's scoring is verl's naive reward manager", ok=("naive",)),
-    ign("reward_model", "only with reward_model.enable", prefix=True),
-    uns("reward_manager.name", "hpcppo's scoring is verl's naive reward manager", ok=("naive",)),
-    ign("reward_manager", "verl's reward manager plumbing (naive in hpcppo)", prefix=True),
+    *reward_entries(),
     # infrastructure
     ign("ray_kwargs", NO_RAY, prefix=True),
     ign("ray_init", NO_RAY, prefix=True),

@@ -282,7 +282,7 @@ def _record_from_row(values: dict[str, Any], prompt_key: str, file: str, row: in
             raise ConfigError(f"{where}: a message in {prompt_key!r} has a null role or content: {m!r}", file=file)
     reward = values["reward_model"] or {}
     if reward.get("ground_truth") is None:
-        raise ConfigError(f"{where}: reward_model.ground_truth is null", file=file)
+        raise ConfigError(f"{where}: the reward_model column's ground_truth is null", file=file)
     return PromptRecord(
         data_source=values["data_source"],
         prompt=[{"role": m["role"], "content": m["content"]} for m in messages],

@@ -65,7 +65,17 @@ STANDARD_COLUMNS: tuple[str, ...] = (
 )
 
 #: Columns a trainer adds when its configuration produces them (the KL loss only with actor.use_kl_loss).
-OPTIONAL_COLUMNS: tuple[str, ...] = ("actor/kl_loss",)
+OPTIONAL_COLUMNS: tuple[str, ...] = (
+    "actor/kl_loss",
+    # [reward_model]: its scores over the batch and the share of re-templated inputs cut to its max_length
+    "reward_model/score_mean",
+    "reward_model/score_max",
+    "reward_model/score_min",
+    "reward_model/truncated_frac",
+    # [reward_manager] dapo with overlong_buffer.log: verl's overlong_reward and overlong extra info, over the batch
+    "reward_manager/overlong_reward_mean",
+    "reward_manager/overlong_frac",
+)
 #: Per-data-source validation scores: ``val/score/<data_source>``; with ``rollout.val_n`` > 1 also
 #: ``val/score/<data_source>/<stat>`` for each of :func:`validation_stats` (verl's metric names).
 VALIDATION_PREFIX = "val/score/"

@@ -177,7 +177,7 @@ def estimate(site: Site, exp: Experiment, plan: RunPlan) -> Budget:
     _host_startup(budget, site, exp, plan, shape, critic_shape)
     if gpu is not None:
         _judge(budget, exp, plan)
-        step_time(budget, exp, plan, shape, critic_shape, gpu)
+        step_time(budget, exp, plan, shape, critic_shape, gpu, reward_model_shape(exp))
     return budget
 
 
@@ -195,6 +195,8 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
         if plan.needs_critic else _Trained(0, 0, 0, 0)
     ref = 0 if (not loads_reference(exp, plan) or exp.reference.offload) \
         else math.ceil(m.params * MASTER_BYTES / shard)
+    rm_shape = reward_model_shape(exp)
+    rm = 0 if rm_shape is None or exp.reward_model.offload else math.ceil(rm_shape.critic_params * MASTER_BYTES / shard)
 
     vllm_share, vllm_asleep = _vllm_memory(budget, exp, plan, m, mbytes)
 
@@ -210,6 +212,8 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
             items.append(Item("critic AdamW moments (fp32 shard)", critic.optim_between_updates))
         if ref:
             items.append(Item("reference params (fp32 shard)", ref))
+        if rm:
+            items.append(Item("reward model params (fp32 shard)", rm))
         return items
 
     phases = []
@@ -232,6 +236,8 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
         Item(f"log-prob logits ({lm} x {logit_chunk_positions(lm, R, m.vocab)} of {R} x {m.vocab})",
              _logits(m, lm, R, pbytes, update=False))]
     phases.append(Phase("old log-probs / reference / values", fwd))
+    if rm_shape is not None:
+        phases.append(_reward_model_phase(exp, plan, rm_shape, resident() + asleep))
 
     am, am_tokens, am_what = _micro_batch(plan.actor_micro_batch_per_rank, exp.actor.max_tokens_per_micro_batch, L, R)
     bonus = bool(exp.actor.entropy_coeff)  # else the entropy is a metric, not in the graph (train/update.py)
@@ -258,6 +264,26 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
     if plan.needs_critic:
         phases += _critic_phases(exp, plan, cm, critic, resident(skip="critic") + asleep)
     budget.phases = [Phase(p.name, [i for i in p.items if i.bytes]) for p in phases]
+
+
+def reward_model_shape(exp: Experiment) -> ModelShape | None:
+    """The ``[reward_model]``'s shape when it is enabled and its config can be read (its head has one output: the
+    critic's parameter count)."""
+    return model_shape(exp.reward_model.path)[0] if exp.reward_model.enable else None
+
+
+def _reward_model_phase(exp: Experiment, plan: RunPlan, rm: ModelShape, resident: list[Item]) -> Phase:
+    """The reward model's forward (hpcppo.train.reward_phase): its gathered layers and one layer's working set of a
+    micro-batch of re-templated sequences (at most ``max_length`` tokens each)."""
+    rmc = exp.reward_model
+    pbytes = dtype_bytes(rmc.dtype or exp.model.dtype)
+    seq = rmc.max_length or plan.max_sequence_length
+    rows, tokens, what = _micro_batch(rmc.micro_batch_size_per_gpu or plan.logprob_micro_batch_per_rank,
+                                      rmc.max_tokens_per_micro_batch, seq, 1)
+    return Phase("reward model", resident + [
+        Item("gathered reward-model layers (compute dtype)",
+             _gathered(rm, rm.layer_params, pbytes, pbytes, reshard=True, backward=False)),
+        Item(f"one layer's working set ({what})", tokens * (2 * rm.hidden + 3 * rm.intermediate) * pbytes)])
 
 
 def _micro_batch(rows: int, budget: int, seq_len: int, response: int) -> tuple[int, int, str]:
@@ -364,6 +390,8 @@ def _fixes(exp: Experiment, plan: RunPlan, phase: str) -> list[str]:
         out.append("actor.fsdp.param_offload = true")
     if loads_reference(exp, plan) and not exp.reference.offload:
         out.append("reference.offload = true")
+    if exp.reward_model.enable and not exp.reward_model.offload:
+        out.append("reward_model.offload = true")
     if phase == "actor update":
         if not exp.model.gradient_checkpointing:
             out.append("model.gradient_checkpointing = true")
@@ -409,6 +437,9 @@ def _host_startup(budget: Budget, site: Site, exp: Experiment, plan: RunPlan, m:
         loads.append(("reference", m.params, exp.reference.offload))
     if plan.needs_critic:
         loads.append(("critic", cm.critic_params, exp.critic.fsdp.param_offload))
+    rm = reward_model_shape(exp)
+    if rm is not None:
+        loads.append(("reward model", rm.critic_params, exp.reward_model.offload))
     held = sum(math.ceil(n * MASTER_BYTES / shard) for _, n, offload in loads if offload or not on_gpu)
     slice_bytes = math.ceil(max(m.vocab, cm.vocab) * max(m.hidden, cm.hidden) * MASTER_BYTES / shard)
     per_rank = process + held + slice_bytes

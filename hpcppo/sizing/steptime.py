@@ -26,7 +26,8 @@ def _replica_grad_sync_bytes(exp: Experiment, plan: RunPlan, m: ModelShape, cm: 
     return total
 
 
-def _offload_bytes(exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape, shard: int) -> float:
+def _offload_bytes(exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape, shard: int,
+                   rm: ModelShape | None = None) -> float:
     """Host <-> device bytes per GPU in a step: offloaded parameter shards (up for forward and backward, gradients
     down, per micro-batch), offloaded AdamW moments (down and up once), an offloaded reference."""
     host = 0.0
@@ -43,12 +44,17 @@ def _offload_bytes(exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape
             host += 2 * n * ADAM_BYTES / shard
     if loads_reference(exp, plan) and exp.reference.offload:
         host += math.ceil(plan.samples_per_rank / plan.logprob_micro_batch_per_rank) * m.params * MASTER_BYTES / shard
+    if rm is not None and exp.reward_model.offload:  # up once per forward, like the reference
+        rows = exp.reward_model.micro_batch_size_per_gpu or plan.logprob_micro_batch_per_rank
+        host += math.ceil(plan.samples_per_rank / rows) * rm.critic_params * MASTER_BYTES / shard
     return host
 
 
-def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape, gpu: GpuSpec) -> None:
+def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape, gpu: GpuSpec,
+              rm: ModelShape | None = None) -> None:
     """``budget.time``: one step's phases, worst case, the checkpoint and GPU-hours; a warning when the preemption
-    signal's lead is shorter than a step and a checkpoint."""
+    signal's lead is shorter than a step and a checkpoint. ``rm``: the ``[reward_model]``'s shape (one forward of
+    every sample)."""
     A = {k: c.value for k, c in ASSUMPTIONS.items()}
     P, R, L = exp.data.max_prompt_length, exp.data.max_response_length, plan.max_sequence_length
     tp, world, shard = plan.tensor_parallel_size, plan.world_size, budget.shard_size
@@ -74,6 +80,8 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
     flops = 2 * m.params * tokens  # old log-probs
     if plan.needs_reference:
         flops += 2 * m.params * tokens
+    if rm is not None:
+        flops += 2 * rm.critic_params * tokens
     if plan.needs_critic:
         flops += 2 * cm.critic_params * tokens + train_factor * cm.critic_params * tokens * plan.critic_ppo_epochs
     flops += train_factor * m.params * tokens * plan.actor_ppo_epochs
@@ -92,7 +100,7 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
         gpu.network_bytes_s * A["collective efficiency"])
 
     # Host <-> device traffic of the offloads, over each GPU's PCIe link.
-    host = _offload_bytes(exp, plan, m, cm, shard)
+    host = _offload_bytes(exp, plan, m, cm, shard, rm)
     t["offload_bytes_per_gpu"] = host
     t["offload_s"] = host / gpu.pcie_bytes_s
     t["step_s"] = (t["generate_s"] + t["forward_and_update_s"] + t["weight_sync_s"] + t["replica_grad_sync_s"]

@@ -15,13 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, cast
 
+import attrs
 import torch
 from torch import nn
 from transformers import AutoTokenizer
 
 from hpcppo import algos, jobenv, models
 from hpcppo.config import Compiled, DataSection, Experiment, FsdpSection, RunPlan, Site
+from hpcppo.config.reward import RewardManagerSection
 from hpcppo.data.dataset import PromptDataset, Truncation, read_prompts
+from hpcppo.data.reward_manager import OverlongBuffer, apply_overlong
 from hpcppo.data.rewards import build_reward_fn, score_batch
 from hpcppo.data.sampler import ShardedEpochSampler
 from hpcppo.distributed import loading
@@ -31,9 +34,11 @@ from hpcppo.distributed.fsdp import apply_activation_checkpointing, apply_fsdp
 from hpcppo.distributed.mesh import build_mesh
 from hpcppo.metrics import MetricsWriter
 from hpcppo.metrics.schema import trainer_columns
+from hpcppo.models.reward_model import STRIP as REWARD_MODEL_STRIP, build_reward_model
 from hpcppo.rollout import RolloutEngine, SamplingParams, build_engine
 from hpcppo.rollout.base import generation_config_eos, stop_token_ids
 from hpcppo.rundir import RunPaths
+from hpcppo.train.reward_phase import RewardModelScorer
 from hpcppo.models.lora import adapters_disabled
 from hpcppo.train.lora import with_lora
 from hpcppo.train.optim import LRSchedule, build_optimizer, warmup_optimizer_steps
@@ -81,6 +86,7 @@ class Components:
     # This rank's place in the rollout's tensor-parallel groups: prompts, seeds and validation shards follow
     # dp_rank; each rank of a group trains on its tp_rank-th share of the group's batch.
     groups: RolloutGroups = field(default_factory=lambda: RolloutGroups(tp_size=1, dp_size=1, dp_rank=0, tp_rank=0))
+    reward_model: RewardModelScorer | None = None  # [reward_model]: its scores replace score_fn's in training
     # With the actor's LoRA the reference is the actor with its adapters disabled (verl's ref_in_actor): no copy.
     ref_in_actor: bool = False
 
@@ -145,13 +151,27 @@ def build_datasets(data: DataSection, tokenizer: Any) -> tuple[PromptDataset, Pr
     return dataset(list(data.train_files)), (dataset(list(data.val_files)) if data.val_files else None)
 
 
-def build_score_fn(data: DataSection) -> Callable[..., list[float]]:
+def build_score_fn(data: DataSection, manager: RewardManagerSection | None = None) -> Callable[..., list[float]]:
+    """The rule-based scores of a batch of decoded responses, with the reward manager's overlong penalty when it is
+    DAPO's with the buffer on (``lengths``: each response's valid tokens; ``penalties`` collects the penalties)."""
     spec = data.reward_fn
     fn = build_reward_fn(spec, gsm8k={"method": data.gsm8k_method}) if spec == "auto" else \
         build_reward_fn(spec, **data.reward_kwargs)
+    buffer = None
+    if manager is not None and manager.name == "dapo" and manager.overlong_buffer.enable:
+        ob = manager.overlong_buffer
+        buffer = OverlongBuffer(manager.max_resp_len or data.max_response_length, ob.len, ob.penalty_factor)
 
-    def score(sources, texts, truths, extras, preds=None):
-        return score_batch(fn, sources, texts, truths, extras, preds=preds)
+    def score(sources, texts, truths, extras, preds=None, lengths=None, penalties=None):
+        scores = score_batch(fn, sources, texts, truths, extras, preds=preds)
+        if buffer is None:
+            return scores
+        if lengths is None:
+            raise ValueError("the DAPO overlong buffer needs each response's length")
+        scores, found = apply_overlong(scores, lengths, buffer)
+        if penalties is not None:
+            penalties.extend(found)
+        return scores
 
     return score
 
@@ -337,6 +357,7 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
         critic_lr = _lr_schedule(critic_optim, cc, total_steps,
                                  plan.critic_ppo_epochs * plan.mini_batches_per_epoch_critic)
 
+    reward_model = _build_reward_model(cfg, plan, mesh, device) if cfg.reward_model.enable else None
     ro = cfg.rollout
     engine = build_engine(ro.engine, **_engine_kwargs(cfg, plan, device, env))
     sampling, val_sampling = _sampling_params(cfg, tokenizer)
@@ -354,12 +375,29 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
         train_data=train_data, val_data=val_data, val_sources=val_sources, sampler=sampler, total_steps=total_steps,
         actor=actor, actor_optim=actor_optim, actor_lr=actor_lr, reference=reference,
         critic=critic, critic_optim=critic_optim, critic_lr=critic_lr, engine=engine, sampling=sampling,
-        val_sampling=val_sampling, kl_ctrl=kl_ctrl, score_fn=build_score_fn(cfg.data), ckpt=ckpt, metrics=metrics,
+        val_sampling=val_sampling, kl_ctrl=kl_ctrl, score_fn=build_score_fn(cfg.data, cfg.reward_manager), ckpt=ckpt, metrics=metrics,
         attempt=attempt, preempt=preempt if preempt is not None else PreemptionFlag(),
         actor_optim_offload=_offloads_optimizer(cfg.actor.fsdp),
         critic_optim_offload=critic is not None and _offloads_optimizer(cfg.critic.fsdp),
-        groups=groups, ref_in_actor=ref_in_actor,
+        groups=groups, ref_in_actor=ref_in_actor, reward_model=reward_model,
     )
+
+
+def _build_reward_model(cfg: Experiment, plan: RunPlan, mesh: Any, device: torch.device) -> RewardModelScorer:
+    """The ``[reward_model]``, frozen and sharded like the reference (meta-device build, each rank loading its
+    shards), with its own tokenizer."""
+    rm = cfg.reward_model
+    fsdp = attrs.evolve(cfg.actor.fsdp, param_dtype=rm.dtype or cfg.model.dtype)
+    model = load_sharded(
+        functools.partial(build_reward_model, rm.path, dtype="float32", trust_remote_code=cfg.model.trust_remote_code,
+                          attn_implementation=cfg.model.attn_implementation), rm.path, device,
+        lambda m: _sharded(m, mesh, fsdp, cfg.model.dtype, frozen=True, offload=rm.offload),
+        offload=rm.offload, strip=REWARD_MODEL_STRIP)
+    tokenizer = AutoTokenizer.from_pretrained(rm.tokenizer_path or rm.path, trust_remote_code=cfg.model.trust_remote_code)
+    return RewardModelScorer(model=model, tokenizer=tokenizer,
+                             max_length=rm.max_length or cfg.data.max_prompt_length + cfg.data.max_response_length,
+                             micro_batch_size=rm.micro_batch_size_per_gpu or plan.logprob_micro_batch_per_rank,
+                             max_tokens=rm.max_tokens_per_micro_batch)
 
 
 def _offloads_optimizer(fsdp: FsdpSection) -> bool:

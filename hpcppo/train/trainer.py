@@ -38,7 +38,7 @@ from hpcppo.rollout.base import derive_seed
 from hpcppo.config.convert import converter
 from hpcppo.metrics import trackers
 from hpcppo.rundir import control, events, exitcodes, metric_names
-from hpcppo.train import batching, validation
+from hpcppo.train import batching, reward_phase, validation
 from hpcppo.train.build import Components, build_components, freeze_long_lived_objects
 from hpcppo.train.inject import FaultInjector
 from hpcppo.train.lora import actor_weights
@@ -145,7 +145,8 @@ class Trainer:
         self.timer = PhaseTimer()
         self.inject.before_step(self.step, self.state.branch, c.critic)
         batch = self.rollout()
-        batch |= self.score(batch)
+        scored, reward_metrics = self.score(batch)
+        batch |= scored
         batch |= self.old_log_probs_ref_and_values(batch)
         advantages, metrics, tokens = self.compute_advantages(batch)
         batch |= advantages
@@ -155,6 +156,7 @@ class Trainer:
             metrics |= self.update_actor(batch)
         if self.cfg.trainer.test_freq > 0 and self.step % self.cfg.trainer.test_freq == 0:  # 0 and -1: never
             metrics |= self.validate()
+        metrics |= reward_metrics
         metrics |= {f"time/{k}_s": v for k, v in self.timer.times.items()}
         step_time = time.perf_counter() - start
         metrics |= {"perf/step_time_s": step_time, "perf/tokens_per_s": tokens / step_time,
@@ -193,10 +195,12 @@ class Trainer:
         greedy = dataclasses.replace(c.sampling, n=1, temperature=0.0, top_p=1.0, top_k=-1, seed=seed)  # no draw
         out = c.engine.generate([p.input_ids for p in prompts], greedy)
         with self.timer("reward"):
-            texts = c.tokenizer.batch_decode(out.response_ids * out.response_mask, skip_special_tokens=True)
             records = [p.record for p in prompts]
+            if c.reward_model is not None:  # verl scores the baseline with the reward model too (rm_scores)
+                return c.reward_model.score(c.tokenizer, records, out.response_ids, out.response_mask)[0].cpu()
+            texts = c.tokenizer.batch_decode(out.response_ids * out.response_mask, skip_special_tokens=True)
             scores = c.score_fn([r.data_source for r in records], texts, [r.ground_truth for r in records],
-                                [r.extra_info for r in records])
+                                [r.extra_info for r in records], lengths=out.response_mask.sum(-1).tolist())
         return torch.tensor(scores, dtype=torch.float32)
 
     def sync_engine(self) -> None:
@@ -210,15 +214,23 @@ class Trainer:
             engine.sync_weights(actor_weights(self.c.actor, dtype=engine.sync_dtype, into=engine.sync_targets))
             self.engine_version = self.state.actor_version
 
-    def score(self, batch: Batch) -> Batch:
-        """Rule-based rewards on the decoded responses; the score sits on each response's last token."""
+    def score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """The scores (the reward model's, or the rule-based ones with the reward manager's penalty) on each
+        response's last token, and the phase's metrics."""
         c = self.c
         with self.timer("reward"):
-            texts = c.tokenizer.batch_decode(batch["responses"] * batch["response_mask"], skip_special_tokens=True)
             records = batch["records"]
-            scores = c.score_fn([r.data_source for r in records], texts, [r.ground_truth for r in records],
-                                [r.extra_info for r in records])
-            return {"token_level_scores": batching.place_scores(scores, batch["response_mask"])}
+            if c.reward_model is not None:
+                scores, metrics = c.reward_model.score(c.tokenizer, records, batch["responses"], batch["response_mask"])
+                return {"token_level_scores": batching.place_scores(scores.tolist(), batch["response_mask"])}, metrics
+            texts = c.tokenizer.batch_decode(batch["responses"] * batch["response_mask"], skip_special_tokens=True)
+            penalties: list[float] = []
+            rule = c.score_fn([r.data_source for r in records], texts, [r.ground_truth for r in records],
+                              [r.extra_info for r in records], lengths=batch["response_mask"].sum(-1).tolist(),
+                              penalties=penalties)
+            log_overlong = self.cfg.reward_manager.overlong_buffer.log and self.cfg.reward_manager.name == "dapo"
+            metrics = reward_phase.overlong_metrics(penalties) if log_overlong else {}
+            return {"token_level_scores": batching.place_scores(rule, batch["response_mask"])}, metrics
 
     @torch.no_grad()
     def old_log_probs_ref_and_values(self, batch: Batch) -> Batch:
@@ -328,8 +340,9 @@ class Trainer:
         score per data source and overall and, for ``val_n`` > 1, verl's statistics per data source
         (:mod:`hpcppo.train.validation`: mean@n, std@n, best@k, worst@k, maj@k)."""
         c = self.c
-        if c.val_data is None:
-            return {}
+        if c.val_data is None or (c.reward_model is not None and c.val_data.records
+                                   and c.val_data.records[0].reward_style == "model"):
+            return {}  # verl's _validate: "we only do validation on rule-based rm"
         c.engine.wake_up()
         self.sync_engine()
         g = c.groups
@@ -350,7 +363,7 @@ class Trainer:
             records = [prompts[int(j)].record for j in out.prompt_index]  # n rows per prompt, prompt-major
             preds: list[Any] = []
             scores = c.score_fn([r.data_source for r in records], texts, [r.ground_truth for r in records],
-                                [r.extra_info for r in records], preds=preds)
+                                [r.extra_info for r in records], preds=preds, lengths=out.response_mask.sum(-1).tolist())
             if not g.is_tp_leader:
                 continue
             for i, prompt in enumerate(prompts):

@@ -109,7 +109,7 @@ def test_prompt_key_and_optional_columns(tmp_path):
           {"data_source": "s", "prompt": [], "reward_model": {"ground_truth": "1"}}],
          "row 1: column 'prompt' is null, empty or an empty list"),
         ([{"data_source": "s", "prompt": [{"role": "u", "content": "x"}], "reward_model": {"ground_truth": None}}],
-         "row 0: reward_model.ground_truth is null"),
+         "row 0: the reward_model column's ground_truth is null"),
         ([{"data_source": "s", "prompt": [{"role": "u", "content": "x"}], "reward_model": {"ground_truth": "1"}},
           {"data_source": None, "prompt": [{"role": "u", "content": "x"}], "reward_model": {"ground_truth": "1"}}],
          "row 1: data_source is null or empty"),

@@ -150,7 +150,7 @@ def test_values_are_checked_against_the_schema_before_they_are_written(tmp_path)
 
 def test_nothing_is_dropped_silently(tmp_path):
     tokens = ["actor_rollout_ref.actor.use_dual_clip=True", "critic.vf_clip_param=0.2",
-              "actor_rollout_ref.actor.fsdp_config.forward_prefetch=True", "reward_model.enable=True",
+              "actor_rollout_ref.actor.fsdp_config.forward_prefetch=True", "reward_model.enable_resource_pool=True",
               "actor_rollout_ref.actor.use_dynamic_bsz=False", "totally.unknown=3", "trainer.logger=[console]",
               "actor_rollout_ref.actor.clip_ratio=0.25", "data.max_prompt_length=300",
               "actor_rollout_ref.rollout.prompt_length=256"]
@@ -161,7 +161,7 @@ def test_nothing_is_dropped_silently(tmp_path):
     kinds = {text.split("=")[0]: kind for kind, text, _ in imp.report}
     assert kinds == {"actor_rollout_ref.actor.use_dual_clip": "not-verl", "critic.vf_clip_param": "not-verl",
                      "actor_rollout_ref.actor.fsdp_config.forward_prefetch": "ignored",
-                     "reward_model.enable": "unsupported", "actor_rollout_ref.actor.use_dynamic_bsz": "ignored",
+                     "reward_model.enable_resource_pool": "unsupported", "actor_rollout_ref.actor.use_dynamic_bsz": "ignored",
                      "totally.unknown": "unknown",
                      "actor_rollout_ref.rollout.prompt_length": "conflict",
                      "actor_rollout_ref.actor.clip_ratio": "ignored"}

@@ -49,7 +49,7 @@ def test_hpcppo_keys_win_and_warn_nothing():
     ("actor_rollout_ref.actor.use_dual_clip=True", "in hpcppo this is `actor.clip_ratio_c`"),
     ("critic.vf_clip_param=0.2", "in hpcppo this is `critic.cliprange_value`"),
     # not supported
-    ("reward_model.enable=True", "hpcppo does not support it"),
+    ("reward_model.enable_resource_pool=True", "hpcppo does not support it"),
     # a verl value with no counterpart
     ("actor_rollout_ref.rollout.name=sglang", "in hpcppo this is `rollout.engine`"),
 ])

@@ -147,12 +147,14 @@ def test_custom_reward_kwargs_translate(tmp_path):
     assert imp.values["data.reward_kwargs"] == {"scale": 2, "mode": "strict"}
 
 
-def test_reward_manager_kwargs_are_unsupported_with_the_reason():
+def test_reward_manager_kwargs_other_than_dapos_are_unsupported_with_the_reason():
     imp = _imp(CMD + "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True "
-               "+reward_model.reward_kwargs.max_resp_len=4096")
+               "+reward_model.reward_kwargs.max_resp_len=4096 +reward_model.reward_kwargs.scale=2")
     why = _why(imp)
-    kind, text = why["+reward_model.reward_kwargs.overlong_buffer_cfg.enable"]
-    assert kind == "unsupported" and "reward manager" in text and "only with reward_model.enable" not in text
+    kind, text = why["+reward_model.reward_kwargs.scale"]
+    assert kind == "unsupported" and "reward manager" in text and "overlong_buffer_cfg" in text
+    assert imp.values["reward_manager.overlong_buffer.enable"] is True
+    assert imp.values["reward_manager.max_resp_len"] == 4096
 
 
 def test_reward_kwargs_reach_a_named_builtin_and_need_a_name():
