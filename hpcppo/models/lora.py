@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Iterable, Iterator
 from typing import Any, cast
 
@@ -38,7 +39,7 @@ import torch
 from torch import nn
 
 __all__ = ["LORA_INIT_SEED", "ADAPTER", "apply_lora", "lora_layers", "has_lora", "adapters_disabled",
-           "scalings", "merge_stream"]
+           "scalings", "merge_stream", "save_adapter"]
 
 LORA_INIT_SEED = 1103
 ADAPTER = "default"  # peft's adapter name
@@ -142,3 +143,20 @@ def _lora_part(name: str) -> tuple[str | None, str]:
         if name.endswith(suffix):
             return name[: -len(suffix)], part
     return None, ""
+
+
+def save_adapter(model: nn.Module, directory: str | os.PathLike[str], base_model: str) -> None:
+    """Write ``model``'s adapters (unsharded) in peft's format, as ``PeftModel.save_pretrained`` writes them:
+    ``adapter_config.json`` and ``adapter_model.safetensors`` under ``base_model.model.<module>.lora_A.weight``
+    names, so ``PeftModel.from_pretrained(base, directory)`` (or vLLM's LoRA support) loads them onto ``base_model``.
+    verl saves its adapter the same way (``fsdp_workers.py``, ``save_checkpoint``: ``lora_adapter/``)."""
+    from peft.utils.save_and_load import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    config = cast(Any, model).peft_config[ADAPTER]
+    config.base_model_name_or_path = str(base_model)
+    os.makedirs(directory, exist_ok=True)
+    config.save_pretrained(str(directory))
+    state = get_peft_model_state_dict(model, adapter_name=ADAPTER)
+    save_file({f"base_model.model.{k}": v.detach().contiguous() for k, v in state.items()},
+              os.path.join(directory, "adapter_model.safetensors"))
