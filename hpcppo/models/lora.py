@@ -60,9 +60,10 @@ def has_lora(model: nn.Module) -> bool:
 
 
 def apply_lora(model: nn.Module, *, rank: int, alpha: float, target_modules: list[str],
-               exclude_modules: list[str]) -> nn.Module:
+               exclude_modules: list[str], adapter: str = "") -> nn.Module:
     """Inject LoRA adapters into ``model`` in place (its parameters may be on the meta device) and return it: the
-    base weights frozen, the adapters trainable and initialised identically on every rank (module docstring)."""
+    base weights frozen, the adapters trainable and initialised identically on every rank (module docstring), or,
+    with ``adapter`` (a directory in peft's format), holding that adapter's weights."""
     from peft import LoraConfig, inject_adapter_in_model
     from peft.tuners.lora import Linear as LoraLinear
 
@@ -88,7 +89,31 @@ def apply_lora(model: nn.Module, *, rank: int, alpha: float, target_modules: lis
         nn.init.kaiming_uniform_(weight_a, a=math.sqrt(5), generator=generator)
         a.weight = nn.Parameter(weight_a)
         b.weight = nn.Parameter(torch.zeros(b.weight.shape, dtype=dtype))
+    if adapter:
+        _load_adapter(model, adapter)
     return model
+
+
+def _load_adapter(model: nn.Module, directory: str) -> None:
+    """Every adapter weight of ``model`` from ``directory/adapter_model.safetensors`` (peft's names:
+    ``base_model.model.<module>.lora_A.weight``), cast to the parameter's dtype; ``ValueError`` naming the first
+    weight the file lacks, has in another shape, or has beyond the model's adapters. Every rank reads the whole
+    adapter (its size is ``r x (in + out)`` per layer) before the model is sharded."""
+    from safetensors.torch import load_file
+
+    file = os.path.join(directory, "adapter_model.safetensors")
+    saved = {k.removeprefix("base_model.model."): v for k, v in load_file(file).items()}
+    params = {name: p for name, p in model.named_parameters() if ".lora_" in name}
+    with torch.no_grad():
+        for name, param in params.items():
+            key = name.replace(f".{ADAPTER}.weight", ".weight")
+            tensor = saved.pop(key, None)
+            if tensor is None or tensor.shape != param.shape:
+                what = "has none" if tensor is None else f"has {tuple(tensor.shape)}"
+                raise ValueError(f"{file}: {key} of shape {tuple(param.shape)} expected, the file {what}")
+            param.copy_(tensor)
+    if saved:
+        raise ValueError(f"{file}: {len(saved)} tensors the model's adapters do not have: {sorted(saved)[:3]}")
 
 
 @contextlib.contextmanager
