@@ -82,6 +82,7 @@ def _copy(src: Path, dst: Path, edit_config=None, edit_tokenizer=None) -> Path:
 
 @pytest.mark.parametrize("case, expect", [
     ("missing", "reward_model.path: {p} does not exist"),
+    ("positions", "reward_model.max_length: 100 tokens, more than the reward model's max_position_embeddings = 64"),
     ("causal", "ForSequenceClassification"),
     ("two_labels", "has 2 labels; allowed: 1"),
     ("no_template", "no chat template"),
@@ -96,10 +97,13 @@ def test_a_bad_reward_model_directory_is_refused_in_one_line(tmp_path, random_ti
     elif case == "no_template":
         _copy(random_tiny_rm, path, edit_tokenizer=lambda t: t.pop("chat_template", None))
         (path / "chat_template.jinja").unlink(missing_ok=True)
+    elif case == "positions":
+        path = random_tiny_rm
     elif case == "no_tokenizer":
         _copy(random_tiny_rm, path)
         (path / "tokenizer.json").unlink()
-    text = _error(_spec(tmp_path, random_tiny, f'[reward_model]\nenable = true\npath = "{path}"\n'))
+    extra = "max_length = 100\n" if case == "positions" else ""
+    text = _error(_spec(tmp_path, random_tiny, f'[reward_model]\nenable = true\npath = "{path}"\n{extra}'))
     assert expect.format(p=path) in text
 
 
