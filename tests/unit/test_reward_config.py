@@ -136,3 +136,23 @@ def test_the_reward_model_example_compiles():
     rm = compiled.experiment.reward_model
     assert rm.enable and rm.path.endswith("artifacts/tiny-arith/reward-model")
     assert compiled.experiment.reward_manager.name == "naive"
+
+
+def test_with_a_reward_model_training_rows_need_no_rule_scorer_and_model_style_validation_none(tmp_path, random_tiny,
+                                                                                                random_tiny_rm):
+    from hpcppo.data import synthetic
+
+    rows = synthetic.generate_rows(16, seed=1, split="train", max_operand=19)
+    for row in rows:  # verl's full_hh_rlhf rows: a data source no rule scores, style "model"
+        row["data_source"], row["reward_model"]["style"] = "Dahoas/full-hh-rlhf", "model"
+    synthetic.write_split(tmp_path / "hh.parquet", rows)
+    hh = {**random_tiny, "train": tmp_path / "hh.parquet", "val": tmp_path / "hh.parquet"}
+    rm = f'[reward_model]\nenable = true\npath = "{random_tiny_rm}"\n'
+    assert compile_config(_spec(tmp_path, hh, rm), "local").experiment.reward_model.enable
+    assert "Dahoas/full-hh-rlhf" in _error(_spec(tmp_path, hh, ""))  # the rule-based run cannot score them
+    # validation files whose rows are rule-scored are still checked with a reward model
+    mixed = {**hh, "val": random_tiny["train"]}
+    assert compile_config(_spec(tmp_path, mixed, rm), "local")
+    rows[0]["reward_model"]["style"] = "rule"
+    synthetic.write_split(tmp_path / "hh-rule.parquet", rows)
+    assert "Dahoas/full-hh-rlhf" in _error(_spec(tmp_path, {**hh, "val": tmp_path / "hh-rule.parquet"}, rm))
