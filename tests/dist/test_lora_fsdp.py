@@ -32,7 +32,7 @@ def _loss(model, ids: torch.Tensor) -> torch.Tensor:
     return -log_probs.mean()
 
 
-def _train(rank: int, world_size: int, directory: str, steps: int) -> dict:
+def _train(rank: int, world_size: int, directory: str, steps: int, offload: bool) -> dict:
     from hpcppo import models
     from hpcppo.config.lora import LoraSection
     from hpcppo.distributed.fsdp import apply_fsdp
@@ -46,7 +46,8 @@ def _train(rank: int, world_size: int, directory: str, steps: int) -> dict:
     mesh = build_mesh("cpu", world_size, 1, hsdp=False)
     build = with_lora(functools.partial(models.build_actor, directory), LoraSection(**LORA))
     sharded = load_sharded(build, directory, torch.device("cpu"), lambda m: apply_fsdp(
-        m, mesh, param_dtype=None, reduce_dtype=None, cpu_offload=False, reshard_after_forward=True))
+        m, mesh, param_dtype=None, reduce_dtype=None, cpu_offload=offload, reshard_after_forward=True),
+        offload=offload)
     whole = build()  # unsharded, the whole batch: what the shards must train like
     out: dict = {"start": {n: t.clone() for n, t in iter_full_params(sharded)},
                  "whole_start": {n: p.detach().clone() for n, p in whole.named_parameters()}}
@@ -84,9 +85,10 @@ def _peft_merged(directory: str, trained: dict) -> tuple[dict, torch.nn.Module]:
 
 
 @pytest.mark.timeout(240)
-def test_sharded_lora_trains_like_unsharded_and_streams_peft_merged_weights(tmp_path):
+@pytest.mark.parametrize("offload", [False, True], ids=["on-device", "param-offload"])
+def test_sharded_lora_trains_like_unsharded_and_streams_peft_merged_weights(tmp_path, offload):
     _save(str(tmp_path))
-    results = run_distributed(_train, 2, str(tmp_path), 2)
+    results = run_distributed(_train, 2, str(tmp_path), 2, offload)
     r0, r1 = results
     # Every rank builds the same adapters (lora_B = 0: step 0 is the base model), the same as an unsharded build.
     assert r0["start"].keys() == r0["whole_start"].keys()

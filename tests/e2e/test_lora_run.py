@@ -1,7 +1,7 @@
 """LoRA end to end (issue 23): 2 ranks train the actor's and the critic's adapters with the KL in the reward (the
-reference is the actor with its adapters disabled: no copy is loaded), a run resumed from a checkpoint logs the same
-rows and ends with the same weights, bit for bit, and ``hpcppo export`` writes the merged model, equal to peft's own
-merge of the checkpoint's adapters."""
+reference is the actor with its adapters disabled: no copy is loaded), the watchdog restarts a NaN critic and rolls
+back a KL spike from checkpoints, a run resumed from a checkpoint logs the same rows and ends with the same weights,
+bit for bit, and ``hpcppo export`` writes the merged model, equal to peft's own merge of the checkpoint's adapters."""
 
 from __future__ import annotations
 
@@ -11,11 +11,15 @@ import pytest
 import torch
 
 from hpcppo import metrics as hmetrics
+from hpcppo.rundir import events
 
 from _harness import comparable, compile_run, launch_ranks, logs_of, wait_all, write_spec
 
+# Faults the watchdog repairs with a model reloaded from a checkpoint: a NaN critic at step 2 (restarted from
+# checkpoint 1), a KL spike at step 3 (rolled back to checkpoint 2; the retried step is clean).
 LORA = ["actor.lora.rank=4", "actor.lora.alpha=8", "critic.lora.rank=2", "critic.lora.target_modules=['q_proj','v_proj']",
-        "algorithm.use_kl_in_reward=true", "actor.lr=1e-2", "trainer.total_steps=3", "checkpoint.save_every=1"]
+        "algorithm.use_kl_in_reward=true", "actor.lr=1e-3", "trainer.total_steps=3", "checkpoint.save_every=1",
+        "debug.inject.nan_value_loss_at_step=2", "debug.inject.kl_spike_at_step=3"]
 
 
 def _checkpoint(run, step: int) -> dict:
@@ -45,10 +49,14 @@ def test_lora_actor_and_critic_train_resume_exactly_and_export_merged(tmp_path, 
     assert "+ reference" not in log  # the reference is the actor without its adapters
     df = hmetrics.load(run).set_index("step")
     assert list(df.index) == [1, 2, 3]
-    for col in ("kl/actor_ref", "actor/pg_loss", "critic/vf_loss", "actor/grad_norm", "critic/grad_norm"):
-        assert df[col].notna().all(), col
+    assert df["kl/actor_ref"].notna().all()
+    for col in ("actor/pg_loss", "critic/vf_loss", "actor/grad_norm", "critic/grad_norm"):
+        assert df.loc[[1, 3], col].notna().all(), col  # step 2 ran with the NaN critic
     assert df.loc[1, "kl/actor_ref"] == 0.0  # lora_B = 0: the first rollout's policy is the reference
-    assert (df.loc[[2, 3], "kl/actor_ref"] != 0).all()
+    assert (df.loc[[2, 3], "kl/actor_ref"] != 0).all() and df.loc[3, "kl/actor_ref"] < 0.05  # step 3 retried clean
+    assert df["critic/vf_loss"].isna().tolist() == [False, True, False]
+    recorded = [(e["kind"], e["step"], e.get("checkpoint")) for e in events.read_events(run)]
+    assert ("watchdog.restart_critic", 2, 1) in recorded and ("watchdog.rollback", 3, 2) in recorded, recorded
 
     # Resumed from step 1 in a new run: the same rows and the same final weights, bit for bit.
     again = compile_run(spec, tmp_path / "runs", LORA)

@@ -242,3 +242,26 @@ def test_plan_counts_gradients_and_moments_of_the_adapters_only_and_no_reference
     assert "reference params (fp32 shard)" not in rollout  # the actor without its adapters is the reference
     assert "reference params (fp32 shard)" in {i.what for p in full_budget.phases for i in p.items}
     assert lora_budget.peak.total < full_budget.peak.total
+
+
+def test_the_lora_example_compiles(tmp_path):
+    from pathlib import Path
+
+    from hpcppo.compiler import compile_config
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "arith-tiny-lora.toml"
+    c = compile_config(example, "local", check_paths=False)
+    assert c.experiment.actor.lora.rank == c.experiment.critic.lora.rank == 16 and c.plan.needs_critic
+    assert c.plan.needs_reference  # served by the actor with its adapters disabled
+
+
+def test_adapters_get_gradients_through_activation_checkpointing(tmp_path):
+    from hpcppo.distributed.fsdp import apply_activation_checkpointing
+
+    actor = _actor(_tiny(tmp_path), rank=4, alpha=8)
+    apply_activation_checkpointing(actor)  # as load_sharded applies it with model.gradient_checkpointing
+    ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(3))
+    actor.train()(input_ids=ids).logits.logsumexp(-1).mean().backward()
+    grads = {n: p.grad for n, p in actor.named_parameters()}
+    assert all(g is not None and g.any() for n, g in grads.items() if ".lora_B." in n)
+    assert all(g is None for n, g in grads.items() if ".lora_" not in n)
