@@ -21,7 +21,8 @@ from hpcppo.config.convert import read_input
 from hpcppo.config.load import (expand_path_text, experiment_from_data, load_experiment_with_provenance,
                                 load_site_with_provenance, parse_overrides)
 from hpcppo.config.resolve import resolve
-from hpcppo.config.reward import check_reward_combination, check_reward_model
+from hpcppo.config.reward import check_reward_combination
+from hpcppo.config.reward_check import check_reward_model
 from hpcppo.config.watchdog import check_rule_metrics
 from hpcppo.errors import ConfigError
 from hpcppo.sizing.check import check_colocation
@@ -50,7 +51,7 @@ def compile_config(spec: str | os.PathLike[str], site: str | os.PathLike[str] = 
                                                            site_file=str(site_file), cwd=cwd)
     if check_paths:
         check_experiment_paths(experiment)
-        check_reward_model(experiment.reward_model)
+        check_reward_model(experiment.reward_model, experiment.data)
         # pyarrow and numpy only when the data is checked: `config show`, `plan` and `compile --no-check-paths`
         # stay free of them (tests/unit/test_config_serialize.py).
         from hpcppo.data.check import check_experiment_data

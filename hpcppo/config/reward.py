@@ -1,6 +1,6 @@
 """``[reward_model]`` and ``[reward_manager]``: a reward model that scores the responses, and verl's DAPO reward
-manager (an overlong penalty on the rule-based score). Also the login-node checks of the reward model's directory
-(``check_reward_model``: JSON reads only, no torch, no transformers).
+manager (an overlong penalty on the rule-based score). The login-node checks of the reward model's directory are in
+:mod:`hpcppo.config.reward_check`.
 
 verl's semantics (volcengine/verl b178a3c), which these follow:
 
@@ -18,24 +18,16 @@ verl's semantics (volcengine/verl b178a3c), which these follow:
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any
-
 import attrs
 
 from hpcppo.config.fields import FieldValueError, opt
-from hpcppo.errors import ConfigError, PathError
+from hpcppo.errors import ConfigError
 
 __all__ = ["RewardModelSection", "RewardManagerSection", "OverlongBufferSection", "REWARD_MANAGERS",
-           "check_reward_model", "check_reward_combination"]
+           "check_reward_combination"]
 
 #: verl's registered reward managers this hpcppo has (verl/workers/reward_manager/__init__.py).
 REWARD_MANAGERS = ("naive", "dapo")
-#: The classification-head classes a reward model's config.json may name (verl's RewardModelWorker loads
-#: AutoModelForTokenClassification with num_labels = 1; a sequence-classification checkpoint has the same head,
-#: ``score``, and verl's yaml says "RM only supports AutoModelForSequenceClassification").
-_HEAD_SUFFIXES = ("ForSequenceClassification", "ForTokenClassification")
 
 
 @attrs.frozen(kw_only=True)
@@ -117,53 +109,3 @@ def check_reward_combination(reward_model: RewardModelSection, manager: RewardMa
         raise ConfigError(f"{buffer.len} is longer than max_resp_len {max_resp} (verl asserts max_resp_len >= "
                           f"overlong_buffer.len); allowed: 1 to {max_resp}", file=file,
                           key="reward_manager.overlong_buffer.len")
-
-
-def _read_json(key: str, path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise PathError(f"{key}: {path.parent} has no {path.name}") from None
-    except (OSError, ValueError) as exc:
-        raise PathError(f"{key}: {path} cannot be read as JSON: {getattr(exc, 'strerror', None) or exc}") from None
-    if not isinstance(data, dict):
-        raise PathError(f"{key}: {path} is not a JSON object")
-    return data
-
-
-def _num_labels(config: dict[str, Any]) -> int:
-    labels = config.get("id2label")
-    if isinstance(labels, dict) and labels:
-        return len(labels)
-    value = config.get("num_labels")
-    return value if isinstance(value, int) else 2  # transformers' PretrainedConfig default
-
-
-def check_reward_model(section: RewardModelSection) -> None:
-    """On the login node: the reward model's directory holds a classification model with one label and a tokenizer
-    with a chat template (verl re-templates every (prompt, response) with it: ``_switch_chat_template`` in
-    verl/workers/fsdp_workers.py, ``_preprocess_reward_inputs`` in verl/experimental/reward_loop/reward_loop.py)."""
-    if not section.enable:
-        return
-    root = Path(section.path)
-    if not root.is_dir():
-        raise PathError(f"reward_model.path: {root} {'is not a directory' if root.exists() else 'does not exist'} "
-                        f"(a Hugging Face sequence-classification model directory is expected)")
-    config = _read_json("reward_model.path", root / "config.json")
-    architectures = [str(a) for a in config.get("architectures") or []]
-    if not any(a.endswith(_HEAD_SUFFIXES) for a in architectures):
-        raise ConfigError(f"{root}/config.json names {', '.join(architectures) or 'no architectures'}; allowed: a "
-                          f"*ForSequenceClassification model (a score head, as verl's reward model)",
-                          key="reward_model.path")
-    labels = _num_labels(config)
-    if labels != 1:
-        raise ConfigError(f"{root}/config.json has {labels} labels; allowed: 1 (verl reads one score per token, "
-                          f"num_labels = 1)", key="reward_model.path")
-    tok_root = Path(section.tokenizer_path or section.path)
-    key = "reward_model.tokenizer_path" if section.tokenizer_path else "reward_model.path"
-    if not (tok_root / "tokenizer.json").is_file() and not (tok_root / "tokenizer.model").is_file():
-        raise PathError(f"{key}: {tok_root} has no tokenizer (tokenizer.json or tokenizer.model)")
-    tok_config = _read_json(key, tok_root / "tokenizer_config.json")
-    if not tok_config.get("chat_template") and not (tok_root / "chat_template.jinja").is_file():
-        raise ConfigError(f"{tok_root}: the reward model's tokenizer has no chat template; allowed: a tokenizer with "
-                          f"one (verl applies it to every prompt and response before scoring)", key=key)

@@ -77,6 +77,8 @@ def reward_entries() -> list[Entry]:
        context=True),
     _m(RM + "max_length", "reward_model.max_length", "null -> 0 (prompt + response length, verl's default); "
        "longer inputs are cut from the right, as verl's worker", none_is_default),
+    _uns(RM + "truncation", "hpcppo cuts a long reward-model input from the right, the worker's default",
+         ok=("right",)),
     _m(RM + "use_dynamic_bsz", "reward_model.max_tokens_per_micro_batch", "true: forward_max_token_len_per_gpu "
        "tokens per forward", dynamic_bsz(RM + "forward_max_token_len_per_gpu", "critic.forward_max_token_len_per_gpu"),
        context=True),

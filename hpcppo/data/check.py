@@ -93,12 +93,17 @@ def check_experiment_data(experiment: Any) -> DataReport:
     """:func:`check_data` with the experiment's sections (the one call compile makes)."""
     model = experiment.model
     return check_data(experiment.data, train_batch_size=experiment.trainer.train_batch_size,
-                      tokenizer_dir=model.tokenizer_path or model.path)
+                      tokenizer_dir=model.tokenizer_path or model.path, reward_model=experiment.reward_model.enable)
 
 
-def check_data(data: Any, *, train_batch_size: int, tokenizer_dir: str | None) -> DataReport:
+def check_data(data: Any, *, train_batch_size: int, tokenizer_dir: str | None, reward_model: bool = False) -> DataReport:
     """Check ``data`` (a :class:`~hpcppo.config.experiment.DataSection`); raise the first problem as a
-    :class:`ConfigError` or :class:`PathError` naming the file and the key that fixes it."""
+    :class:`ConfigError` or :class:`PathError` naming the file and the key that fixes it.
+
+    With a ``reward_model`` the training rows are scored by it, so their data sources need no rule-based scorer
+    (verl calls none: rm_scores replace it); validation stays rule-based, except for files whose first row's
+    ``reward_model.style`` is ``model``, which verl does not validate (``_validate`` in
+    verl/trainer/ppo/ray_trainer.py, b178a3c)."""
     report = DataReport()
     auto = data.reward_fn == "auto"
     # Imports a user's function and checks its signature (a typo fails here); "auto" checks gsm8k_method.
@@ -113,8 +118,9 @@ def check_data(data: Any, *, train_batch_size: int, tokenizer_dir: str | None) -
         for path in (expand_paths(items, key=key) if items else []):  # no val_files is allowed
             schema = read_schema(path)
             validate_schema(schema, str(path), data.prompt_key)
+            by_rule = auto and not (reward_model and (key == "data.train_files" or _model_style(path)))
             check = FileCheck(path=str(path), rows=pq.ParquetFile(path).metadata.num_rows,
-                              data_sources=_data_sources(path, auto))
+                              data_sources=_data_sources(path, by_rule))
             if counter is not None and check.rows:
                 counter.measure(path, data.prompt_key, is_text_prompt(schema, data.prompt_key), check)
             _judge_lengths(key, check, data, report)
@@ -132,6 +138,12 @@ def check_data(data: Any, *, train_batch_size: int, tokenizer_dir: str | None) -
     for note in report.notes:
         log.warning("%s", note)
     return report
+
+
+def _model_style(path: Path) -> bool:
+    """Whether the file's first row has ``reward_model.style == "model"``."""
+    first = pq.ParquetFile(path).read_row_group(0, columns=["reward_model"]).slice(0, 1).to_pylist()
+    return bool(first) and (first[0].get("reward_model") or {}).get("style") == "model"
 
 
 def _data_sources(path: Path, auto: bool) -> dict[str, int]:

@@ -82,6 +82,7 @@ def _copy(src: Path, dst: Path, edit_config=None, edit_tokenizer=None) -> Path:
 
 @pytest.mark.parametrize("case, expect", [
     ("missing", "reward_model.path: {p} does not exist"),
+    ("positions", "reward_model.max_length: 100 tokens, more than the reward model's max_position_embeddings = 64"),
     ("causal", "ForSequenceClassification"),
     ("two_labels", "has 2 labels; allowed: 1"),
     ("no_template", "no chat template"),
@@ -96,10 +97,13 @@ def test_a_bad_reward_model_directory_is_refused_in_one_line(tmp_path, random_ti
     elif case == "no_template":
         _copy(random_tiny_rm, path, edit_tokenizer=lambda t: t.pop("chat_template", None))
         (path / "chat_template.jinja").unlink(missing_ok=True)
+    elif case == "positions":
+        path = random_tiny_rm
     elif case == "no_tokenizer":
         _copy(random_tiny_rm, path)
         (path / "tokenizer.json").unlink()
-    text = _error(_spec(tmp_path, random_tiny, f'[reward_model]\nenable = true\npath = "{path}"\n'))
+    extra = "max_length = 100\n" if case == "positions" else ""
+    text = _error(_spec(tmp_path, random_tiny, f'[reward_model]\nenable = true\npath = "{path}"\n{extra}'))
     assert expect.format(p=path) in text
 
 
@@ -132,3 +136,23 @@ def test_the_reward_model_example_compiles():
     rm = compiled.experiment.reward_model
     assert rm.enable and rm.path.endswith("artifacts/tiny-arith/reward-model")
     assert compiled.experiment.reward_manager.name == "naive"
+
+
+def test_with_a_reward_model_training_rows_need_no_rule_scorer_and_model_style_validation_none(tmp_path, random_tiny,
+                                                                                                random_tiny_rm):
+    from hpcppo.data import synthetic
+
+    rows = synthetic.generate_rows(16, seed=1, split="train", max_operand=19)
+    for row in rows:  # verl's full_hh_rlhf rows: a data source no rule scores, style "model"
+        row["data_source"], row["reward_model"]["style"] = "Dahoas/full-hh-rlhf", "model"
+    synthetic.write_split(tmp_path / "hh.parquet", rows)
+    hh = {**random_tiny, "train": tmp_path / "hh.parquet", "val": tmp_path / "hh.parquet"}
+    rm = f'[reward_model]\nenable = true\npath = "{random_tiny_rm}"\n'
+    assert compile_config(_spec(tmp_path, hh, rm), "local").experiment.reward_model.enable
+    assert "Dahoas/full-hh-rlhf" in _error(_spec(tmp_path, hh, ""))  # the rule-based run cannot score them
+    # validation files whose rows are rule-scored are still checked with a reward model
+    mixed = {**hh, "val": random_tiny["train"]}
+    assert compile_config(_spec(tmp_path, mixed, rm), "local")
+    rows[0]["reward_model"]["style"] = "rule"
+    synthetic.write_split(tmp_path / "hh-rule.parquet", rows)
+    assert "Dahoas/full-hh-rlhf" in _error(_spec(tmp_path, {**hh, "val": tmp_path / "hh-rule.parquet"}, rm))

@@ -65,14 +65,15 @@ def test_what_cannot_be_honoured_is_refused_in_one_line(tmp_path):
     imp = _imp("reward_model.reward_manager=prime reward_manager.name=batch reward_model.enable_resource_pool=True "
                "reward_model.enable=True reward_model.model.path=/rm reward_model.use_reward_loop=False "
                "reward_model.model.input_tokenizer=null reward_model.ulysses_sequence_parallel_size=2 "
-               "reward_model.sandbox_fusion.url=http://x", tmp_path)
+               "reward_model.sandbox_fusion.url=http://x +reward_model.truncation=left", tmp_path)
     why = _why(imp)
     for key, words in (("reward_model.reward_manager", "prime reward manager is not in hpcppo"),
                        ("reward_manager.name", "batch reward manager is not in hpcppo"),
                        ("reward_model.enable_resource_pool", "colocates"),
                        ("reward_model.model.input_tokenizer", "always re-templates"),
                        ("reward_model.ulysses_sequence_parallel_size", "sequence parallelism"),
-                       ("reward_model.sandbox_fusion.url", "sandbox")):
+                       ("reward_model.sandbox_fusion.url", "sandbox"),
+                       ("+reward_model.truncation", "from the right")):
         kind, text = why[key]
         assert kind == "unsupported" and words in text and "\n" not in text, (key, why[key])
     assert "reward_manager.name" not in imp.values
