@@ -159,6 +159,9 @@ def _check_trainer(exp: Experiment, needs_critic: bool) -> None:
     if warm and not needs_critic:
         raise ResolveError(f"critic.warmup_updates={warm} but algorithm.adv_estimator="
                            f"{exp.algorithm.adv_estimator!r} trains no critic; use 0")
+    if exp.actor.lora.enabled and exp.reference.offload:
+        raise ResolveError(f"reference.offload=true but actor.lora.rank={exp.actor.lora.rank}: the reference is the "
+                           f"actor with its adapters disabled, there is no copy to offload; use false")
     if exp.critic.lora.enabled and not needs_critic:
         raise ResolveError(f"critic.lora.rank={exp.critic.lora.rank} but algorithm.adv_estimator="
                            f"{exp.algorithm.adv_estimator!r} trains no critic; use 0")

@@ -333,3 +333,15 @@ def lora_modules(value: Any, ctx: Mapping[str, Any]) -> Any:
         raise Untranslatable(f"{value!r}: peft reads a string other than \"all-linear\" as a regular expression over "
                              f"module paths; give the layer names as a list (e.g. [q_proj,v_proj])")
     return list(value)
+
+
+def without_lora(rank_key: str, adapter_key: str) -> Convert:
+    """A setting of verl's reference worker: with the actor's LoRA verl builds none (main_ppo.py: ``ref_in_actor =
+    lora_rank > 0 or lora_adapter_path is not None``; ``need_reference_policy(config) and not ref_in_actor``), the
+    actor with its adapters disabled is the reference, and the setting does nothing there as here."""
+    def convert(value: Any, ctx: Mapping[str, Any]) -> Any:
+        if whole_number(ctx.get(rank_key), 0) > 0 or ctx.get(adapter_key) is not None:
+            raise Ignored("with LoRA verl loads no reference model (ref_in_actor): the actor without its adapters")
+        return value
+
+    return convert

@@ -8,7 +8,7 @@ from typing import Any
 
 from hpcppo.config.verl_convert import (A, ACTOR_TOKENS, ARR, CRITIC_TOKENS, IGNORED, MAP, MODEL, NOT_VERL, R, REF, REWARD_KWARGS, UNSUPPORTED,
                                         Convert, Entry, clip_ratio, critic_warmup, dtype, dynamic_bsz, engine, files, freq, hsdp,
-                                        keep, logger, lora_modules, lora_setting, none_is_default, per_gpu, project_name, resume, reward_kwargs,
+                                        keep, logger, lora_modules, lora_setting, none_is_default, without_lora, per_gpu, project_name, resume, reward_kwargs,
                                         reward_name, reward_path, run_name, schedule, token_budget, top_k, total_steps, warmup,
                                         warmup_ratio)
 
@@ -73,7 +73,9 @@ def _fsdp(verl: str, role: str) -> list[Entry]:
         m(f + "param_offload", f"{role}.fsdp.param_offload",
           "verl moves the parameter shards to the CPU between phases; hpcppo's param_offload is FSDP2's "
           "CPUOffloadPolicy (verl's offload_policy): the GPU holds no shards, the optimizer step runs on the CPU")
-        if own else m(f + "param_offload", "reference.offload", "the reference's shards stay on the CPU"),
+        if own else m(f + "param_offload", "reference.offload", "the reference's shards stay on the CPU; not with "
+                      "LoRA (no reference copy)", without_lora(MODEL + "lora_rank", MODEL + "lora_adapter_path"),
+                      context=True),
         m(f + "offload_policy", f"{role}.fsdp.param_offload", "FSDP2's CPUOffloadPolicy, as verl's offload_policy")
         if own else ign(f + "offload_policy", "verl gives the reference CPUOffloadPolicy under FSDP2 in any case; "
                                               "hpcppo: reference.offload"),

@@ -176,6 +176,13 @@ def test_import_verl_translates_the_lora_keys_of_actor_and_critic(tmp_path):
     assert why["critic.model.exclude_modules"][0] == "ignored"
     # Settings of an adapter that verl does not build (lora_rank = 0) are not translated, a regex is refused, a
     # trained adapter to load is unsupported.
+    # verl builds no reference worker with LoRA (ref_in_actor): its offload does nothing there, nor here.
+    values, why = _imported(m + "lora_rank=8", "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+                            tmp_path=tmp_path)
+    assert "reference.offload" not in values
+    assert why["actor_rollout_ref.ref.fsdp_config.param_offload"][0] == "ignored"
+    values, _ = _imported("actor_rollout_ref.ref.fsdp_config.param_offload=True", tmp_path=tmp_path)
+    assert values["reference.offload"] is True
     values, why = _imported(m + "lora_alpha=64", m + "target_modules=all-linear", tmp_path=tmp_path)
     assert not any(k.startswith("actor.lora.") for k in values)
     assert why[m + "lora_alpha"] == ("ignored", "only with lora_rank > 0 (verl builds no adapter otherwise)")
@@ -229,12 +236,15 @@ def test_a_trained_adapter_is_continued_and_checked_at_compile(tmp_path):
     check_experiment_paths(_spec(tmp_path, '[actor.lora]\nrank = 4\nalpha = 8\nadapter_path = "all"\n'))
 
 
-def test_a_critic_lora_without_a_critic_is_refused(tmp_path):
+def test_a_critic_lora_without_a_critic_and_an_offloaded_reference_that_is_the_actor_are_refused(tmp_path):
     from hpcppo.config import load_site, resolve
     from hpcppo.errors import ResolveError
 
     exp = _spec(tmp_path, "[algorithm]\nadv_estimator = \"grpo\"\n[rollout]\nn = 2\n[critic.lora]\nrank = 4\n")
     with pytest.raises(ResolveError, match="critic.lora.rank=4 but algorithm.adv_estimator='grpo' trains no critic"):
+        resolve(load_site("local"), exp)
+    exp = _spec(tmp_path, "[actor.lora]\nrank = 4\n[algorithm]\nuse_kl_in_reward = true\n[reference]\noffload = true\n")
+    with pytest.raises(ResolveError, match="reference.offload=true but actor.lora.rank=4: .* no copy to offload"):
         resolve(load_site("local"), exp)
 
 
