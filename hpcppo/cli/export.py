@@ -15,5 +15,6 @@ from hpcppo.train.export import export_actor
 def cmd_export(args: argparse.Namespace) -> int:
     run = RunDir.open(runs_root(args), args.run)
     info = export_actor(run.path, Path(args.out), step=args.step)
-    print(f"exported step {info['step']} of {info['run']} to {info['out']}")
+    print(f"exported step {info['step']} of {info['run']} to {info['out']}"
+          + (f" (LoRA merged; the adapters alone in {info['adapter']})" if "adapter" in info else ""))
     return 0

@@ -19,7 +19,7 @@ from hpcppo.config.convert import converter, read_input, read_toml, structure
 from hpcppo.config.experiment import Experiment
 from hpcppo.config.fields import opt
 from hpcppo.config.load import expand_path_text
-from hpcppo.config.lora import check_lora_targets
+from hpcppo.config.lora import check_adapter, check_lora_targets
 from hpcppo.config.plan import RunPlan
 from hpcppo.config.resolve import resolve
 from hpcppo.config.site import Site
@@ -119,6 +119,7 @@ def check_experiment_paths(experiment: Experiment) -> None:
         _refuse_vision_language("model.critic_path", m.critic_path, critic_config)
     check_lora_targets("actor.lora", experiment.actor.lora, config, m.path)
     check_lora_targets("critic.lora", experiment.critic.lora, critic_config, m.critic_path or m.path)
+    check_adapter("actor.lora.adapter_path", experiment.actor.lora, config)
     if m.tokenizer_path and not Path(m.tokenizer_path).is_dir():
         what = "does not exist" if not Path(m.tokenizer_path).exists() else "is not a directory"
         raise PathError(f"model.tokenizer_path: {m.tokenizer_path} {what} (a Hugging Face tokenizer directory is "

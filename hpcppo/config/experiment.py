@@ -322,6 +322,8 @@ class CriticSection:
 
     def __attrs_post_init__(self) -> None:
         _check_warmup(self)
+        if self.lora.adapter_path:  # a peft adapter holds no value head: the critic would start half trained
+            raise FieldValueError("lora", "adapter_path is the actor's only (a peft adapter holds no value head)")
 
 
 @attrs.frozen(kw_only=True)

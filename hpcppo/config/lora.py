@@ -10,14 +10,16 @@ peft's default 0), ``target_modules`` defaults to ``"all-linear"`` and ``lora_al
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import attrs
 
 from hpcppo.config.fields import FieldValueError, opt
-from hpcppo.errors import ConfigError
+from hpcppo.errors import ConfigError, PathError
 
-__all__ = ["LoraSection", "ALL_LINEAR", "linear_modules", "check_lora_targets"]
+__all__ = ["LoraSection", "ALL_LINEAR", "linear_modules", "check_lora_targets", "check_adapter"]
 
 ALL_LINEAR = "all-linear"
 
@@ -61,6 +63,11 @@ class LoraSection:
     exclude_modules: list[str] = opt(factory=list, check=_check_excludes,
                                      help="Linear layers left without an adapter (verl's exclude_modules); "
                                           "[] = none.")
+    adapter_path: str = opt("", path=True, help="A trained adapter to start from (peft's format: adapter_config.json "
+                                                "and adapter_model.safetensors, as hpcppo export writes in "
+                                                "lora_adapter/; verl's lora_adapter_path), instead of lora_B = 0; "
+                                                "its r, lora_alpha and target modules must be this section's. "
+                                                "The reference stays the base model. Actor only.")
 
     @property
     def enabled(self) -> bool:
@@ -69,7 +76,8 @@ class LoraSection:
     def __attrs_post_init__(self) -> None:
         # A setting of an adapter that does not exist would do nothing: refuse it rather than ignore it.
         if not self.enabled:
-            for name, default in (("alpha", 16.0), ("target_modules", [ALL_LINEAR]), ("exclude_modules", [])):
+            for name, default in (("alpha", 16.0), ("target_modules", [ALL_LINEAR]), ("exclude_modules", []),
+                                  ("adapter_path", "")):
                 if getattr(self, name) != default:
                     raise FieldValueError(name, "sets up a LoRA adapter and does nothing with rank = 0 (full "
                                                 "fine-tuning); set rank > 0")
@@ -105,3 +113,65 @@ def check_lora_targets(key: str, lora: LoraSection, config: dict[str, Any], path
     if not targets - set(lora.exclude_modules):
         raise ConfigError(f"every target module is excluded ({', '.join(sorted(targets))}): nothing would train",
                           key=f"{key}.exclude_modules")
+
+
+# adapter_config.json fields that must have peft's plain-LoRA value: hpcppo's adapters and their merge are those.
+_PLAIN = {"peft_type": "LORA", "use_dora": False, "use_rslora": False, "bias": "none", "fan_in_fan_out": False,
+          "lora_bias": False, "lora_dropout": 0.0}
+_UNSET = ("rank_pattern", "alpha_pattern", "layers_to_transform", "modules_to_save", "layer_replication",
+          "trainable_token_indices", "target_parameters")
+
+
+def check_adapter(key: str, lora: LoraSection, config: dict[str, Any]) -> None:
+    """``PathError``/``ConfigError`` naming ``key`` (``actor.lora.adapter_path``) when ``lora.adapter_path`` is not
+    a peft LoRA adapter hpcppo can continue: its files, a plain LoRA (``_PLAIN``), and the section's rank, alpha and
+    target modules (``"all-linear"`` expanded with the model's linear layers from its ``config``)."""
+    if not lora.adapter_path:
+        return
+    directory = Path(lora.adapter_path)
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        if not (directory / name).is_file():
+            raise PathError(f"{key}: {directory} has no {name} (a peft LoRA adapter directory is expected, as "
+                            f"hpcppo export writes in lora_adapter/)")
+    try:
+        saved = json.loads((directory / "adapter_config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise PathError(f"{key}: {directory}/adapter_config.json cannot be read: {exc}") from None
+    if not isinstance(saved, dict):
+        raise PathError(f"{key}: {directory}/adapter_config.json is not a JSON object")
+    for field, plain in _PLAIN.items():
+        if saved.get(field, plain) != plain:
+            raise ConfigError(f"{directory}: the adapter's {field} is {saved.get(field)!r}; hpcppo continues plain "
+                              f"LoRA adapters only ({field} = {plain!r})", key=key)
+    for field in _UNSET:
+        if saved.get(field):
+            raise ConfigError(f"{directory}: the adapter sets {field} = {saved[field]!r}; hpcppo continues plain "
+                              f"LoRA adapters only (no {field})", key=key)
+    known = linear_modules(config)
+
+    def names(value: Any, excluded: Any) -> set[str]:
+        given = [value] if isinstance(value, str) else list(value or [])
+        out = set(known) if given == [ALL_LINEAR] and known else _layer_names(given, key, directory, config)
+        return out - set([excluded] if isinstance(excluded, str) else (excluded or []))
+
+    theirs = (saved.get("r"), saved.get("lora_alpha"), names(saved.get("target_modules"), saved.get("exclude_modules")))
+    ours = (lora.rank, lora.alpha, names(lora.target_modules, lora.exclude_modules))
+    if theirs != ours:
+        raise ConfigError(f"{directory}: the adapter has r = {theirs[0]}, lora_alpha = {theirs[1]}, target modules "
+                          f"{sorted(theirs[2])}; this section has rank = {ours[0]}, alpha = {ours[1]}, "
+                          f"{sorted(ours[2])}: set them to the adapter's", key=key)
+
+
+def _layer_names(given: list[str], key: str, directory: Path, config: dict[str, Any]) -> set[str]:
+    """Layer names from an adapter's target list: peft saves ``"all-linear"`` expanded to module paths
+    (``model.layers.0.mlp.down_proj``); a name must then be adapted in every decoder layer, as hpcppo's targets are."""
+    short = {name.rsplit(".", 1)[-1] for name in given}
+    layers = next((s.get("num_hidden_layers") for s in (config, config.get("text_config")) if isinstance(s, dict)
+                   and isinstance(s.get("num_hidden_layers"), int)), None)
+    if layers is not None and any("." in name for name in given):
+        for name in sorted(short):
+            count = sum(1 for g in given if g.rsplit(".", 1)[-1] == name)
+            if count != layers:
+                raise ConfigError(f"{directory}: the adapter has {name} in {count} of the model's {layers} layers; "
+                                  f"hpcppo adapts a layer name in every layer", key=key)
+    return short

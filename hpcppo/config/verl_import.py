@@ -569,7 +569,9 @@ reference is the actor with its adapters disabled, as verl's. The rollout engine
 loads the base into vLLM once and then sends only the adapters (vLLM's LoRA support, `enable_lora`); hpcppo sends
 merged weights `W + (alpha / r) B A` under the base model's names (equal, bit for bit, to peft's `merge_and_unload`),
 so vLLM and the HF engine run plain weights: the same matmuls as a full fine-tune, no LoRA kernels, no adapter dtype
-of vLLM's own, no `max_lora_rank`. `lora_adapter_path` (a trained adapter to continue) is not supported.
+of vLLM's own, no `max_lora_rank`. The actor's `lora_adapter_path` (a trained adapter to continue) becomes
+`actor.lora.adapter_path`; verl reads r, alpha and the target modules from the adapter, hpcppo checks at compile that
+`[actor.lora]` has the adapter's.
 
 When the input leaves one of these unset, the import writes verl's default, because hpcppo's differs: {defaults}
 (`trainer.val_before_train` only when `data.val_files` is given, `fsdp_size` only on more than one node).

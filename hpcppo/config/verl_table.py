@@ -125,14 +125,16 @@ def _lora(verl: str, role: str) -> list[Entry]:
         m(verl + "lora_alpha", f"{role}.lora.alpha", "only with lora_rank > 0", lora_setting(rank), context=True),
         m(verl + "target_modules", f"{role}.lora.target_modules", "\"all-linear\" or a list of layer names; only "
           "with lora_rank > 0", lora_setting(rank, lora_modules), context=True),
-        uns(verl + "lora_adapter_path", "hpcppo starts the adapters from zero (lora_B = 0); it does not load a "
-                                        "trained adapter", ok=(None,)),
     ]
     if role == "actor":
         out.append(m(verl + "exclude_modules", "actor.lora.exclude_modules", "a list of layer names; only with "
                      "lora_rank > 0", lora_setting(rank, lora_modules), context=True))
+        out.append(m(verl + "lora_adapter_path", "actor.lora.adapter_path", "verl takes r, alpha and the target "
+                     "modules from the adapter; hpcppo checks that actor.lora has the adapter's", none_is_default))
     else:  # verl's critic builds its LoraConfig without exclude_modules
         out.append(ign(verl + "exclude_modules", "verl's critic LoRA takes no exclude_modules"))
+        out.append(uns(verl + "lora_adapter_path", "verl's critic adapter carries its score head (modules_to_save); "
+                                                   "hpcppo's value head is not in a peft adapter", ok=(None,)))
     return out
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Iterable, Iterator
 from typing import Any, cast
 
@@ -38,7 +39,7 @@ import torch
 from torch import nn
 
 __all__ = ["LORA_INIT_SEED", "ADAPTER", "apply_lora", "lora_layers", "has_lora", "adapters_disabled",
-           "scalings", "merge_stream"]
+           "scalings", "merge_stream", "save_adapter"]
 
 LORA_INIT_SEED = 1103
 ADAPTER = "default"  # peft's adapter name
@@ -59,9 +60,10 @@ def has_lora(model: nn.Module) -> bool:
 
 
 def apply_lora(model: nn.Module, *, rank: int, alpha: float, target_modules: list[str],
-               exclude_modules: list[str]) -> nn.Module:
+               exclude_modules: list[str], adapter: str = "") -> nn.Module:
     """Inject LoRA adapters into ``model`` in place (its parameters may be on the meta device) and return it: the
-    base weights frozen, the adapters trainable and initialised identically on every rank (module docstring)."""
+    base weights frozen, the adapters trainable and initialised identically on every rank (module docstring), or,
+    with ``adapter`` (a directory in peft's format), holding that adapter's weights."""
     from peft import LoraConfig, inject_adapter_in_model
     from peft.tuners.lora import Linear as LoraLinear
 
@@ -87,7 +89,31 @@ def apply_lora(model: nn.Module, *, rank: int, alpha: float, target_modules: lis
         nn.init.kaiming_uniform_(weight_a, a=math.sqrt(5), generator=generator)
         a.weight = nn.Parameter(weight_a)
         b.weight = nn.Parameter(torch.zeros(b.weight.shape, dtype=dtype))
+    if adapter:
+        _load_adapter(model, adapter)
     return model
+
+
+def _load_adapter(model: nn.Module, directory: str) -> None:
+    """Every adapter weight of ``model`` from ``directory/adapter_model.safetensors`` (peft's names:
+    ``base_model.model.<module>.lora_A.weight``), cast to the parameter's dtype; ``ValueError`` naming the first
+    weight the file lacks, has in another shape, or has beyond the model's adapters. Every rank reads the whole
+    adapter (its size is ``r x (in + out)`` per layer) before the model is sharded."""
+    from safetensors.torch import load_file
+
+    file = os.path.join(directory, "adapter_model.safetensors")
+    saved = {k.removeprefix("base_model.model."): v for k, v in load_file(file).items()}
+    params = {name: p for name, p in model.named_parameters() if ".lora_" in name}
+    with torch.no_grad():
+        for name, param in params.items():
+            key = name.replace(f".{ADAPTER}.weight", ".weight")
+            tensor = saved.pop(key, None)
+            if tensor is None or tensor.shape != param.shape:
+                what = "has none" if tensor is None else f"has {tuple(tensor.shape)}"
+                raise ValueError(f"{file}: {key} of shape {tuple(param.shape)} expected, the file {what}")
+            param.copy_(tensor)
+    if saved:
+        raise ValueError(f"{file}: {len(saved)} tensors the model's adapters do not have: {sorted(saved)[:3]}")
 
 
 @contextlib.contextmanager
@@ -142,3 +168,20 @@ def _lora_part(name: str) -> tuple[str | None, str]:
         if name.endswith(suffix):
             return name[: -len(suffix)], part
     return None, ""
+
+
+def save_adapter(model: nn.Module, directory: str | os.PathLike[str], base_model: str) -> None:
+    """Write ``model``'s adapters (unsharded) in peft's format, as ``PeftModel.save_pretrained`` writes them:
+    ``adapter_config.json`` and ``adapter_model.safetensors`` under ``base_model.model.<module>.lora_A.weight``
+    names, so ``PeftModel.from_pretrained(base, directory)`` (or vLLM's LoRA support) loads them onto ``base_model``.
+    verl saves its adapter the same way (``fsdp_workers.py``, ``save_checkpoint``: ``lora_adapter/``)."""
+    from peft.utils.save_and_load import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    config = cast(Any, model).peft_config[ADAPTER]
+    config.base_model_name_or_path = str(base_model)
+    os.makedirs(directory, exist_ok=True)
+    config.save_pretrained(str(directory))
+    state = get_peft_model_state_dict(model, adapter_name=ADAPTER)
+    save_file({f"base_model.model.{k}": v.detach().contiguous() for k, v in state.items()},
+              os.path.join(directory, "adapter_model.safetensors"))

@@ -1,5 +1,6 @@
 """Export a committed checkpoint's actor as a Hugging Face directory (safetensors + tokenizer); with LoRA, the
-merged model (``W + (alpha / r) B A`` under the base model's names, as the rollout engine gets it).
+merged model (``W + (alpha / r) B A`` under the base model's names, as the rollout engine gets it) and, in its
+``lora_adapter/``, the adapters alone in peft's format (``PeftModel.from_pretrained(base_model, OUT/lora_adapter)``).
 
 Runs in one process without a process group: DCP reads the sharded checkpoint into a plain model
 whatever world size saved it. The model is built on the meta device and given storage (``loading.materialize``)
@@ -21,6 +22,8 @@ from typing import Any
 from hpcppo.errors import PathError, RunStateError
 from hpcppo.rundir import RunPaths
 
+ADAPTER_DIR = "lora_adapter"  # with LoRA: the adapters alone, in peft's format (verl's name for its copy)
+
 
 def export_actor(run_dir: Path, out_dir: Path, step: int | None = None) -> dict[str, object]:
     # torch and transformers only when a model is exported: the CLI module that imports this one also serves
@@ -33,7 +36,7 @@ def export_actor(run_dir: Path, out_dir: Path, step: int | None = None) -> dict[
     from hpcppo.distributed.loading import materialize
     from hpcppo.distributed.weights import load_into
     from hpcppo.models import build_actor
-    from hpcppo.models.lora import has_lora, merge_stream, scalings
+    from hpcppo.models.lora import has_lora, merge_stream, save_adapter, scalings
     from hpcppo.train.lora import with_lora
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
@@ -56,11 +59,11 @@ def export_actor(run_dir: Path, out_dir: Path, step: int | None = None) -> dict[
         actor = with_lora(build, compiled.experiment.actor.lora)(empty=True)
         materialize(actor, torch.device("cpu"))
         manager.load(step, models={"actor": actor}, optimizers={}, restore_rng=False)
-        if has_lora(actor):  # the merged weights, as the rollout engine gets them, into the plain model
-            merged = build(empty=True)
-            materialize(merged, torch.device("cpu"))
-            load_into(merged, merge_stream(actor.named_parameters(), scalings(actor)))
-            actor = merged
+        adapted = actor if has_lora(actor) else None
+        if adapted is not None:  # the merged weights, as the rollout engine gets them, into the plain model
+            actor = build(empty=True)
+            materialize(actor, torch.device("cpu"))
+            load_into(actor, merge_stream(adapted.named_parameters(), scalings(adapted)))
     except CorruptCheckpointError as exc:
         older = [s for s in committed if s < step]
         raise CorruptCheckpointError(exc.path, exc.file, exc.reason, hint=(
@@ -74,8 +77,11 @@ def export_actor(run_dir: Path, out_dir: Path, step: int | None = None) -> dict[
         hf_actor.config.use_cache = True
         hf_actor.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        if adapted is not None:  # and the adapters alone, in peft's format, for the base model
+            save_adapter(adapted, tmp / ADAPTER_DIR, model_cfg.path)
         os.rename(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return {"run": run_dir.name, "step": step, "out": str(out_dir)}
+    return {"run": run_dir.name, "step": step, "out": str(out_dir)} | (
+        {"adapter": str(out_dir / ADAPTER_DIR)} if adapted is not None else {})

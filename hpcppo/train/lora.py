@@ -33,7 +33,7 @@ def with_lora(build: Callable[..., nn.Module], lora: LoraSection, *,
     def build_with_adapters(**kwargs: Any) -> nn.Module:
         model = build(**kwargs)
         apply_lora(inside(model), rank=lora.rank, alpha=lora.alpha, target_modules=list(lora.target_modules),
-                   exclude_modules=list(lora.exclude_modules))
+                   exclude_modules=list(lora.exclude_modules), adapter=lora.adapter_path)
         return model
 
     return build_with_adapters

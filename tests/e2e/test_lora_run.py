@@ -1,7 +1,8 @@
 """LoRA end to end (issue 23): 2 ranks train the actor's and the critic's adapters with the KL in the reward (the
 reference is the actor with its adapters disabled: no copy is loaded), the watchdog restarts a NaN critic and rolls
 back a KL spike from checkpoints, a run resumed from a checkpoint logs the same rows and ends with the same weights,
-bit for bit, and ``hpcppo export`` writes the merged model, equal to peft's own merge of the checkpoint's adapters."""
+bit for bit, and ``hpcppo export`` writes the merged model, equal to peft's own merge of the checkpoint's adapters,
+and the adapters alone in peft's format."""
 
 from __future__ import annotations
 
@@ -74,6 +75,7 @@ def test_lora_actor_and_critic_train_resume_exactly_and_export_merged(tmp_path, 
     assert critic_lora and all(".q_proj." in k or ".v_proj." in k for k in critic_lora)
 
     # Export: the merged actor under the base model's names, as peft's own Linear.merge computes it.
+    from hpcppo.config import load_resolved
     from hpcppo.models.lora import lora_layers
     from hpcppo.train.export import export_actor
     from transformers import AutoModelForCausalLM
@@ -88,3 +90,10 @@ def test_lora_actor_and_critic_train_resume_exactly_and_export_merged(tmp_path, 
     assert expected.keys() == exported.keys()
     for name, tensor in expected.items():
         assert torch.equal(exported[name], tensor), name
+    # ... and the adapters alone in peft's format: PeftModel loads them onto the base model, to the same merge.
+    from peft import PeftModel
+
+    base = AutoModelForCausalLM.from_pretrained(load_resolved(run / "resolved.toml").experiment.model.path)
+    reloaded = PeftModel.from_pretrained(base, tmp_path / "exported" / "lora_adapter").merge_and_unload()
+    for name, tensor in reloaded.named_parameters():
+        assert torch.equal(tensor, exported[name]), name

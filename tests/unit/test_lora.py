@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hpcppo.config.verl_import import read_command_line, translate
-from hpcppo.errors import ConfigError
+from hpcppo.errors import ConfigError, PathError
 
 CMD = "python3 -m verl.trainer.main_ppo "
 
@@ -20,7 +20,7 @@ def _tiny(directory) -> str:
 
     torch.manual_seed(0)
     LlamaForCausalLM(LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                 intermediate_size=48, vocab_size=50, max_position_embeddings=64)).save_pretrained(
+                                 intermediate_size=48, vocab_size=50, max_position_embeddings=2048)).save_pretrained(
         directory)
     return str(directory)
 
@@ -127,6 +127,7 @@ def _spec(tmp_path, lora: str) -> object:
     ("[actor.lora]\nrank = 4\ntarget_modules = [\"q_proj\"]\nexclude_modules = [\"q_proj\"]\n",
      "actor.lora.exclude_modules: ['q_proj'] are also in target_modules"),
     ("[actor.lora]\nrank = -1\n", "actor.lora.rank"),
+    ("[critic.lora]\nrank = 4\nadapter_path = \"a\"\n", "critic.lora: adapter_path is the actor's only"),
 ])
 def test_bad_lora_settings_are_one_line_errors_naming_the_key(tmp_path, lora, message):
     with pytest.raises(ConfigError) as err:
@@ -179,10 +180,53 @@ def test_import_verl_translates_the_lora_keys_of_actor_and_critic(tmp_path):
     assert not any(k.startswith("actor.lora.") for k in values)
     assert why[m + "lora_alpha"] == ("ignored", "only with lora_rank > 0 (verl builds no adapter otherwise)")
     values, why = _imported(m + "lora_rank=8", m + "target_modules='.*proj'", m + "lora_adapter_path=/a/b",
-                            tmp_path=tmp_path)
+                            "critic.model.lora_adapter_path=/c", tmp_path=tmp_path)
     assert values["actor.lora.rank"] == 8 and "actor.lora.target_modules" not in values
     assert why[m + "target_modules"][0] == "unsupported" and "regular expression" in why[m + "target_modules"][1]
-    assert why[m + "lora_adapter_path"][0] == "unsupported"
+    assert values["actor.lora.adapter_path"] == "/a/b"
+    assert why["critic.model.lora_adapter_path"][0] == "unsupported"  # a peft adapter holds no value head
+
+
+def test_a_trained_adapter_is_continued_and_checked_at_compile(tmp_path):
+    """An adapter in peft's format (hpcppo export's lora_adapter/, verl's lora_adapter_path): the actor starts from
+    its weights; compile refuses one whose r, alpha or targets are not the section's, or that is not plain LoRA."""
+    import json
+
+    from hpcppo.config import check_experiment_paths
+    from hpcppo.models.lora import save_adapter
+
+    path = _tiny(tmp_path / "m")
+    trained = _actor(path, rank=4, alpha=8, target_modules=["q_proj", "v_proj"])
+    with torch.no_grad():
+        for name, p in trained.named_parameters():
+            if ".lora_" in name:
+                p.normal_(generator=torch.Generator().manual_seed(len(name)))
+    save_adapter(trained, tmp_path / "adapter", path)
+    lora = dict(rank=4, alpha=8, target_modules=["q_proj", "v_proj"])
+    for empty in (False, True):  # whole, and as the trainer builds it (meta device, then the files)
+        resumed = _actor(path, empty=empty, adapter_path=str(tmp_path / "adapter"), **lora)
+        a, b = dict(trained.named_parameters()), dict(resumed.named_parameters())
+        assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+    with pytest.raises(ValueError, match="lora_A.weight of shape"):
+        _actor(path, adapter_path=str(tmp_path / "adapter"), rank=4, alpha=8, target_modules=["q_proj", "k_proj"])
+
+    section = '[actor.lora]\nrank = {r}\nalpha = 8\ntarget_modules = ["q_proj", "v_proj"]\nadapter_path = "adapter"\n'
+    check_experiment_paths(_spec(tmp_path, section.format(r=4)))
+    with pytest.raises(ConfigError, match=r"actor.lora.adapter_path: .*the adapter has r = 4, lora_alpha = 8.*"
+                                          r"this section has rank = 8"):
+        check_experiment_paths(_spec(tmp_path, section.format(r=8)))
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps(config | {"use_dora": True}))
+    with pytest.raises(ConfigError, match="the adapter's use_dora is True; hpcppo continues plain LoRA adapters only"):
+        check_experiment_paths(_spec(tmp_path, section.format(r=4)))
+    (tmp_path / "adapter" / "adapter_model.safetensors").unlink()
+    with pytest.raises(PathError, match="actor.lora.adapter_path: .* has no adapter_model.safetensors"):
+        check_experiment_paths(_spec(tmp_path, section.format(r=4)))
+    # peft saves "all-linear" expanded to module paths: every layer of each name, which "all-linear" matches.
+    save_adapter(_actor(path, rank=4, alpha=8), tmp_path / "all", path)
+    assert "model.layers.1.mlp.up_proj" in json.loads((tmp_path / "all" / "adapter_config.json").read_text())[
+        "target_modules"]
+    check_experiment_paths(_spec(tmp_path, '[actor.lora]\nrank = 4\nalpha = 8\nadapter_path = "all"\n'))
 
 
 def test_a_critic_lora_without_a_critic_is_refused(tmp_path):
