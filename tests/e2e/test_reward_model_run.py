@@ -1,6 +1,6 @@
 """A reward model and DAPO's overlong buffer end to end (issue 23), two short 2-rank runs of the real job entry point:
 the reward model's score is the run's score (verl's rm_scores replace the rule-based one) while validation stays
-rule-based; DAPO's penalty reaches the score and is logged."""
+rule-based, and ReMax's greedy baseline is scored by the model; DAPO's penalty reaches the score and is logged."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ SHORT = ["trainer.total_steps=2", "checkpoint.save_every=0", "trainer.test_freq=
 def test_the_reward_models_score_is_the_runs_score(tmp_path, random_tiny, random_tiny_rm):
     spec = write_spec(tmp_path / "exp.toml", random_tiny,
                       extra=f'[reward_model]\nenable = true\npath = "{random_tiny_rm}"\nmax_length = 12\n')
-    run = compile_run(spec, tmp_path / "runs", SHORT)
+    # ReMax: its greedy baseline is scored by the reward model too, as verl's fit does (rm_scores of the baseline)
+    run = compile_run(spec, tmp_path / "runs", SHORT + ["algorithm.adv_estimator=remax"])
     assert wait_all(launch_ranks(run, 2, "a0")) == [0, 0], logs_of(run)
+    assert "greedy baseline" in logs_of(run)
     df = hmetrics.load(run).set_index("step")
     for name in ("reward_model/score_mean", "reward_model/score_max", "reward_model/score_min",
                  "reward_model/truncated_frac"):
