@@ -35,7 +35,7 @@ from hpcppo.config.plan import RunPlan
 from hpcppo.config.site import Site
 from hpcppo.sizing.budget import ADAM_BYTES, MASTER_BYTES, Budget, Item, Phase, dtype_bytes
 from hpcppo.sizing.catalog import ASSUMPTIONS, GIB, GPUS, KNOWN_MODELS, ModelShape
-from hpcppo.sizing.lora import adapter_params, loads_reference
+from hpcppo.sizing.lora import adapter_params, loads_reference, lora_note
 from hpcppo.sizing.steptime import step_time
 
 __all__ = ["Item", "Phase", "Budget", "model_shape", "estimate", "dtype_bytes"]
@@ -173,6 +173,7 @@ def estimate(site: Site, exp: Experiment, plan: RunPlan) -> Budget:
     critic_shape = shape
     if exp.model.critic_path and plan.needs_critic:
         critic_shape = model_shape(exp.model.critic_path)[0] or shape
+    budget.model_note += lora_note(exp, plan, shape, critic_shape)
     _memory(budget, exp, plan, shape, critic_shape)
     _host_startup(budget, site, exp, plan, shape, critic_shape)
     if gpu is not None:

@@ -13,7 +13,7 @@ from hpcppo.config.lora import ALL_LINEAR, LoraSection
 from hpcppo.config.plan import RunPlan
 from hpcppo.sizing.catalog import ModelShape
 
-__all__ = ["adapter_params", "loads_reference"]
+__all__ = ["adapter_params", "loads_reference", "lora_note"]
 
 
 def loads_reference(exp: Experiment, plan: RunPlan) -> bool:
@@ -37,3 +37,15 @@ def adapter_params(m: ModelShape, lora: LoraSection) -> int:
     names = set(shapes) if lora.target_modules == [ALL_LINEAR] else set(lora.target_modules) & set(shapes)
     names -= set(lora.exclude_modules)
     return m.layers * sum(lora.rank * sum(shapes[name]) for name in names)
+
+
+def lora_note(exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape) -> str:
+    """What ``hpcppo plan`` says about LoRA after the model line ("" without it)."""
+    parts = []
+    for role, lora, shape in (("actor", exp.actor.lora, m), ("critic", exp.critic.lora, cm)):
+        if lora.enabled and (role == "actor" or plan.needs_critic):
+            parts.append(f"LoRA on the {role}: rank {lora.rank}, {adapter_params(shape, lora) / 1e6:.1f}M adapter "
+                         f"parameters trained, the base frozen")
+    if exp.actor.lora.enabled and plan.needs_reference:
+        parts.append("the reference is the actor without its adapters (no copy)")
+    return "".join(f"; {p}" for p in parts)

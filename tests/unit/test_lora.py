@@ -296,6 +296,9 @@ def test_plan_counts_gradients_and_moments_of_the_adapters_only_and_no_reference
     assert "reference params (fp32 shard)" not in rollout  # the actor without its adapters is the reference
     assert "reference params (fp32 shard)" in {i.what for p in full_budget.phases for i in p.items}
     assert lora_budget.peak.total < full_budget.peak.total
+    assert lora_budget.model_note.endswith("; LoRA on the actor: rank 32, 80.7M adapter parameters trained, the base "
+                                           "frozen; the reference is the actor without its adapters (no copy)")
+    assert "LoRA" not in full_budget.model_note
 
 
 def test_the_lora_example_compiles(tmp_path):
