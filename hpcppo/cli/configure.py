@@ -19,7 +19,13 @@ from hpcppo.sizing.estimate import estimate
 def cmd_plan(args: argparse.Namespace) -> int:
     # Not refused here when it does not fit: the table shows what is over, compile refuses.
     compiled = compiler.compile_config(Path(args.spec), args.site, args.override, check_paths=False, check_memory=False)
-    budget = estimate(compiled.site, compiled.experiment, compiled.plan)
+    data = compiled.experiment.data
+    val_prompts = None
+    if data.val_files:  # the Parquet footers (no rows read); pyarrow for this command only
+        from hpcppo.data.dataset import count_rows
+
+        val_prompts = count_rows(data.val_files)
+    budget = estimate(compiled.site, compiled.experiment, compiled.plan, val_prompts=val_prompts)
     if args.json:
         print(json.dumps(report.as_json(budget, site=compiled.site.name, spec=args.spec), indent=2, allow_nan=False))
     else:

@@ -11,7 +11,11 @@ import attrs
 
 from hpcppo.config.fields import opt
 
-__all__ = ["RunPlan"]
+__all__ = ["RunPlan", "VALIDATION_PROMPTS_PER_CALL"]
+
+# Validation decodes its prompts in engine calls of this many (each with rollout.val_n responses per prompt):
+# hpcppo.train.trainer.Trainer.validate, and hpcppo.sizing's estimate of one validation.
+VALIDATION_PROMPTS_PER_CALL = 64
 
 
 @attrs.frozen(kw_only=True)

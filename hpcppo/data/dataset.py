@@ -170,6 +170,15 @@ def expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
     return out
 
 
+def count_rows(paths: Sequence[str | os.PathLike[str]]) -> int | None:
+    """The rows of the Parquet files ``paths`` name (from their footers: nothing else is read), or None when one
+    cannot be read here (``hpcppo plan`` on a machine without the data)."""
+    try:
+        return sum(pq.ParquetFile(path).metadata.num_rows for path in expand_paths(paths))
+    except (OSError, pa.ArrowException, ConfigError, PathError):
+        return None
+
+
 def _is_string(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t)
 

@@ -157,9 +157,10 @@ def _gib(b: float) -> str:
     return f"{b / GIB:.1f} GiB"
 
 
-def estimate(site: Site, exp: Experiment, plan: RunPlan) -> Budget:
-    """The memory budget per GPU and the time estimate of one step. Never raises for a model it cannot size:
-    the budget then has no phases and says why in ``model_note``."""
+def estimate(site: Site, exp: Experiment, plan: RunPlan, *, val_prompts: int | None = None) -> Budget:
+    """The memory budget per GPU and the time estimate of one step (and of one validation, given the number of
+    validation prompts). Never raises for a model it cannot size: the budget then has no phases and says why in
+    ``model_note``."""
     gpu = GPUS.get(site.gpu) if site.gpu else None
     shard = plan.mesh_shape[-1]
     shape, note = model_shape(exp.model.path)
@@ -178,7 +179,7 @@ def estimate(site: Site, exp: Experiment, plan: RunPlan) -> Budget:
     _host_startup(budget, site, exp, plan, shape, critic_shape)
     if gpu is not None:
         _judge(budget, exp, plan)
-        step_time(budget, exp, plan, shape, critic_shape, gpu, reward_model_shape(exp))
+        step_time(budget, exp, plan, shape, critic_shape, gpu, reward_model_shape(exp), val_prompts)
     return budget
 
 

@@ -118,6 +118,8 @@ def _time_table(budget: Budget) -> list[Any]:
         table = _table("phase", "estimate")
         table.add_row("generation (prefill + decode)", _duration(t["generate_s"]))
         table.add_row("  generated tokens/s (whole job)", f"{t['generated_tokens_per_s']:,.0f}")
+        if t.get("baseline_generate_s"):
+            table.add_row("ReMax greedy baselines (one response per prompt)", _duration(t["baseline_generate_s"]))
         table.add_row("forwards + updates at MFU", _duration(t["forward_and_update_s"]))
         table.add_row("  FLOPs", f"{t['update_flops']:.3g}")
         table.add_row(f"weight sync ({t['weight_sync_bytes'] / 1e9:,.1f} GB all-gathered)", _duration(t["weight_sync_s"]))
@@ -127,6 +129,9 @@ def _time_table(budget: Budget) -> list[Any]:
                       _duration(t["offload_s"]))
         table.add_row("step", _duration(t["step_s"]), style="bold")
         table.add_row(f"checkpoint ({t['checkpoint_bytes'] / 1e9:,.0f} GB)", _duration(t["checkpoint_s"]))
+        if "validation_s" in t:
+            table.add_row(f"one validation ({int(t['validation_prompts']):,} prompts x rollout.val_n)",
+                          _duration(t["validation_s"]))
         table.add_row("GPU-hours per 100 steps", f"{t['gpu_hours_per_100_steps']:,.1f}")
         if "gpu_hours" in t:
             table.add_row(f"GPU-hours for {int(t['total_steps']):,} steps", f"{t['gpu_hours']:,.1f}", style="bold")

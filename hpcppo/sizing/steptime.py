@@ -4,9 +4,11 @@ the GPU's data sheet; the constants are :data:`hpcppo.sizing.catalog.ASSUMPTIONS
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from hpcppo.config.experiment import Experiment
-from hpcppo.config.plan import RunPlan
+from hpcppo.config.plan import VALIDATION_PROMPTS_PER_CALL, RunPlan
+from hpcppo.estimators import needs_greedy_baseline
 from hpcppo.sizing.budget import ADAM_BYTES, MASTER_BYTES, Budget, dtype_bytes
 from hpcppo.sizing.catalog import ASSUMPTIONS, GpuSpec, ModelShape
 from hpcppo.sizing.lora import loads_reference
@@ -51,7 +53,7 @@ def _offload_bytes(exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape
 
 
 def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape, gpu: GpuSpec,
-              rm: ModelShape | None = None) -> None:
+              rm: ModelShape | None = None, val_prompts: int | None = None) -> None:
     """``budget.time``: one step's phases, worst case, the checkpoint and GPU-hours; a warning when the preemption
     signal's lead is shorter than a step and a checkpoint. ``rm``: the ``[reward_model]``'s shape (one forward of
     every sample)."""
@@ -63,16 +65,22 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
     t: dict[str, float] = {}
 
     # Generation, per engine (one TP group), worst case: every response runs to max_response_length.
-    seqs = plan.prompts_per_rank * exp.rollout.n
-    waves = max(1, budget.kv.get("waves", 1) or 1)
-    per_wave = seqs / waves
-    kv_tok = budget.kv.get("kv_bytes_per_token_per_gpu") or m.kv_bytes_per_token(mbytes) / tp
-    weights_gpu = m.params * mbytes / tp
-    step_bytes = weights_gpu + per_wave * (P + R / 2) * kv_tok  # weights + the KV cache read once per decode step
-    t["decode_s"] = waves * R * step_bytes / (gpu.hbm_bytes_s * A["decode bandwidth use"])
-    t["prefill_s"] = 2 * m.params * seqs * P / (tp * peak * A["prefill MFU"])
+    def generation(seqs: int) -> tuple[float, float]:
+        """(decode_s, prefill_s) of one engine call generating ``seqs`` sequences, in as many waves as its KV
+        cache needs (``budget.kv``: the sequences of max_model_len it holds at once)."""
+        fits = budget.kv.get("kv_tokens", 0) // max(1, budget.kv.get("max_model_len", L))
+        waves = max(1, math.ceil(seqs / fits)) if fits else 1
+        kv_tok = budget.kv.get("kv_bytes_per_token_per_gpu") or m.kv_bytes_per_token(mbytes) / tp
+        step_bytes = m.params * mbytes / tp + seqs / waves * (P + R / 2) * kv_tok  # weights + KV read per token
+        return (waves * R * step_bytes / (gpu.hbm_bytes_s * A["decode bandwidth use"]),
+                2 * m.params * seqs * P / (tp * peak * A["prefill MFU"]))
+
+    t["decode_s"], t["prefill_s"] = generation(plan.prompts_per_rank * exp.rollout.n)
     t["generate_s"] = t["decode_s"] + t["prefill_s"]
     t["generated_tokens_per_s"] = plan.samples_per_step * R / t["generate_s"]
+    # ReMax's baseline: one greedy response per prompt, a second engine call (hpcppo.train.trainer.greedy_baselines).
+    t["baseline_generate_s"] = sum(generation(plan.prompts_per_rank)) if needs_greedy_baseline(
+        exp.algorithm.adv_estimator) else 0.0
 
     # Forwards and updates at MFU; 6N per token to train (8N with activation checkpointing: one more forward).
     tokens = plan.samples_per_step * L
@@ -103,8 +111,9 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
     host = _offload_bytes(exp, plan, m, cm, shard, rm)
     t["offload_bytes_per_gpu"] = host
     t["offload_s"] = host / gpu.pcie_bytes_s
-    t["step_s"] = (t["generate_s"] + t["forward_and_update_s"] + t["weight_sync_s"] + t["replica_grad_sync_s"]
-                   + t["offload_s"])
+    t["step_s"] = (t["generate_s"] + t["baseline_generate_s"] + t["forward_and_update_s"] + t["weight_sync_s"]
+                   + t["replica_grad_sync_s"] + t["offload_s"])
+    _validation_time(t, exp, plan, val_prompts, generation)
 
     # A checkpoint: fp32 weights and AdamW moments of actor and critic, written once (DCP deduplicates replicas).
     state = 12 * m.params + (12 * cm.critic_params if plan.needs_critic else 0)
@@ -112,8 +121,11 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
     t["checkpoint_s"] = state / (plan.nodes * A["checkpoint write per node"] * 1e9)
     if plan.total_steps:
         t["total_steps"] = plan.total_steps
-        t["gpu_hours"] = plan.total_steps * t["step_s"] * world / 3600
-    t["gpu_hours_per_100_steps"] = 100 * t["step_s"] * world / 3600
+        validations = t.get("validation_s", 0.0) * _validations(exp, plan.total_steps)
+        t["gpu_hours"] = (plan.total_steps * t["step_s"] + validations) * world / 3600
+    # validations included: every test_freq steps (and the one before training, in the run's total)
+    t["gpu_hours_per_100_steps"] = (100 * t["step_s"] + t.get("validation_s", 0.0) * _validations(
+        exp, 100, before=False)) * world / 3600
     budget.time = t
     lead = plan.signal_lead_s
     if lead and exp.checkpoint.save_on_preempt and lead < t["step_s"] + t["checkpoint_s"]:
@@ -122,3 +134,27 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
             f"({t['step_s']:.0f} s + {t['checkpoint_s']:.0f} s): the USR2 checkpoint may not finish before the time "
             f"limit and the job would end in TIMEOUT, which Slurm does not requeue; raise it to at least "
             f"{math.ceil(1.5 * (t['step_s'] + t['checkpoint_s']))} (-o site.slurm.signal_lead_s=...)")
+
+
+def _validations(exp: Experiment, total_steps: int, *, before: bool = True) -> int:
+    """How many validations ``total_steps`` steps make: one every ``test_freq`` steps and, for a whole run
+    (``before``), one before training (``val_before_train``), as the trainer's loop validates."""
+    tr = exp.trainer
+    if not exp.data.val_files:
+        return 0
+    return int(before and tr.val_before_train) + (total_steps // tr.test_freq if tr.test_freq > 0 else 0)
+
+
+def _validation_time(t: dict[str, float], exp: Experiment, plan: RunPlan, val_prompts: int | None,
+                     generation: Callable[[int], tuple[float, float]]) -> None:
+    """``t["validation_s"]``: one validation, worst case, when the number of validation prompts is known: each
+    rollout group decodes its share of them, ``rollout.val_n`` responses each, 64 prompts per engine call
+    (``hpcppo.train.trainer.Trainer.validate``)."""
+    if not val_prompts or not exp.data.val_files:
+        return
+    share = math.ceil(val_prompts / plan.dp_size)
+    calls, last = divmod(share, VALIDATION_PROMPTS_PER_CALL)
+    n = exp.rollout.val_n
+    t["validation_prompts"] = val_prompts
+    t["validation_s"] = calls * sum(generation(VALIDATION_PROMPTS_PER_CALL * n)) + (sum(generation(last * n)) if last
+                                                                                 else 0.0)

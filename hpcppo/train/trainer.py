@@ -36,6 +36,7 @@ from hpcppo.distributed.env import all_reduce_host, broadcast_object
 from hpcppo.models import compute_log_probs, compute_values
 from hpcppo.rollout.base import derive_seed
 from hpcppo.config.convert import converter
+from hpcppo.config.plan import VALIDATION_PROMPTS_PER_CALL
 from hpcppo.metrics import trackers
 from hpcppo.rundir import control, events, exitcodes, metric_names
 from hpcppo.train import batching, reward_phase, validation
@@ -356,8 +357,8 @@ class Trainer:
         # Sampled validation (val_temperature > 0) draws from its own seeded stream, never the global RNG.
         sampling = dataclasses.replace(c.val_sampling, seed=derive_seed(self.cfg.seed, self.step, g.dp_rank,
                                                                         self.state.branch) ^ VALIDATION_SEED_SALT)
-        for start in range(0, len(mine), 64):
-            prompts = [c.val_data[i] for i in mine[start : start + 64]]
+        for start in range(0, len(mine), VALIDATION_PROMPTS_PER_CALL):
+            prompts = [c.val_data[i] for i in mine[start : start + VALIDATION_PROMPTS_PER_CALL]]
             out = c.engine.generate([p.input_ids for p in prompts], sampling)
             texts = c.tokenizer.batch_decode(out.response_ids * out.response_mask, skip_special_tokens=True)
             records = [prompts[int(j)].record for j in out.prompt_index]  # n rows per prompt, prompt-major

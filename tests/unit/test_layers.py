@@ -20,6 +20,8 @@ TORCH = ("torch", "transformers", "vllm")
 DEFERRED: dict[tuple[str, str], str] = {
     ("hpcppo.compiler", "hpcppo.data.check"): "pyarrow and numpy only when the data is checked: config show, plan "
                                               "and compile --no-check-paths stay without them",
+    ("hpcppo.cli.configure", "hpcppo.data.dataset"): "pyarrow only when `plan` counts validation prompts: config "
+                                                     "show and import-verl, in the same module, stay without it",
     **{("hpcppo.train.main", target): "the job entry point installs its preemption handler first: a signal that comes while torch and the models load is kept, not fatal"
        for target in ("hpcppo.config", "hpcppo.distributed.env", "hpcppo.train.preflight",
                       "hpcppo.train.trainer")},

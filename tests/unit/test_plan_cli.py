@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from hpcppo.cli import main
 from hpcppo.sizing.catalog import GPUS
 
@@ -60,3 +62,34 @@ def test_plan_on_a_cpu_site_says_it_does_not_judge(capsys):
     assert main(["plan", str(REPO / "examples" / "arith-tiny.toml"), "--site", "local"]) == 0
     out = capsys.readouterr().out
     assert "GPU kind unknown" in out
+
+
+def _plan_json(capsys, *overrides: str) -> dict:
+    args = [a for o in overrides for a in ("-o", o)]
+    assert main(["plan", str(GSM8K), "--site", "h100-cluster", "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)["time"]
+
+
+def test_plan_counts_remax_baselines_and_validation_at_val_n(capsys, tmp_path):
+    """ReMax decodes a greedy response per prompt each step beside the rollout; a validation decodes every
+    validation prompt val_n times, in calls of 64 prompts per rollout group, test_freq steps apart."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    val = tmp_path / "val.parquet"
+    pq.write_table(pa.table({"prompt": ["q"] * 1000}), val)
+    base = _plan_json(capsys)
+    assert base["baseline_generate_s"] == 0 and "validation_s" not in base  # ~/data/gsm8k/test.parquet: not here
+    remax = _plan_json(capsys, "algorithm.adv_estimator=remax")
+    assert remax["generate_s"] == base["generate_s"] and 0 < remax["baseline_generate_s"] < base["generate_s"]
+    assert remax["step_s"] == pytest.approx(base["step_s"] + remax["baseline_generate_s"])
+
+    files = f'data.val_files=["{val}"]'
+    one, four = _plan_json(capsys, files), _plan_json(capsys, files, "rollout.val_n=4")
+    assert one["validation_prompts"] == four["validation_prompts"] == 1000
+    assert one["step_s"] == four["step_s"] and 1.5 * one["validation_s"] < four["validation_s"]
+    freq = 5  # the example's trainer.test_freq: 20 validations in 100 steps, 21 in 100 with the one before training
+    assert four["gpu_hours_per_100_steps"] == pytest.approx(base["gpu_hours_per_100_steps"]
+                                                            + 100 / freq * four["validation_s"] * 16 / 3600)
+    total = _plan_json(capsys, files, "rollout.val_n=4", "trainer.total_steps=100")
+    assert total["gpu_hours"] == pytest.approx(total["gpu_hours_per_100_steps"] + four["validation_s"] * 16 / 3600)
