@@ -11,8 +11,8 @@ differ in form, not in math:
   the adapted backbone (trained whole, as verl's ``TOKEN_CLS`` task keeps its ``score`` head trainable).
 * The adapters are initialised here, not by peft's ``reset_lora_parameters``: the model is built with its
   parameters on the meta device and every rank must hold the same values before FSDP2 shards them. ``lora_A`` is
-  drawn as peft draws it (``kaiming_uniform_(a=sqrt(5))``, ``init_lora_weights=True``) from a generator with a fixed
-  seed, walked in module order; ``lora_B`` is zero.
+  drawn as peft draws it (``kaiming_uniform_(a=sqrt(5))``, ``init_lora_weights=True``) from a generator seeded
+  from the run's ``seed`` (one stream per model), walked in module order; ``lora_B`` is zero.
 
 The reference policy with LoRA is the actor with its adapters disabled, as verl's ``ref_in_actor``
 (``compute_ref_log_prob``: ``self.actor.actor_module.disable_adapter()``): :func:`adapters_disabled`.
@@ -60,10 +60,11 @@ def has_lora(model: nn.Module) -> bool:
 
 
 def apply_lora(model: nn.Module, *, rank: int, alpha: float, target_modules: list[str],
-               exclude_modules: list[str], adapter: str = "") -> nn.Module:
+               exclude_modules: list[str], adapter: str = "", seed: int = LORA_INIT_SEED) -> nn.Module:
     """Inject LoRA adapters into ``model`` in place (its parameters may be on the meta device) and return it: the
-    base weights frozen, the adapters trainable and initialised identically on every rank (module docstring), or,
-    with ``adapter`` (a directory in peft's format), holding that adapter's weights."""
+    base weights frozen, the adapters trainable and initialised identically on every rank (module docstring) from
+    ``seed`` (the trainer passes one derived from the run's ``seed``), or, with ``adapter`` (a directory in peft's
+    format), holding that adapter's weights."""
     from peft import LoraConfig, inject_adapter_in_model
     from peft.tuners.lora import Linear as LoraLinear
 
@@ -77,7 +78,7 @@ def apply_lora(model: nn.Module, *, rank: int, alpha: float, target_modules: lis
     except ValueError as exc:  # peft: "Target modules {...} not found in the base model ..."
         raise ValueError(f"LoRA target_modules {target_modules}: {str(exc).splitlines()[0]}") from None
     layers = lora_layers(model)
-    generator = torch.Generator().manual_seed(LORA_INIT_SEED)
+    generator = torch.Generator().manual_seed(seed)
     for name, layer in layers.items():
         if not isinstance(layer, LoraLinear) or layer.fan_in_fan_out:
             raise ValueError(f"LoRA on {name} ({type(layer.get_base_layer()).__name__}): only nn.Linear layers are "

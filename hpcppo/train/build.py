@@ -40,7 +40,7 @@ from hpcppo.rollout.base import generation_config_eos, stop_token_ids
 from hpcppo.rundir import RunPaths
 from hpcppo.train.reward_phase import RewardModelScorer
 from hpcppo.models.lora import adapters_disabled
-from hpcppo.train.lora import with_lora
+from hpcppo.train.lora import adapter_seed, with_lora
 from hpcppo.train.optim import LRSchedule, build_optimizer, warmup_optimizer_steps
 from hpcppo.train.signals import PreemptionFlag
 
@@ -328,7 +328,8 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
                                   attn_implementation=model_cfg.attn_implementation)
     # Master weights in float32; FSDP's param_dtype sets the compute dtype (model.dtype by default).
     ckpt_layers = model_cfg.gradient_checkpointing
-    actor = load_sharded(with_lora(functools.partial(models.build_actor, model_cfg.path, **common), cfg.actor.lora),
+    actor = load_sharded(with_lora(functools.partial(models.build_actor, model_cfg.path, **common), cfg.actor.lora,
+                                   seed=adapter_seed(cfg.seed, "actor")),
                          model_cfg.path, device,
                          lambda m: _sharded(m, mesh, cfg.actor.fsdp, model_cfg.dtype),
                          offload=cfg.actor.fsdp.param_offload, checkpointing=ckpt_layers)
@@ -349,7 +350,8 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
         cc = cfg.critic
         critic_path = model_cfg.critic_path or model_cfg.path
         critic = load_sharded(with_lora(functools.partial(models.build_critic, critic_path, **common), cc.lora,
-                                        inside=lambda m: cast(models.Critic, m).backbone), critic_path, device,
+                                        inside=lambda m: cast(models.Critic, m).backbone,
+                                        seed=adapter_seed(cfg.seed, "critic")), critic_path, device,
                               lambda m: _sharded(m, mesh, cc.fsdp, model_cfg.dtype), offload=cc.fsdp.param_offload,
                               checkpointing=ckpt_layers,
                               strip="backbone.")

@@ -17,23 +17,30 @@ from torch import nn
 
 from hpcppo.config.lora import LoraSection
 from hpcppo.distributed.weights import clean_name, iter_full_params
-from hpcppo.models.lora import apply_lora, has_lora, merge_stream, scalings
+from hpcppo.models.lora import LORA_INIT_SEED, apply_lora, has_lora, merge_stream, scalings
 
-__all__ = ["with_lora", "actor_weights"]
+__all__ = ["with_lora", "actor_weights", "adapter_seed"]
+
+
+def adapter_seed(seed: int, role: str) -> int:
+    """The adapters' init seed of ``role`` ("actor" or "critic") in a run seeded ``seed``: the run's seed decides
+    them, as it decides the value head's, and the two models draw different streams."""
+    return (seed * 1_000_003 + {"actor": 1, "critic": 2}[role] * LORA_INIT_SEED) % 2**63
 
 
 def with_lora(build: Callable[..., nn.Module], lora: LoraSection, *,
-              inside: Callable[[nn.Module], nn.Module] = lambda m: m) -> Callable[..., nn.Module]:
+              inside: Callable[[nn.Module], nn.Module] = lambda m: m,
+              seed: int = LORA_INIT_SEED) -> Callable[..., nn.Module]:
     """``build`` (a ``models.build_*`` with its path) that also injects ``lora``'s adapters into ``inside(model)``
-    (the critic's backbone); ``build`` itself when LoRA is off. Both ways of building a model for
-    ``train.build.load_sharded`` (``empty=True`` on every rank, or whole on rank 0) get the same adapters."""
+    (the critic's backbone), drawn from ``seed``; ``build`` itself when LoRA is off. Both ways of building a model
+    for ``train.build.load_sharded`` (``empty=True`` on every rank, or whole on rank 0) get the same adapters."""
     if not lora.enabled:
         return build
 
     def build_with_adapters(**kwargs: Any) -> nn.Module:
         model = build(**kwargs)
         apply_lora(inside(model), rank=lora.rank, alpha=lora.alpha, target_modules=list(lora.target_modules),
-                   exclude_modules=list(lora.exclude_modules), adapter=lora.adapter_path)
+                   exclude_modules=list(lora.exclude_modules), adapter=lora.adapter_path, seed=seed)
         return model
 
     return build_with_adapters

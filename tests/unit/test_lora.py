@@ -61,6 +61,25 @@ def test_adapters_are_deterministic_zero_at_start_and_the_only_trainable_weights
         torch.testing.assert_close(whole.eval()(input_ids=ids).logits, base(input_ids=ids).logits)
 
 
+def test_the_runs_seed_decides_the_adapters_and_actor_and_critic_draw_apart(tmp_path):
+    """``seed`` is the run's one seed for initialisation: another seed draws other lora_A values, the same seed
+    the same ones, and the actor's and the critic's streams differ (train.lora.adapter_seed)."""
+    from hpcppo import models
+    from hpcppo.config.lora import LoraSection
+    from hpcppo.train.lora import adapter_seed, with_lora
+
+    path = _tiny(tmp_path)
+
+    def lora_a(seed: int) -> torch.Tensor:
+        model = with_lora(functools.partial(models.build_actor, path), LoraSection(rank=4, alpha=8), seed=seed)()
+        return torch.cat([p.flatten() for n, p in model.named_parameters() if ".lora_A." in n])
+
+    one, again = lora_a(adapter_seed(1, "actor")), lora_a(adapter_seed(1, "actor"))
+    other = lora_a(adapter_seed(2, "actor"))
+    assert torch.equal(one, again) and not torch.equal(one, other)
+    assert adapter_seed(1, "actor") != adapter_seed(1, "critic")
+
+
 def test_reference_is_the_actor_without_its_adapters_and_they_come_back_trainable(tmp_path):
     from hpcppo.models import build_actor
     from hpcppo.models.lora import adapters_disabled
