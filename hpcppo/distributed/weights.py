@@ -10,7 +10,7 @@ tensors (``into``: the HF engine's parameters) has the large parameters gathered
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeGuard, cast
 
@@ -180,7 +180,7 @@ def _drain(in_flight: list[tuple[str, torch.Tensor, list[dist.Work], int]],
 def iter_full_params(
     model: nn.Module,
     *,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | Callable[[str], torch.dtype | None] | None = None,
     include_buffers: bool = False,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     into: Mapping[str, torch.Tensor] | None = None,
@@ -200,7 +200,9 @@ def iter_full_params(
     ``[vocab, hidden]``), on the device the gather ran on. It may share memory with the training weights (an
     unsharded model, or a 1-rank mesh where the gather is a no-op) or with the gather's buffer: treat it as
     read-only, copy it, let it go.
-    ``dtype`` (e.g. ``torch.bfloat16``) casts the local shard *before* the gather, halving traffic for a bf16 engine.
+    ``dtype`` (e.g. ``torch.bfloat16``) casts the local shard *before* the gather, halving traffic for a bf16 engine;
+    a function of the (clean) name gives each parameter its own (None: as stored), e.g. the master dtype for the
+    LoRA tensors a merge needs and the engine's for the rest (``hpcppo.train.lora.actor_weights``).
     ``bucket_bytes``: consecutive ``Shard(0)`` parameters of one dtype and shard group (leaving out those gathered in
     place) are gathered together, one collective (:func:`_all_gather`) per ~``bucket_bytes`` of full tensors (a larger
     parameter is gathered alone, without a copy); peak extra memory is one bucket plus the parameter being yielded. Any other layout goes through
@@ -229,11 +231,12 @@ def iter_full_params(
         for name, param in model.named_parameters():
             tensor = param.detach()
             name = clean_name(name)
+            want = dtype(name) if callable(dtype) else dtype
             shard = tensor if isinstance(tensor, DTensor) else None
             layout = _shard_group(shard) if shard is not None else None
             if shard is not None and layout is not None and (layout[1] > 1 or force_gather):
                 # CPU-offloaded shards are gathered on the mesh's device (NCCL cannot gather host memory).
-                here = (*layout, dtype or shard.dtype, torch.device(shard.device_mesh.device_type))
+                here = (*layout, want or shard.dtype, torch.device(shard.device_mesh.device_type))
                 full = shard.numel() * here[3].itemsize
                 chunk = -(-shard.shape[0] // layout[1])
                 target = into.get(name) if into is not None and full >= direct_min_bytes else None
@@ -258,8 +261,8 @@ def iter_full_params(
             if bucket:
                 yield from _gather_bucket(bucket, *where)
                 bucket, bucket_full = [], 0
-            if dtype is not None:
-                tensor = tensor.to(dtype)
+            if want is not None:
+                tensor = tensor.to(want)
             if isinstance(tensor, DTensor):
                 mesh_device = tensor.device_mesh.device_type
                 if tensor.device.type != mesh_device:

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 __all__ = ["LORA_INIT_SEED", "ADAPTER", "apply_lora", "lora_layers", "has_lora", "adapters_disabled",
-           "scalings", "merge_stream", "save_adapter"]
+           "scalings", "merge_stream", "is_merged_part", "save_adapter"]
 
 LORA_INIT_SEED = 1103
 ADAPTER = "default"  # peft's adapter name
@@ -162,6 +162,12 @@ def merge_stream(named: Iterable[tuple[str, torch.Tensor]], scaling: dict[str, f
             yield f"{module}.weight", cast(merged)
     if pending:
         raise KeyError(f"LoRA layers without all of base weight, lora_A and lora_B: {sorted(pending)[:3]}")
+
+
+def is_merged_part(name: str) -> bool:
+    """Whether ``name`` is one of the three tensors :func:`merge_stream` merges (an adapted layer's base weight,
+    ``lora_A`` or ``lora_B``)."""
+    return _lora_part(name)[0] is not None
 
 
 def _lora_part(name: str) -> tuple[str | None, str]:

@@ -17,7 +17,7 @@ from torch import nn
 
 from hpcppo.config.lora import LoraSection
 from hpcppo.distributed.weights import clean_name, iter_full_params
-from hpcppo.models.lora import LORA_INIT_SEED, apply_lora, has_lora, merge_stream, scalings
+from hpcppo.models.lora import LORA_INIT_SEED, apply_lora, has_lora, is_merged_part, merge_stream, scalings
 
 __all__ = ["with_lora", "actor_weights", "adapter_seed"]
 
@@ -49,10 +49,16 @@ def with_lora(build: Callable[..., nn.Module], lora: LoraSection, *,
 def actor_weights(actor: nn.Module, *, dtype: torch.dtype | None,
                   into: Mapping[str, torch.Tensor] | None) -> Iterator[tuple[str, torch.Tensor]]:
     """The actor's full weights under Hugging Face names for the rollout engine (COLLECTIVE, as
-    ``iter_full_params``). With LoRA, merged (``models.lora.merge_stream``): gathered in the master dtype so the
-    merge is computed as peft's, then cast to ``dtype``; the adapted layers' names (``.base_layer``) never match
-    ``into``, so they are gathered into buffers and merged, the others straight into the engine as before."""
+    ``iter_full_params``). With LoRA, merged (``models.lora.merge_stream``): an adapted layer's base weight and
+    adapters are gathered in the master dtype so the merge is computed as peft's, then cast to ``dtype``; every
+    other parameter (embeddings, norms, the head) is gathered in ``dtype`` as without LoRA, not at twice the bytes.
+    The adapted layers' names (``.base_layer``) never match ``into``, so they are gathered into buffers and merged,
+    the others straight into the engine as before."""
     if not has_lora(actor):
         return iter_full_params(actor, dtype=dtype, into=into)
     scaling = {clean_name(name): value for name, value in scalings(actor).items()}
-    return merge_stream(iter_full_params(actor, into=into), scaling, dtype=dtype)
+
+    def gathered_as(name: str) -> torch.dtype | None:
+        return None if is_merged_part(name) else dtype
+
+    return merge_stream(iter_full_params(actor, dtype=gathered_as, into=into), scaling, dtype=dtype)

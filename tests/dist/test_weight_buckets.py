@@ -33,6 +33,12 @@ class Odd(nn.Module):
         return self.even(self.norm(h))
 
 
+def _PER_NAME(name: str) -> torch.dtype | None:
+    """A dtype per parameter (as LoRA's sync asks: the merged layers in the master dtype, the rest in the engine's):
+    bf16 for the blocks, as stored for the others, so buckets change dtype mid-model."""
+    return torch.bfloat16 if name.startswith("blocks.") else None
+
+
 def _worker(rank: int, world: int) -> dict:
     from torch.distributed.tensor import DTensor
 
@@ -48,7 +54,7 @@ def _worker(rank: int, world: int) -> dict:
         expected = {weights.clean_name(n): p.full_tensor() for n, p in model.named_parameters()}
         out["local_rows"] = {n: p.to_local().shape[0] for n, p in model.named_parameters()}
         out["all_dtensor"] = all(isinstance(p, DTensor) for p in model.parameters())
-        for dtype in (None, torch.bfloat16):
+        for dtype in (None, torch.bfloat16, _PER_NAME):
             for bucket_bytes in (1, 64, 1 << 20):
                 gathers = []
                 real = weights._all_gather
@@ -64,7 +70,8 @@ def _worker(rank: int, world: int) -> dict:
                     got = list(weights.iter_full_params(model, dtype=dtype, bucket_bytes=bucket_bytes))
                 finally:
                     weights._all_gather, weights._by_broadcasts = real, by_broadcasts
-                want = {n: t if dtype is None else t.to(dtype) for n, t in expected.items()}
+                want = {n: t if (d := dtype(n) if callable(dtype) else dtype) is None else t.to(d)
+                        for n, t in expected.items()}
                 out[(via, offload, dtype, bucket_bytes)] = {
                     "names": [n for n, _ in got],
                     "exact": all(t.dtype == want[n].dtype and torch.equal(t, want[n]) for n, t in got),
@@ -103,7 +110,7 @@ def test_buckets_stream_exact_full_tensors_on_uneven_shards():
     for r in results:
         assert r["all_dtensor"] and r["gloo_broadcasts"]
         for via, offload, dtype in ((v, o, d) for v in ("broadcasts", "all-gather") for o in (False, True)
-                                    for d in (None, torch.bfloat16)):
+                                    for d in (None, torch.bfloat16, _PER_NAME)):
             per_param = r[(via, offload, dtype, 1)]
             small = r[(via, offload, dtype, 64)]
             whole = r[(via, offload, dtype, 1 << 20)]
@@ -112,7 +119,8 @@ def test_buckets_stream_exact_full_tensors_on_uneven_shards():
                 assert case["exact"], (via, offload, dtype)
                 assert not case["contiguous"], case["contiguous"]
             assert per_param["gathers"] == len(names)  # each parameter alone
-            assert whole["gathers"] == 1  # the whole model in one collective
+            # the whole model in one collective; per-name dtypes: embed | blocks (bf16) | norm and even
+            assert whole["gathers"] == (3 if dtype is _PER_NAME else 1)
             assert 1 < small["gathers"] < len(names)
         for via, offload, window in ((v, o, w) for v in ("broadcasts", "all-gather") for o in (False, True)
                                      for w in (0, 1 << 20)):

@@ -101,6 +101,29 @@ def test_reference_is_the_actor_without_its_adapters_and_they_come_back_trainabl
     assert all(p.requires_grad == (".lora_" in n) for n, p in actor.named_parameters())
 
 
+def test_the_sync_gathers_only_the_merged_tensors_in_the_master_dtype(tmp_path, monkeypatch):
+    """actor_weights asks iter_full_params (here a recording stand-in, not a gather) for the master dtype on an
+    adapted layer's base weight, lora_A and lora_B only: embeddings, norms and the head travel in the engine's
+    dtype as without LoRA; what comes out is all in the engine's dtype."""
+    import hpcppo.train.lora as train_lora
+
+    actor = _actor(_tiny(tmp_path), rank=4, alpha=8, target_modules=["q_proj", "v_proj"])
+    asked: dict[str, torch.dtype | None] = {}
+
+    def recording_iter_full_params(model, *, dtype=None, into=None):
+        for name, param in model.named_parameters():
+            asked[name] = dtype(name) if callable(dtype) else dtype
+            yield name, param.detach() if asked[name] is None else param.detach().to(asked[name])
+
+    monkeypatch.setattr(train_lora, "iter_full_params", recording_iter_full_params)
+    out = dict(train_lora.actor_weights(actor, dtype=torch.bfloat16, into=None))
+    master = sorted(n for n, d in asked.items() if d is None)
+    assert master and all(".base_layer.weight" in n or ".lora_" in n for n in master)
+    assert len(master) == 3 * 2 * 2  # base weight, A, B of q_proj and v_proj in each of the 2 layers
+    assert asked["model.embed_tokens.weight"] == asked["model.norm.weight"] == torch.bfloat16
+    assert all(t.dtype == torch.bfloat16 for t in out.values()) and not any(".lora_" in n for n in out)
+
+
 def test_merge_stream_equals_peft_merge_and_unload_bit_for_bit(tmp_path):
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaForCausalLM
