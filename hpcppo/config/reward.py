@@ -96,6 +96,11 @@ class RewardManagerSection:
                                                      f"name = \"dapo\" (verl's naive manager has no overlong buffer)")
 
 
+def overlong_buffer_on(manager: RewardManagerSection) -> bool:
+    """Whether rewards carry DAPO's overlong penalty (then validation also logs the score before it, verl's acc)."""
+    return manager.name == "dapo" and manager.overlong_buffer.enable
+
+
 def check_reward_combination(reward_model: RewardModelSection, manager: RewardManagerSection,
                              max_response_length: int, *, file: str | None = None) -> None:
     """``ConfigError`` for settings that could not all take effect (see the module's docstring)."""

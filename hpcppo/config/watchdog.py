@@ -121,4 +121,6 @@ def check_rule_metrics(section: WatchdogSection, *, file: str | None = None) -> 
             known = schema.trainer_columns()
             raise ConfigError(f"rule {rule.name!r}: metric {rule.metric!r} is not logged by the trainer"
                               f"{did_you_mean(rule.metric, known)}; metrics: {', '.join(known)}, "
-                              f"{schema.VALIDATION_PREFIX}<data_source>[/<stat>@<k>]", file=file, key="watchdog.rules")
+                              f"{schema.VALIDATION_PREFIX}<data_source>[/<stat>@<k>], "
+                              f"{schema.VALIDATION_ACC_PREFIX}<data_source>[/<stat>@<k>] (DAPO's overlong buffer)",
+                              file=file, key="watchdog.rules")

@@ -65,6 +65,7 @@ from hpcppo.rundir import metric_names as _names
 STANDARD_COLUMNS = _names.STANDARD_COLUMNS
 OPTIONAL_COLUMNS = _names.OPTIONAL_COLUMNS
 VALIDATION_PREFIX = _names.VALIDATION_PREFIX
+VALIDATION_ACC_PREFIX = _names.VALIDATION_ACC_PREFIX
 trainer_columns = _names.trainer_columns
 is_trainer_column = _names.is_trainer_column
 

@@ -79,6 +79,10 @@ OPTIONAL_COLUMNS: tuple[str, ...] = (
 #: Per-data-source validation scores: ``val/score/<data_source>``; with ``rollout.val_n`` > 1 also
 #: ``val/score/<data_source>/<stat>`` for each of :func:`validation_stats` (verl's metric names).
 VALIDATION_PREFIX = "val/score/"
+#: With DAPO's overlong buffer (``[reward_manager] name = "dapo"``), the same per-data-source columns of the score
+#: before the penalty: ``val/acc/<data_source>[/<stat>]``, verl's ``acc`` (its ``val-core`` variable then, while
+#: ``val/score`` is its ``reward``, in ``val-aux``: ``_val_metrics_update`` in verl/trainer/ppo/ray_trainer.py).
+VALIDATION_ACC_PREFIX = "val/acc/"
 
 
 def bootstrap_sizes(n: int) -> list[int]:
@@ -108,21 +112,24 @@ def validation_stats(n: int) -> list[str]:
     return stats
 
 
-def validation_columns(val_sources: Sequence[str] = (), val_n: int = 1) -> list[str]:
-    """The per-data-source validation columns: ``val/score/<source>`` and, for ``val_n`` > 1, its statistics."""
-    return [c for s in val_sources for c in (VALIDATION_PREFIX + s,
-                                               *(f"{VALIDATION_PREFIX}{s}/{st}" for st in validation_stats(val_n)))]
+def validation_columns(val_sources: Sequence[str] = (), val_n: int = 1, *, acc: bool = False) -> list[str]:
+    """The per-data-source validation columns: ``val/score/<source>`` and, for ``val_n`` > 1, its statistics; with
+    ``acc`` (DAPO's overlong buffer) the same under ``val/acc/``."""
+    prefixes = (VALIDATION_PREFIX, VALIDATION_ACC_PREFIX) if acc else (VALIDATION_PREFIX,)
+    return [c for p in prefixes for s in val_sources
+            for c in (p + s, *(f"{p}{s}/{st}" for st in validation_stats(val_n)))]
 
 
-def trainer_columns(val_sources: Sequence[str] = (), val_n: int = 1) -> list[str]:
-    """Every column the trainer declares for a run with these validation data sources and responses per prompt."""
-    return [*STANDARD_COLUMNS, *OPTIONAL_COLUMNS, *validation_columns(val_sources, val_n)]
+def trainer_columns(val_sources: Sequence[str] = (), val_n: int = 1, *, acc: bool = False) -> list[str]:
+    """Every column the trainer declares for a run with these validation data sources and responses per prompt
+    (``acc``: with DAPO's overlong buffer, :data:`VALIDATION_ACC_PREFIX`'s too)."""
+    return [*STANDARD_COLUMNS, *OPTIONAL_COLUMNS, *validation_columns(val_sources, val_n, acc=acc)]
 
 
 def is_trainer_column(name: str) -> bool:
     """Whether the trainer can log ``name`` (a rule watching anything else would never fire)."""
-    return name in STANDARD_COLUMNS or name in OPTIONAL_COLUMNS or (
-        name.startswith(VALIDATION_PREFIX) and len(name) > len(VALIDATION_PREFIX))
+    return name in STANDARD_COLUMNS or name in OPTIONAL_COLUMNS or any(
+        name.startswith(p) and len(name) > len(p) for p in (VALIDATION_PREFIX, VALIDATION_ACC_PREFIX))
 
 
 class Headline(NamedTuple):

@@ -22,7 +22,7 @@ from transformers import AutoTokenizer
 
 from hpcppo import algos, jobenv, models
 from hpcppo.config import Compiled, DataSection, Experiment, FsdpSection, RunPlan, Site
-from hpcppo.config.reward import RewardManagerSection
+from hpcppo.config.reward import RewardManagerSection, overlong_buffer_on
 from hpcppo.data.dataset import PromptDataset, Truncation, read_prompts
 from hpcppo.data.reward_manager import OverlongBuffer, apply_overlong
 from hpcppo.data.rewards import build_reward_fn, score_batch
@@ -158,7 +158,7 @@ def build_score_fn(data: DataSection, manager: RewardManagerSection | None = Non
     fn = build_reward_fn(spec, gsm8k={"method": data.gsm8k_method}) if spec == "auto" else \
         build_reward_fn(spec, **data.reward_kwargs)
     buffer = None
-    if manager is not None and manager.name == "dapo" and manager.overlong_buffer.enable:
+    if manager is not None and overlong_buffer_on(manager):
         ob = manager.overlong_buffer
         buffer = OverlongBuffer(manager.max_resp_len or data.max_response_length, ob.len, ob.penalty_factor)
 
@@ -368,7 +368,8 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
     paths = RunPaths(run_dir)
     ckpt = CheckpointManager(paths.checkpoints, keep_last=cfg.checkpoint.keep_last, rank=env.rank,
                              world_size=env.world_size)
-    attempt, metrics = _metrics_log(paths, env, site, trainer_columns(val_sources, ro.val_n))
+    attempt, metrics = _metrics_log(paths, env, site, trainer_columns(
+        val_sources, ro.val_n, acc=overlong_buffer_on(cfg.reward_manager)))
     log.info("built: %d train prompts, %d val prompts, %d steps; actor%s%s; engine %s",
              len(train_data), len(val_data) if val_data else 0, total_steps,
              " + critic" if critic is not None else "", " + reference" if reference is not None else "", ro.engine)

@@ -37,6 +37,7 @@ from hpcppo.models import compute_log_probs, compute_values
 from hpcppo.rollout.base import derive_seed
 from hpcppo.config.convert import converter
 from hpcppo.config.plan import VALIDATION_PROMPTS_PER_CALL
+from hpcppo.config.reward import overlong_buffer_on
 from hpcppo.metrics import trackers
 from hpcppo.rundir import control, events, exitcodes, metric_names
 from hpcppo.train import batching, reward_phase, validation
@@ -349,8 +350,12 @@ class Trainer:
         g = c.groups
         n = c.val_sampling.n
         stats = metric_names.validation_stats(n)
-        # Per data source: score sum, sample count, then each statistic's sum and count over prompts.
-        sums = [[0.0] * (2 + 2 * len(stats)) for _ in c.val_sources]
+        # With DAPO's overlong buffer verl's core variable is acc, the score before the penalty: kept apart.
+        acc = overlong_buffer_on(self.cfg.reward_manager)
+        # Per data source: score sum, sample count, then each statistic's sum and count over prompts; the same
+        # for acc after it.
+        width = 2 + 2 * len(stats)
+        sums = [[0.0] * (width * (2 if acc else 1)) for _ in c.val_sources]
         # Sharded over rollout groups: the ranks of a tensor-parallel group decode the same prompts with the same
         # seed, and only the group's first rank counts the scores.
         mine = list(range(g.dp_rank, len(c.val_data), g.dp_size))
@@ -363,30 +368,25 @@ class Trainer:
             texts = c.tokenizer.batch_decode(out.response_ids * out.response_mask, skip_special_tokens=True)
             records = [prompts[int(j)].record for j in out.prompt_index]  # n rows per prompt, prompt-major
             preds: list[Any] = []
+            penalties: list[float] = []
             scores = c.score_fn([r.data_source for r in records], texts, [r.ground_truth for r in records],
-                                [r.extra_info for r in records], preds=preds, lengths=out.response_mask.sum(-1).tolist())
+                                [r.extra_info for r in records], preds=preds, lengths=out.response_mask.sum(-1).tolist(),
+                                penalties=penalties)
             if not g.is_tp_leader:
                 continue
-            for i, prompt in enumerate(prompts):
-                row = sums[c.val_sources.index(prompt.record.data_source)]
-                row[0] += sum(scores[i * n : (i + 1) * n])
-                row[1] += n
-                got = validation.prompt_stats(scores[i * n : (i + 1) * n], preds[i * n : (i + 1) * n])
-                for j, name in enumerate(stats):
-                    if name in got:
-                        row[2 + 2 * j] += got[name]
-                        row[3 + 2 * j] += 1
+            rows = [sums[c.val_sources.index(p.record.data_source)] for p in prompts]
+            validation.accumulate(rows, scores, preds, n, stats)
+            if acc:
+                validation.accumulate(rows, [s - q for s, q in zip(scores, penalties)], preds, n, stats, offset=width)
         c.engine.sleep()
-        width = len(sums[0]) if sums else 0
         flat = all_reduce_host([x for row in sums for x in row], "sum")
-        totals = [flat[i * width : (i + 1) * width] for i in range(len(c.val_sources))]
-        metrics = {f"{metric_names.VALIDATION_PREFIX}{src}": t[0] / max(t[1], 1)
-                   for src, t in zip(c.val_sources, totals)}
+        totals = [flat[i * len(row) : (i + 1) * len(row)] for i, row in enumerate(sums)]
+        metrics = validation.source_metrics(metric_names.VALIDATION_PREFIX, c.val_sources,
+                                            [t[:width] for t in totals], stats)
         metrics["val/score"] = sum(t[0] for t in totals) / max(sum(t[1] for t in totals), 1)
-        for src, t in zip(c.val_sources, totals):
-            for j, name in enumerate(stats):
-                if t[3 + 2 * j] > 0:  # maj@k only where the reward function reports a pred (as verl)
-                    metrics[f"{metric_names.VALIDATION_PREFIX}{src}/{name}"] = t[2 + 2 * j] / t[3 + 2 * j]
+        if acc:
+            metrics |= validation.source_metrics(metric_names.VALIDATION_ACC_PREFIX, c.val_sources,
+                                                 [t[width:] for t in totals], stats)
         return metrics
 
     def peak_memory_gb(self) -> float:

@@ -89,3 +89,32 @@ def validation_metrics(data_sources: Sequence[str], uids: Sequence[Hashable], sc
                                               [preds[i] for i in rows] if preds is not None else None)
                                  for rows in by_uid.values()])
     return out
+
+
+def accumulate(rows: Sequence[list[float]], scores: Sequence[float], preds: Sequence[Any], n: int,
+               stats: Sequence[str], *, offset: int = 0) -> None:
+    """Add each prompt's ``n`` scores (prompt-major, ``rows[i]``: the sums of prompt ``i``'s data source, shared by
+    its prompts) from ``offset`` on: the score sum, the sample count, then each of ``stats``' sum and count over
+    prompts (:func:`prompt_stats`; ``maj@k`` only where the scorer returned preds)."""
+    for i, row in enumerate(rows):
+        mine = scores[i * n : (i + 1) * n]
+        row[offset] += sum(mine)
+        row[offset + 1] += n
+        got = prompt_stats(mine, preds[i * n : (i + 1) * n])
+        for j, name in enumerate(stats):
+            if name in got:
+                row[offset + 2 + 2 * j] += got[name]
+                row[offset + 3 + 2 * j] += 1
+
+
+def source_metrics(prefix: str, sources: Sequence[str], totals: Sequence[Sequence[float]],
+                   stats: Sequence[str]) -> dict[str, float]:
+    """``<prefix><source>`` (the mean score) and ``<prefix><source>/<stat>`` (the statistics, averaged over the
+    prompts that have them) from :func:`accumulate`'s sums, reduced over ranks."""
+    metrics = {f"{prefix}{src}": t[0] / max(t[1], 1) for src, t in zip(sources, totals)}
+    for src, t in zip(sources, totals):
+        for j, name in enumerate(stats):
+            if t[3 + 2 * j] > 0:  # maj@k only where the reward function reports a pred (as verl)
+                metrics[f"{prefix}{src}/{name}"] = t[2 + 2 * j] / t[3 + 2 * j]
+    return metrics
+

@@ -32,6 +32,7 @@ def _worker(rank: int, world: int, tp: int) -> dict:
     recording_vllm.install()
     recording_vllm.reset()
     import hpcppo.rollout.vllm_engine as vllm_engine
+    from hpcppo.config.reward import RewardManagerSection
     from hpcppo.distributed.env import detect_env
     from hpcppo.rollout import SamplingParams
     from hpcppo.train.build import build_sampler
@@ -56,10 +57,12 @@ def _worker(rank: int, world: int, tp: int) -> dict:
         sampling=SamplingParams(eos_token_id=(2,), pad_token_id=0, n=2, max_new_tokens=6),
         val_sampling=SamplingParams(eos_token_id=(2,), pad_token_id=0, n=1, temperature=0.0, max_new_tokens=4),
         # the score of a validation prompt is its index: each prompt counted once gives the mean of 0..VAL-1
-        score_fn=lambda sources, texts, truths, extras, preds=None: [float(t) for t in truths],
+        score_fn=lambda sources, texts, truths, extras, preds=None, lengths=None, penalties=None: [
+            float(t) for t in truths],
+        reward_model=None,  # rule-based validation
     )
     trainer = Trainer.__new__(Trainer)  # only the phases under test: rollout and validate
-    trainer.c, trainer.cfg, trainer.env = c, SimpleNamespace(seed=5), env
+    trainer.c, trainer.cfg, trainer.env = c, SimpleNamespace(seed=5, reward_manager=RewardManagerSection()), env
     trainer.state, trainer.timer, trainer.engine_version = TrainingState(step=1, kl_coef=0.0), PhaseTimer(), -1
     trainer.greedy_baseline = False  # no ReMax baseline rollout
     batch = trainer.rollout()

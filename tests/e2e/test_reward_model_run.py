@@ -45,3 +45,11 @@ def test_dapos_overlong_penalty_reaches_the_score_and_is_logged(tmp_path, random
     assert (df["reward_manager/overlong_reward_mean"] - expect).abs().max() < 1e-6
     assert (df["score/mean"] <= df["reward_manager/overlong_reward_mean"] + 1.0 + 1e-6).all()
     assert (df["score/mean"] < 0).any()  # the untrained model scores ~0 by the rule: the penalty dominates
+    # validation: val/score is verl's reward (with the penalty), val/acc its acc (before it, verl's val-core then);
+    # every response is penalised here, so acc is above the score for each data source
+    sources = [c[len("val/acc/"):] for c in df.columns if c.startswith("val/acc/")]
+    assert sources and sorted(sources) == sorted(c[len("val/score/"):] for c in df.columns
+                                                 if c.startswith("val/score/"))
+    for src in sources:
+        acc, score = df.loc[2, f"val/acc/{src}"], df.loc[2, f"val/score/{src}"]
+        assert 0.0 <= acc <= 1.0 and score < acc, (src, acc, score)

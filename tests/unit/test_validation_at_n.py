@@ -92,3 +92,15 @@ def test_import_verl_translates_val_kwargs():
     assert imp.values["rollout.val_n"] == 8 and imp.values["rollout.val_top_p"] == 0.95
     assert imp.values["rollout.val_temperature"] == 0.6
     assert not [r for r in imp.report if "val_kwargs" in r[1]]
+
+
+def test_dapos_acc_columns_mirror_the_score_columns():
+    """With DAPO's overlong buffer the trainer also declares val/acc/<source>[/<stat>] (verl's acc, the score
+    before the penalty), and watchdog rules may name them."""
+    plain = metric_names.validation_columns(["arith"], 4)
+    both = metric_names.validation_columns(["arith"], 4, acc=True)
+    assert both == plain + [c.replace("val/score/", "val/acc/", 1) for c in plain]
+    assert "val/acc/arith/maj@4/mean" in metric_names.trainer_columns(["arith"], 4, acc=True)
+    assert "val/acc/arith" not in metric_names.trainer_columns(["arith"], 4)
+    assert metric_names.is_trainer_column("val/acc/arith") and not metric_names.is_trainer_column("val/acc/")
+
