@@ -561,7 +561,8 @@ manager is refused rather than half applied. Validation stays rule-based, and is
 `reward_model.style` is `model`, as in verl. **DAPO's overlong buffer** (`reward_manager=dapo`) adds verl's
 `min(-(L - (max_resp_len - len)) / len * penalty_factor, 0)` to the score of a response of `L` tokens, in training and
 validation (verl builds both reward functions with the same kwargs); with `log` the batch's mean penalty and overlong
-fraction are metrics (verl keeps them as extra info).
+fraction are metrics (verl keeps them as extra info). Validation then logs `val/score/<source>` (verl's `reward`, in
+its `val-aux`) and `val/acc/<source>`, the score before the penalty: verl's `acc`, its `val-core` metric with DAPO.
 
 **LoRA** (`model.lora_rank`, `lora_alpha`, `target_modules`, `exclude_modules` -> `[actor.lora]`, `[critic.lora]`):
 peft's adapters as verl's FSDP workers build them (`r`, `lora_alpha`, `bias="none"`, no dropout, `lora_B = 0`), and the
