@@ -64,7 +64,50 @@ def check_reward_model(section: RewardModelSection, data: DataSection) -> None:
         what = "" if section.max_length else " (0: data.max_prompt_length + data.max_response_length)"
         raise ConfigError(f"{longest}{what} tokens, more than the reward model's {limit[0]} = {limit[1]} "
                           f"({section.path}/config.json); allowed: 1 to {limit[1]}", key="reward_model.max_length")
+    _check_score_head(section.path)
     _check_tokenizer(section)
+
+
+#: The first bytes of a .safetensors file: the length of its JSON header, little-endian (the format's definition).
+_HEADER_LENGTH_BYTES = 8
+_MAX_HEADER_BYTES = 100 << 20  # the safetensors library refuses larger headers too
+
+
+def checkpoint_tensor_names(directory: str) -> list[str] | None:
+    """The tensor names of the safetensors checkpoint in ``directory``, from its index (``weight_map``) or its file's
+    JSON header: no tensor is read. None when it has neither (a ``.bin`` checkpoint) or they cannot be read."""
+    root = Path(directory)
+    try:
+        index = root / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map")
+            return sorted(weight_map) if isinstance(weight_map, dict) else None
+        single = root / "model.safetensors"
+        if not single.is_file():
+            return None
+        with single.open("rb") as f:
+            length = int.from_bytes(f.read(_HEADER_LENGTH_BYTES), "little")
+            if not 0 < length <= _MAX_HEADER_BYTES:
+                return None
+            header = json.loads(f.read(length))
+        return sorted(k for k in header if k != "__metadata__") if isinstance(header, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _check_score_head(directory: str) -> None:
+    """The checkpoint holds a ``score`` head (``hpcppo.models.reward_model.RewardModel`` reads ``score`` at every
+    position): encoder classifiers (BERT, RoBERTa, DeBERTa ...) name theirs ``classifier`` and would fail only when
+    the job builds the model, after its queue wait."""
+    names = checkpoint_tensor_names(directory)
+    if names is None or "score.weight" in names:
+        return
+    heads = sorted({n.split(".")[0] for n in names if not n.startswith(("model.", "transformer.", "embed"))})
+    found = ", ".join(heads[:5]) or "none"
+    raise ConfigError(f"{directory}: the checkpoint has no score.weight (top-level tensors: {found}); allowed: a "
+                      f"*ForSequenceClassification whose classification head is `score` (Llama, Qwen2, Mistral, "
+                      f"Gemma ...), which hpcppo reads at every token as verl's reward model worker does",
+                      key="reward_model.path")
 
 
 def _check_tokenizer(section: RewardModelSection) -> None:

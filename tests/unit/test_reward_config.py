@@ -87,6 +87,8 @@ def _copy(src: Path, dst: Path, edit_config=None, edit_tokenizer=None) -> Path:
     ("two_labels", "has 2 labels; allowed: 1"),
     ("no_template", "no chat template"),
     ("no_tokenizer", "has no tokenizer"),
+    ("classifier", "the checkpoint has no score.weight (top-level tensors: classifier)"),
+    ("classifier_index", "the checkpoint has no score.weight (top-level tensors: classifier)"),
 ])
 def test_a_bad_reward_model_directory_is_refused_in_one_line(tmp_path, random_tiny, random_tiny_rm, case, expect):
     path = tmp_path / "rm"
@@ -102,6 +104,18 @@ def test_a_bad_reward_model_directory_is_refused_in_one_line(tmp_path, random_ti
     elif case == "no_tokenizer":
         _copy(random_tiny_rm, path)
         (path / "tokenizer.json").unlink()
+    elif case.startswith("classifier"):  # an encoder's head name (BERT, RoBERTa ...): read from the file's header
+        from safetensors.torch import load_file, save_file
+
+        _copy(random_tiny_rm, path)
+        tensors = {k.replace("score.", "classifier.", 1): v for k, v in load_file(path / "model.safetensors").items()}
+        if case == "classifier_index":  # a sharded checkpoint: the index's weight_map
+            (path / "model.safetensors").unlink()
+            save_file(tensors, path / "model-00001-of-00001.safetensors")
+            (path / "model.safetensors.index.json").write_text(json.dumps(
+                {"metadata": {}, "weight_map": {k: "model-00001-of-00001.safetensors" for k in tensors}}))
+        else:
+            save_file(tensors, path / "model.safetensors")
     extra = "max_length = 100\n" if case == "positions" else ""
     text = _error(_spec(tmp_path, random_tiny, f'[reward_model]\nenable = true\npath = "{path}"\n{extra}'))
     assert expect.format(p=path) in text
