@@ -152,19 +152,25 @@ def _build_model_dir(out_dir: Path, settings: TinySettings) -> dict[str, Any]:
     }
     text = json.dumps(info, indent=2, sort_keys=True) + "\n"
     info = json.loads(text)  # what a later up-to-date call reads back (tuples become lists)
+    save_model_dir(model, tokenizer, out_dir, INFO_FILE, text)
+    return info
+
+
+def save_model_dir(model: Any, tokenizer: Any, out_dir: Path, info_name: str, info_text: str) -> None:
+    """Write a model directory atomically: model, tokenizer and ``info_name`` into a temporary sibling, fsynced,
+    then moved to ``out_dir`` (replacing an outdated build); a failure leaves ``out_dir`` as it was."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f"{out_dir.name}.tmp-"))
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         _pin_tokenizer_class(tmp)
-        (tmp / INFO_FILE).write_text(text)
+        (tmp / info_name).write_text(info_text)
         _fsync_tree(tmp)
         _install_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return info
 
 
 def _pin_tokenizer_class(model_dir: Path) -> None:

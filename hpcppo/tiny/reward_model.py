@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from hpcppo.data import synthetic
 from hpcppo.data.rm_inputs import reward_model_text
 from hpcppo.errors import PathError
-from hpcppo.tiny.make import _install_dir, _pin_tokenizer_class
+from hpcppo.tiny.make import save_model_dir
 from hpcppo.tiny.settings import TinySettings
 from hpcppo.tiny.tokenizer import build_tokenizer
 
@@ -151,14 +149,4 @@ def build_tiny_reward_model(out_dir: str | os.PathLike[str], *, seed: int = 0, f
 
 
 def _save(model: Any, tokenizer: Any, info: dict[str, Any], out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f"{out.name}.tmp-"))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        _pin_tokenizer_class(tmp)
-        (tmp / RM_INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-        _install_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    save_model_dir(model, tokenizer, out, RM_INFO_FILE, json.dumps(info, indent=2, sort_keys=True) + "\n")
