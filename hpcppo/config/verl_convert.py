@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["Entry", "Untranslatable", "Ignored", "VerlNameWarning", "Convert", "MAP", "NOT_VERL", "IGNORED",
-           "UNSUPPORTED", "VERL_COMMIT", "whole_number", "run_name", "REWARD_KWARGS", "ARR", "A", "R", "REF", "MODEL"]
+           "UNSUPPORTED", "VERL_COMMIT", "whole_number", "run_name", "REWARD_KWARGS", "ARR", "A", "R", "REF", "MODEL",
+           "m", "ign", "uns"]
 
 VERL_COMMIT = "b178a3cd56f58b2d502255daba591e92833930a7"
 MAP, NOT_VERL, IGNORED, UNSUPPORTED = "map", "not-verl", "ignored", "unsupported"
@@ -47,6 +48,21 @@ class Entry:
     def accepts(self, value: Any) -> bool:
         """Whether ``value`` is one of ``ok`` (1 and 1.0 alike; True is not 1)."""
         return any(value is ok if isinstance(value, bool) or isinstance(ok, bool) else value == ok for ok in self.ok)
+
+
+def m(verl: str, hpcppo: str, note: str = "", convert: Convert | None = None, context: bool = False) -> Entry:
+    """A verl key translated to an hpcppo key (the tables' rows: ``verl_table``, ``verl_reward``)."""
+    return Entry(verl, MAP, hpcppo, note, convert, context)
+
+
+def ign(verl: str, note: str, prefix: bool = False) -> Entry:
+    """A verl key hpcppo does without, giving the same result."""
+    return Entry(verl, IGNORED, note=note, prefix=prefix)
+
+
+def uns(verl: str, note: str, ok: tuple[Any, ...] = (), prefix: bool = False) -> Entry:
+    """A verl key hpcppo cannot honour, except for the values ``ok``."""
+    return Entry(verl, UNSUPPORTED, note=note, ok=ok, prefix=prefix)
 
 
 

@@ -4,10 +4,8 @@ key (verl/trainer/config/_generated_ppo_trainer.yaml at verl b178a3c), grouped a
 
 from __future__ import annotations
 
-from typing import Any
-
-from hpcppo.config.verl_convert import (A, ACTOR_TOKENS, ARR, CRITIC_TOKENS, IGNORED, MAP, MODEL, NOT_VERL, R, REF, REWARD_KWARGS, UNSUPPORTED,
-                                        Convert, Entry, clip_ratio, critic_warmup, dtype, dynamic_bsz, engine, files, freq, hsdp,
+from hpcppo.config.verl_convert import (A, ACTOR_TOKENS, ARR, CRITIC_TOKENS, MODEL, NOT_VERL, R, REF, REWARD_KWARGS,
+                                        Entry, clip_ratio, ign, m, uns, critic_warmup, dtype, dynamic_bsz, engine, files, freq, hsdp,
                                         keep, logger, lora_modules, lora_setting, none_is_default, without_lora, per_gpu, project_name, resume, reward_kwargs,
                                         reward_name, reward_path, run_name, schedule, token_budget, top_k, total_steps, warmup,
                                         warmup_ratio)
@@ -23,20 +21,8 @@ LOGGING = "hpcppo records every metric in the run's HDF5 log (hpcppo metrics exp
 ONE_TOKENIZER = "hpcppo uses one tokenizer for every model (model.tokenizer_path)"
 
 
-def m(verl: str, hpcppo: str, note: str = "", convert: Convert | None = None, context: bool = False) -> Entry:
-    return Entry(verl, MAP, hpcppo, note, convert, context)
-
-
 def alias(verl: str, hpcppo: str, note: str) -> Entry:
     return Entry(verl, NOT_VERL, hpcppo, note)
-
-
-def ign(verl: str, note: str, prefix: bool = False) -> Entry:
-    return Entry(verl, IGNORED, note=note, prefix=prefix)
-
-
-def uns(verl: str, note: str, ok: tuple[Any, ...] = (), prefix: bool = False) -> Entry:
-    return Entry(verl, UNSUPPORTED, note=note, ok=ok, prefix=prefix)
 
 
 def _optim(verl: str, role: str) -> list[Entry]:
