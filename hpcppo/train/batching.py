@@ -225,11 +225,19 @@ def global_batch_info(response_mask: torch.Tensor, dp_size: int, loss_scale_fact
                                  loss_scale_factor=loss_scale_factor)
 
 
-def set_grad_sync(model: nn.Module, enabled: bool) -> None:
-    """Reduce-scatter gradients only on the last micro-batch of a mini-batch (FSDP2 accumulates locally)."""
-    fn = getattr(model, "set_requires_gradient_sync", None)
+def set_last_micro_batch(model: nn.Module, last: bool) -> None:
+    """Gradient accumulation that keeps gradients sharded: FSDP2 reduce-scatters every micro-batch's gradient into
+    the sharded ``.grad`` (where it accumulates); under HSDP only the all-reduce across replicas waits for the last
+    micro-batch of the mini-batch (FSDP2 keeps the partial, sharded sum until then). Plain FSDP ignores the flag.
+
+    Not ``set_requires_gradient_sync(False)`` (FSDP1's ``no_sync``): with it FSDP2 keeps an *unsharded* gradient of
+    every parameter until the synced backward (torch 2.13 ``FSDPParamGroup.post_backward``: ``if not
+    self.reduce_grads`` leaves ``unsharded_param.grad`` / ``unsharded_accumulated_grad`` in place), i.e. the whole
+    model's gradient on every rank — ~290 GB for a 72B actor. verl never turns the sync off for FSDP2 either.
+    """
+    fn = getattr(model, "set_requires_all_reduce", None)
     if fn is not None:
-        fn(enabled)
+        fn(last)
 
 
 def _to_float(t: torch.Tensor | float) -> float:

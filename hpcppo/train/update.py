@@ -48,8 +48,10 @@ def run_update(batch: Mapping[str, Any], model: nn.Module, optimizer: torch.opti
     """Run ``settings.epochs`` passes of mini-batch updates of ``model`` over this rank's ``batch``; return the metrics
     (means over micro-batches and ranks), ``<prefix>/grad_norm`` and ``<prefix>/lr`` included.
 
-    Collective: gradients are reduce-scattered on the last micro-batch of each mini-batch only (FSDP2 accumulates
-    locally before), and the metrics are averaged over ranks at the end. ``on_step`` runs after each optimizer step.
+    Collective: every micro-batch's gradient is reduce-scattered into the sharded gradients (under HSDP the
+    all-reduce across replicas runs on the last micro-batch of each mini-batch only: ``batching.set_last_micro_batch``),
+    so no rank ever holds more than its gradient shards plus the layer in backward; the metrics are averaged over
+    ranks at the end. ``on_step`` runs after each optimizer step.
     """
     sums = batching.UpdateMetrics()
     offload = OptimizerStateOffload(optimizer, enabled=offload_optimizer)
@@ -67,7 +69,7 @@ def run_update(batch: Mapping[str, Any], model: nn.Module, optimizer: torch.opti
             micros = (list(batching.split(mini, settings.micro_batch_per_rank)) if groups is None
                       else [batching.take_rows(mini, rows) for rows in groups[k]])
             for i, mb in enumerate(micros):
-                batching.set_grad_sync(model, i == len(micros) - 1)
+                batching.set_last_micro_batch(model, i == len(micros) - 1)
                 loss_fn(mb, info, sums, len(micros)).backward()
             offload.before_step()
             sums.add(f"{settings.prefix}/grad_norm", batching.clip_and_step(model, optimizer, settings.grad_clip))
