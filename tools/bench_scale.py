@@ -6,7 +6,7 @@
 Per rank, in rounds (every figure of a round measured side by side with its bound):
   update      one optimizer step of the actor as the trainer runs it (``hpcppo.train.update.run_update`` with
               ``actor_loss``, verl's clipped policy loss): a mini-batch of ``--samples`` rows per rank in
-              micro-batches of ``--micro`` (gradients reduce-scattered on the last one only), grad clip, AdamW, on the
+              micro-batches of ``--micro`` (gradients reduce-scattered on every one), grad clip, AdamW, on the
               FSDP2-wrapped model (``apply_fsdp`` with the trainer's defaults). Its model FLOPs (see ``model_flops``:
               the decoder's matmuls over every token, the LM head over the positions it scores, causal attention,
               backward = 2 x forward; the embedding lookup and element-wise work count nothing) against the float32

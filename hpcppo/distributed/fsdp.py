@@ -137,3 +137,44 @@ def apply_activation_checkpointing(model: nn.Module, layer_classes: tuple[type, 
             if id(child) in targets:
                 parent.register_module(name, checkpoint_wrapper(child, checkpoint_impl=CheckpointImpl.NO_REENTRANT))
     return model
+
+
+def _param_groups(model: nn.Module) -> Iterable[Any]:
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            yield from module._get_fsdp_state()._fsdp_param_groups
+
+
+def held_gradient_bytes(model: nn.Module) -> int:
+    """Bytes of every distinct storage that holds a gradient of ``model``'s parameters right now, FSDP2's internal
+    ones included: the sharded ``.grad``, an unsharded parameter's ``.grad``, the unsharded accumulated gradient of
+    a backward that did not reduce, HSDP's partial reduce output (torch 2.13 ``FSDPParam`` / ``FSDPParamGroup``
+    attributes). A diagnostic for tests and benchmarks (``tools/bench_grad_accum.py``), never on the training path.
+    """
+    seen: set[int] = set()
+    total = 0
+
+    def add(t: torch.Tensor | None) -> None:
+        nonlocal total
+        if t is None:
+            return
+        storage = getattr(t, "_local_tensor", t).untyped_storage()
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+
+    for group in _param_groups(model):
+        for fp in group.fsdp_params:
+            add(fp.sharded_param.grad)
+            unsharded = getattr(fp, "_unsharded_param", None)
+            add(None if unsharded is None else unsharded.grad)
+            add(fp.unsharded_accumulated_grad)
+        add(group._partial_reduce_output)
+    return total
+
+
+def largest_unit_bytes(model: nn.Module) -> int:
+    """The unsharded size in bytes of the largest FSDP unit (a layer, or the root's leftovers): what one unit's
+    gathered parameters, or its gradient before the reduce-scatter, take at most."""
+    return max((sum(fp._orig_size.numel() * fp.sharded_param.element_size() for fp in g.fsdp_params)
+                for g in _param_groups(model)), default=0)

@@ -5,7 +5,7 @@ between micro-batches: the whole model's gradient on every rank. The update must
 micro-batch, so that between micro-batches a rank holds its gradient shards and nothing else, and the optimizer step
 sees the same gradient as one micro-batch of the whole mini-batch. Counted here: every live gradient tensor FSDP
 holds for a parameter (the sharded ``.grad``, the unsharded parameter's ``.grad``, FSDP's unsharded accumulated
-gradient, HSDP's partial reduce output), by storage, after each micro-batch's backward and before the step.
+gradient, HSDP's partial reduce output), by storage (``distributed.fsdp.held_gradient_bytes``), after each micro-batch's backward and before the step.
 """
 
 from __future__ import annotations
@@ -42,42 +42,9 @@ def _batch(rank: int) -> dict:
             "advantages": torch.randn(MINI, response, generator=g) * response_mask}
 
 
-def _fsdp_groups(model):
-    from torch.distributed.fsdp import FSDPModule
-
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            yield from module._get_fsdp_state()._fsdp_param_groups
-
-
-def grad_bytes(model) -> int:
-    """Bytes of every distinct storage holding a gradient of ``model``'s parameters, FSDP's internal ones included."""
-    seen: set[int] = set()
-    total = 0
-
-    def add(t) -> None:
-        nonlocal total
-        if t is None:
-            return
-        t = getattr(t, "_local_tensor", t)
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in seen:
-            seen.add(storage.data_ptr())
-            total += storage.nbytes()
-
-    for group in _fsdp_groups(model):
-        for fp in group.fsdp_params:
-            add(fp.sharded_param.grad)
-            unsharded = getattr(fp, "_unsharded_param", None)
-            add(None if unsharded is None else unsharded.grad)
-            add(fp.unsharded_accumulated_grad)
-        add(group._partial_reduce_output)
-    return total
-
-
 def _run(rank: int, world_size: int, hsdp: bool) -> dict:
     from hpcppo.config import ActorSection
-    from hpcppo.distributed.fsdp import apply_fsdp
+    from hpcppo.distributed.fsdp import apply_fsdp, held_gradient_bytes, largest_unit_bytes
     from hpcppo.distributed.mesh import build_mesh
     from hpcppo.train.optim import LRSchedule
     from hpcppo.train.update import UpdateSettings, actor_loss, run_update
@@ -91,21 +58,20 @@ def _run(rank: int, world_size: int, hsdp: bool) -> dict:
         apply_fsdp(model, mesh, param_dtype=None, reduce_dtype=torch.float32, cpu_offload=False,
                    reshard_after_forward=True)
         shard_bytes = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
-        unit_bytes = max(sum(fp._orig_size.numel() * fp.sharded_param.element_size() for fp in g.fsdp_params)
-                         for g in _fsdp_groups(model))
+        unit_bytes = largest_unit_bytes(model)
         seen: list[int] = []
         grads: dict = {}
         inner = actor_loss(model, cfg, clip_ratio_low=0.2, clip_ratio_high=0.2, kl_loss=False, temperature=1.0)
 
         def loss(mb, info, sums, n_micro, _inner=inner, _model=model, _seen=seen):
-            _seen.append(grad_bytes(_model))  # what the previous micro-batches' backwards left behind
+            _seen.append(held_gradient_bytes(_model))  # what the previous micro-batches' backwards left behind
             return _inner(mb, info, sums, n_micro)
 
         optim = torch.optim.SGD(model.parameters(), lr=1.0)
         real_step = optim.step
 
         def step(*a, _model=model, _seen=seen, _grads=grads, **k):
-            _seen.append(grad_bytes(_model))
+            _seen.append(held_gradient_bytes(_model))
             _grads.update((n, p.grad.full_tensor().clone()) for n, p in _model.named_parameters())
             return real_step(*a, **k)
 
