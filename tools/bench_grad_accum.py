@@ -9,10 +9,11 @@ FSDP2 with the trainer's defaults for an fp32 model, AdamW), with the mini-batch
   grad bytes   the most gradient storage held between micro-batches and at the optimizer step
                (``distributed.fsdp.held_gradient_bytes``: FSDP's internal unsharded gradients included), as a ratio
                to the rank's gradient shard (the bound the trainer keeps: 1.0);
-  peak RSS     the process's peak resident set during the update above its resident set before it (Linux
-               ``VmHWM``, reset through ``/proc/self/clear_refs`` before the update), as a ratio to the shard. Each
-               run is a fresh pair of processes, so no run reuses another's heap; the rise includes the
-               activations of one micro-batch and AdamW's moments (2 x the shard, created at the first step).
+  peak RSS     the process's peak resident set above its resident set before the update (Linux ``VmHWM``, reset
+               through ``/proc/self/clear_refs``), as a ratio to the shard: over the forwards and backwards of the
+               accumulation (read just before the optimizer step), and over the whole update (which adds AdamW's
+               two moments, created at the first step, and the step's temporaries). Each run is a fresh pair of
+               processes, so no run reuses another's heap.
 For reference, each run is repeated with FSDP2's ``set_requires_gradient_sync(False)`` between micro-batches (the
 "no-sync" accumulation the trainer used before; FSDP1's ``no_sync``): it holds every parameter's unsharded gradient.
 All ratios are measured in this one invocation, on the same model and batch.
@@ -94,8 +95,11 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
 
     real_step = opt.step
 
+    accumulation_peak: list[int] = []
+
     def step(*a, **k):
         held.append(held_gradient_bytes(model))
+        accumulation_peak.append(_status_bytes("VmHWM"))  # before AdamW creates its moments
         return real_step(*a, **k)
 
     opt.step = step  # type: ignore[method-assign]
@@ -104,6 +108,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
     peak = _status_bytes("VmHWM") - before
     result = {"mode": mode, "micro_batches": args.samples // micro, "shard_bytes": shard,
               "unit_bytes": largest_unit_bytes(model), "grad_bytes": max(held), "peak_rss_bytes": peak,
+              "accumulation_rss_bytes": accumulation_peak[0] - before,
               "params": sum(p.numel() for p in model.parameters())}
     (Path(out) / f"rank-{rank}.json").write_text(json.dumps(result))
     dist_env.destroy_distributed(sync_timeout_s=600)
@@ -112,16 +117,17 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str
 def report(runs: list[list[dict]]) -> list[dict]:
     """Print one line per run (its ranks' min-max) and return the rows."""
     rows = []
-    print(f"{'accumulation':<10} {'micro-batches':>13} {'grad bytes / shard':>19} {'peak RSS rise / shard':>22}"
-          "   (per rank: min-max over ranks)")
+    print(f"{'accumulation':<12} {'micro-batches':>13} {'grad bytes / shard':>19} {'RSS rise / shard: backwards':>28}"
+          f" {'whole update':>13}   (per rank: min-max over ranks)")
     for per_rank in runs:
         first = per_rank[0]
         grad = [r["grad_bytes"] / r["shard_bytes"] for r in per_rank]
         rss = [r["peak_rss_bytes"] / r["shard_bytes"] for r in per_rank]
-        print(f"{first['mode']:<10} {first['micro_batches']:>13} {min(grad):>9.2f}-{max(grad):<9.2f}"
-              f" {min(rss):>11.2f}-{max(rss):<10.2f}")
+        acc = [r["accumulation_rss_bytes"] / r["shard_bytes"] for r in per_rank]
+        print(f"{first['mode']:<12} {first['micro_batches']:>13} {min(grad):>9.2f}-{max(grad):<9.2f}"
+              f" {min(acc):>17.2f}-{max(acc):<10.2f} {min(rss):>6.2f}-{max(rss):<6.2f}")
         rows.append({"mode": first["mode"], "micro_batches": first["micro_batches"], "grad_over_shard": grad,
-                     "peak_rss_rise_over_shard": rss})
+                     "accumulation_rss_rise_over_shard": acc, "peak_rss_rise_over_shard": rss})
     first = runs[0][0]
     print(f"model: {first['params'] / 1e6:.1f}M parameters; gradient shard per rank {first['shard_bytes'] / 2**20:.0f} MiB "
           f"(fp32), largest FSDP unit {first['unit_bytes'] / 2**20:.0f} MiB unsharded")
