@@ -61,17 +61,15 @@ _UNKNOWN_MOE_KEYS = ("n_routed_experts", "num_experts_per_token", "moe_num_exper
 def _moe_fields(cfg: dict) -> dict[str, int]:
     """The expert layout of a config.json, as ModelShape fields (none for a dense model).
 
-    Qwen3-MoE and Qwen2-MoE (transformers' ``Qwen3MoeConfig`` / ``Qwen2MoeConfig``): ``num_experts`` experts of
-    ``moe_intermediate_size``, ``num_experts_per_tok`` per token, in the layers not listed in ``mlp_only_layers``
-    whose index + 1 is a multiple of ``decoder_sparse_step``; Qwen2-MoE adds a shared expert of
+    Qwen3-MoE and Qwen2-MoE (transformers' ``Qwen3MoeConfig`` / ``Qwen2MoeConfig``): experts of
+    ``moe_intermediate_size`` (their number is ``num_experts`` on the hub; transformers 5 saves it as
+    ``num_local_experts``), ``num_experts_per_tok`` per token, in the layers not listed in ``mlp_only_layers`` whose
+    index + 1 is a multiple of ``decoder_sparse_step``; Qwen2-MoE adds a shared expert of
     ``shared_expert_intermediate_size``. Mixtral: ``num_local_experts`` experts of ``intermediate_size`` in every
     layer. Another expert layout (DeepSeek's ``n_routed_experts``, ...) raises ValueError: the plan does not guess it.
     """
-    if "num_local_experts" in cfg:  # Mixtral
-        n = int(cfg["num_local_experts"])
-        return {"num_experts": n, "experts_per_token": int(cfg["num_experts_per_tok"]),
-                "moe_intermediate": int(cfg["intermediate_size"]), "moe_layers": int(cfg["num_hidden_layers"])}
-    if not int(cfg.get("num_experts") or 0):
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    if not experts:
         unknown = [k for k in _UNKNOWN_MOE_KEYS if cfg.get(k)]
         if unknown:
             raise ValueError(f"mixture-of-experts keys {unknown} of model_type {cfg.get('model_type')!r} are not "
@@ -79,9 +77,9 @@ def _moe_fields(cfg: dict) -> dict[str, int]:
         return {}
     layers, step = int(cfg["num_hidden_layers"]), int(cfg.get("decoder_sparse_step") or 1)
     dense = {int(i) for i in cfg.get("mlp_only_layers") or []}
-    moe_layers = sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
-    return {"num_experts": int(cfg["num_experts"]), "experts_per_token": int(cfg["num_experts_per_tok"]),
-            "moe_intermediate": int(cfg["moe_intermediate_size"]), "moe_layers": moe_layers,
+    return {"num_experts": experts, "experts_per_token": int(cfg["num_experts_per_tok"]),
+            "moe_intermediate": int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]),
+            "moe_layers": sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0),
             "shared_expert_intermediate": int(cfg.get("shared_expert_intermediate_size") or 0)}
 
 
