@@ -142,3 +142,14 @@ def test_the_qwen3_moe_example_compiles_fits_and_shows_total_and_active_paramete
     assert model["params"] == KNOWN_MODELS["qwen3-30b-a3b"].params
     assert model["active_params"] == KNOWN_MODELS["qwen3-30b-a3b"].active_params
     assert model["num_experts"] == 128 and model["experts_per_token"] == 8 and model["moe_intermediate"] == 768
+
+
+def test_lora_on_a_mixture_of_experts_says_what_it_does_not_count():
+    m = KNOWN_MODELS["qwen3-30b-a3b"]
+    c = compile_config(EXAMPLE, "h100-cluster", ["actor.lora.rank=16", "reference.offload=false"], check_paths=False, check_memory=False)
+    budget = estimate(c.site, c.experiment, c.plan)
+    # attention only (q, k, v, o) in the 48 expert layers: no dense gate/up/down of intermediate_size there
+    h, q, kv = 2048, 32 * 128, 4 * 128
+    assert f"rank 16, {48 * 16 * ((h + q) + 2 * (h + kv) + (q + h)) / 1e6:.1f}M adapter parameters trained (not " \
+           "counted: adapters peft puts on the fused experts and the router)" in budget.model_note
+    assert m.is_moe
