@@ -63,7 +63,8 @@ class Budget:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "model": asdict(self.model) | {"params": self.model.params} if self.model else None,
+            "model": asdict(self.model) | {"params": self.model.params, "active_params": self.model.active_params}
+            if self.model else None,
             "model_note": self.model_note,
             "gpu": self.gpu.kind if self.gpu else None,
             "gpu_memory_bytes": self.gpu.memory_bytes if self.gpu else None,

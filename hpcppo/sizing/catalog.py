@@ -92,7 +92,13 @@ ASSUMPTIONS: dict[str, Constant] = {c.name: c for c in (
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What the memory and FLOP arithmetic needs from a decoder-only (Llama/Qwen2-style) model's config.json."""
+    """What the memory and FLOP arithmetic needs from a decoder-only (Llama/Qwen2/Qwen3-style) model's config.json.
+
+    Mixture of experts (Qwen3-MoE, Qwen2-MoE, Mixtral): ``num_experts`` > 0; ``moe_layers`` of the ``layers`` hold a
+    router (hidden -> experts), ``num_experts`` SwiGLU experts of ``moe_intermediate`` and, with
+    ``shared_expert_intermediate``, a shared expert and its gate (hidden -> 1); the others a dense MLP of
+    ``intermediate``. Every token runs ``experts_per_token`` of the experts: memory counts all parameters
+    (:attr:`params`), FLOPs only the ones a token runs (:attr:`active_params`)."""
 
     name: str
     hidden: int
@@ -105,17 +111,45 @@ class ModelShape:
     head_dim: int = 0  # 0 = hidden / heads
     attention_bias: bool = False  # Qwen2 has q/k/v biases
     source: str = ""
+    qk_norm: bool = False  # Qwen3: an RMSNorm of head_dim on each query and key head
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate: int = 0
+    moe_layers: int = 0  # layers with experts (the rest are dense)
+    shared_expert_intermediate: int = 0
 
     @property
     def hd(self) -> int:
         return self.head_dim or self.hidden // self.heads
 
     @property
-    def layer_params(self) -> int:
+    def is_moe(self) -> bool:
+        return self.num_experts > 0 and self.moe_layers > 0
+
+    @property
+    def attention_params(self) -> int:
+        """q, k, v, o (and their biases, the q/k norms), and the layer's two RMSNorms."""
         h, hd = self.hidden, self.hd
         attn = h * self.heads * hd + 2 * h * self.kv_heads * hd + self.heads * hd * h
         bias = (self.heads * hd + 2 * self.kv_heads * hd) if self.attention_bias else 0
-        return attn + bias + 3 * h * self.intermediate + 2 * h  # q,k,v,o + gate,up,down + two RMSNorms
+        return attn + bias + (2 * hd if self.qk_norm else 0) + 2 * h
+
+    def _expert_block(self, experts: int) -> int:
+        """Router, ``experts`` routed experts (gate, up, down) and the shared expert with its gate."""
+        h = self.hidden
+        shared = 3 * h * self.shared_expert_intermediate + h if self.shared_expert_intermediate else 0
+        return h * self.num_experts + experts * 3 * h * self.moe_intermediate + shared
+
+    @property
+    def layer_params(self) -> int:
+        """The largest decoder layer (an expert layer when there are any): what FSDP gathers for one layer."""
+        mlp = self._expert_block(self.num_experts) if self.is_moe else 3 * self.hidden * self.intermediate
+        return self.attention_params + mlp
+
+    def _layers_params(self, experts: int) -> int:
+        dense = self.layers - (self.moe_layers if self.is_moe else 0)
+        moe = self.moe_layers * self._expert_block(experts) if self.is_moe else 0
+        return self.layers * self.attention_params + dense * 3 * self.hidden * self.intermediate + moe
 
     @property
     def embedding_params(self) -> int:
@@ -124,28 +158,75 @@ class ModelShape:
 
     @property
     def params(self) -> int:
-        return self.layers * self.layer_params + self.embedding_params + self.hidden  # + final norm
+        """Every parameter: what is stored, sharded, synced and checkpointed."""
+        return self._layers_params(self.num_experts) + self.embedding_params + self.hidden  # + final norm
+
+    @property
+    def active_params(self) -> int:
+        """The parameters one token runs through (``experts_per_token`` of the experts): what FLOPs count. Equal to
+        :attr:`params` for a dense model."""
+        if not self.is_moe:
+            return self.params
+        return self._layers_params(self.experts_per_token) + self.embedding_params + self.hidden
+
+    def params_read(self, tokens: float) -> float:
+        """Parameters a forward of ``tokens`` tokens reads (a decode step of that many sequences): all of a dense
+        model; of a mixture of experts the non-expert ones and the share of experts at least one token is routed to,
+        ``1 - (1 - k / E) ** tokens`` with uniform routing (vLLM's fused MoE kernel reads only experts with tokens)."""
+        if not self.is_moe:
+            return float(self.params)
+        experts = self.moe_layers * self.num_experts * 3 * self.hidden * self.moe_intermediate
+        touched = 1.0 - (1.0 - self.experts_per_token / self.num_experts) ** max(tokens, 1.0)
+        return self.params - experts + experts * touched
 
     @property
     def critic_params(self) -> int:
         """The critic: the backbone without the LM head, plus a value head (hidden -> 1, with bias)."""
-        return self.layers * self.layer_params + self.vocab * self.hidden + self.hidden + self.hidden + 1
+        return self._layers_params(self.num_experts) + self.vocab * self.hidden + self.hidden + self.hidden + 1
+
+    @property
+    def critic_active_params(self) -> int:
+        """The critic's parameters one token runs through (its FLOPs)."""
+        return self.critic_params - self.params + self.active_params
 
     @property
     def root_params(self) -> int:
         """What FSDP's root unit owns (embeddings, LM head, final norm): gathered for a whole forward/backward."""
         return self.embedding_params + self.hidden
 
+    @property
+    def largest_tensor_elems(self) -> int:
+        """The largest single parameter: the embedding (vocab x hidden), or a fused expert tensor (transformers 5 keeps
+        a layer's experts as one ``gate_up_proj`` of experts x 2 x moe_intermediate x hidden)."""
+        return max(self.vocab * self.hidden, 2 * self.num_experts * self.moe_intermediate * self.hidden)
+
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """Key and value of one token over all layers: 2 x layers x kv_heads x head_dim x dtype bytes."""
         return 2 * self.layers * self.kv_heads * self.hd * dtype_bytes
 
+    def mlp_elems_per_token(self) -> int:
+        """Elements of the MLP's intermediate tensors per token of one layer: gate, up, SiLU(gate) and their product
+        (dense); per routed expert a token runs the same at ``moe_intermediate`` plus its output before the weighted
+        sum, and the router's logits and probabilities (the largest layer's, for a mixture of experts)."""
+        if not self.is_moe:
+            return 4 * self.intermediate
+        routed = self.experts_per_token * (4 * self.moe_intermediate + self.hidden)
+        return routed + 2 * self.num_experts + 4 * self.shared_expert_intermediate
+
+    def working_elems_per_token(self) -> int:
+        """What one layer's forward without autograd holds at once, per token: the residual stream and the MLP's gate,
+        up and product (dense), or those of each routed expert a token runs, their outputs and the router's."""
+        if not self.is_moe:
+            return 2 * self.hidden + 3 * self.intermediate
+        routed = self.experts_per_token * (3 * self.moe_intermediate + self.hidden)
+        return 2 * self.hidden + routed + 2 * self.num_experts + 3 * self.shared_expert_intermediate
+
     def activation_elems_per_token_layer(self) -> int:
         """Tensors one decoder layer keeps for backward, per token, in elements of the compute dtype: both norms'
-        inputs and outputs, q/k/v, the attention output (flash/SDPA: no score matrix), gate, up, SiLU(gate) and the
-        product fed to down_proj."""
+        inputs and outputs, q/k/v, the attention output (flash/SDPA: no score matrix), and the MLP's
+        (:meth:`mlp_elems_per_token`)."""
         h = self.hidden
-        return 6 * h + 2 * self.kv_heads * self.hd + 4 * self.intermediate
+        return 5 * h + self.heads * self.hd + 2 * self.kv_heads * self.hd + self.mlp_elems_per_token()
 
 
 _QWEN = "https://huggingface.co/Qwen/{}/blob/main/config.json"
@@ -157,7 +238,17 @@ def _qwen(name: str, hidden: int, layers: int, heads: int, kv: int, inter: int, 
                       source=_QWEN.format(name))
 
 
-# The -Instruct variants share each base model's shape.
+def _qwen3(name: str, hidden: int, layers: int, heads: int, kv: int, inter: int, *, experts: int = 0, top_k: int = 0,
+           moe_inter: int = 0) -> ModelShape:
+    """A Qwen3 model (model_type qwen3 / qwen3_moe): head_dim 128 whatever hidden / heads, q/k norms, no attention
+    bias, vocab 151936, untied embeddings; the MoE models have experts in every layer (``decoder_sparse_step`` 1,
+    ``mlp_only_layers`` empty)."""
+    return ModelShape(name, hidden, layers, heads, kv, inter, 151936, False, head_dim=128, qk_norm=True,
+                      num_experts=experts, experts_per_token=top_k, moe_intermediate=moe_inter,
+                      moe_layers=layers if experts else 0, source=_QWEN.format(name))
+
+
+# The -Instruct variants share each base model's shape (and Qwen3's -Instruct-2507 / -Thinking-2507 theirs).
 KNOWN_MODELS: dict[str, ModelShape] = {m.name.lower(): m for m in (
     _qwen("Qwen2.5-0.5B", 896, 24, 14, 2, 4864, 151936, True),
     _qwen("Qwen2.5-1.5B", 1536, 28, 12, 2, 8960, 151936, True),
@@ -166,6 +257,10 @@ KNOWN_MODELS: dict[str, ModelShape] = {m.name.lower(): m for m in (
     _qwen("Qwen2.5-14B", 5120, 48, 40, 8, 13824, 152064, False),
     _qwen("Qwen2.5-32B", 5120, 64, 40, 8, 27648, 152064, False),
     _qwen("Qwen2.5-72B", 8192, 80, 64, 8, 29568, 152064, False),
+    _qwen3("Qwen3-8B", 4096, 36, 32, 8, 12288),
+    _qwen3("Qwen3-32B", 5120, 64, 64, 8, 25600),
+    _qwen3("Qwen3-30B-A3B", 2048, 48, 32, 4, 6144, experts=128, top_k=8, moe_inter=768),
+    _qwen3("Qwen3-235B-A22B", 4096, 94, 64, 4, 12288, experts=128, top_k=8, moe_inter=1536),
     ModelShape("Llama-3.1-8B", 4096, 32, 32, 8, 14336, 128256, False, source=_LLAMA.format("Llama-3.1-8B")),
     ModelShape("Llama-3.1-70B", 8192, 80, 64, 8, 28672, 128256, False, source=_LLAMA.format("Llama-3.1-70B")),
 )}

@@ -33,6 +33,7 @@ from pathlib import Path
 from hpcppo.config.experiment import Experiment, FsdpSection
 from hpcppo.config.plan import RunPlan
 from hpcppo.config.site import Site
+from hpcppo.sizing.accumulation import grad_item_label, grads_in_flight
 from hpcppo.sizing.budget import ADAM_BYTES, MASTER_BYTES, Budget, Item, Phase, dtype_bytes
 from hpcppo.sizing.catalog import ASSUMPTIONS, GIB, GPUS, KNOWN_MODELS, ModelShape
 from hpcppo.sizing.lora import adapter_params, loads_reference, lora_note
@@ -44,18 +45,47 @@ __all__ = ["Item", "Phase", "Budget", "model_shape", "estimate", "dtype_bytes"]
 def _from_config_json(path: Path) -> ModelShape:
     cfg = json.loads(path.read_text())
     cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
-    heads = int(cfg["num_attention_heads"])
+    heads, kind = int(cfg["num_attention_heads"]), cfg.get("model_type")
     return ModelShape(
         name=path.parent.name, hidden=int(cfg["hidden_size"]), layers=int(cfg["num_hidden_layers"]), heads=heads,
         kv_heads=int(cfg.get("num_key_value_heads") or heads), intermediate=int(cfg["intermediate_size"]),
         vocab=int(cfg["vocab_size"]), tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         head_dim=int(cfg.get("head_dim") or 0),
-        attention_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")), source=str(path))
+        attention_bias=bool(cfg.get("attention_bias", kind in ("qwen2", "qwen2_moe"))),
+        qk_norm=kind in ("qwen3", "qwen3_moe"), source=str(path), **_moe_fields(cfg))
+
+
+_UNKNOWN_MOE_KEYS = ("n_routed_experts", "num_experts_per_token", "moe_num_experts")
+
+
+def _moe_fields(cfg: dict) -> dict[str, int]:
+    """The expert layout of a config.json, as ModelShape fields (none for a dense model).
+
+    Qwen3-MoE and Qwen2-MoE (transformers' ``Qwen3MoeConfig`` / ``Qwen2MoeConfig``): experts of
+    ``moe_intermediate_size`` (their number is ``num_experts`` on the hub; transformers 5 saves it as
+    ``num_local_experts``), ``num_experts_per_tok`` per token, in the layers not listed in ``mlp_only_layers`` whose
+    index + 1 is a multiple of ``decoder_sparse_step``; Qwen2-MoE adds a shared expert of
+    ``shared_expert_intermediate_size``. Mixtral: ``num_local_experts`` experts of ``intermediate_size`` in every
+    layer. Another expert layout (DeepSeek's ``n_routed_experts``, ...) raises ValueError: the plan does not guess it.
+    """
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    if not experts:
+        unknown = [k for k in _UNKNOWN_MOE_KEYS if cfg.get(k)]
+        if unknown:
+            raise ValueError(f"mixture-of-experts keys {unknown} of model_type {cfg.get('model_type')!r} are not "
+                             "a layout the plan knows (Qwen3-MoE, Qwen2-MoE, Mixtral)")
+        return {}
+    layers, step = int(cfg["num_hidden_layers"]), int(cfg.get("decoder_sparse_step") or 1)
+    dense = {int(i) for i in cfg.get("mlp_only_layers") or []}
+    return {"num_experts": experts, "experts_per_token": int(cfg["num_experts_per_tok"]),
+            "moe_intermediate": int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]),
+            "moe_layers": sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0),
+            "shared_expert_intermediate": int(cfg.get("shared_expert_intermediate_size") or 0)}
 
 
 def _known(name: str) -> ModelShape | None:
     key = name.lower()
-    for suffix in ("-instruct", "-chat", "-base"):
+    for suffix in ("-instruct-2507", "-thinking-2507", "-instruct", "-chat", "-base"):
         key = key.removesuffix(suffix)
     return KNOWN_MODELS.get(key)
 
@@ -97,23 +127,22 @@ def _trained(n: int, shard: int, fsdp: FsdpSection, adapters: int = 0) -> _Train
     return _Trained(params, grads, optim, 0 if fsdp.optimizer_offload else optim)
 
 
-def _gathered(m: ModelShape, n_layer_params: int, pbytes: int, rbytes: int, *, reshard: bool, backward: bool) -> int:
-    """Unsharded parameters (and, in backward, gradients) while a model computes.
+def _gathered(m: ModelShape, n_layer_params: int, pbytes: int, *, reshard: bool) -> int:
+    """Unsharded parameters while a model computes (their gradients in backward: :func:`_update_grads`).
 
     The root unit (embeddings, LM head, final norm) is gathered from the model's pre-forward to its post-forward
     and again over the whole backward; hpcppo passes ``reshard_after_forward`` explicitly, so torch 2.13 does not
     keep the root gathered between them (``auto_reshard_after_forward`` is only set for ``None``:
-    torch/distributed/fsdp/_fully_shard/_fully_shard.py and _fsdp_state.py ``_lazy_init``). Its unsharded
-    gradients wait for the root's reduce-scatter at the end of backward; the LM head's is made first, beside the
-    logits' gradients (the peak), the embedding's last, when the activations are gone, so only the former counts.
-    Reduce-scatter outputs are cast back to the parameter's dtype, so sharded grads are float32
-    (``foreach_reduce`` in _fsdp_collectives.py)."""
+    torch/distributed/fsdp/_fully_shard/_fully_shard.py and _fsdp_state.py ``_lazy_init``)."""
     layers = 2 if reshard else m.layers  # running + prefetched, or all of them kept from forward to backward
-    out = m.root_params * pbytes + layers * n_layer_params * pbytes
-    if backward:
-        # one layer's unsharded grads and their reduce-dtype copy, and the LM head's unsharded grad
-        out += (n_layer_params + m.vocab * m.hidden) * pbytes + n_layer_params * rbytes
-    return out
+    return m.root_params * pbytes + layers * n_layer_params * pbytes
+
+
+def _update_grads(role: str, m: ModelShape, shard_bytes: int, param_dtype: str, reduce_dtype: str) -> Item:
+    """An update's gradient line: the fp32 shard accumulated over the micro-batches (0 with ``param_offload``: on the
+    host) plus at most one layer's unsharded gradients in flight (hpcppo.sizing.accumulation)."""
+    flight = grads_in_flight(m, m.layer_params, dtype_bytes(param_dtype), dtype_bytes(reduce_dtype))
+    return Item(grad_item_label(role, shard_bytes, flight, param_dtype, reduce_dtype), shard_bytes + flight)
 
 
 def _layer_acts(m: ModelShape, tokens: int, abytes: int, *, checkpointing: bool) -> int:
@@ -188,7 +217,7 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
     ro, data = exp.rollout, exp.data
     L, R = plan.max_sequence_length, data.max_response_length
     mbytes = dtype_bytes(exp.model.dtype)
-    pbytes, rbytes = dtype_bytes(plan.actor_param_dtype), dtype_bytes(exp.actor.fsdp.reduce_dtype)
+    pbytes = dtype_bytes(plan.actor_param_dtype)
     ckpt = exp.model.gradient_checkpointing
     reserve = int(ASSUMPTIONS["framework reserve"].value * GIB) if plan.device == "cuda" else 0
 
@@ -225,16 +254,16 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
     else:
         hf_cache = plan.prompts_per_rank * ro.n * L * m.kv_bytes_per_token(mbytes)
         phases.append(Phase("rollout (hf generate)", resident() + [
-            Item("gathered layers (compute dtype)", _gathered(m, m.layer_params, pbytes, rbytes, reshard=True, backward=False)),
+            Item("gathered layers (compute dtype)", _gathered(m, m.layer_params, pbytes, reshard=True)),
             Item("KV cache of the batch", hf_cache)]))
     asleep = [Item("vLLM while asleep" if ro.free_cache_engine else "vLLM share (no sleep mode)", vllm_asleep)] \
         if vllm_asleep else []
 
     lm, lm_tokens, lm_what = _micro_batch(plan.logprob_micro_batch_per_rank, ro.max_tokens_per_micro_batch, L, R)
     fwd = resident() + asleep + [
-        Item("gathered layers (compute dtype)", _gathered(m, m.layer_params, pbytes, rbytes, reshard=True, backward=False)),
+        Item("gathered layers (compute dtype)", _gathered(m, m.layer_params, pbytes, reshard=True)),
         # Without autograd nothing is kept across layers: the MLP's gate, up and product, plus the residual stream.
-        Item(f"one layer's working set ({lm_what})", lm_tokens * (2 * m.hidden + 3 * m.intermediate) * pbytes),
+        Item(f"one layer's working set ({lm_what})", lm_tokens * m.working_elems_per_token() * pbytes),
         Item(f"log-prob logits ({lm} x {logit_chunk_positions(lm, R, m.vocab)} of {R} x {m.vocab})",
              _logits(m, lm, R, pbytes, update=False))]
     phases.append(Phase("old log-probs / reference / values", fwd))
@@ -248,10 +277,11 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
     # mini-batches; with a single optimizer step they are never beside the activations.
     actor_optim_with_acts = actor.optim if (actor.optim_between_updates or optimizer_steps > 1) else 0
     update = resident(skip="actor") + asleep + [
-        Item("actor params (fp32 shard)", actor.params), Item("actor grads (fp32 shard)", actor.grads),
+        Item("actor params (fp32 shard)", actor.params),
+        _update_grads("actor", m, actor.grads, plan.actor_param_dtype, exp.actor.fsdp.reduce_dtype),
         Item("actor AdamW moments (fp32 shard)", actor_optim_with_acts),
-        Item("gathered layers + one layer's grads",
-             _gathered(m, m.layer_params, pbytes, rbytes, reshard=exp.actor.fsdp.reshard_after_forward, backward=True)),
+        Item("gathered layers (compute dtype)",
+             _gathered(m, m.layer_params, pbytes, reshard=exp.actor.fsdp.reshard_after_forward)),
         Item(f"activations ({am_what}{', checkpointed' if ckpt else ''})",
              _layer_acts(m, am_tokens, pbytes, checkpointing=ckpt)),
         Item(f"policy logits{' + entropy' if bonus else ''} ({am} x {logit_chunk_positions(am, R, m.vocab)} of {R} x "
@@ -284,8 +314,8 @@ def _reward_model_phase(exp: Experiment, plan: RunPlan, rm: ModelShape, resident
                                       rmc.max_tokens_per_micro_batch, seq, 1)
     return Phase("reward model", resident + [
         Item("gathered reward-model layers (compute dtype)",
-             _gathered(rm, rm.layer_params, pbytes, pbytes, reshard=True, backward=False)),
-        Item(f"one layer's working set ({what})", tokens * (2 * rm.hidden + 3 * rm.intermediate) * pbytes)])
+             _gathered(rm, rm.layer_params, pbytes, reshard=True)),
+        Item(f"one layer's working set ({what})", tokens * rm.working_elems_per_token() * pbytes)])
 
 
 def _micro_batch(rows: int, budget: int, seq_len: int, response: int) -> tuple[int, int, str]:
@@ -305,17 +335,17 @@ def _critic_phases(exp: Experiment, plan: RunPlan, cm: ModelShape, critic: _Trai
     """The critic's update (and its optimizer step when the moments come back for it alone); ``resident``: what
     stays on the GPU meanwhile."""
     L, ckpt = plan.max_sequence_length, exp.model.gradient_checkpointing
-    cpbytes, crbytes = dtype_bytes(plan.critic_param_dtype), dtype_bytes(exp.critic.fsdp.reduce_dtype)
+    cpbytes = dtype_bytes(plan.critic_param_dtype)
     phases = []
     cmb, cmb_tokens, cmb_what = _micro_batch(plan.critic_micro_batch_per_rank, exp.critic.max_tokens_per_micro_batch,
                                              L, exp.data.max_response_length)
     c_optim = critic.optim if (critic.optim_between_updates or plan.critic_ppo_epochs * plan.mini_batches_per_epoch_critic > 1) else 0
     cupdate = resident + [
-        Item("critic params (fp32 shard)", critic.params), Item("critic grads (fp32 shard)", critic.grads),
+        Item("critic params (fp32 shard)", critic.params),
+        _update_grads("critic", cm, critic.grads, plan.critic_param_dtype, exp.critic.fsdp.reduce_dtype),
         Item("critic AdamW moments (fp32 shard)", c_optim),
-        Item("gathered layers + one layer's grads", _gathered(cm, cm.layer_params, cpbytes, crbytes,
-                                                             reshard=exp.critic.fsdp.reshard_after_forward,
-                                                             backward=True)),
+        Item("gathered layers (compute dtype)",
+             _gathered(cm, cm.layer_params, cpbytes, reshard=exp.critic.fsdp.reshard_after_forward)),
         Item(f"activations ({cmb_what}{', checkpointed' if ckpt else ''})",
              _layer_acts(cm, cmb_tokens, cpbytes, checkpointing=ckpt))]
     phases.append(Phase("critic update", [i for i in cupdate if i.bytes]))
@@ -427,7 +457,8 @@ def _host_startup(budget: Budget, site: Site, exp: Experiment, plan: RunPlan, m:
     Each rank reads only its rows of each tensor (safetensors ``get_slice``) straight into its shards: the shards
     stay in host memory when the models compute there (CPU ranks) or FSDP2 offloads them (``param_offload``,
     ``reference.offload``), else they go to the GPU and the host holds one tensor's rows at a time (the largest, the
-    embedding or LM head: vocab x hidden / shard, counted at 4 B per element). On top of it the rank's process
+    embedding or LM head, vocab x hidden, or a layer's fused experts: ``ModelShape.largest_tensor_elems`` / shard,
+    counted at 4 B per element). On top of it the rank's process
     (Python, torch, transformers; the CUDA context's host side on GPUs): ``rank process host``. The old path (every
     rank building the whole float32 model before sharding) is shown beside it. ``site.slurm.mem_per_task`` is what
     each rank gets (the job script asks ``--mem`` = that x ranks per node): a start-up that needs more is a problem.
@@ -443,7 +474,7 @@ def _host_startup(budget: Budget, site: Site, exp: Experiment, plan: RunPlan, m:
     if rm is not None:
         loads.append(("reward model", rm.critic_params, exp.reward_model.offload))
     held = sum(math.ceil(n * MASTER_BYTES / shard) for _, n, offload in loads if offload or not on_gpu)
-    slice_bytes = math.ceil(max(m.vocab, cm.vocab) * max(m.hidden, cm.hidden) * MASTER_BYTES / shard)
+    slice_bytes = math.ceil(max(m.largest_tensor_elems, cm.largest_tensor_elems) * MASTER_BYTES / shard)
     per_rank = process + held + slice_bytes
     old_per_rank = process + held + max(n for _, n, _ in loads) * MASTER_BYTES
     ranks = plan.ranks_per_node

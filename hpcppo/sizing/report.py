@@ -7,7 +7,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from hpcppo.sizing.catalog import GIB
+from hpcppo.sizing.catalog import GIB, ModelShape
 from hpcppo.sizing.estimate import Budget
 
 __all__ = ["render", "as_json"]
@@ -31,6 +31,16 @@ def _duration(s: float) -> str:
     if s < 7200:
         return f"{s / 60:,.1f} min"
     return f"{s / 3600:,.1f} h"
+
+
+def _parameters(m: ModelShape) -> str:
+    """The model line's parameter count: of a mixture of experts, total (memory) and active (FLOPs) and its
+    experts."""
+    if not m.is_moe:
+        return f"{_count(m.params)} parameters"
+    return (f"{_count(m.params)} parameters in total (memory), {_count(m.active_params)} active per token (FLOPs): "
+            f"{m.num_experts} experts of {m.moe_intermediate}, {m.experts_per_token} per token, in {m.moe_layers} of "
+            f"{m.layers} layers")
 
 
 def as_json(budget: Budget, *, site: str, spec: str) -> dict[str, Any]:
@@ -123,6 +133,11 @@ def _time_table(budget: Budget) -> list[Any]:
         table.add_row("forwards + updates at MFU", _duration(t["forward_and_update_s"]))
         table.add_row("  FLOPs", f"{t['update_flops']:.3g}")
         table.add_row(f"weight sync ({t['weight_sync_bytes'] / 1e9:,.1f} GB all-gathered)", _duration(t["weight_sync_s"]))
+        if t.get("grad_reduce_scatters"):
+            table.add_row(f"gradient reduce-scatters ({int(t['grad_reduce_scatters'])}: one per micro-batch, "
+                          f"{t['grad_reduce_scatter_bytes_per_gpu'] / 1e9:,.1f} GB per GPU; "
+                          f"{_duration(t['grad_reduce_scatter_link_s'])} on the link, the rest under backward)",
+                          _duration(t["grad_reduce_scatter_s"]))
         if t["replica_grad_sync_s"]:
             table.add_row("HSDP gradient all-reduce across nodes", _duration(t["replica_grad_sync_s"]))
         table.add_row(f"offload traffic ({t['offload_bytes_per_gpu'] / 1e9:,.1f} GB per GPU over PCIe)",
@@ -158,7 +173,7 @@ def render(budget: Budget, *, site: str, spec: str) -> list[Any]:
     ranks = "GPUs" if budget.device == "cuda" else "CPU ranks"
     head = f"{spec} on {site}: {budget.world_size} {ranks}, FSDP shards over {budget.shard_size}"
     out.append(Text(head, style="bold"))
-    out.append(Text(f"model: {budget.model_note}" + (f"; {_count(m.params)} parameters" if m else "")))
+    out.append(Text(f"model: {budget.model_note}" + (f"; {_parameters(m)}" if m else "")))
     if gpu is None:
         out.append(Text("GPU kind unknown (the site has no `gpu` key, or it is a CPU site): memory is shown without a "
                         "capacity, and no time is estimated", style="yellow"))

@@ -9,9 +9,10 @@ from collections.abc import Callable
 from hpcppo.config.experiment import Experiment
 from hpcppo.config.plan import VALIDATION_PROMPTS_PER_CALL, RunPlan
 from hpcppo.estimators import needs_greedy_baseline
+from hpcppo.sizing.accumulation import micro_batches_per_optimizer_step, reduce_scatter_bytes
 from hpcppo.sizing.budget import ADAM_BYTES, MASTER_BYTES, Budget, dtype_bytes
 from hpcppo.sizing.catalog import ASSUMPTIONS, GpuSpec, ModelShape
-from hpcppo.sizing.lora import loads_reference
+from hpcppo.sizing.lora import adapter_params, loads_reference
 
 __all__ = ["step_time"]
 
@@ -26,6 +27,40 @@ def _replica_grad_sync_bytes(exp: Experiment, plan: RunPlan, m: ModelShape, cm: 
                                     plan.critic_ppo_epochs * plan.mini_batches_per_epoch_critic)):
             total += opt_steps * 2 * (replicas - 1) / replicas * n * dtype_bytes(fsdp.reduce_dtype) / shard
     return total
+
+
+def _grad_reduce_scatters(t: dict[str, float], exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape,
+                          gpu: GpuSpec, shard: int, train_factor: int, job_flops_s: float) -> None:
+    """The gradient reduce-scatters of a step (hpcppo.sizing.accumulation): one per micro-batch of each update, each
+    of the trained model's gradients in the reduce dtype over the FSDP shard group (NVLink within a node, the network
+    across nodes). FSDP2 issues each layer's reduce-scatter on its own stream while the next layer's backward
+    computes (``foreach_reduce``'s ``reduce_scatter_stream``), so the step counts only what the link time exceeds
+    the backward compute of the same micro-batches (``(train_factor - 2) N`` FLOPs per token at the assumed MFU)."""
+    A = {k: c.value for k, c in ASSUMPTIONS.items()}
+    L, tokens = plan.max_sequence_length, plan.samples_per_step * plan.max_sequence_length
+    link = gpu.nvlink_bytes_s if (plan.hsdp or plan.nodes == 1) else gpu.network_bytes_s
+    count, sent, link_s, exposed = 0, 0.0, 0.0, 0.0
+    a, c = exp.actor, exp.critic
+    # (gradients reduce-scattered, active parameters, token budget, reduce dtype, samples per optimizer step and rank,
+    # rows per micro-batch, optimizer steps, epochs) of each trained model
+    models = [(adapter_params(m, a.lora) or m.params, m.active_params, a.max_tokens_per_micro_batch,
+               a.fsdp.reduce_dtype, plan.actor_mini_batch_per_rank, plan.actor_micro_batch_per_rank,
+               plan.actor_optimizer_steps_per_step, plan.actor_ppo_epochs)]
+    if plan.needs_critic:
+        models.append((adapter_params(cm, c.lora) or cm.critic_params, cm.critic_active_params,
+                       c.max_tokens_per_micro_batch, c.fsdp.reduce_dtype, plan.critic_mini_batch_per_rank,
+                       plan.critic_micro_batch_per_rank, plan.critic_ppo_epochs * plan.mini_batches_per_epoch_critic,
+                       plan.critic_ppo_epochs))
+    for n, active, budget, reduce_dtype, per_rank, rows, opt_steps, epochs in models:
+        k = opt_steps * micro_batches_per_optimizer_step(per_rank, rows, budget, L)
+        b = k * reduce_scatter_bytes(n, dtype_bytes(reduce_dtype), shard)
+        s = b / (link * A["collective efficiency"])
+        backward_s = (train_factor - 2) * active * tokens * epochs / job_flops_s
+        count, sent, link_s, exposed = count + k, sent + b, link_s + s, exposed + max(0.0, s - backward_s)
+    t["grad_reduce_scatters"] = count
+    t["grad_reduce_scatter_bytes_per_gpu"] = sent
+    t["grad_reduce_scatter_link_s"] = link_s
+    t["grad_reduce_scatter_s"] = exposed
 
 
 def _offload_bytes(exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape, shard: int,
@@ -71,9 +106,10 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
         fits = budget.kv.get("kv_tokens", 0) // max(1, budget.kv.get("max_model_len", L))
         waves = max(1, math.ceil(seqs / fits)) if fits else 1
         kv_tok = budget.kv.get("kv_bytes_per_token_per_gpu") or m.kv_bytes_per_token(mbytes) / tp
-        step_bytes = m.params * mbytes / tp + seqs / waves * (P + R / 2) * kv_tok  # weights + KV read per token
+        # weights read per token step (of a mixture of experts, the experts the wave's tokens are routed to) + KV
+        step_bytes = m.params_read(seqs / waves) * mbytes / tp + seqs / waves * (P + R / 2) * kv_tok
         return (waves * R * step_bytes / (gpu.hbm_bytes_s * A["decode bandwidth use"]),
-                2 * m.params * seqs * P / (tp * peak * A["prefill MFU"]))
+                2 * m.active_params * seqs * P / (tp * peak * A["prefill MFU"]))
 
     t["decode_s"], t["prefill_s"] = generation(plan.prompts_per_rank * exp.rollout.n)
     t["generate_s"] = t["decode_s"] + t["prefill_s"]
@@ -82,17 +118,19 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
     t["baseline_generate_s"] = sum(generation(plan.prompts_per_rank)) if needs_greedy_baseline(
         exp.algorithm.adv_estimator) else 0.0
 
-    # Forwards and updates at MFU; 6N per token to train (8N with activation checkpointing: one more forward).
+    # Forwards and updates at MFU; 6N per token to train (8N with activation checkpointing: one more forward), N the
+    # parameters a token runs through (a mixture of experts: its active parameters).
     tokens = plan.samples_per_step * L
     train_factor = 8 if exp.model.gradient_checkpointing else 6
-    flops = 2 * m.params * tokens  # old log-probs
+    n, cn = m.active_params, cm.critic_active_params
+    flops = 2 * n * tokens  # old log-probs
     if plan.needs_reference:
-        flops += 2 * m.params * tokens
+        flops += 2 * n * tokens
     if rm is not None:
-        flops += 2 * rm.critic_params * tokens
+        flops += 2 * rm.critic_active_params * tokens
     if plan.needs_critic:
-        flops += 2 * cm.critic_params * tokens + train_factor * cm.critic_params * tokens * plan.critic_ppo_epochs
-    flops += train_factor * m.params * tokens * plan.actor_ppo_epochs
+        flops += 2 * cn * tokens + train_factor * cn * tokens * plan.critic_ppo_epochs
+    flops += train_factor * n * tokens * plan.actor_ppo_epochs
     t["update_flops"] = flops
     t["forward_and_update_s"] = flops / (world * peak * A["train MFU"])
 
@@ -107,12 +145,14 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
     t["replica_grad_sync_s"] = _replica_grad_sync_bytes(exp, plan, m, cm, shard) / (
         gpu.network_bytes_s * A["collective efficiency"])
 
+    _grad_reduce_scatters(t, exp, plan, m, cm, gpu, shard, train_factor, world * peak * A["train MFU"])
+
     # Host <-> device traffic of the offloads, over each GPU's PCIe link.
     host = _offload_bytes(exp, plan, m, cm, shard, rm)
     t["offload_bytes_per_gpu"] = host
     t["offload_s"] = host / gpu.pcie_bytes_s
     t["step_s"] = (t["generate_s"] + t["baseline_generate_s"] + t["forward_and_update_s"] + t["weight_sync_s"]
-                   + t["replica_grad_sync_s"] + t["offload_s"])
+                   + t["grad_reduce_scatter_s"] + t["replica_grad_sync_s"] + t["offload_s"])
     _validation_time(t, exp, plan, val_prompts, generation)
 
     # A checkpoint: fp32 weights and AdamW moments of actor and critic, written once (DCP deduplicates replicas).

@@ -296,6 +296,7 @@ def test_plan_counts_gradients_and_moments_of_the_adapters_only_and_no_reference
 
     from hpcppo.compiler import compile_config
     from hpcppo.config.lora import LoraSection
+    from hpcppo.sizing.accumulation import grads_in_flight
     from hpcppo.sizing.catalog import KNOWN_MODELS
     from hpcppo.sizing.estimate import estimate
     from hpcppo.sizing.lora import adapter_params
@@ -330,10 +331,14 @@ def test_plan_counts_gradients_and_moments_of_the_adapters_only_and_no_reference
     shard = lora_budget.shard_size
     adapters = adapter_params(shape, c.experiment.actor.lora)
     assert adapters == 28 * 32 * (2 * (3584 + 3584) + 2 * (3584 + 512) + 3 * (3584 + 18944))  # all-linear
-    assert lora_items["actor grads (fp32 shard)"] == -(-adapters * 4 // shard)
+    # the fp32 gradient shard of the adapters + one (whole) layer's unsharded gradients in flight, as in a full update
+    in_flight = grads_in_flight(shape, shape.layer_params, 2, 4)
+    [lora_grads] = [v for k, v in lora_items.items() if k.startswith("actor grads: fp32 shard")]
+    [full_grads] = [v for k, v in full.items() if k.startswith("actor grads: fp32 shard")]
+    assert lora_grads == -(-adapters * 4 // shard) + in_flight
     assert lora_items["actor AdamW moments (fp32 shard)"] == -(-adapters * 8 // shard)
     assert lora_items["actor params (fp32 shard)"] == -(-(shape.params + adapters) * 4 // shard)
-    assert full["actor grads (fp32 shard)"] == -(-shape.params * 4 // shard)
+    assert full_grads == -(-shape.params * 4 // shard) + in_flight
     rollout = {i.what for p in lora_budget.phases for i in p.items}
     assert "reference params (fp32 shard)" not in rollout  # the actor without its adapters is the reference
     assert "reference params (fp32 shard)" in {i.what for p in full_budget.phases for i in p.items}

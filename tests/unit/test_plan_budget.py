@@ -14,6 +14,7 @@ import pytest
 from hpcppo.compiler import compile_config
 from hpcppo.config import FsdpSection
 from hpcppo.errors import ConfigError, ResolveError
+from hpcppo.sizing.accumulation import grads_in_flight
 from hpcppo.sizing.catalog import GPUS, KNOWN_MODELS, ModelShape
 from hpcppo.sizing.check import check_colocation
 from hpcppo.sizing.estimate import _layer_acts, _trained, estimate, model_shape
@@ -116,6 +117,12 @@ def items(budget, phase: str) -> dict[str, int]:
     return {i.what: i.bytes for i in p.items}
 
 
+def grad_line(update: dict[str, int], role: str = "actor") -> tuple[str, int]:
+    """An update's gradient line: its label and bytes (the fp32 shard + one layer's unsharded gradients in flight)."""
+    [(what, size)] = [(k, v) for k, v in update.items() if k.startswith(f"{role} grads: fp32 shard ")]
+    return what, size
+
+
 # ------------------------------------------------------------------------------------------ published figures
 def test_sixteen_bytes_per_parameter_as_in_the_zero_paper():
     # ZeRO (Rajbhandari et al., https://arxiv.org/abs/1910.02054, Sec. 3.1 and Figure 1): mixed-precision Adam holds
@@ -192,7 +199,9 @@ def test_qwen7b_ppo_on_8_a100_without_offload(tmp_path):
     assert budget.gpu is GPUS["a100-80gb"] and budget.shard_size == 8 and not c.plan.hsdp
     update = items(budget, "actor update")
     # 16 bytes per parameter over 8 shards: 15.2 GB of actor state per GPU during its update.
-    state = update["actor params (fp32 shard)"] + update["actor grads (fp32 shard)"] + update["actor AdamW moments (fp32 shard)"]
+    m = KNOWN_MODELS["qwen2.5-7b"]
+    grads = grad_line(update)[1] - grads_in_flight(m, m.layer_params, 2, 4)  # the fp32 shard
+    state = update["actor params (fp32 shard)"] + grads + update["actor AdamW moments (fp32 shard)"]
     assert state == pytest.approx(16 * n / 8, rel=1e-6) and round(state / GB, 1) == 15.2
     # The critic's params and moments stay resident during the actor's update.
     assert "critic params (fp32 shard)" in update and "critic AdamW moments (fp32 shard)" in update
@@ -217,7 +226,11 @@ def test_qwen7b_ppo_on_8_a100_with_offload(tmp_path):
     plain, _ = budget_of(q7b_ppo(tmp_path, offload=False), "a100-cluster")
     off, _ = budget_of(q7b_ppo(tmp_path, offload=True), "a100-cluster")
     update = items(off, "actor update")
-    assert not any(k.startswith(("actor params", "actor grads", "actor AdamW", "critic")) for k in update), update
+    assert not any(k.startswith(("actor params", "actor grads: fp32", "actor AdamW", "critic")) for k in update), update
+    # the gradient shard is on the host; one layer's unsharded gradients are still made on the GPU
+    m = KNOWN_MODELS["qwen2.5-7b"]
+    [(what, size)] = [(k, v) for k, v in update.items() if k.startswith("actor grads: ")]
+    assert what.endswith("; the fp32 shard on the host") and size == grads_in_flight(m, m.layer_params, 2, 4)
     n = KNOWN_MODELS["qwen2.5-7b"].params
     critic_n = KNOWN_MODELS["qwen2.5-7b"].critic_params
     # Offloading both frees 16 B/param of the actor and 12 B/param of the critic (its grads exist only in its update).
