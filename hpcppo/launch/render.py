@@ -130,6 +130,13 @@ def _env_pairs(mapping: dict[str, str], key: str) -> list[tuple[str, str]]:
     return sorted(mapping.items())
 
 
+def socket_ifname_vars(site: Site) -> dict[str, str]:
+    """``env.socket_ifname`` as NCCL's and gloo's variables (config.site.SOCKET_IFNAME_VARS): NCCL's bootstrap
+    and gloo's groups (vLLM's KV-cache agreement, the async checkpoint group) then cross nodes on one interface."""
+    value = site.env.socket_ifname
+    return dict.fromkeys(("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"), value) if value else {}
+
+
 def environment_block(site: Site) -> dict[str, Any]:
     env = site.env
     return {
@@ -137,7 +144,7 @@ def environment_block(site: Site) -> dict[str, Any]:
         "modules": list(env.modules),
         "setup": [quote_command(line) for line in env.setup],
         "vars": _env_pairs(dict(env.vars), "site.env.vars"),
-        "nccl": _env_pairs(dict(env.nccl), "site.env.nccl"),
+        "nccl": _env_pairs(dict(env.nccl) | socket_ifname_vars(site), "site.env.nccl"),
         "threads": env.threads_per_rank,
     }
 
