@@ -379,7 +379,9 @@ class TrainerSection:
                                         "its default and means never).")
     val_before_train: bool = opt(False, help="Validate once before the first step.")
     log_every: int = opt(1, ge=1, help="Print a progress line every N steps (metrics are recorded every step).")
-    deterministic: bool = opt(False, help="Deterministic algorithms (torch.use_deterministic_algorithms); slower.")
+    deterministic: bool = opt(False, help="Deterministic algorithms (torch.use_deterministic_algorithms); slower. On "
+                                          "CUDA refused with ReMax and with the hf engine's top_p < 1 (a float "
+                                          "cumsum raises there); docs/gpu.md says what it costs.")
     collective_timeout_s: float = opt(1800.0, gt=0.0,
                                       help="torch.distributed timeout: a rank stuck in a collective fails after this.")
     logger: list[str] = opt(factory=lambda: ["console"], check=_check_loggers,
