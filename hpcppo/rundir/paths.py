@@ -42,6 +42,7 @@ LOG_DIR_PREFIX = "attempt-"  # logs/attempt-<job>.<restart>/, logs/attempt-local
 LOCAL_ATTEMPT_PREFIX = "local-"
 RANK_LOG_RE = re.compile(r"^rank-(\d+)\.log$")
 WATCHDOG_LOG = "watchdog.log"
+VERSIONS = "versions.json"  # the library versions an attempt runs with (hpcppo.train.versions)
 LOCAL_CONTROLLER_LOG = "local-controller.log"
 
 
@@ -165,6 +166,10 @@ class RunPaths:
     def watchdog_log(self, attempt_key: str) -> Path:
         """``logs/attempt-<attempt key>/watchdog.log``: the output of the monitor beside the trainer."""
         return self.log_dir(attempt_key) / WATCHDOG_LOG
+
+    def versions(self, attempt_key: str) -> Path:
+        """``logs/attempt-<attempt key>/versions.json``: Python, torch, CUDA, transformers and vLLM of the job."""
+        return self.log_dir(attempt_key) / VERSIONS
 
     def batch_log(self, job_id: str) -> Path:
         return self.logs / batch_log_name(job_id)
