@@ -97,6 +97,18 @@ def _check_rollout(site: Site, exp: Experiment, ranks_per_node: int, device: str
                            f"prompt and needs rollout.n >= 2 (got {ro.n})")
 
 
+def _check_monitor(site: Site, exp: Experiment) -> None:
+    """The watchdog monitor must run where it has hpcppo and can stop the job (``scancel``, or SIGINT to ``srun``).
+    On the batch host of a pyxis site only the container has hpcppo, and from inside a pyxis container neither
+    reaches Slurm as a rule (no Slurm client, no munge socket): the site names a host-side Python instead."""
+    c = site.container
+    if site.scheduler == "slurm" and c.runtime == "pyxis" and exp.watchdog.enable and not c.monitor_python:
+        raise ResolveError(f"site {site.name!r} runs the ranks in pyxis containers and the watchdog monitor needs a "
+                           f"Python with hpcppo on the batch host, outside the container, to stop a hung job: set "
+                           f"site.container.monitor_python (e.g. a venv on a shared file system), or "
+                           f"watchdog.enable = false to run without hang detection")
+
+
 def _check_deterministic(exp: Experiment, device: str) -> None:
     """What ``trainer.deterministic`` cannot run on CUDA: torch 2.13 raises on a floating-point ``cumsum`` of a CUDA
     tensor under ``use_deterministic_algorithms(True)`` (the ``cumsum_cuda_kernel`` alert; torch/__init__.py lists
@@ -249,6 +261,7 @@ def resolve(site: Site, experiment: Experiment) -> RunPlan:
     limit, lead = _check_time(site, exp)
     _check_rollout(site, exp, ranks_per_node, device)
     _check_deterministic(exp, device)
+    _check_monitor(site, exp)
 
     tp = exp.rollout.tensor_parallel_size
     dp = world // tp

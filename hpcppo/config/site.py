@@ -186,10 +186,18 @@ class ContainerSection:
     extra_args: list[str] = opt(factory=list, help="Extra arguments for the runtime (each one shell-quoted); "
                                  "apptainer's --cleanenv and --containall are refused (the ranks need the "
                                  "SLURM_* variables srun sets).")
+    monitor_python: str = opt(
+        "", help="A Python on the batch host, outside the container, that has hpcppo (e.g. a venv on a shared file "
+                 "system): it runs the watchdog monitor, which must reach Slurm (scancel) and the srun process to stop "
+                 "a hung step. Required on pyxis sites while watchdog.enable (a pyxis container has neither, as a "
+                 "rule); "" = the monitor runs in the container like the ranks (apptainer).")
 
     def __attrs_post_init__(self) -> None:
         if self.runtime != "none" and not self.image:
             raise FieldValueError("image", f"runtime = {self.runtime!r} needs an image")
+        if self.monitor_python and self.runtime == "none":
+            raise FieldValueError("monitor_python", "runs the watchdog monitor outside the container, and runtime = "
+                                                    "'none' has none: the monitor runs with env.python; remove it")
         cleaning = [a for a in self.extra_args if _cleans_environment(a)] if self.runtime == "apptainer" else []
         if cleaning:
             raise FieldValueError(

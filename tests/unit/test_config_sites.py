@@ -99,6 +99,8 @@ def test_lookup_order_env_then_user_then_packaged(tmp_path, monkeypatch):
     ('[env]\nsocket_ifname = "ib0"\n[env.nccl]\nNCCL_SOCKET_IFNAME = "ib0"',
      "env.nccl: NCCL_SOCKET_IFNAME is set by env.socket_ifname"),
     ('[env.vars]\nGLOO_SOCKET_IFNAME = "ib0"', "env.vars: GLOO_SOCKET_IFNAME is set by env.socket_ifname"),
+    ('[container]\nmonitor_python = "/v/bin/python"',
+     "container.monitor_python: runs the watchdog monitor outside the container, and runtime = 'none' has none"),
     ('[env]\nsocket_ifname = "^docker"', "env.socket_ifname: '^docker' is not a list of interface names"),
 ])
 def test_site_validation_messages(tmp_path, text, expected):
