@@ -261,15 +261,17 @@ MONITOR_START_GRACE_S = 60.0
 
 
 def monitor_liveness(run: RunDir, attempt_key: str, elapsed_s: float | None, *, now: float | None = None) -> str:
-    """``alive``, ``starting (...)`` or ``not alive (why)`` for the watchdog monitor of a running attempt, from its heartbeat
-    (:mod:`hpcppo.rundir.heartbeat`): stale, or missing once the attempt has run :data:`MONITOR_START_GRACE_S`."""
+    """``alive``, ``starting (...)`` or ``not alive (why)`` for the watchdog monitor of a running attempt, from its
+    heartbeat (:mod:`hpcppo.rundir.heartbeat`): stale, or missing once the attempt has run
+    :data:`MONITOR_START_GRACE_S`."""
     now = time.time() if now is None else now
     beat = heartbeat.read(run.path, attempt_key)
     log = run.watchdog_log(attempt_key).relative_to(run.path)
     if beat is None:
         if elapsed_s is None or elapsed_s < MONITOR_START_GRACE_S:
             return "starting (no heartbeat yet)"
-        return f"not alive (no heartbeat in {format_elapsed(elapsed_s)} of this attempt; hangs go undetected; see {log})"
+        return (f"not alive (no heartbeat in {format_elapsed(elapsed_s)} of this attempt; hangs go undetected; "
+                f"see {log})")
     age, limit = now - float(beat["time"]), heartbeat.stale_after_s(float(beat.get("interval_s", 30.0)))
     if age <= limit:
         return "alive"
