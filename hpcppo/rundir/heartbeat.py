@@ -25,11 +25,12 @@ STALE_SLACK_S = 15.0
 
 
 def write(run_dir: str | os.PathLike[str], attempt_key: str, *, interval_s: float) -> Path:
-    """Record that the monitor of ``attempt_key`` is alive now (atomically: a reader never sees half a file)."""
+    """Record that the monitor of ``attempt_key`` is alive now (atomically: a reader never sees half a file; not
+    durably: a heartbeat lost in a crash is only stale, which is what it then should be)."""
     path = RunPaths(run_dir).monitor_heartbeat(attempt_key)
     path.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write_json(path, {"time": time.time(), "interval_s": interval_s, "pid": os.getpid(),
-                                    "host": socket.gethostname()})
+                                    "host": socket.gethostname()}, durable=False)  # no fsync at every look
 
 
 def read(run_dir: str | os.PathLike[str], attempt_key: str) -> dict[str, Any] | None:
