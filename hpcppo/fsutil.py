@@ -42,8 +42,11 @@ def require_parent_dir(out: str | os.PathLike[str]) -> None:
         raise PathError(f"{out} cannot be written: {parent} {why}")
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any], *, mode: int = 0o644) -> Path:
-    """Call ``write(binary_file)`` on a temporary file, then fsync and rename it to ``path``."""
+def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any], *, mode: int = 0o644,
+                 durable: bool = True) -> Path:
+    """Call ``write(binary_file)`` on a temporary file, then fsync and rename it to ``path``. ``durable=False``
+    skips both fsyncs, for a file rewritten every few seconds whose loss in a crash costs nothing (a heartbeat):
+    readers still see the old file or the whole new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -51,14 +54,16 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
     return path
 
 
@@ -70,5 +75,6 @@ def atomic_write_text(path: str | os.PathLike[str], text: str, mode: int = 0o644
     return atomic_write_bytes(path, text.encode(), mode)
 
 
-def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, durable: bool = True) -> Path:
+    text = json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n"
+    return atomic_write(path, lambda f: f.write(text.encode()), durable=durable)

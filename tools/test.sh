@@ -20,12 +20,13 @@ if [ "${HPCPPO_MYPY:-1}" = 1 ]; then
     echo "test.sh: mypy"
     .venv/bin/python -m mypy || status=$?
 fi
-.venv/bin/python -m pytest -m "not gpu and not vllm" "$@" || status=$?
+# "manual" tests are outside CI by design (minutes each on 2 cores); run them by hand.
+.venv/bin/python -m pytest -m "not gpu and not vllm and not manual" "$@" || status=$?
 if [ "$tier" = 1 ]; then
     echo "test.sh: the vLLM tier (tests/vllm_tier) in .venv-vllm"
     start=$SECONDS
     tier_status=0
-    .venv-vllm/bin/python -m pytest -m vllm tests/vllm_tier "$@" || tier_status=$?
+    .venv-vllm/bin/python -m pytest -m "vllm and not manual" tests/vllm_tier "$@" || tier_status=$?
     echo "test.sh: the vLLM tier took $((SECONDS - start)) s (exit $tier_status)"
     [ "$tier_status" -eq 0 ] || status=$tier_status
 fi

@@ -155,6 +155,9 @@ class RolloutSection:
     tensor_parallel_size: int = opt(1, ge=1, help="vLLM tensor parallel size; must divide the ranks per node.")
     enforce_eager: bool = opt(False, help="vLLM: no CUDA graphs (slower, less memory, faster start).")
     free_cache_engine: bool = opt(True, help="vLLM: sleep mode between rollouts, freeing KV cache and weights for training.")
+    allow_untested_vllm: bool = opt(False, help="vLLM: run with a vLLM other than the tested minor (0.32.x, the [vllm] "
+                                                "extra's pin), which the job otherwise refuses at start naming both "
+                                                "versions (the engine uses vLLM internals).")
     micro_batch_size_per_gpu: int = opt(0, ge=0, help="Samples per forward when recomputing log-probs; 0 = actor.ppo_micro_batch_size_per_gpu.")
     max_tokens_per_micro_batch: int = opt(0, ge=0, help="Token budget of each forward of the old-log-prob, reference "
                                                         "and value passes: rows packed by length into micro-batches of "
@@ -379,7 +382,9 @@ class TrainerSection:
                                         "its default and means never).")
     val_before_train: bool = opt(False, help="Validate once before the first step.")
     log_every: int = opt(1, ge=1, help="Print a progress line every N steps (metrics are recorded every step).")
-    deterministic: bool = opt(False, help="Deterministic algorithms (torch.use_deterministic_algorithms); slower.")
+    deterministic: bool = opt(False, help="Deterministic algorithms (torch.use_deterministic_algorithms); slower. On "
+                                          "CUDA refused with ReMax and with the hf engine's top_p < 1 (a float "
+                                          "cumsum raises there); docs/gpu.md says what it costs.")
     collective_timeout_s: float = opt(1800.0, gt=0.0,
                                       help="torch.distributed timeout: a rank stuck in a collective fails after this.")
     logger: list[str] = opt(factory=lambda: ["console"], check=_check_loggers,

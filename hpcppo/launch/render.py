@@ -130,6 +130,13 @@ def _env_pairs(mapping: dict[str, str], key: str) -> list[tuple[str, str]]:
     return sorted(mapping.items())
 
 
+def socket_ifname_vars(site: Site) -> dict[str, str]:
+    """``env.socket_ifname`` as NCCL's and gloo's variables (config.site.SOCKET_IFNAME_VARS): NCCL's bootstrap
+    and gloo's groups (vLLM's KV-cache agreement, the async checkpoint group) then cross nodes on one interface."""
+    value = site.env.socket_ifname
+    return dict.fromkeys(("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"), value) if value else {}
+
+
 def environment_block(site: Site) -> dict[str, Any]:
     env = site.env
     return {
@@ -137,7 +144,7 @@ def environment_block(site: Site) -> dict[str, Any]:
         "modules": list(env.modules),
         "setup": [quote_command(line) for line in env.setup],
         "vars": _env_pairs(dict(env.vars), "site.env.vars"),
-        "nccl": _env_pairs(dict(env.nccl), "site.env.nccl"),
+        "nccl": _env_pairs(dict(env.nccl) | socket_ifname_vars(site), "site.env.nccl"),
         "threads": env.threads_per_rank,
     }
 
@@ -205,6 +212,20 @@ def watchdog_command(site: Site, exp: Experiment, run_dir: Path, python: str | N
     return [quote(w) for w in [*prefix, *runner]]
 
 
+def monitor_command(site: Site, exp: Experiment, run_dir: Path, python: str | None, prefix: Sequence[str]) -> list[str]:
+    """The batch script's monitor: with ``site.container.monitor_python`` on the batch host, outside the container
+    (there it reaches ``scancel`` and the ``srun`` process, :meth:`hpcppo.watchdog.monitor.Monitor.stop_slurm_steps`);
+    else as the ranks run (apptainer: in ``apptainer exec``). A pyxis site without one is refused by compile
+    (``config.resolve``) and here, for a script rendered another way: srun's container options do not reach it."""
+    c = site.container
+    if c.monitor_python and c.runtime != "none":
+        return watchdog_command(site, exp, run_dir, c.monitor_python)
+    if c.runtime == "pyxis" and exp.watchdog.enable:
+        raise ConfigError("a pyxis site's watchdog monitor needs a Python with hpcppo on the batch host",
+                          key="site.container.monitor_python")
+    return watchdog_command(site, exp, run_dir, python, prefix)
+
+
 def render_slurm(site: Site, exp: Experiment, plan: RunPlan, run_dir: Path, *, python: str | None = None) -> str:
     run_dir = Path(run_dir)
     container_args, prefix = _container_srun_args(site, plan.device)
@@ -215,7 +236,7 @@ def render_slurm(site: Site, exp: Experiment, plan: RunPlan, run_dir: Path, *, p
         # one log per rank per attempt; the batch log keeps the launcher's own lines
         f'--output="$HPCPPO_LOG_DIR/{rank_log_name("%t")}"',
     ] + gpu_bind_args(site, plan) + container_args
-    watchdog = watchdog_command(site, exp, run_dir, python, prefix)
+    watchdog = monitor_command(site, exp, run_dir, python, prefix)
     ctx = _common_context(site, exp, run_dir) | {
         "directives": slurm_directives(site, exp, plan, run_dir),
         "device": plan.device,
@@ -225,6 +246,7 @@ def render_slurm(site: Site, exp: Experiment, plan: RunPlan, run_dir: Path, *, p
         "job_command": [quote(w) for w in prefix + job_command(site, run_dir, python)],
         "watchdog_command": watchdog,
         "watchdog_local": False,
+        "watchdog_on_host": bool(site.container.monitor_python) and site.container.runtime != "none",
     }
     return _render(site, site.templates.name or SLURM_TEMPLATE, ctx)
 

@@ -55,7 +55,7 @@ from hpcppo.errors import RunRecordError, SchedulerError
 from hpcppo.launch import slurm
 from hpcppo.launch.shell import script_run_dir
 from hpcppo.launch.slurm import FINISHED_STATES
-from hpcppo.rundir import RunDir, control, exitcodes
+from hpcppo.rundir import RunDir, control, exitcodes, heartbeat
 from hpcppo.rundir.checkpoints import latest_committed
 from hpcppo.rundir.paths import RUN_JSON
 from hpcppo.timefmt import format_elapsed
@@ -104,7 +104,15 @@ def _run_meta(run: RunDir) -> dict[str, Any]:
     return {"site": site.get("name", "?"), "scheduler": site.get("scheduler", "?"),
             "world_size": plan.get("world_size", 1), "total_steps": plan.get("total_steps"),
             "time_limit_s": plan.get("time_limit_s"), "signal_lead_s": plan.get("signal_lead_s", 0),
-            "time_limit": plan.get("time_limit"), "kind": job.get("kind", "train")}
+            "time_limit": plan.get("time_limit"), "kind": job.get("kind", "train"),
+            "watchdog": _watchdog_enabled(data)}
+
+
+def _watchdog_enabled(resolved: dict[str, Any]) -> bool:
+    """``experiment.watchdog.enable`` of a resolved.toml's data (its default, true, when not said)."""
+    experiment = resolved.get("experiment")
+    watchdog = experiment.get("watchdog") if isinstance(experiment, dict) else None
+    return bool(watchdog.get("enable", True)) if isinstance(watchdog, dict) else True
 
 
 def statuses(runs: Sequence[RunDir]) -> list[Status]:
@@ -198,6 +206,8 @@ def _one_status(run: RunDir, meta: dict[str, Any], record: dict[str, Any], infos
     status["exit_record"] = record_code
     status["exit_reason"] = exitcodes.read_exit_reason(run.path, record_key) if record_key else None
     if status["state"] not in FINAL_STATES | {"UNKNOWN"}:
+        if status["state"] == "RUNNING" and meta["watchdog"] and record_key:
+            status["monitor"] = monitor_liveness(run, record_key, status["elapsed_s"])
         return status  # live: the scheduler's word
     if status["state"] == "UNKNOWN" and record_code is None and not status["paused"]:
         return status
@@ -241,8 +251,32 @@ def _blank_status(run: RunDir, meta: dict[str, Any], attempts: int, latest: int 
         "resumable": False,
         "paused": control.is_paused(run),
         "moved_from": script_elsewhere(run),
+        "monitor": None,  # a running attempt's watchdog monitor (monitor_liveness); None: not asked
     }
     return status
+
+
+MONITOR_START_GRACE_S = 60.0
+"""A running attempt this young may not have written its monitor's first heartbeat yet."""
+
+
+def monitor_liveness(run: RunDir, attempt_key: str, elapsed_s: float | None, *, now: float | None = None) -> str:
+    """``alive``, ``starting (...)`` or ``not alive (why)`` for the watchdog monitor of a running attempt, from its
+    heartbeat (:mod:`hpcppo.rundir.heartbeat`): stale, or missing once the attempt has run
+    :data:`MONITOR_START_GRACE_S`."""
+    now = time.time() if now is None else now
+    beat = heartbeat.read(run.path, attempt_key)
+    log = run.watchdog_log(attempt_key).relative_to(run.path)
+    if beat is None:
+        if elapsed_s is None or elapsed_s < MONITOR_START_GRACE_S:
+            return "starting (no heartbeat yet)"
+        return (f"not alive (no heartbeat in {format_elapsed(elapsed_s)} of this attempt; hangs go undetected; "
+                f"see {log})")
+    age, limit = now - float(beat["time"]), heartbeat.stale_after_s(float(beat.get("interval_s", 30.0)))
+    if age <= limit:
+        return "alive"
+    return (f"not alive (last heartbeat {age:.0f} s ago from pid {beat.get('pid')} on {beat.get('host')}, more than "
+            f"{limit:.0f} s; hangs go undetected; see {log})")
 
 
 def _local_status(run: RunDir, meta: dict[str, Any], status: Status, record_key: str,
@@ -514,6 +548,8 @@ def format_run(st: Status, attempts: Sequence[dict[str, Any]], events: Sequence[
              f"restarts    {_dash(st['restarts'])}",
              f"checkpoint  {_dash(st['latest_checkpoint'])}",
              f"directory   {st['path']}"]
+    if st.get("monitor"):
+        lines.append(f"monitor     {st['monitor']}")
     if st.get("moved_from"):
         lines.append(f"copied from {st['moved_from']} (job.sbatch runs there; hpcppo resume renders it for here)")
     for i, a in enumerate(attempts):

@@ -12,15 +12,16 @@ the only code that names its files (submitit's ``JobPaths`` plays the same part 
 - :mod:`~hpcppo.rundir.control` — the control inbox (requests, acknowledgements) and the pause files;
 - :mod:`~hpcppo.rundir.events` — ``events.jsonl`` and its event sources;
 - :mod:`~hpcppo.rundir.checkpoints` — ``checkpoints/step-<N>/`` and the commit marker (torch-free queries);
-- :mod:`~hpcppo.rundir.metric_names` — the metric columns and the headline metrics.
+- :mod:`~hpcppo.rundir.metric_names` — the metric columns and the headline metrics;
+- :mod:`~hpcppo.rundir.heartbeat` — the watchdog monitor's heartbeat, which ``hpcppo status`` reads.
 
 ``docs/architecture.md`` has the table: file, writer, readers, format. No torch, numpy or h5py here: the
 login-node CLI imports this package.
 """
 
-from hpcppo.rundir import checkpoints, control, events, exitcodes, lock, metric_names, paths
+from hpcppo.rundir import checkpoints, control, events, exitcodes, heartbeat, lock, metric_names, paths
 from hpcppo.rundir.paths import RunPaths
 from hpcppo.rundir.record import RunDir, RunIdTakenError, create_run_dir, list_runs, new_run_id, validate_run_id
 
 __all__ = ["RunDir", "RunIdTakenError", "RunPaths", "checkpoints", "control", "create_run_dir", "events",
-           "exitcodes", "list_runs", "lock", "metric_names", "new_run_id", "paths", "validate_run_id"]
+           "exitcodes", "heartbeat", "list_runs", "lock", "metric_names", "new_run_id", "paths", "validate_run_id"]

@@ -42,6 +42,8 @@ LOG_DIR_PREFIX = "attempt-"  # logs/attempt-<job>.<restart>/, logs/attempt-local
 LOCAL_ATTEMPT_PREFIX = "local-"
 RANK_LOG_RE = re.compile(r"^rank-(\d+)\.log$")
 WATCHDOG_LOG = "watchdog.log"
+MONITOR_HEARTBEAT = "watchdog.heartbeat"  # the monitor's heartbeat (hpcppo.rundir.heartbeat)
+VERSIONS = "versions.json"  # the library versions an attempt runs with (hpcppo.train.versions)
 LOCAL_CONTROLLER_LOG = "local-controller.log"
 
 
@@ -165,6 +167,14 @@ class RunPaths:
     def watchdog_log(self, attempt_key: str) -> Path:
         """``logs/attempt-<attempt key>/watchdog.log``: the output of the monitor beside the trainer."""
         return self.log_dir(attempt_key) / WATCHDOG_LOG
+
+    def monitor_heartbeat(self, attempt_key: str) -> Path:
+        """``logs/attempt-<attempt key>/watchdog.heartbeat``: the monitor's last sign of life (hpcppo.rundir.heartbeat)."""
+        return self.log_dir(attempt_key) / MONITOR_HEARTBEAT
+
+    def versions(self, attempt_key: str) -> Path:
+        """``logs/attempt-<attempt key>/versions.json``: Python, torch, CUDA, transformers and vLLM of the job."""
+        return self.log_dir(attempt_key) / VERSIONS
 
     def batch_log(self, job_id: str) -> Path:
         return self.logs / batch_log_name(job_id)

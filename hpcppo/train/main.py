@@ -20,6 +20,7 @@ from hpcppo.rundir import RunPaths, exitcodes
 from hpcppo.train.signals import PreemptionFlag  # signal and threading only: nothing slow before the handler
 
 if TYPE_CHECKING:
+    from hpcppo.config import Compiled
     from hpcppo.distributed.env import DeviceType
 
 
@@ -49,6 +50,7 @@ def run(run_dir: Path) -> int:
     dist_env.init_distributed(env, timeout_s=compiled.job.collective_timeout_s)
     finished = False
     try:
+        record_and_check_versions(compiled, env.rank, run_dir)
         if compiled.job.kind == "preflight":
             from hpcppo.train.preflight import run_preflight
 
@@ -74,6 +76,19 @@ def run(run_dir: Path) -> int:
         preempt.restore()
         # Ranks that finished together leave together; after an error nobody waits for peers that may be gone.
         dist_env.destroy_distributed(sync_timeout_s=min(120.0, compiled.job.collective_timeout_s) if finished else None)
+
+
+def record_and_check_versions(compiled: Compiled, rank: int, run_dir: Path) -> None:
+    """Rank 0 records the attempt's library versions (``versions.json``); with the vLLM engine every rank stops on
+    a vLLM other than the tested minor (:func:`hpcppo.train.versions.check_vllm`), before anything is built."""
+    from hpcppo.train import versions
+
+    found = versions.runtime_versions()
+    if rank == 0:
+        versions.record_versions(run_dir, os.environ.get("HPCPPO_ATTEMPT", "unknown"), found)
+    rollout = compiled.experiment.rollout
+    if compiled.job.kind == "train" and rollout.engine == "vllm":
+        versions.check_vllm(found["vllm"], allow_untested=rollout.allow_untested_vllm)
 
 
 def record_exit_code(run_dir: Path, code: int, reason: str | None = None) -> None:

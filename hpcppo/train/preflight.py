@@ -2,7 +2,7 @@
 
 Each rank initialises torch.distributed from the job environment (gloo on CPU, NCCL on GPUs), checks
 the world size and the set of ranks, runs an all-reduce correctness check and a small bandwidth sweep,
-and records its host, visible GPUs, Python/torch versions and which paths it can write. Rank 0 writes
+and records its host, visible GPUs, the versions of Python, torch, CUDA, transformers and vLLM and which paths it can write. Rank 0 writes
 ``preflight.json`` into the run directory (atomically). Exit 0 when every check passed.
 """
 
@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import platform
 import socket
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +22,7 @@ import torch.distributed as dist
 from hpcppo.distributed.env import DistEnv
 from hpcppo.fsutil import atomic_write_json
 from hpcppo.rundir import RunPaths
+from hpcppo.train.versions import runtime_versions
 
 # Message sizes of the bandwidth sweep (bytes of float32 payload).
 SWEEP_BYTES = (4 << 10, 64 << 10, 1 << 20, 8 << 20)
@@ -102,9 +101,7 @@ def run_preflight(env: DistEnv, run_dir: Path, expected_world_size: int, extra_p
         "local_rank": env.local_rank,
         "host": _host(),
         "pid": os.getpid(),
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "platform": platform.platform(),
+        **runtime_versions(),  # python, platform, torch, cuda, transformers, vllm
         "gpus": _gpu_info(),
         "paths": [_writable(Path(p)) for p in [str(RunPaths(run_dir).checkpoints), tempfile.gettempdir(),
                                                 *extra_paths]],

@@ -4,7 +4,10 @@ The trainer judges its own metric rows (:mod:`hpcppo.watchdog.decide`); this pro
 itself, from outside: a **hang** (no new metrics row for too long) and a **dead trainer** (its processes are
 gone and rank 0 left no exit record ``control/exit-code.<attempt>``). No torch import.
 
-Where it runs. The batch script starts it in the background on the batch host, before ``srun``; on ``--site
+Where it runs. The batch script starts it in the background on the batch host, before ``srun``: in the container
+on apptainer sites, outside it on pyxis sites (``site.container.monitor_python``, a host-side Python with hpcppo:
+from a pyxis container neither ``scancel`` nor the ``srun`` process is in reach, :meth:`Monitor.stop_slurm_steps`).
+At every look it rewrites its heartbeat (:mod:`hpcppo.rundir.heartbeat`), which ``hpcppo status`` reads. On ``--site
 local`` the rendered local script of rank 0 starts it (once per job, not per rank) in a session of its own, so
 that stopping the ranks does not stop it. It exits by itself when the attempt ends, after it acted, or when the batch
 script's EXIT trap sends SIGTERM — then it takes a last look first. The attempt has ended when its exit record
@@ -67,7 +70,7 @@ from typing import Any
 
 import attrs
 
-from hpcppo.rundir import RunDir, events, exitcodes
+from hpcppo.rundir import RunDir, events, exitcodes, heartbeat
 from hpcppo.rundir.checkpoints import latest_committed
 from hpcppo.rundir.events import append_event, read_events
 from hpcppo.rundir.paths import RunPaths
@@ -284,6 +287,7 @@ class Monitor:
         self.record = RunPaths(self.run_dir).exit_record(job_attempt)  # rank 0's verdict (or ours)
         self._stop: int | None = None
         self._sleeping = False
+        self._beat_failed = False
 
     # -- the loop ---------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -300,6 +304,7 @@ class Monitor:
         while True:
             if self._stop is not None:
                 return self.last_look(f"signal {signal.Signals(self._stop).name}")
+            self.beat()
             if self.s.scheduler == "slurm" and os.getppid() != self.parent:
                 return self.last_look("the batch script is gone")
             st = self.follower.poll()
@@ -336,6 +341,17 @@ class Monitor:
             if dead_since is not None:
                 pause = min(pause, max(0.2, DEAD_GRACE_S - (now - dead_since)))
             self._sleep(pause)
+
+    def beat(self) -> None:
+        """The heartbeat ``hpcppo status`` reads (:mod:`hpcppo.rundir.heartbeat`): rewritten at every look, so a
+        monitor that died or hangs itself goes stale. A failed write is logged once; the monitor goes on."""
+        try:
+            heartbeat.write(self.run_dir, self.job_attempt, interval_s=self.s.interval_s)
+        except OSError as exc:
+            if not self._beat_failed:
+                log.error("could not write the heartbeat %s: %s", RunPaths(self.run_dir).monitor_heartbeat(
+                    self.job_attempt), exc)
+            self._beat_failed = True
 
     def _on_signal(self, signum: int, frame: Any) -> None:  # noqa: ARG002
         self._stop = signum

@@ -89,7 +89,8 @@ def test_two_node_preflight_then_a_requeue_is_attempt_one(tmp_path, launched, ca
     assert (st["state"], st["restarts"], st["attempts"]) == ("COMPLETED", 1, 1)
     for attempt in (0, 1):
         logs = run.logs / f"attempt-{job_id}.{attempt}"
-        assert sorted(p.name for p in logs.iterdir()) == ["rank-0.log", "rank-1.log"]
+        assert sorted(p.name for p in logs.iterdir()) == ["rank-0.log", "rank-1.log", "versions.json"]
+        assert json.loads(run.versions(f"{job_id}.{attempt}").read_text())["torch"].startswith("2.")
         assert (run.control / f"exit-code.{job_id}.{attempt}").read_text().strip() == "0"
     report = json.loads((run.path / "preflight.json").read_text())
     assert report["finished_at"] >= first_finish and {r["slurm"]["SLURM_RESTART_COUNT"] for r in report["ranks"]} == {"1"}

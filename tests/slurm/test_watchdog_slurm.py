@@ -68,3 +68,32 @@ def test_a_killed_rank_is_recorded_as_a_dead_trainer(slurm_cluster, random_tiny,
     (dead,) = events.read_events(run.path, kinds=["trainer_dead"])
     assert (dead["source"], dead["step"], dead["job_attempt"]) == ("monitor", 1, f"{job_id}.0"), dead
     assert not events.read_events(run.path, kinds=["hang"])
+
+
+def test_status_says_when_the_monitor_of_a_running_attempt_is_not_alive(slurm_cluster, random_tiny, tmp_path,
+                                                                        wait_until):
+    """The monitor's heartbeat (rundir.heartbeat) read by status: alive while it runs; SIGKILLed, status says so once
+    the heartbeat is stale (3 intervals + 15 s), while the job is still RUNNING (its trainer hangs at step 1 and the
+    monitor, with its 10-minute allowance, is not the one to stop it)."""
+    import json
+    import os
+    import signal
+
+    spec = write_spec(tmp_path / "exp.toml", random_tiny, name="slurm-monitor-gone")
+    crun = jobs.compile_run(spec, "local-slurm", ["trainer.total_steps=2", "checkpoint.save_every=0",
+                                                  "debug.inject.hang_at_step=1", "watchdog.min_heartbeat_s=600",
+                                                  "watchdog.interval_s=1"], runs_root=str(tmp_path / "runs"))
+    run = crun.run
+    job_id = jobs.submit_run(crun)
+    try:
+        beat = run.monitor_heartbeat(f"{job_id}.0")
+        wait_until(beat.exists, 180, "the monitor's first heartbeat", run.path)
+        st = run_status(RunDir(run.path))
+        assert (st["state"], st["monitor"]) == ("RUNNING", "alive"), st
+        os.kill(json.loads(beat.read_text())["pid"], signal.SIGKILL)  # the emulated nodes are processes here
+        wait_until(lambda: run_status(RunDir(run.path))["monitor"] != "alive", 60, "status to see it", run.path)
+        st = run_status(RunDir(run.path))
+        assert st["state"] == "RUNNING" and st["monitor"].startswith("not alive (last heartbeat "), st
+        assert f"logs/attempt-{job_id}.0/watchdog.log" in st["monitor"]
+    finally:
+        slurm.cancel(job_id)

@@ -49,7 +49,16 @@ def test_local_preflight_and_status(tmp_path, capsys):
     assert f"-m hpcppo.train.main {run.path}" in run.script.read_text()
     [attempt] = run.read_record()["attempts"]
     logs = run.logs / f"attempt-local-{attempt['job_id']}"
-    assert sorted(p.name for p in logs.iterdir()) == ["rank-0.log", "rank-1.log"]
+    assert sorted(p.name for p in logs.iterdir()) == ["rank-0.log", "rank-1.log", "versions.json"]
+    # the job recorded what it ran with (hpcppo.train.versions), as the preflight's rank records do
+    import importlib.metadata
+
+    import torch
+
+    versions = json.loads(run.versions(f"local-{attempt['job_id']}").read_text())
+    assert versions["torch"] == torch.__version__ and versions["cuda"] == torch.version.cuda
+    assert versions["transformers"] == importlib.metadata.version("transformers")
+    assert {r["transformers"] for r in report["ranks"]} == {versions["transformers"]}
 
     capsys.readouterr()
     assert main(["status", run.run_id, "--json", "--runs-root", str(root)]) == 0

@@ -95,6 +95,13 @@ def test_lookup_order_env_then_user_then_packaged(tmp_path, monkeypatch):
     ('[slurm]\ncpus_per_task = 4\n[env]\nthreads_per_rank = 8',
      "env.threads_per_rank: 8 is more than slurm.cpus_per_task = 4 cores per rank"),
     ('[slurm]\npartiton = "x"', "slurm.partiton: unknown key (did you mean 'partition'?)"),
+    # one holder for the bootstrap interface: env.socket_ifname renders NCCL's and gloo's variable
+    ('[env]\nsocket_ifname = "ib0"\n[env.nccl]\nNCCL_SOCKET_IFNAME = "ib0"',
+     "env.nccl: NCCL_SOCKET_IFNAME is set by env.socket_ifname"),
+    ('[env.vars]\nGLOO_SOCKET_IFNAME = "ib0"', "env.vars: GLOO_SOCKET_IFNAME is set by env.socket_ifname"),
+    ('[container]\nmonitor_python = "/v/bin/python"',
+     "container.monitor_python: runs the watchdog monitor outside the container, and runtime = 'none' has none"),
+    ('[env]\nsocket_ifname = "^docker"', "env.socket_ifname: '^docker' is not a list of interface names"),
 ])
 def test_site_validation_messages(tmp_path, text, expected):
     p = tmp_path / "s.toml"
@@ -142,3 +149,14 @@ def test_site_names_shipped_match_their_files():
     for name in SHIPPED:
         assert load_site(name).name == name
         assert Path(available_sites()[name]).stem == name
+
+
+def test_socket_ifname_renders_nccl_and_gloo_alike(tmp_path):
+    from hpcppo.launch.render import environment_block
+
+    p = tmp_path / "s.toml"
+    p.write_text('name = "s"\n[env]\nsocket_ifname = "ib0,ib1"\n[env.nccl]\nNCCL_IB_HCA = "mlx5"\n')
+    nccl = dict(environment_block(load_site(p))["nccl"])
+    assert nccl == {"GLOO_SOCKET_IFNAME": "ib0,ib1", "NCCL_IB_HCA": "mlx5", "NCCL_SOCKET_IFNAME": "ib0,ib1"}
+    p.write_text('name = "s"\n')
+    assert dict(environment_block(load_site(p))["nccl"]) == {}

@@ -12,10 +12,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import attrs
 import pytest
 
 from hpcppo import jobenv
 from hpcppo.compiler import compile_config
+from hpcppo.errors import ConfigError, ResolveError
 from hpcppo.launch import render
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,7 +27,8 @@ PYTHON = "/opt/hpcppo/venv/bin/python"  # sites without env.python get this one 
 GSM8K = REPO / "examples" / "gsm8k-qwen2.5-7b.toml"
 ARITH = REPO / "examples" / "arith-tiny.toml"
 APPTAINER = ["site.container.runtime=apptainer", "site.container.image=/images/hpcppo.sif",
-             "site.container.extra_args=[\"--writable-tmpfs\"]"]  # fmt: skip
+             "site.container.extra_args=[\"--writable-tmpfs\"]",
+             "site.container.monitor_python=\"\""]  # fmt: skip  (the monitor in apptainer exec, as the ranks)
 
 CASES = {
     # name: (spec, site, overrides)
@@ -144,6 +147,28 @@ def test_container_variants():
     assert f"  {launch} python -u -m hpcppo.train.main {RUN_DIR}" in app
     # the watchdog runs in the same image
     assert f"{launch} python -u -m hpcppo.watchdog {RUN_DIR}" in app
+    # pyxis: on the batch host with the site's host-side Python (srun's container options never reach it)
+    host = f"/home/rl-team/venvs/hpcppo/bin/python -u -m hpcppo.watchdog {RUN_DIR} >>"
+    assert [ln for ln in pyxis.splitlines() if "hpcppo.watchdog" in ln] == [
+        f'{host}"$HPCPPO_LOG_DIR/watchdog.log" 2>&1 &']
+
+
+def test_pyxis_site_without_a_host_python_for_the_monitor_is_refused(monkeypatch):
+    monkeypatch.setattr(render, "watchdog_available", lambda: True)
+    unset = ["site.container.monitor_python=\"\""]
+    with pytest.raises(ResolveError) as info:
+        compile_config(GSM8K, "h100-cluster", unset, check_paths=False)
+    assert "\n" not in str(info.value)
+    assert str(info.value).startswith("site 'h100-cluster' runs the ranks in pyxis containers and the watchdog monitor "
+                                      "needs a Python with hpcppo on the batch host")
+    assert "set site.container.monitor_python" in str(info.value) and "watchdog.enable = false" in str(info.value)
+    c = compile_config(GSM8K, "h100-cluster", [*unset, "watchdog.enable=false"], check_paths=False)
+    assert "hpcppo.watchdog" not in render.render(c.site, c.experiment, c.plan, RUN_DIR)
+    # a script rendered without compile's check is refused too, instead of a monitor on the host's python
+    c = compile_config(GSM8K, "h100-cluster", check_paths=False)
+    c_site = attrs.evolve(c.site, container=attrs.evolve(c.site.container, monitor_python=""))
+    with pytest.raises(ConfigError, match="site.container.monitor_python: a pyxis site's watchdog monitor"):
+        render.render(c_site, c.experiment, c.plan, RUN_DIR)
 
 
 def test_rendered_rendezvous_block_runs(tmp_path):

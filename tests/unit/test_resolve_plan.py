@@ -206,3 +206,24 @@ def test_dtypes_and_clip_ratios_resolve():
 def test_shipped_dev_cluster_plan():
     plan = resolve(load_site("local-slurm"), exp(**batches(), resources=ResourcesSection(nodes=2, time="00:30:00")))
     assert (plan.scheduler, plan.nodes, plan.ranks_per_node, plan.device, plan.signal_lead_s) == ("slurm", 2, 1, "cpu", 60)
+
+
+def test_deterministic_refuses_float_cumsum_on_cuda():
+    """torch raises on a floating-point cumsum of a CUDA tensor under use_deterministic_algorithms: ReMax's returns
+    and the hf engine's nucleus filter are refused on GPU sites, allowed on CPU sites and without the flag."""
+    on, off = TrainerSection(train_batch_size=16, deterministic=True), TrainerSection(train_batch_size=16)
+    b = batches(train=16, mini=16, micro=1)
+    remax = AlgorithmSection(adv_estimator="remax")
+    msg = resolve_error(gpu_site(), exp(**{**b, "trainer": on}, algorithm=remax))
+    assert msg.startswith("algorithm.adv_estimator='remax' sums its returns with a floating-point cumsum, which torch "
+                          "refuses on a CUDA tensor under trainer.deterministic = true")
+    assert msg.endswith("set trainer.deterministic = false or choose another estimator")
+    for rollout, key in ((RolloutSection(top_p=0.9), "rollout.top_p=0.9"),
+                         (RolloutSection(val_temperature=0.7, val_top_p=0.95), "rollout.val_top_p=0.95")):
+        msg = resolve_error(gpu_site(), exp(**{**b, "trainer": on, "rollout": rollout}))
+        assert msg.startswith(f"{key} with rollout.engine='hf': the nucleus filter takes a floating-point cumsum")
+    resolve(gpu_site(), exp(**{**b, "trainer": off}, algorithm=remax))
+    resolve(LOCAL, exp(**{**b, "trainer": on}, algorithm=remax))
+    resolve(LOCAL, exp(**{**b, "trainer": on, "rollout": RolloutSection(top_p=0.9)}))
+    resolve(gpu_site(), exp(**{**b, "trainer": on, "rollout": RolloutSection(val_top_p=0.9)}))  # greedy val
+    resolve(gpu_site(), exp(**{**b, "trainer": on, "rollout": RolloutSection(engine="vllm", top_p=0.9)}))

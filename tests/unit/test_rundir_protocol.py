@@ -35,6 +35,7 @@ def test_every_file_of_a_run_has_one_path():
     assert p.attempt_file(3) == RUN / "metrics/attempt-0003.h5"
     assert p.rank_log("4242.0", 7) == RUN / "logs/attempt-4242.0/rank-7.log"
     assert p.log_dir("local-99") == RUN / "logs/attempt-local-99"
+    assert p.versions("4242.0") == RUN / "logs/attempt-4242.0/versions.json"
     assert p.batch_log("%j") == RUN / "logs/slurm-%j.out"
     assert p.run_id == RUN.name
 
