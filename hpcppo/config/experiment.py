@@ -162,6 +162,14 @@ class RolloutSection:
                                                         "its longest prompt and response; 0 = micro_batch_size_per_gpu "
                                                         "rows padded to the batch (verl's log_prob_use_dynamic_bsz, "
                                                         "log_prob_max_token_len_per_gpu).")
+    logprob_gap_max: float = opt(0.0, check=lambda v: None if v == -1 or v >= 0 else f"{v} must be -1 (off), 0 "
+                                                                                     "(the default) or > 0",
+                                 allowed="-1 (off), 0 (the default for the dtype pair) or > 0", help="The weight-sync guard: the run stops, before the step's update, "
+                                                   "when the engine's log-probs of the step's own samples differ "
+                                                   "from the trainer's by more than this per token on average "
+                                                   "(rollout/logprob_gap); 0 = the default for the dtype pair "
+                                                   "(float32 engine and trainer: 1e-3; bfloat16/float16 on either "
+                                                   "side: 0.2; docs/sync-guard.md), -1 = off.")
 
 
 @attrs.frozen(kw_only=True)

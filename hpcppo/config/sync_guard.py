@@ -1,0 +1,53 @@
+"""The weight-sync guard's limit: how far the rollout engine's log-probs of a step's own samples may sit from the
+trainer's before the run stops (``rollout.logprob_gap_max``; the trainer checks it, :mod:`hpcppo.train.trainer`).
+
+The measure is ``rollout/logprob_gap``: the mean over response tokens of ``|engine log-prob - trainer log-prob|``
+of the tokens the engine sampled, right after the engine received the actor's weights. An engine that holds the
+actor's weights differs from the trainer only by rounding, which depends on the dtypes both compute in: the
+engine runs in ``model.dtype``, the trainer in the actor's FSDP ``param_dtype`` (``model.dtype`` unless set). The
+defaults and the measurements behind them are in ``docs/rollout.md`` ("The weight-sync guard").
+"""
+
+from __future__ import annotations
+
+__all__ = ["FULL_PRECISION_GAP_MAX", "HALF_PRECISION_GAP_MAX", "default_logprob_gap_max", "logprob_gap_max",
+           "gap_verdict"]
+
+# Both sides in float32: measured at most 2e-7 (HF engine) and below 1e-5 (vLLM's CPU backend, the bound of
+# tests/vllm_tier/test_trainer_vllm.py); a sync that misses one tensor measured 0.4 and more (docs/rollout.md).
+FULL_PRECISION_GAP_MAX = 1e-3
+# One side (or both) in bfloat16/float16: calibrated on a measurement, docs/rollout.md.
+HALF_PRECISION_GAP_MAX = 0.2
+
+
+def default_logprob_gap_max(engine_dtype: str, trainer_dtype: str) -> tuple[float, str]:
+    """The default limit for an engine computing in ``engine_dtype`` against a trainer in ``trainer_dtype``, and
+    where it comes from (for the plan and the stop message)."""
+    pair = f"{engine_dtype} engine, {trainer_dtype} trainer"
+    if engine_dtype == trainer_dtype == "float32":
+        return FULL_PRECISION_GAP_MAX, f"the default for a {pair}"
+    return HALF_PRECISION_GAP_MAX, f"the default for a {pair}"
+
+
+def logprob_gap_max(value: float, engine_dtype: str, trainer_dtype: str) -> tuple[float, str]:
+    """The limit in effect: ``value`` (``rollout.logprob_gap_max``) when set, else the dtype pair's default;
+    ``-1`` switches the guard off (kept as -1: a resolved plan holds finite numbers only)."""
+    if value < 0.0:
+        return -1.0, "rollout.logprob_gap_max = -1: the guard is off"
+    if value > 0.0:
+        return value, "rollout.logprob_gap_max"
+    return default_logprob_gap_max(engine_dtype, trainer_dtype)
+
+
+def gap_verdict(gap: float, limit: float, source: str, *, step: int, engine: str) -> str | None:
+    """The one line that stops the run when the engine and the trainer disagree (None when they agree).
+
+    A negative ``limit`` is the guard switched off. A NaN gap counts as a disagreement: a comparison with NaN is
+    never "within the limit"."""
+    if limit < 0.0 or gap <= limit:
+        return None
+    return (f"the rollout engine ({engine}) and the trainer disagree after the weight sync of step {step}: their "
+            f"log-probs of the step's own samples differ by {gap:.4g} per token on average (rollout/logprob_gap), "
+            f"above {limit:.4g} ({source}); the engine is not sampling from the actor's weights, so the run stops "
+            f"before this step's update. Set rollout.logprob_gap_max to accept a larger gap, or try "
+            f"rollout.engine = \"hf\"")
