@@ -1,6 +1,6 @@
 """The weight-sync guard's limit (``rollout.logprob_gap_max``, :mod:`hpcppo.config.sync_guard`): the defaults per
 dtype pair, the value a spec sets, its help/explain/did-you-mean, the resolved plan, and the one line that stops
-a run. The stop itself on a real run: ``tests/e2e/test_sync_guard.py``."""
+a run. The stop itself on a real run: ``tests/e2e/test_sync_guard_run.py``."""
 
 from __future__ import annotations
 
