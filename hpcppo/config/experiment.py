@@ -82,7 +82,11 @@ class ModelSection:
     trust_remote_code: bool = opt(False, help="Allow the model directory's own Python code (transformers trust_remote_code).")
     gradient_checkpointing: bool = opt(False, help="Recompute activations in backward to save memory.")
     attn_implementation: str = opt("sdpa", choices=("sdpa", "eager", "flash_attention_2", "flash_attention_3"),
-                                   help="transformers attention implementation.")
+                                   help="transformers attention implementation; compile checks it against the "
+                                        "family in the installed transformers (its _supports_sdpa/_supports_flash_attn "
+                                        "flags, read as text): the default sdpa becomes eager for a family without "
+                                        "it (Gemma2 at transformers 5.25), a value you set that the family lacks is "
+                                        "refused.")
     remove_padding: bool = opt(False, help="Run each micro-batch of every training forward and backward (actor, "
                                            "reference, critic) with its rows packed into one sequence, position ids "
                                            "restarting per row, no attention mask: no padding computed (verl's "
