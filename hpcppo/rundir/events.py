@@ -107,7 +107,7 @@ SHOWN: tuple[Shown, ...] = (
     _s(RESUME, "summary plot", "resume"),
     _s(HANG, "summary compare"),
     _s(TRAINER_DEAD, "summary compare"),
-    _s("mismatch", "summary compare"),  # sync.mismatch: the weight-sync guard stopped the run
+    _s("mismatch", "summary compare"),  # sync.mismatch: the weight-sync guard stopped the run (a stop, as hang)
 )
 
 
