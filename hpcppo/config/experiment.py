@@ -173,7 +173,7 @@ class RolloutSection:
                                                    "from the trainer's by more than this per token on average "
                                                    "(rollout/logprob_gap); 0 = the default for the dtype pair "
                                                    "(float32 engine and trainer: 1e-3; bfloat16/float16 on either "
-                                                   "side: 0.05; docs/sync-guard.md), -1 = off.")
+                                                   "side: 0.05; vllm with top_p < 1: + -log(top_p), with top_k: off; docs/sync-guard.md), -1 = off.")
 
 
 @attrs.frozen(kw_only=True)

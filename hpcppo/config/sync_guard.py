@@ -10,6 +10,8 @@ defaults and the measurements behind them are in ``docs/sync-guard.md``.
 
 from __future__ import annotations
 
+import math
+
 __all__ = ["FULL_PRECISION_GAP_MAX", "HALF_PRECISION_GAP_MAX", "default_logprob_gap_max", "logprob_gap_max",
            "gap_verdict"]
 
@@ -30,14 +32,28 @@ def default_logprob_gap_max(engine_dtype: str, trainer_dtype: str) -> tuple[floa
     return HALF_PRECISION_GAP_MAX, f"the default for a {pair}"
 
 
-def logprob_gap_max(value: float, engine_dtype: str, trainer_dtype: str) -> tuple[float, str]:
+def logprob_gap_max(value: float, engine_dtype: str, trainer_dtype: str, *, engine: str = "hf", top_p: float = 1.0,
+                    top_k: int = -1) -> tuple[float, str]:
     """The limit in effect: ``value`` (``rollout.logprob_gap_max``) when set, else the dtype pair's default;
-    ``-1`` switches the guard off (kept as -1: a resolved plan holds finite numbers only)."""
+    ``-1`` switches the guard off (kept as -1: a resolved plan holds finite numbers only).
+
+    vLLM may report its log-probs after top-k/top-p truncation (``hpcppo.rollout.vllm_engine``'s notes: it depends on
+    the version and the model runner), renormalised over the tokens kept: ``log p - log(kept mass)``. With top-p the
+    kept mass is at least ``top_p``, so the default grows by ``-log(top_p)``; top-k has no such bound, so with top-k
+    on vLLM the default is off (a limit set in the spec still applies). The HF engine reports them before truncation.
+    """
     if value < 0.0:
         return -1.0, "rollout.logprob_gap_max = -1: the guard is off"
     if value > 0.0:
         return value, "rollout.logprob_gap_max"
-    return default_logprob_gap_max(engine_dtype, trainer_dtype)
+    limit, source = default_logprob_gap_max(engine_dtype, trainer_dtype)
+    if engine == "vllm" and top_k != -1:
+        return -1.0, (f"off by default with rollout.top_k = {top_k} on vllm: its log-probs may be taken after the "
+                      "top-k truncation, so the gap does not measure the sync; set rollout.logprob_gap_max to check it")
+    if engine == "vllm" and top_p < 1.0:
+        extra = -math.log(top_p)
+        return limit + extra, f"{source}, plus -log(rollout.top_p) = {extra:.4g} for vLLM's log-probs after top-p"
+    return limit, source
 
 
 def gap_verdict(gap: float, limit: float, source: str, *, step: int, engine: str) -> str | None:

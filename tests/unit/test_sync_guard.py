@@ -51,6 +51,16 @@ def test_a_value_the_spec_sets_takes_effect_and_minus_one_turns_the_guard_off(tm
     assert load_experiment(spec).rollout.logprob_gap_max == -1
 
 
+def test_vllm_with_top_p_or_top_k_widens_or_switches_off_the_default_but_not_a_set_limit():
+    limit, source = logprob_gap_max(0.0, "float32", "float32", engine="vllm", top_p=0.9)
+    assert limit == pytest.approx(1e-3 - math.log(0.9)) and "-log(rollout.top_p) = 0.1054" in source
+    limit, source = logprob_gap_max(0.0, "bfloat16", "float32", engine="vllm", top_k=20)
+    assert limit == -1.0 and source.startswith("off by default with rollout.top_k = 20 on vllm")
+    assert logprob_gap_max(0.02, "bfloat16", "float32", engine="vllm", top_k=20) == (0.02, "rollout.logprob_gap_max")
+    # the HF engine reports log-probs before the truncation: no change
+    assert logprob_gap_max(0.0, "float32", "float32", engine="hf", top_p=0.5, top_k=5)[0] == FULL_PRECISION_GAP_MAX
+
+
 @pytest.mark.parametrize(("line", "expected"), [
     ("logprob_gap_max = -0.1", "rollout.logprob_gap_max: -0.1 must be -1 (off), 0 (the default) or > 0"),
     ("logprob_gap_max = nan", "rollout.logprob_gap_max: nan is not allowed; a finite number is expected"),
