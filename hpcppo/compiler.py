@@ -15,6 +15,7 @@ from pathlib import Path
 
 import tomli_w
 
+from hpcppo.config.attention import settle_attention
 from hpcppo.config.compiled import (Compiled, JobSection, check_engine_installed, check_experiment_paths,
                                     check_trackers_installed, runs_root)
 from hpcppo.config.convert import read_input
@@ -51,6 +52,8 @@ def compile_config(spec: str | os.PathLike[str], site: str | os.PathLike[str] = 
                                                            site_file=str(site_file), cwd=cwd)
     if check_paths:
         check_experiment_paths(experiment)
+        # the family's attention implementations, from the installed transformers' source (no import)
+        experiment = settle_attention(experiment, exp_prov)
         check_reward_model(experiment.reward_model, experiment.data)
         # pyarrow and numpy only when the data is checked: `config show`, `plan` and `compile --no-check-paths`
         # stay free of them (tests/unit/test_config_serialize.py).

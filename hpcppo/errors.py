@@ -82,6 +82,11 @@ class RunBusyError(RunStateError):
     exit_code = 9
 
 
+class WeightSyncError(HpcppoError):
+    """The rollout engine's log-probs of a step's samples are not the trainer's after a weight sync: the job stops
+    (exit 1, the line in its exit record); raised in the job, never by a command."""
+
+
 class StorageError(HpcppoError):
     """A file system the run writes to refused a write: full, over quota, read-only, or gone."""
 

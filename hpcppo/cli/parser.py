@@ -252,6 +252,11 @@ def _add_tool_commands(sub: Any) -> None:
     q.add_argument("--train-size", type=int, default=4096, help="rows of train.parquet (default: 4096)")
     q.add_argument("--val-size", type=int, default=512, help="rows of val.parquet (default: 512)")
     q.add_argument("--max-operand", type=int, default=None, help="task difficulty (default: the library's)")
+    q.add_argument("--moe", action="store_true",
+                   help="a mixture-of-experts model instead of the dense Llama: Qwen3-MoE, every layer's MLP "
+                        "--experts experts of which --top-k are routed per token (norm_topk_prob, as Qwen3-30B-A3B)")
+    q.add_argument("--experts", type=int, default=4, help="with --moe: experts per layer (default: %(default)s)")
+    q.add_argument("--top-k", type=int, default=2, help="with --moe: experts routed per token (default: %(default)s)")
     q.add_argument("--reward-out", default="",
                    help="also build a tiny reward model here (LlamaForSequenceClassification, the same tokenizer, "
                         "regressed in seconds onto the arith rule's score: [reward_model] path); '' for none "

@@ -7,6 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
+from hpcppo.errors import ConfigError
 from hpcppo.tiny import build_tiny_model_and_data
 from hpcppo.tiny.reward_model import build_tiny_reward_model
 
@@ -14,6 +15,10 @@ from hpcppo.tiny.reward_model import build_tiny_reward_model
 def cmd_make_model(args: argparse.Namespace) -> int:
     # The library validates every value (ConfigError, exit 2) and refuses a foreign --out (PathError).
     overrides = {} if args.max_operand is None else {"max_operand": args.max_operand}
+    if args.moe:
+        overrides |= {"moe_experts": args.experts, "moe_top_k": args.top_k}
+    elif (args.experts, args.top_k) != (4, 2):
+        raise ConfigError("needs --moe (the dense model has no experts)", key="--experts" if args.experts != 4 else "--top-k")
     info = build_tiny_model_and_data(Path(args.out), Path(args.data_out) if args.data_out else None, seed=args.seed,
                                      train_size=args.train_size, val_size=args.val_size, force=args.force, **overrides)
     if args.reward_out:

@@ -82,7 +82,11 @@ class ModelSection:
     trust_remote_code: bool = opt(False, help="Allow the model directory's own Python code (transformers trust_remote_code).")
     gradient_checkpointing: bool = opt(False, help="Recompute activations in backward to save memory.")
     attn_implementation: str = opt("sdpa", choices=("sdpa", "eager", "flash_attention_2", "flash_attention_3"),
-                                   help="transformers attention implementation.")
+                                   help="transformers attention implementation; compile checks it against the "
+                                        "family in the installed transformers (its _supports_sdpa/_supports_flash_attn "
+                                        "flags, read as text): the default sdpa becomes eager for a family without "
+                                        "it (Gemma2 at transformers 5.25), a value you set that the family lacks is "
+                                        "refused.")
     remove_padding: bool = opt(False, help="Run each micro-batch of every training forward and backward (actor, "
                                            "reference, critic) with its rows packed into one sequence, position ids "
                                            "restarting per row, no attention mask: no padding computed (verl's "
@@ -165,6 +169,14 @@ class RolloutSection:
                                                         "its longest prompt and response; 0 = micro_batch_size_per_gpu "
                                                         "rows padded to the batch (verl's log_prob_use_dynamic_bsz, "
                                                         "log_prob_max_token_len_per_gpu).")
+    logprob_gap_max: float = opt(0.0, check=lambda v: None if v == -1 or v >= 0 else f"{v} must be -1 (off), 0 "
+                                                                                     "(the default) or > 0",
+                                 allowed="-1 (off), 0 (the default for the dtype pair) or > 0", help="The weight-sync guard: the run stops, before the step's update, "
+                                                   "when the engine's log-probs of the step's own samples differ "
+                                                   "from the trainer's by more than this per token on average "
+                                                   "(rollout/logprob_gap); 0 = the default for the dtype pair "
+                                                   "(float32 engine and trainer: 1e-3; bfloat16/float16 on either "
+                                                   "side: 0.05; vllm with top_p < 1: + -log(top_p), with top_k: off; docs/sync-guard.md), -1 = off.")
 
 
 @attrs.frozen(kw_only=True)

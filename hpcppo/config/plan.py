@@ -65,6 +65,9 @@ class RunPlan:
     clip_ratio_high: float = opt(help="Resolved upper clip epsilon.")
     actor_param_dtype: str = opt(help="Resolved FSDP parameter dtype of the actor.")
     critic_param_dtype: str = opt(help="Resolved FSDP parameter dtype of the critic.")
+    logprob_gap_max: float = opt(help="The weight-sync guard's limit on rollout/logprob_gap (-1 = off).")
+    logprob_gap_max_from: str = opt(help="Where logprob_gap_max comes from: rollout.logprob_gap_max or the "
+                                         "default for the engine's and the trainer's dtypes.")
     total_steps: int = opt(help="Training steps; 0 = total_epochs x steps per epoch, known once the data size is.")
     total_epochs: int = opt(help="trainer.total_epochs (used when total_steps = 0).")
     max_sequence_length: int = opt(help="max_prompt_length + max_response_length.")

@@ -11,6 +11,7 @@ from hpcppo.config.experiment import Experiment
 from hpcppo.config.fields import parse_slurm_time
 from hpcppo.config.plan import RunPlan
 from hpcppo.config.site import Site
+from hpcppo.config import sync_guard
 from hpcppo.errors import ResolveError
 
 __all__ = ["resolve", "format_slurm_time", "divisors"]
@@ -281,6 +282,10 @@ def resolve(site: Site, experiment: Experiment) -> RunPlan:
     hsdp = exp.resources.hsdp == "on" or (exp.resources.hsdp == "auto" and nodes > 1)
     mesh_shape, mesh_names = ([nodes, ranks_per_node], ["replicate", "shard"]) if hsdp else ([world], ["shard"])
     model_dtype = exp.model.dtype
+    # The engine computes in model.dtype (hpcppo.train.build._engine_kwargs), the trainer in the actor's param_dtype.
+    ro = exp.rollout
+    gap_max, gap_from = sync_guard.logprob_gap_max(ro.logprob_gap_max, model_dtype, a.fsdp.param_dtype or model_dtype,
+                                                   engine=ro.engine, top_p=ro.top_p, top_k=ro.top_k)
     return RunPlan(
         scheduler=site.scheduler,
         nodes=nodes,
@@ -314,6 +319,8 @@ def resolve(site: Site, experiment: Experiment) -> RunPlan:
         clip_ratio_high=a.clip_ratio if a.clip_ratio_high is None else a.clip_ratio_high,
         actor_param_dtype=a.fsdp.param_dtype or model_dtype,
         critic_param_dtype=c.fsdp.param_dtype or model_dtype,
+        logprob_gap_max=gap_max,
+        logprob_gap_max_from=gap_from,
         total_steps=exp.trainer.total_steps,
         total_epochs=exp.trainer.total_epochs,
         max_sequence_length=exp.data.max_prompt_length + exp.data.max_response_length,

@@ -10,6 +10,7 @@ from hpcppo.config.verl_convert import (A, ACTOR_TOKENS, ARR, CRITIC_TOKENS, MOD
                                         reward_name, reward_path, run_name, schedule, token_budget, top_k, total_steps, warmup,
                                         warmup_ratio)
 
+from hpcppo.config.verl_moe import moe_entries
 from hpcppo.config.verl_reward import reward_entries
 
 __all__ = ["ENTRIES", "m", "alias", "ign", "uns"]
@@ -259,7 +260,6 @@ def _actor_entries() -> list[Entry]:
     uns(A + "use_prefix_grouper", "not in hpcppo", ok=(False,)),
     uns(A + "calculate_sum_pi_squared", "not in hpcppo", ok=(False,)),
     ign(A + "sum_pi_squared_checkpointing", "only with calculate_sum_pi_squared"),
-    ign(A + "router_replay", "MoE routing replay: not in hpcppo", prefix=True),
     ign(A + "freeze_vision_tower", "hpcppo trains text models"),
     ign(A + "rollout_n", "verl copies rollout.n here"),
     ign(A + "_target_", "Hydra's class to build; not a setting"),
@@ -290,7 +290,6 @@ def _reference_entries() -> list[Entry]:
     ign(REF + "use_torch_compile", "hpcppo does not torch.compile (speed only)"),
     ign(REF + "entropy_from_logits_with_chunking", "a memory optimisation; same values"),
     ign(REF + "entropy_checkpointing", "a memory optimisation; same values"),
-    ign(REF + "router_replay", "MoE routing replay: not in hpcppo", prefix=True),
     ign(REF + "rollout_n", "verl copies rollout.n here"),
     ign(REF + "_target_", "Hydra's class to build; not a setting"),
     ]
@@ -331,12 +330,10 @@ def _rollout_entries() -> list[Entry]:
     ign(R + "agent", "verl's agent loop: hpcppo generates single-turn", prefix=True),
     ign(R + "mode", "hpcppo generates synchronously, colocated with training"),
     uns(R + "data_parallel_size", "hpcppo derives it (GPUs / tensor_model_parallel_size)", ok=(1,)),
-    uns(R + "expert_parallel_size", "no expert parallelism in hpcppo", ok=(1,)),
     uns(R + "pipeline_model_parallel_size", "no pipeline parallelism in hpcppo", ok=(1,)),
     uns(R + "over_sample_rate", "hpcppo waits for every response", ok=(0, 0.0)),
     uns(R + "quantization", "hpcppo generates with the training weights' dtype", ok=(None,)),
     uns(R + "skip_rollout", "hpcppo always generates", ok=(False,)),
-    uns(R + "enable_rollout_routing_replay", "MoE routing replay: not in hpcppo", ok=(False,)),
     m(R + "log_prob_use_dynamic_bsz", "rollout.max_tokens_per_micro_batch", "true: log_prob_max_token_len_per_gpu "
       "(verl's default: the actor's ppo_max_token_len_per_gpu); one budget for every log-prob/value pass here",
       dynamic_bsz(R + "log_prob_max_token_len_per_gpu", ACTOR_TOKENS), context=True),
@@ -508,7 +505,7 @@ def _alias_entries() -> list[Entry]:
 
 def _build_entries() -> list[Entry]:
     return [*_data_entries(), *_actor_entries(), *_reference_entries(), *_rollout_entries(),
-            *_critic_and_algorithm_entries(), *_trainer_entries(), *_alias_entries()]
+            *_critic_and_algorithm_entries(), *_trainer_entries(), *moe_entries(), *_alias_entries()]
 
 
 # Indexed (and checked for keys listed twice) where it is looked up: hpcppo.config.verl.

@@ -53,6 +53,7 @@ PREEMPTED = "preempted"  # stopped on a preemption signal, checkpointed, requeue
 PAUSED = "paused"  # stopped on a pause request (exit 76)
 REQUEUE = "requeue"  # stopped for a requeue asked by a rule (exit 75)
 CHECKPOINT_CORRUPT = "checkpoint.corrupt"  # a committed checkpoint found damaged at resume
+SYNC_MISMATCH = "sync.mismatch"  # the rollout engine's log-probs are not the trainer's after a weight sync (stop)
 CONTROL_ROLLBACK = "control.rollback"  # a `hpcppo rollback` request applied
 CONTROL_REJECTED = "control.rejected"  # a `hpcppo rollback` request refused
 WATCHDOG_PREFIX = "watchdog."  # + a rule's action (hpcppo.watchdog.PRECEDENCE), or SUPPRESSED
@@ -106,6 +107,7 @@ SHOWN: tuple[Shown, ...] = (
     _s(RESUME, "summary plot", "resume"),
     _s(HANG, "summary compare"),
     _s(TRAINER_DEAD, "summary compare"),
+    _s("mismatch", "summary compare"),  # sync.mismatch: the weight-sync guard stopped the run (a stop, as hang)
 )
 
 

@@ -144,7 +144,7 @@ def _build_model_dir(out_dir: Path, settings: TinySettings) -> dict[str, Any]:
         "settings": dataclasses.asdict(settings),
         "seed": settings.seed,
         "task": {"data_source": synthetic.DATA_SOURCE, **settings.task_kwargs()},
-        "architecture": "LlamaForCausalLM",
+        "architecture": settings.architecture,
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "vocab_size": len(tokenizer),
         "warm_start": {**measured, "eval_prompts": len(held_out), "task_stage": stage1, "flaw_stage": stage2},

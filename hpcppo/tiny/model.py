@@ -20,14 +20,14 @@ if TYPE_CHECKING:  # torch and transformers are imported lazily: the up-to-date 
 
 
 def build_model(tokenizer: PreTrainedTokenizerFast, settings: TinySettings) -> LlamaForCausalLM:
-    """A randomly initialised Llama model (seeded), its special ids and generation config set."""
+    """A randomly initialised Llama model (seeded), or with ``settings.moe_experts`` a Qwen3-MoE one, its special ids
+    and generation config set."""
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    config = LlamaConfig(
+    common = dict(
         vocab_size=len(tokenizer),
         hidden_size=settings.hidden_size,
-        intermediate_size=settings.intermediate_size,
         num_hidden_layers=settings.num_layers,
         num_attention_heads=settings.num_heads,
         num_key_value_heads=settings.num_kv_heads,
@@ -37,9 +37,20 @@ def build_model(tokenizer: PreTrainedTokenizerFast, settings: TinySettings) -> L
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=True,  # a quarter fewer parameters; FSDP2 handles tied weights (torch-cpu.md)
     )
+    if settings.moe_experts:
+        # Every layer sparse (decoder_sparse_step 1, no mlp_only_layers), routed weights renormalised over the top-k
+        # (norm_topk_prob, as Qwen3-30B-A3B's config.json); intermediate_size is the (unused) dense MLP's width.
+        config: Any = Qwen3MoeConfig(**common,
+                                     intermediate_size=settings.intermediate_size,
+                                     moe_intermediate_size=settings.intermediate_size // settings.moe_top_k,
+                                     num_experts=settings.moe_experts, num_experts_per_tok=settings.moe_top_k,
+                                     norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
+        build: Any = Qwen3MoeForCausalLM
+    else:
+        config, build = LlamaConfig(**common, intermediate_size=settings.intermediate_size), LlamaForCausalLM
     with torch.random.fork_rng():
         torch.manual_seed(settings.seed)
-        model = LlamaForCausalLM(config)
+        model = build(config)
     # Plain sampling at temperature 1 by default: the accuracy recorded in hpcppo_tiny.json is measured so.
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,

@@ -32,6 +32,11 @@ class TinySettings:
     num_kv_heads: int = 2
     intermediate_size: int = 512
     max_position_embeddings: int = 64
+    # mixture of experts (0 = the dense Llama): a Qwen3-MoE of moe_experts experts per layer, moe_top_k routed per
+    # token (norm_topk_prob, as Qwen3-30B-A3B), each expert intermediate_size // moe_top_k wide, so that the active
+    # MLP width per token is the dense model's
+    moe_experts: int = 0
+    moe_top_k: int = 2
     # stage 1: learn the task, `steps` steps (warmup, then cosine to zero); target: greedy held-out accuracy
     lr: float = 3e-3
     batch_size: int = 128
@@ -62,6 +67,11 @@ class TinySettings:
         for name in ("batch_size", "steps", "flaw_steps", "eval_every", "eval_size", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"must be >= 1, got {getattr(self, name)!r}", key=name)
+        if self.moe_experts and not 2 <= self.moe_top_k <= self.moe_experts:
+            raise ConfigError(f"must be 2 to the number of experts ({self.moe_experts}), got {self.moe_top_k!r}",
+                              key="--top-k")
+        if self.moe_experts < 0 or self.moe_experts == 1:
+            raise ConfigError(f"must be 0 (dense) or >= 2, got {self.moe_experts!r}", key="--experts")
         for name in ("warmup_steps", "flaw_warmup_steps"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"must be >= 0, got {getattr(self, name)!r}", key=name)
@@ -82,6 +92,13 @@ class TinySettings:
         return (f"max_operand={self.max_operand}, num_operands={self.num_operands}, "
                 f"operators={''.join(self.operators)}")
 
+    @property
+    def architecture(self) -> str:
+        return "Qwen3MoeForCausalLM" if self.moe_experts else "LlamaForCausalLM"
+
     def digest(self) -> str:
-        payload = json.dumps({"format": FORMAT_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
+        fields = dataclasses.asdict(self)
+        if not self.moe_experts:  # a dense build keeps the hash it had before the MoE fields existed
+            del fields["moe_experts"], fields["moe_top_k"]
+        payload = json.dumps({"format": FORMAT_VERSION, **fields}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]

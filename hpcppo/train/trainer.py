@@ -33,8 +33,10 @@ import torch
 
 from hpcppo import algos, estimators
 from hpcppo.distributed.env import all_reduce_host, broadcast_object
+from hpcppo.errors import WeightSyncError
 from hpcppo.models import compute_log_probs, compute_values
 from hpcppo.rollout.base import derive_seed
+from hpcppo.config import sync_guard
 from hpcppo.config.convert import converter
 from hpcppo.config.plan import VALIDATION_PROMPTS_PER_CALL
 from hpcppo.config.reward import overlong_buffer_on
@@ -151,6 +153,7 @@ class Trainer:
         batch |= scored
         batch |= self.old_log_probs_ref_and_values(batch)
         advantages, metrics, tokens = self.compute_advantages(batch)
+        self.check_sync(metrics)
         batch |= advantages
         if c.critic is not None:
             metrics |= self.update_critic(batch)
@@ -215,6 +218,25 @@ class Trainer:
             # offers its parameters to be gathered into in place (no buffer, no copy).
             engine.sync_weights(actor_weights(self.c.actor, dtype=engine.sync_dtype, into=engine.sync_targets))
             self.engine_version = self.state.actor_version
+
+    def check_sync(self, metrics: dict[str, float]) -> None:
+        """The weight-sync guard: stop before the update when the engine's log-probs of this step's samples are not
+        the trainer's (``rollout/logprob_gap`` past ``rollout.logprob_gap_max``, :mod:`hpcppo.config.sync_guard`).
+
+        A failed run, not a watchdog pause: a bad sync is a defect of the engine's weight path that a resume would
+        meet again on its first step, and no watchdog action (rollback, KL, grad clip) repairs it. Stopping before
+        the update keeps every committed checkpoint free of steps trained on another policy's samples. The gap is
+        computed from the gathered batch, identical on every rank, so all ranks raise together (no collective is
+        left waiting); the job's entry point records the line as the exit record's reason (``hpcppo status``)."""
+        gap = metrics.get("rollout/logprob_gap")
+        if gap is None:
+            return  # an engine without log-probs of its samples: nothing to compare
+        line = sync_guard.gap_verdict(gap, self.plan.logprob_gap_max, self.plan.logprob_gap_max_from,
+                                      step=self.step, engine=self.cfg.rollout.engine)
+        if line is not None:
+            self.audit.record(self.step, events.SYNC_MISMATCH, line, source="trainer", gap=gap,
+                              limit=self.plan.logprob_gap_max)
+            raise WeightSyncError(line)
 
     def score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """The scores (the reward model's, or the rule-based ones with the reward manager's penalty) on each

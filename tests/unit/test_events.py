@@ -164,8 +164,8 @@ def test_what_each_view_shows():
     stops (not resumes or preemptions); the plot marks rollbacks, stops and resumes."""
     actions = set(events.WATCHDOG_ACTIONS)
     assert events.shown_in("summary") == actions | {"paused", "preempted", "resume", "hang", "trainer_dead",
-                                                    "suppressed", "rearmed"}
-    assert events.shown_in("compare") == actions | {"paused", "hang", "trainer_dead"}
+                                                    "suppressed", "rearmed", "mismatch"}
+    assert events.shown_in("compare") == actions | {"paused", "hang", "trainer_dead", "mismatch"}
     marks = {k: events.plot_mark(k) for k in ("watchdog.rollback", "control.rollback", "watchdog.pause", "paused",
                                               "preempted", "requeue", "watchdog.requeue", "resume", "hang",
                                               "watchdog.raise_kl_coef", "checkpoint.corrupt")}
