@@ -29,7 +29,7 @@ Design (verl's "hybrid engine" without Ray):
   inside vLLM's in-place layerwise reload, which post-processes each layer again once its weights are in (CPU
   prepacking, GPU quantized layouts): ``hpcppo.rollout.vllm_reload``, which also refuses a sync that left any layer
   with part of its weights. A mixture-of-experts actor's fused experts travel under the per-expert names and shapes
-  of its checkpoint (``hpcppo.rollout.expert_layout``). :func:`_inference_model`, :func:`_model_config`,
+  of its checkpoint (``hpcppo.distributed.expert_layout``). :func:`_inference_model`, :func:`_model_config`,
   :func:`_unlink_cpu_shm_segments` and ``vllm_reload`` are the places that reach into vLLM internals.
 * Stop tokens: vLLM adds the model's ``generation_config`` EOS ids to ``stop_token_ids`` itself; the trainer
   passes the same union (``hpcppo.rollout.base.stop_token_ids``) so both engines end, mask and score a response at
@@ -62,7 +62,7 @@ import torch
 from hpcppo.distributed.env import export_launcher_vars
 from hpcppo.distributed.weights import clean_name
 from hpcppo.models import as_torch_dtype
-from hpcppo.rollout.expert_layout import CheckpointLayout, checkpoint_layout, layout_for
+from hpcppo.distributed.expert_layout import CheckpointLayout, checkpoint_layout, layout_for
 from hpcppo.rollout.vllm_reload import IncompleteSync, reload_in_place
 from hpcppo.rollout.base import PromptInput, RolloutBatch, SamplingParams, batch_from_lists, prompt_lists
 

@@ -52,6 +52,7 @@ def reload_in_place(model: torch.nn.Module, model_config: Any,
 
     loaded: set[str] | None = set()
     _repack_cpu_experts(model)
+    tied = _tied_layers(model)
     initialize_layerwise_reload(model)
     try:
         for bucket in buckets:
@@ -60,7 +61,7 @@ def reload_in_place(model: torch.nn.Module, model_config: Any,
                 loaded = None
             elif loaded is not None:
                 loaded |= set(names)
-        partial = _incomplete_layers(model)
+        partial = _incomplete_layers(model, tied)
     finally:
         # Always leave the model in kernel format: a failed sync must not leave layers on the meta device.
         finalize_layerwise_reload(model, model_config)
@@ -103,11 +104,24 @@ def _repack_cpu_experts(model: torch.nn.Module) -> list[str]:
     return reset
 
 
-def _incomplete_layers(model: torch.nn.Module) -> list[str]:
+def _tied_layers(model: torch.nn.Module) -> set[str]:
+    """Names of the layers whose own parameters all belong to another layer too (a tied LM head): the reload loads
+    a tied parameter through one of its layers only (limitation (2) of vllm/model_executor/model_loader/reload)."""
+    owners: dict[int, list[str]] = {}
+    for name, layer in model.named_modules():
+        for param in layer.parameters(recurse=False):
+            owners.setdefault(id(param), []).append(name)
+    return {name for name, layer in model.named_modules()
+            if any(True for _ in layer.parameters(recurse=False))
+            and all(len(owners[id(p)]) > 1 for p in layer.parameters(recurse=False))}
+
+
+def _incomplete_layers(model: torch.nn.Module, tied: set[str]) -> list[str]:
     """``name loaded/total`` of each layer with parameters that the reload has not processed because it received
     fewer elements than it holds (``LayerReloadingInfo.load_numel`` < ``load_numel_total``, reload/types.py; a
     processed layer's info is reset, ``can_load()`` False). A layer without parameters of its own (rotary
-    caches) or whose processing vLLM defers to the end (attention: ``is_deferred_attention_layer``) is skipped.
+    caches), whose parameters are tied to another layer's (``tied``: loaded through that one), or whose processing
+    vLLM defers to the end (attention: ``is_deferred_attention_layer``) is skipped.
     The names of ``load_weights`` cannot tell this: a fused-experts parameter is reported as loaded as soon as one
     expert's slice arrives."""
     from vllm.model_executor.layers.attention import is_deferred_attention_layer
@@ -117,7 +131,7 @@ def _incomplete_layers(model: torch.nn.Module) -> list[str]:
     partial = []
     for name, layer in model.named_modules():
         own = [p for n, p in layer.named_parameters(recurse=False) if n not in SKIP_LOAD_TENSORS]
-        if not own or is_deferred_attention_layer(layer):
+        if not own or name in tied or is_deferred_attention_layer(layer):
             continue
         info = get_layerwise_info(layer)
         if info.can_load() and info.load_numel < cast(int, info.load_numel_total):

@@ -1,7 +1,7 @@
 """Tiny random models of the families people train, built with the tiny arith tokenizer (issue 37's matrix).
 
-Each family is a transformers config class and a few tiny sizes (hidden 128, head dim 32 (the smallest vLLM's CPU attention takes), 2 layers, vocabulary 64); the weights
-are seeded and then perturbed (every floating tensor gets seeded noise), so they differ from any initialisation: a
+Each family is a transformers config class and a few tiny sizes (hidden 128, head dim 32: vLLM's CPU attention
+refuses 16; 2 layers, vocabulary 64); the weights are seeded and then perturbed (every floating tensor gets seeded noise), so they differ from any initialisation: a
 norm weight that stayed at 1 or a bias at 0 could hide a sync that forgets it. Used by tests/dist (loading, FSDP2
 losses; the main .venv) and tests/vllm_tier (the family matrix; vLLM's venv), so it names nothing version-specific
 beyond the config classes both transformers have.
@@ -30,6 +30,9 @@ class Family:
     config_class: str
     extra: dict[str, Any] = field(default_factory=dict)
     moe: bool = False
+    # transformers' attention implementation for this family's models here (None: transformers' default). Gemma2
+    # refuses sdpa in transformers 5.19 (issue 37, item 6, is another helper's): eager until that is settled.
+    attn: str | None = None
 
     def config(self) -> Any:
         import transformers
@@ -44,7 +47,14 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("mistral", "MistralConfig", {"intermediate_size": 128, "head_dim": 32}),
     # sliding window on every other layer and both soft-caps: the window is shorter than a prompt + response
     Family("gemma2", "Gemma2Config", {"intermediate_size": 128, "head_dim": 32, "sliding_window": 16,
-                                      "tie_word_embeddings": True}),
+                                      "tie_word_embeddings": True}, attn="eager"),
+    Family("gemma3", "Gemma3TextConfig", {"intermediate_size": 128, "head_dim": 32, "sliding_window": 16,
+                                          "tie_word_embeddings": True}),
+    Family("phi3", "Phi3Config", {"intermediate_size": 128}),  # fused qkv_proj and gate_up_proj in transformers
+    # a shared expert beside the routed ones, with its sigmoid gate (DeepSeek's layout without MLA)
+    Family("qwen2_moe", "Qwen2MoeConfig", {"intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 4,
+                                           "num_experts_per_tok": 2, "shared_expert_intermediate_size": 64,
+                                           "norm_topk_prob": False, "decoder_sparse_step": 1}, moe=True),
     Family("qwen3_moe", "Qwen3MoeConfig", {"intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 4,
                                            "num_experts_per_tok": 2, "norm_topk_prob": True, "head_dim": 32,
                                            "decoder_sparse_step": 1}, moe=True),
@@ -61,14 +71,15 @@ def perturb(model: torch.nn.Module, seed: int, scale: float = 0.05) -> None:
 
 
 def build(name: str, seed: int = 0, **overrides: Any) -> torch.nn.Module:
-    """The family's causal LM, seeded and perturbed (float32, eager attention: every family supports it)."""
+    """The family's causal LM, seeded and perturbed (float32)."""
     from transformers import AutoModelForCausalLM
 
-    config = FAMILIES[name].config()
+    family = FAMILIES[name]
+    config = family.config()
     for key, value in overrides.items():
         setattr(config, key, value)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=family.attn)
     perturb(model, seed + 1)
     return model.eval()
 

@@ -8,7 +8,9 @@ Qwen3-MoE, DeepSeek-V2/V3, OLMoE and the other ``qwen2_moe`` aliases, Mixtral) s
 then ``Concatenate(dim=1)`` (gate first, then up), and ``mlp.experts.*.down_proj.weight`` becomes
 ``mlp.experts.down_proj`` [experts, hidden, intermediate] by ``MergeModulelist(dim=0)``; ``save_pretrained`` applies
 the inverse (``revert_weight_conversion`` in transformers/core_model_loading.py), so the files carry the per-expert
-names. The trainer's actor streams the in-memory names (``hpcppo.distributed.weights.iter_full_params``);
+names. Two users here. The meta-device loader (``hpcppo.distributed.loading``) fills a fused parameter's rows (its
+experts) from the per-expert tensors of the files: :meth:`ExpertSplit.keys`. The trainer's actor streams the
+in-memory names to the rollout engine (``hpcppo.distributed.weights.iter_full_params``); for vLLM,
 :func:`checkpoint_layout` turns that stream into the names and shapes the files hold, which every vLLM MoE loader
 takes: ``FusedMoE.make_expert_params_mapping`` / ``RoutedExperts.build_expert_params_mapping``
 (vllm/model_executor/layers/fused_moe/routed_experts.py, vLLM 0.32.0) maps ``experts.{i}.gate_proj.`` to shard
@@ -48,6 +50,11 @@ class ExpertSplit:
     fused: str
     parts: tuple[str, ...]
 
+    def keys(self, prefix: str, expert: int) -> list[str]:
+        """The checkpoint keys of ``expert``'s slice, in concatenation order (``prefix``: the name before
+        ``fused``)."""
+        return [prefix + pattern.replace("*", str(expert)) for pattern in self.parts]
+
     def split(self, prefix: str, tensor: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
         """The per-expert ``(name, tensor)`` pairs of ``tensor`` ([experts, len(parts) * rows, ...]), expert by
         expert, each a view of ``tensor``."""
@@ -55,8 +62,7 @@ class ExpertSplit:
             raise UnsupportedExpertLayout(f"{prefix}{self.fused}: expected [experts, {len(self.parts)} x rows, cols], "
                                           f"got {tuple(tensor.shape)}")
         for expert, block in enumerate(tensor.unbind(0)):
-            for pattern, part in zip(self.parts, block.chunk(len(self.parts), dim=0)):
-                yield prefix + pattern.replace("*", str(expert)), part
+            yield from zip(self.keys(prefix, expert), block.chunk(len(self.parts), dim=0))
 
 
 @dataclass(frozen=True)
@@ -68,9 +74,12 @@ class CheckpointLayout:
     splits: tuple[ExpertSplit, ...]
     renames: tuple[tuple[str, str], ...]
 
-    @property
-    def identity(self) -> bool:
-        return not self.splits and not self.renames
+    def split_of(self, name: str) -> tuple[ExpertSplit, str] | None:
+        """The split whose fused tensor ``name`` is (an in-memory name), and the name's prefix before it."""
+        for split in self.splits:
+            if name.endswith("." + split.fused):
+                return split, name[: -len(split.fused)]
+        return None
 
 
 def _literal(pattern: str) -> str | None:
@@ -117,9 +126,8 @@ def checkpoint_layout(named_tensors: Iterable[tuple[str, torch.Tensor]],
     for name, tensor in named_tensors:
         for memory, disk in layout.renames:
             name = name.replace(memory, disk)
-        for split in layout.splits:
-            if name.endswith("." + split.fused):
-                yield from split.split(name[: -len(split.fused)], tensor)
-                break
-        else:
+        found = layout.split_of(name)
+        if found is None:
             yield name, tensor
+        else:
+            yield from found[0].split(found[1], tensor)
