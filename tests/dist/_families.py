@@ -1,8 +1,9 @@
 """Tiny random models of the families people train, built with the tiny arith tokenizer (issue 37's matrix).
 
 Each family is a transformers config class and a few tiny sizes (hidden 128, head dim 32: vLLM's CPU attention
-refuses 16; 2 layers, vocabulary 64); the weights are seeded and then perturbed (every floating tensor gets seeded noise), so they differ from any initialisation: a
-norm weight that stayed at 1 or a bias at 0 could hide a sync that forgets it. Used by tests/dist (loading, FSDP2
+refuses 16; 2 layers, vocabulary 64); the weights are seeded and then perturbed (every floating tensor gets seeded
+noise), so they differ from any initialisation: a norm weight that stayed at 1 or a bias at 0 could hide a sync
+that forgets it. Used by tests/dist (loading, FSDP2
 losses; the main .venv) and tests/vllm_tier (the family matrix; vLLM's venv), so it names nothing version-specific
 beyond the config classes both transformers have.
 """
