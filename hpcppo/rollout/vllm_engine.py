@@ -331,7 +331,7 @@ class VLLMRolloutEngine:
     def generate(self, prompts: PromptInput, sampling: SamplingParams) -> RolloutBatch:
         """Sample ``sampling.n`` responses per prompt; tensors on CPU (see ``hpcppo.rollout.base``)."""
         if not self._weights_valid:
-            raise RuntimeError("the vLLM engine has no weights (dummy load, or asleep at level 2): call "
+            raise RuntimeError("the vLLM engine has no weights (dummy load, asleep at level 2, or a failed sync): call "
                                "sync_weights() before generate()")
         self._wake(weights=True, kv=True)
         rows = prompt_lists(prompts)
@@ -367,6 +367,7 @@ class VLLMRolloutEngine:
                 yield clean_name(name), tensor.to(device, non_blocking=True)
 
         expected = {n for n, _ in model.named_parameters()}
+        self._weights_valid = False  # until this sync succeeds: a failed one leaves a mix of old and new weights
         stream = checkpoint_layout(named_tensors, self._checkpoint_layout())
         loaded = reload_in_place(model, _model_config(self.llm),
                                  (moved(b) for b in weight_buckets(stream, self._bucket_bytes)))

@@ -6,7 +6,8 @@ project's real ``VLLMRolloutEngine`` on vLLM's CPU backend:
 * a dummy-loaded engine after ``sync_weights`` generates the same rows;
 * after an optimizer step on the source, a second sync changes vLLM's rows as the HF engine's change;
 * for Qwen3-MoE, LoRA's merged sync (``hpcppo.train.lora.actor_weights``) into the same engine agrees too, and a
-  stream that leaves out one expert's slice is refused (the per-layer count, ``vllm_reload.IncompleteSync``).
+  stream that leaves out one expert's slice is refused (the per-layer count, ``vllm_reload.IncompleteSync``), after
+  which the engine refuses to generate until a sync succeeds.
 
 LoRA's merged stream is family-independent code (``hpcppo.models.lora.merge_stream`` merges ``W + s B A`` by name,
 and peft only adapts ``nn.Linear``): test_lora_sync.py runs it on the tiny Llama; here it runs on the one family
@@ -91,6 +92,11 @@ def _one_family(name: str, root: Path) -> dict:
             out["partial"] = "accepted"
         except KeyError as e:
             out["partial"] = str(e)
+        try:
+            engine.generate(ids, greedy())
+            out["generate_after_failed_sync"] = "generated"
+        except RuntimeError as e:
+            out["generate_after_failed_sync"] = str(e)
     engine.close()
     return out
 
@@ -141,3 +147,4 @@ def test_a_partial_expert_load_is_refused(matrix, name):
     r = matrix[name]
     assert "error" not in r, r.get("error")
     assert "layers.0.mlp.experts" in r["partial"] and "part of their weights" in r["partial"], r["partial"]
+    assert "a failed sync" in r["generate_after_failed_sync"]  # the engine refuses to sample from the mix
