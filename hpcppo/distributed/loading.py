@@ -14,8 +14,13 @@ kept across :func:`materialize`; so are parameters that were real before it (the
 
 :func:`match_checkpoint` decides whether a directory can be loaded this way: every meta parameter must find a tensor
 of its shape under its own name (or with the base model's prefix added or removed, as ``from_pretrained`` does for a
-critic's backbone read from a causal LM). When one does not (``.bin`` weights, key conversions transformers applies
-for some architectures, missing weights that ``from_pretrained`` would initialise), rank 0 alone builds the whole
+critic's backbone read from a causal LM), or, for the fused experts of a mixture-of-experts model (transformers 5
+holds Qwen3-MoE's ``mlp.experts.gate_up_proj`` as one [experts, 2 x intermediate, hidden] tensor, the files keep
+``mlp.experts.{i}.gate_proj.weight`` ...), the per-expert tensors it is stacked from, in the order transformers'
+conversion mapping concatenates them (``hpcppo.distributed.expert_layout``): a rank's rows of such a parameter are
+its experts, each read whole and concatenated. When a parameter finds neither (``.bin`` weights, other key
+conversions transformers applies for some architectures, missing weights that ``from_pretrained`` would
+initialise), rank 0 alone builds the whole
 model with ``from_pretrained`` and :func:`broadcast_shards` sends it tensor by tensor, each rank keeping its rows
 (verl's ``fsdp2_load_full_state_dict`` does the same with a full state dict): one whole copy on the node of rank 0,
 one tensor in flight elsewhere.
@@ -35,12 +40,16 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from hpcppo.distributed.env import collective_device, get_rank
+from hpcppo.distributed.expert_layout import CheckpointLayout, UnsupportedExpertLayout, layout_for
 from hpcppo.distributed.fsdp import CHECKPOINT_WRAPPER_ATTR
 
 __all__ = ["checkpoint_tensors", "match_checkpoint", "materialize", "load_shards", "broadcast_shards"]
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+
+ExpertKeys = tuple[tuple[str, ...], ...]
+"""The checkpoint keys of a fused expert parameter: per expert (its dim-0 row), the keys concatenated along dim 0."""
 
 
 def checkpoint_tensors(directory: str | Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
@@ -77,8 +86,40 @@ def _base_prefixes(model: nn.Module) -> list[str]:
     return sorted({p for m in model.modules() if isinstance(p := getattr(m, "base_model_prefix", None), str) and p})
 
 
+def _layout(model: nn.Module) -> CheckpointLayout | None:
+    """The checkpoint layout of the model type of ``model``'s (first) config; None without one, or for a conversion
+    that cannot be inverted (then a fused parameter finds no key and the caller's fallback loads it)."""
+    model_type = next((t for m in model.modules()
+                       if isinstance(t := getattr(getattr(m, "config", None), "model_type", None), str)), None)
+    if model_type is None:
+        return None
+    try:
+        return layout_for(model_type)
+    except UnsupportedExpertLayout:
+        return None
+
+
+def _expert_keys(name: str, shape: tuple[int, ...], layout: CheckpointLayout | None,
+                 tensors: dict[str, tuple[Path, tuple[int, ...]]]) -> ExpertKeys | None:
+    """The per-expert keys of the fused parameter ``name`` when the checkpoint has every one, each expert's parts
+    adding up to ``shape[1:]``; else None."""
+    found = layout.split_of(name) if layout is not None and len(shape) == 3 else None
+    if found is None:
+        return None
+    split, prefix = found
+    out = []
+    for expert in range(shape[0]):
+        keys = split.keys(prefix, expert)
+        shapes = [tensors[k][1] if k in tensors else None for k in keys]
+        if any(s is None or len(s) != 2 or s[1] != shape[2] for s in shapes) or sum(
+                s[0] for s in shapes if s is not None) != shape[1]:
+            return None
+        out.append(tuple(keys))
+    return tuple(out)
+
+
 def match_checkpoint(model: nn.Module, directory: str | Path, *,
-                     strip: str = "") -> tuple[dict[str, str], list[str]]:
+                     strip: str = "") -> tuple[dict[str, str | ExpertKeys], list[str]]:
     """Which checkpoint key fills each meta parameter of ``model``.
 
     Args:
@@ -88,23 +129,28 @@ def match_checkpoint(model: nn.Module, directory: str | Path, *,
             critic).
 
     Returns:
-        ``({parameter name: key}, [parameters without a tensor of their shape])``; a parameter shared by several
-        names (tied embeddings) appears once, under the first of its names that the checkpoint has.
+        ``({parameter name: key, or a fused expert parameter's ExpertKeys}, [parameters without a tensor of their
+        shape])``; a parameter shared by several names (tied embeddings) appears once, under the first of its names
+        that the checkpoint has.
     """
     tensors = checkpoint_tensors(directory)
     prefixes = _base_prefixes(model)
+    layout = _layout(model)
     names: dict[int, list[str]] = defaultdict(list)
     params: dict[int, nn.Parameter] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         if param.is_meta or (isinstance(param, DTensor) and param.to_local().is_meta):
             names[id(param)].append(name)
             params[id(param)] = param
-    found: dict[str, str] = {}
+    found: dict[str, str | ExpertKeys] = {}
     missing: list[str] = []
     for pid, aliases in names.items():
         shape = tuple(params[pid].shape)
-        key = next((k for a in aliases for k in _candidates(a.removeprefix(strip), prefixes)
-                    if k in tensors and tensors[k][1] == shape), None)
+        key: str | ExpertKeys | None = next((k for a in aliases for k in _candidates(a.removeprefix(strip), prefixes)
+                                             if k in tensors and tensors[k][1] == shape), None)
+        if key is None:
+            key = next((e for a in aliases for k in _candidates(a.removeprefix(strip), prefixes)
+                        if (e := _expert_keys(k, shape, layout, tensors)) is not None), None)
         if key is None:
             missing.append(aliases[0])
         else:
@@ -162,16 +208,37 @@ def _rows(param: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     return local, start, start + (shape[0] if param.dim() else 0)
 
 
-def load_shards(model: nn.Module, directory: str | Path, keys: dict[str, str]) -> int:
+def _load_experts(local: torch.Tensor, start: int, stop: int, keys: ExpertKeys,
+                  tensors: dict[str, tuple[Path, tuple[int, ...]]]) -> int:
+    """Fill ``local`` (rows ``start:stop`` of a fused expert parameter: those experts) from each expert's tensors,
+    concatenated along their dim 0 (transformers' ``Concatenate(dim=1)`` of the stacked experts); the bytes read."""
+    read = 0
+    for row, expert in enumerate(range(start, stop)):
+        parts = []
+        for key in keys[expert]:
+            with safe_open(str(tensors[key][0]), framework="pt", device="cpu") as f:
+                parts.append(f.get_tensor(key))
+        read += sum(p.numel() * p.element_size() for p in parts)
+        local[row].copy_(torch.cat(parts, dim=0))
+    return read
+
+
+def load_shards(model: nn.Module, directory: str | Path, keys: dict[str, str | ExpertKeys]) -> int:
     """Fill each parameter named in ``keys`` (from :func:`match_checkpoint`) with its rows of the checkpoint's
     tensor, read with ``get_slice`` (only those rows are read) and cast to the parameter's dtype as
-    ``from_pretrained(dtype=...)`` does. Returns the bytes read."""
+    ``from_pretrained(dtype=...)`` does; a fused expert parameter's rows (experts) from their per-expert tensors.
+    Returns the bytes read."""
     tensors = checkpoint_tensors(directory)
     params = dict(model.named_parameters(remove_duplicate=False))
     by_file: dict[Path, list[tuple[str, str]]] = defaultdict(list)
-    for name, key in keys.items():
-        by_file[tensors[key][0]].append((name, key))
     read = 0
+    with torch.no_grad():
+        for name, key in keys.items():
+            if isinstance(key, str):
+                by_file[tensors[key][0]].append((name, key))
+                continue
+            local, start, stop = _rows(params[name])
+            read += _load_experts(local, start, stop, key, tensors)
     with torch.no_grad():
         for file, items in by_file.items():
             for name, key in items:

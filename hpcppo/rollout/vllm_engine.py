@@ -27,8 +27,10 @@ Design (verl's "hybrid engine" without Ray):
 * Weights stream from ``hpcppo.distributed.weights.iter_full_params`` into the model's own ``load_weights`` (which
   handles vLLM's fused QKV / gate-up layouts and tied embeddings), in buckets of at most ``sync_bucket_bytes``,
   inside vLLM's in-place layerwise reload, which post-processes each layer again once its weights are in (CPU
-  prepacking, GPU quantized layouts): :func:`_reload_in_place`. :func:`_inference_model`, :func:`_model_config`,
-  :func:`_reload_in_place` and :func:`_unlink_cpu_shm_segments` are the places that reach into vLLM internals.
+  prepacking, GPU quantized layouts): ``hpcppo.rollout.vllm_reload``, which also refuses a sync that left any layer
+  with part of its weights. A mixture-of-experts actor's fused experts travel under the per-expert names and shapes
+  of its checkpoint (``hpcppo.distributed.expert_layout``). :func:`_inference_model`, :func:`_model_config`,
+  :func:`_unlink_cpu_shm_segments` and ``vllm_reload`` are the places that reach into vLLM internals.
 * Stop tokens: vLLM adds the model's ``generation_config`` EOS ids to ``stop_token_ids`` itself; the trainer
   passes the same union (``hpcppo.rollout.base.stop_token_ids``) so both engines end, mask and score a response at
   the same token.
@@ -53,13 +55,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, cast
+from typing import Any
 
 import torch
 
 from hpcppo.distributed.env import export_launcher_vars
 from hpcppo.distributed.weights import clean_name
 from hpcppo.models import as_torch_dtype
+from hpcppo.distributed.expert_layout import CheckpointLayout, checkpoint_layout, layout_for
+from hpcppo.rollout.vllm_reload import IncompleteSync, reload_in_place
 from hpcppo.rollout.base import PromptInput, RolloutBatch, SamplingParams, batch_from_lists, prompt_lists
 
 VLLM_MISSING = ("rollout.engine = \"vllm\" needs vLLM in the job's Python: pip install 'hpcppo[vllm]' on GPU nodes, "
@@ -134,51 +138,6 @@ def _model_config(llm: Any) -> Any:
     engine = llm.llm_engine
     config = getattr(engine, "model_config", None)
     return config if config is not None else engine.vllm_config.model_config
-
-
-def _reload_in_place(llm: Any, model: torch.nn.Module,
-                     buckets: Iterable[Iterable[tuple[str, torch.Tensor]]]) -> set[str] | None:
-    """Load ``buckets`` of ``(name, tensor)`` into ``model`` the way vLLM reloads weights in place; returns the
-    names ``load_weights`` reported (None when it reports none).
-
-    The three calls are those of vLLM's own in-place reload (``reload_weights`` in
-    vllm/model_executor/model_loader/reload/inplace.py, vLLM 0.32.0, which ``model_runner.reload_weights`` wraps)
-    and of its RL weight-transfer engines (``start_weight_update`` / ``finish_weight_update`` in
-    vllm/distributed/weight_transfer/{nccl,ipc}_engine.py): ``initialize_layerwise_reload`` puts every layer back
-    in checkpoint format on the meta device and wraps its loaders; each layer is materialised, loaded and
-    post-processed (``process_weights_after_loading``) once all of its weights have arrived, and copied into the
-    storage the engine already uses; ``finalize_layerwise_reload`` processes what was left. ``reload_weights``
-    itself takes a single iterator and does not say what it loaded, hence the calls here.
-
-    Tied embeddings: the reload's documented limitation (2) in vllm/model_executor/model_loader/reload/__init__.py
-    is that a tied parameter is processed for one of its layers only. On CPU the LM head's processing builds a
-    prepacked copy of the (tied) embedding (``UnquantizedEmbeddingMethod.process_weights_after_loading`` ->
-    ``dispatch_cpu_unquantized_gemm(layer, remove_weight=False)``, vllm/model_executor/layers/
-    vocab_parallel_embedding.py and layers/utils.py), and the reload never rebuilds it: the logits stayed those of
-    the first weights (measured: 0 of 16 greedy rows right after a sync, 16 of 16 with the re-processing below).
-    Embedding layers keep their weight on every platform (``remove_weight=False``), so processing them again is
-    safe; on GPU it is a no-op.
-    """
-    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
-    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
-
-    loaded: set[str] | None = set()
-    initialize_layerwise_reload(model)
-    try:
-        for bucket in buckets:
-            names = cast(Any, model).load_weights(bucket)  # vLLM's model class, not typed as one
-            if names is None:
-                loaded = None
-            elif loaded is not None:
-                loaded |= set(names)
-    finally:
-        # Always leave the model in kernel format: a failed sync must not leave layers on the meta device.
-        finalize_layerwise_reload(model, _model_config(llm))
-    for module in model.modules():
-        method = getattr(module, "quant_method", None)
-        if isinstance(method, UnquantizedEmbeddingMethod):
-            method.process_weights_after_loading(module)
-    return loaded
 
 
 def _unlink_cpu_shm_segments() -> list[str]:
@@ -308,6 +267,7 @@ class VLLMRolloutEngine:
         self._sleep_level = sleep_level
         self._bucket_bytes = int(sync_bucket_bytes)
         self._dtype = dtype
+        self._layout: CheckpointLayout | None = None
         # What is on the GPU: the weights' memory, the KV cache, and whether the weights hold the model
         # (False after a dummy load or a level-2 sleep, until the next sync).
         self._weights_mapped = True
@@ -371,7 +331,7 @@ class VLLMRolloutEngine:
     def generate(self, prompts: PromptInput, sampling: SamplingParams) -> RolloutBatch:
         """Sample ``sampling.n`` responses per prompt; tensors on CPU (see ``hpcppo.rollout.base``)."""
         if not self._weights_valid:
-            raise RuntimeError("the vLLM engine has no weights (dummy load, or asleep at level 2): call "
+            raise RuntimeError("the vLLM engine has no weights (dummy load, asleep at level 2, or a failed sync): call "
                                "sync_weights() before generate()")
         self._wake(weights=True, kv=True)
         rows = prompt_lists(prompts)
@@ -386,11 +346,14 @@ class VLLMRolloutEngine:
         """Stream ``(hf_name, full_tensor)`` pairs into the engine's model in bounded buckets; returns the bytes
         received. Then resets the prefix cache (computed with the old weights) and maps the KV cache.
 
-        The update is vLLM's in-place *layerwise reload* (:func:`_reload_in_place`), not a bare ``load_weights``:
-        vLLM post-processes weights after loading (on CPU every Linear is prepacked for oneDNN and its ``weight``
-        replaced by an empty Parameter; on GPU fp8 and other quantized layers are repacked), and only the reload
-        runs that processing again on what arrives. Each tensor is moved to the engine's device as it passes.
-        Raises ``KeyError`` if the model did not load every parameter it has (vLLM itself rejects unknown names).
+        The update is vLLM's in-place *layerwise reload* (``vllm_reload.reload_in_place``), not a bare
+        ``load_weights``: vLLM post-processes weights after loading (on CPU every Linear is prepacked for oneDNN and
+        its ``weight`` replaced by an empty Parameter, MoE experts are prepacked for the grouped GEMM; on GPU fp8 and
+        other quantized layers are repacked), and only the reload runs that processing again on what arrives. Fused
+        expert tensors are split into the checkpoint's per-expert tensors first (``expert_layout``). Each tensor is
+        moved to the engine's device as it passes. Raises ``KeyError`` (``vllm_reload.IncompleteSync``) if the model
+        did not load every parameter it has or a layer received only part of its elements (vLLM itself rejects
+        unknown names).
         """
         self._wake(weights=True, kv=False)  # KV cache stays unmapped while the weights arrive: a lower peak
         model = _inference_model(self.llm)
@@ -404,16 +367,24 @@ class VLLMRolloutEngine:
                 yield clean_name(name), tensor.to(device, non_blocking=True)
 
         expected = {n for n, _ in model.named_parameters()}
-        loaded = _reload_in_place(self.llm, model, (moved(b) for b in weight_buckets(named_tensors,
-                                                                                      self._bucket_bytes)))
+        self._weights_valid = False  # until this sync succeeds: a failed one leaves a mix of old and new weights
+        stream = checkpoint_layout(named_tensors, self._checkpoint_layout())
+        loaded = reload_in_place(model, _model_config(self.llm),
+                                 (moved(b) for b in weight_buckets(stream, self._bucket_bytes)))
         if loaded is not None:
             missing = sorted(expected - loaded)
             if missing:
-                raise KeyError(f"sync_weights: vLLM did not load {len(missing)} parameters: {missing[:5]}")
+                raise IncompleteSync(f"sync_weights: vLLM did not load {len(missing)} parameters: {missing[:5]}")
         self._weights_valid = True
         self.llm.reset_prefix_cache()
         self._wake(weights=True, kv=True)
         return received
+
+    def _checkpoint_layout(self) -> CheckpointLayout:
+        """How the actor's in-memory names map to the checkpoint's, for the engine's model type (found once)."""
+        if self._layout is None:
+            self._layout = layout_for(_model_config(self.llm).hf_config.model_type)
+        return self._layout
 
     def sleep(self, level: int | None = None) -> None:
         """Level 1: offload weights to host memory and drop the KV cache. Level 2 (the default here) drops the

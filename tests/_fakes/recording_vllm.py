@@ -8,7 +8,8 @@ seeds each rank submits, the dtype and bucketing of streamed weights. Whether vL
 shown by the GPU tests (tests/gpu/test_vllm_engine.py).
 
 Install it for a test with :func:`install` (``sys.modules["vllm"]`` and the few submodules the engine imports:
-the layerwise reload it updates weights with, the embedding method it re-processes, the platform) and
+the layerwise reload it updates weights with and its per-layer counts, the embedding and MoE methods it
+re-processes, the platform) and
 :func:`reset`. Generation is a
 deterministic function of (prompt, seed): a response of 1..max_tokens pseudo-random tokens that ends, when it ends
 early, with the *last* of the request's ``stop_token_ids`` (as vLLM stops at a generation_config EOS id).
@@ -120,6 +121,23 @@ class _Platform:
         return False
 
 
+class UnquantizedFusedMoEMethod:
+    """vLLM's MoE method: the stand-in's model has no MoE layer."""
+
+
+class CPUUnquantizedExperts:
+    """vLLM's CPU experts: never built here."""
+
+
+def get_layerwise_info(layer: Any) -> Any:
+    """Every layer of the stand-in is processed (nothing left loaded in part)."""
+    return SimpleNamespace(can_load=lambda: False, load_numel=0, load_numel_total=None)
+
+
+def is_deferred_attention_layer(layer: Any) -> bool:
+    return False
+
+
 def _module(name: str, **attrs: Any) -> types.ModuleType:
     module = types.ModuleType(name)
     module.__dict__.update(attrs)
@@ -138,6 +156,19 @@ def modules() -> dict[str, Any]:
         "vllm.model_executor.model_loader.reload": _module(
             "vllm.model_executor.model_loader.reload", initialize_layerwise_reload=initialize_layerwise_reload,
             finalize_layerwise_reload=finalize_layerwise_reload),
+        "vllm.model_executor.model_loader.reload.layerwise": _module(
+            "vllm.model_executor.model_loader.reload.layerwise", get_layerwise_info=get_layerwise_info),
+        "vllm.model_executor.model_loader.reload.meta": _module(
+            "vllm.model_executor.model_loader.reload.meta", SKIP_LOAD_TENSORS=set()),
+        "vllm.model_executor.layers.attention": _module(
+            "vllm.model_executor.layers.attention", is_deferred_attention_layer=is_deferred_attention_layer),
+        "vllm.model_executor.layers.fused_moe": _module("vllm.model_executor.layers.fused_moe"),
+        "vllm.model_executor.layers.fused_moe.experts": _module("vllm.model_executor.layers.fused_moe.experts"),
+        "vllm.model_executor.layers.fused_moe.experts.cpu_moe": _module(
+            "vllm.model_executor.layers.fused_moe.experts.cpu_moe", CPUUnquantizedExperts=CPUUnquantizedExperts),
+        "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method": _module(
+            "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method",
+            UnquantizedFusedMoEMethod=UnquantizedFusedMoEMethod),
         "vllm.platforms": _module("vllm.platforms", current_platform=_Platform()),
     }
 
@@ -155,7 +186,7 @@ class LLM:
         model = _Model()
         runner = SimpleNamespace(model=model)
         self.llm_engine = SimpleNamespace(
-            model_config=SimpleNamespace(model=kwargs.get("model")),
+            model_config=SimpleNamespace(model=kwargs.get("model"), hf_config=SimpleNamespace(model_type="llama")),
             model_executor=SimpleNamespace(driver_worker=SimpleNamespace(worker=SimpleNamespace(model_runner=runner))))
 
     def generate(self, prompts: list[dict[str, list[int]]], params: list[SamplingParams], use_tqdm: bool = True):
