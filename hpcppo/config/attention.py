@@ -151,6 +151,12 @@ def attention_support(model_dir: str | Path) -> AttentionSupport | None:
                             _resolve_flags(table, architectures[0]))
 
 
+def family_default(support: AttentionSupport) -> str:
+    """The implementation a family gets when the spec leaves the key at its default: the first of sdpa and eager the
+    family supports (eager always is)."""
+    return next(impl for impl in _FALLBACK if support.supports(impl))
+
+
 def settle_attention(experiment: Experiment, provenance: dict[str, str]) -> Experiment:
     """``model.attn_implementation`` checked against the family: kept when supported; when it is the default and
     unsupported, the first supported of sdpa and eager instead, with provenance ("default for gemma2 ..."); when
@@ -160,13 +166,12 @@ def settle_attention(experiment: Experiment, provenance: dict[str, str]) -> Expe
     support = None if model.trust_remote_code else attention_support(model.path)
     if support is None or support.supports(model.attn_implementation):
         return experiment
-    working = [impl for impl in _FALLBACK if support.supports(impl)]
     if provenance.get(KEY, "default") == "default":
-        chosen = working[0]
+        chosen = family_default(support)
         provenance[KEY] = (f"default for {support.model_type}: {model.attn_implementation} is not supported "
                            f"({support.why(model.attn_implementation)})")
         return attrs.evolve(experiment, model=attrs.evolve(model, attn_implementation=chosen))
     others = [impl for impl in ("flash_attention_2", "flash_attention_3") if support.supports(impl)]
     raise ConfigError(f"\"{model.attn_implementation}\" is not supported by {support.architecture} "
-                      f"({support.why(model.attn_implementation)}); use \"{working[0]}\""
+                      f"({support.why(model.attn_implementation)}); use \"{family_default(support)}\""
                       + (f" (or {' / '.join(others)} on GPUs)" if others else ""), key=KEY)

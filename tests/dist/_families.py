@@ -31,14 +31,30 @@ class Family:
     config_class: str
     extra: dict[str, Any] = field(default_factory=dict)
     moe: bool = False
-    # transformers' attention implementation for this family's models here (None: transformers' default). Gemma2
-    # refuses sdpa in transformers 5.19 (issue 37, item 6, is another helper's): eager until that is settled.
-    attn: str | None = None
 
     def config(self) -> Any:
         import transformers
 
         return getattr(transformers, self.config_class)(**{**COMMON, **self.extra})
+
+    @property
+    def attn(self) -> str:
+        """The attention implementation compile gives this family by default (``config.attention``: sdpa where the
+        installed transformers supports it, else eager; Gemma2 refuses sdpa in 5.25, not in 5.19), read the way
+        compile reads it: from the saved config.json and transformers' source, no torch."""
+        import tempfile
+
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        from hpcppo.config.attention import attention_support, family_default
+
+        config = self.config()
+        config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
+        with tempfile.TemporaryDirectory(prefix="family-attn-") as d:
+            config.save_pretrained(d)
+            support = attention_support(d)
+        assert support is not None, f"{self.name}: compile cannot tell its attention support"
+        return family_default(support)
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
@@ -48,7 +64,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("mistral", "MistralConfig", {"intermediate_size": 128, "head_dim": 32}),
     # sliding window on every other layer and both soft-caps: the window is shorter than a prompt + response
     Family("gemma2", "Gemma2Config", {"intermediate_size": 128, "head_dim": 32, "sliding_window": 16,
-                                      "tie_word_embeddings": True}, attn="eager"),
+                                      "tie_word_embeddings": True}),
     Family("gemma3", "Gemma3TextConfig", {"intermediate_size": 128, "head_dim": 32, "sliding_window": 16,
                                           "tie_word_embeddings": True}),
     Family("phi3", "Phi3Config", {"intermediate_size": 128}),  # fused qkv_proj and gate_up_proj in transformers
