@@ -17,6 +17,7 @@ from hpcppo.config.fields import FieldValueError, opt, parse_slurm_time
 from hpcppo.config.debug import DebugSection, InjectSection
 from hpcppo.config.reward import RewardManagerSection, RewardModelSection
 from hpcppo.config.lora import LoraSection
+from hpcppo.config.multi_turn import MultiTurnSection
 from hpcppo.config.watchdog import Rule, WatchdogSection
 
 __all__ = ["Experiment", "ModelSection", "DataSection", "RolloutSection", "FsdpSection", "ActorSection",
@@ -162,6 +163,8 @@ class RolloutSection:
                                                         "its longest prompt and response; 0 = micro_batch_size_per_gpu "
                                                         "rows padded to the batch (verl's log_prob_use_dynamic_bsz, "
                                                         "log_prob_max_token_len_per_gpu).")
+    multi_turn: MultiTurnSection = opt(factory=MultiTurnSection,
+                                       help="Multi-turn, tool-using rollouts (verl's rollout.multi_turn).")
 
 
 @attrs.frozen(kw_only=True)
