@@ -1,0 +1,143 @@
+"""The tool worker with real processes: a raising tool is an error observation counted per tool, a crashing or
+hanging one costs the worker (restarted), not the caller, and no process outlives its owner, killed or not."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcppo.agent.tool import ToolSpec
+from hpcppo.agent.worker import ToolWorker, ToolWorkerError, wait_gone
+
+HERE = Path(__file__).resolve().parent
+FIXTURE = "agent_tools_fixture"
+
+
+@pytest.fixture(autouse=True)
+def _fixture_importable(monkeypatch):
+    # the spawned worker imports the fixture tools by import path: it needs the folder on its path too
+    monkeypatch.syspath_prepend(str(HERE))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+
+
+def _specs(*names: str) -> list[ToolSpec]:
+    return [ToolSpec(f"{FIXTURE}.{n}") for n in names]
+
+
+def test_state_lives_in_the_worker_per_trajectory_and_errors_are_counted_per_tool():
+    with ToolWorker(_specs("Counter", "Raises"), call_timeout_s=10) as w:
+        a, b = w.create("counter", start=10), w.create("counter")
+        assert w.execute(a, {"x": 5}).text.startswith("sum=15")
+        out = w.execute(b, {"x": 1})
+        assert out.text.startswith("sum=1") and out.reward == 0.5 and out.metrics == {"n": 1.0}
+        assert f"pid={w.pid}" in out.text and w.pid != os.getpid()
+        assert w.calc_reward(a) == 15.0
+        r = w.create("raises")
+        bad = w.execute(r, {})
+        assert bad.error == "raised" and "ValueError: bug in the tool" in bad.text
+        assert w.counts["raises"]["errors"] == 1 and w.counts["counter"]["calls"] == 2
+        w.release(a)
+        assert w.execute(b, {"x": 1}).text.startswith("sum=2")  # the other trajectory's state is intact
+
+
+def test_a_crashing_tool_costs_the_worker_which_is_restarted():
+    with ToolWorker(_specs("Crashes", "Counter"), call_timeout_s=10) as w:
+        first = w.pid
+        keep = w.create("counter", start=1)
+        out = w.execute(w.create("crashes"), {})
+        assert out.error == "crashed" and "exit code 3" in out.text
+        assert w.pid != first and wait_gone(first, 5)
+        assert w.counts["crashes"]["crashes"] == 1 and w.counts["crashes"]["restarts"] == 1
+        lost = w.execute(keep, {"x": 1})  # its state died with the old worker: said so, not silently reset
+        assert lost.error == "lost_state"
+        assert w.execute(w.create("counter"), {"x": 2}).text.startswith("sum=2")
+
+
+def test_a_hanging_tool_times_out_and_the_worker_is_replaced():
+    with ToolWorker(_specs("Hangs", "Counter"), call_timeout_s=1.0) as w:
+        first = w.pid
+        t0 = time.monotonic()
+        out = w.execute(w.create("hangs"), {})
+        assert out.error == "timeout" and time.monotonic() - t0 < 10
+        assert wait_gone(first, 5) and w.counts["hangs"]["timeouts"] == 1
+        assert w.execute(w.create("counter"), {"x": 3}).text.startswith("sum=3")
+
+
+@pytest.mark.parametrize("name, expect", [
+    ("BadCtor", "constructor failed: RuntimeError: no such resource"),
+    ("Missing", "has no class Missing"),
+    ("NotATool", "is not a subclass of hpcppo.agent.tool.Tool"),
+])
+def test_a_tool_that_does_not_load_fails_the_start_in_one_line(name, expect):
+    with pytest.raises(ToolWorkerError) as err:
+        ToolWorker(_specs(name))
+    assert expect in str(err.value) and "\n" not in str(err.value)
+
+
+OWNER = textwrap.dedent("""
+    import sys, time
+    from hpcppo.agent.tool import ToolSpec
+    from hpcppo.agent.worker import ToolWorker
+    if __name__ == "__main__":  # the spawned worker imports this module again
+        w = ToolWorker([ToolSpec("agent_tools_fixture.Hangs"), ToolSpec("hpcppo.agent.builtin.PythonRunner",
+                        {"wall_s": 600, "cpu_s": 600})], call_timeout_s=600)
+        print(w.pid, flush=True)
+        if sys.argv[1] == "busy-tool":
+            w.execute(w.create("hangs"), {})
+        elif sys.argv[1] == "busy-sandbox":
+            w.execute(w.create("python"), {"code": "import time; time.sleep(600)"})
+        time.sleep(600)
+""")
+
+def _alive_with(marker: str) -> list[int]:
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                pids.append(int(pid))
+        except OSError:
+            pass
+    return pids
+
+
+@pytest.mark.parametrize("state", ["idle", "busy-tool", "busy-sandbox"])
+def test_no_process_outlives_its_owner_killed_with_sigkill(tmp_path, state):
+    marker = f"owner-{os.getpid()}-{time.time_ns()}"
+    script = tmp_path / "owner.py"
+    script.write_text(OWNER)
+    owner = subprocess.Popen([sys.executable, str(script), state, marker], stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None
+    worker = int(owner.stdout.readline())
+    time.sleep(1.0)  # the call is running
+    if state == "busy-sandbox":
+        deadline = time.monotonic() + 10
+        while not _sandboxed() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _sandboxed(), "the sandboxed call did not start"
+    os.kill(owner.pid, signal.SIGKILL)
+    owner.wait()
+    assert wait_gone(worker, 10), f"the tool worker {worker} outlived its owner"
+    if state == "busy-sandbox":
+        deadline = time.monotonic() + 10
+        while _sandboxed() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _sandboxed() == [], "sandbox processes outlived their owner"
+
+
+def _sandboxed() -> list[int]:
+    """The processes of a sandboxed Python call (its launcher, shell and interpreter), by their command lines."""
+    return [p for p in _alive_with("main.py") if "-I main.py" in _cmd(p)]
+
+
+def _cmd(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
