@@ -96,17 +96,6 @@ OWNER = textwrap.dedent("""
         time.sleep(600)
 """)
 
-def _alive_with(marker: str) -> list[int]:
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                pids.append(int(pid))
-        except OSError:
-            pass
-    return pids
-
-
 @pytest.mark.parametrize("state", ["idle", "busy-tool", "busy-sandbox"])
 def test_no_process_outlives_its_owner_killed_with_sigkill(tmp_path, state):
     marker = f"owner-{os.getpid()}-{time.time_ns()}"
@@ -116,24 +105,35 @@ def test_no_process_outlives_its_owner_killed_with_sigkill(tmp_path, state):
     assert owner.stdout is not None
     worker = int(owner.stdout.readline())
     time.sleep(1.0)  # the call is running
+    tree: list[int] = []
     if state == "busy-sandbox":
         deadline = time.monotonic() + 10
-        while not _sandboxed() and time.monotonic() < deadline:
+        while not any("-I main.py" in _cmd(p) for p in tree) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _sandboxed(), "the sandboxed call did not start"
+            tree = _descendants(worker)
+        assert any("-I main.py" in _cmd(p) for p in tree), "the sandboxed call did not start"
     os.kill(owner.pid, signal.SIGKILL)
     owner.wait()
     assert wait_gone(worker, 10), f"the tool worker {worker} outlived its owner"
-    if state == "busy-sandbox":
-        deadline = time.monotonic() + 10
-        while _sandboxed() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _sandboxed() == [], "sandbox processes outlived their owner"
+    left = [p for p in tree if not wait_gone(p, 10)]
+    assert left == [], f"sandbox processes outlived their owner: {[_cmd(p) for p in left]}"
 
 
-def _sandboxed() -> list[int]:
-    """The processes of a sandboxed Python call (its launcher, shell and interpreter), by their command lines."""
-    return [p for p in _alive_with("main.py") if "-I main.py" in _cmd(p)]
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root`` (the sandbox's launcher, shell and interpreter under the worker)."""
+    children: dict[int, list[int]] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(pid))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
 
 
 def _cmd(pid: int) -> str:
