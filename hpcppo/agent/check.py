@@ -23,7 +23,8 @@ def collect_specs(entries: Sequence[tuple[str, dict[str, Any], dict[str, Any]]],
 
 def tool_problems(specs: Sequence[ToolSpec]) -> list[str]:
     """One line per problem: import error, missing class, not a Tool, bad or missing schema, duplicate name."""
-    problems, names = [], {}
+    problems: list[str] = []
+    names: dict[str, int] = {}
     for i, spec in enumerate(specs):
         where = f"tools[{i}] ({spec.class_name})"
         try:

@@ -80,7 +80,9 @@ def _hermes(body: str) -> tuple[str, Any] | CallError:
 
 
 def _split_top(text: str) -> list[str]:
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in text:
         depth += (ch == "(") - (ch == ")")
         if ch == "," and depth == 0:
