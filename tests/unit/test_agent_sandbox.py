@@ -143,3 +143,39 @@ def test_as_root_the_code_runs_as_the_unprivileged_user():
     assert r.stdout.strip() == f"{entry.pw_uid} {entry.pw_gid} []"
     missing = run_sandboxed([PY, "-c", "1"], SandboxLimits(user="no-such-user-hpcppo"))
     assert missing.status == "failed_to_start" and "no-such-user-hpcppo" in missing.detail
+
+
+UNPRIVILEGED = """
+import json, sys
+from hpcppo.agent.sandbox import SandboxLimits, isolation, run_sandboxed
+limits = SandboxLimits(wall_s=3, cpu_s=3, max_processes=8)
+bomb = ("import os, time\\nn = 0\\nfor _ in range(1000):\\n    try:\\n        if os.fork() == 0:\\n"
+        "            time.sleep(600)\\n        n += 1\\n    except OSError:\\n        break\\nprint(n, flush=True)\\n"
+        "time.sleep(600)")
+out = {"isolation": [isolation().as_root, isolation().user_namespaces]}
+for name, code in [("net", "import socket; socket.create_connection(('127.0.0.1', 9), timeout=1)"), ("bomb", bomb)]:
+    r = run_sandboxed([sys.executable, "-I", "main.py", sys.argv[1]], limits, files={"main.py": code})
+    out[name] = [r.status, r.stdout.strip(), r.network_isolated]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not isolation().as_root or not Path("/usr/bin/python3").exists(),
+                    reason="becoming an unprivileged caller needs root (the other tests run as the caller they are)")
+def test_an_unprivileged_caller_gets_the_process_limit_and_namespaces():
+    """The job's user is not root: no user switch, but RLIMIT_NPROC holds a fork bomb, and where user namespaces
+    are allowed (here) the PID and network namespaces still apply."""
+    import json
+    import subprocess
+
+    marker = f"unpriv-{os.getpid()}-{time.time_ns()}"
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "env", "-i",
+                           "PATH=/usr/bin:/bin", f"PYTHONPATH={Path(__file__).resolve().parents[2]}",
+                           "/usr/bin/python3", "-c", UNPRIVILEGED, marker], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["isolation"][0] is False
+    assert out["bomb"][0] == "timeout" and 0 < int(out["bomb"][1]) < 8  # its forks failed under the limit
+    if out["isolation"][1]:
+        assert out["net"][0] == "error" and out["net"][2] is True
+    assert _procs_of(marker) == []
