@@ -44,8 +44,9 @@ class MultiTurnSection:
                                                  "response budget (verl's null).")
     max_user_turns: int = opt(0, ge=0, help="Most tool (observation) turns per trajectory; 0 = no limit but the "
                                             "response budget (verl's null).")
-    max_tool_response_length: int = opt(256, ge=1, help="A tool's answer longer than this is cut, with a "
-                                                        "\"...(truncated)...\" marker (verl's max_tool_response_length).")
+    max_tool_response_length: int = opt(256, ge=1, help="A tool's answer longer than this many tokens is cut, with a "
+                                                        "\"...(truncated)...\" marker (verl's "
+                                                        "max_tool_response_length, which counts characters).")
     tool_response_truncate_side: str = opt("middle", choices=("left", "middle", "right"),
                                            help="Which part of a long answer is kept, as verl: left = its start, "
                                                 "right = its end, middle = both ends.")

@@ -141,3 +141,19 @@ def _cmd(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return ""
+
+
+def test_the_example_tool_in_the_docs_works(tmp_path, monkeypatch):
+    """docs/tools.md's example, run as written in a tool worker: per-trajectory state and step rewards."""
+    import re
+
+    doc = (HERE.parents[1] / "docs" / "tools.md").read_text()
+    code = re.search(r"```python\n(.*?)```", doc, re.DOTALL)
+    assert code is not None and 15 <= len(code.group(1).strip().splitlines()) <= 25
+    (tmp_path / "doc_example_tools.py").write_text(code.group(1))
+    monkeypatch.syspath_prepend(str(tmp_path))  # the spawned worker starts with its owner's sys.path
+    with ToolWorker([ToolSpec("doc_example_tools.GuessNumber")]) as w:
+        a, b = w.create("guess", secret=7), w.create("guess")
+        assert [w.execute(a, {"n": n}).text for n in (3, 9, 7)] == ["higher", "lower", "correct"]
+        assert w.execute(a, {"n": 7}).reward == 1.0 and w.execute(b, {"n": 7}).reward == -0.1
+        assert (w.calc_reward(a), w.calc_reward(b)) == (1.0, 0.0)
