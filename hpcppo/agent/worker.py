@@ -1,8 +1,11 @@
 """The tool-worker process of a rank: it hosts the tool instances (per-trajectory state lives there), so that a
 tool's bug costs an error observation and a tool's crash or hang costs the worker, which is restarted, not the rank.
 
-IPC: one ``multiprocessing`` pipe, requests and replies as pickled tuples, one request at a time, started with the
-``spawn`` method (a rank holds torch and threads: no fork). The rank's side is :class:`ToolWorker`.
+IPC: a socket pair wrapped as ``multiprocessing.connection.Connection`` (requests and replies as pickled tuples, one
+request at a time). The worker is a fresh interpreter (``python -c`` + :func:`main`), not a fork (a rank holds torch
+and threads) nor multiprocessing's ``spawn``, which would import the rank's main module, and with it torch, again:
+the worker imports this module and the tools only. It gets the rank's ``sys.path`` in its first message, so a tool
+importable in the rank is importable there. The rank's side is :class:`ToolWorker`.
 
 The worker ends with its owner: ``PR_SET_PDEATHSIG`` (SIGKILL when the owner dies, even mid-call), checked
 against a race by comparing the parent pid after setting it, and the request loop leaves on the pipe's end of file.
@@ -13,10 +16,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
@@ -52,10 +57,21 @@ def _die_with(owner: int) -> None:
         os._exit(0)
 
 
-def _serve(conn: multiprocessing.connection.Connection, specs: list[ToolSpec], owner: int) -> None:
-    """The worker's main: build the tools, then answer requests until the pipe closes or the owner is gone."""
+def main(fd: int, owner: int) -> None:
+    """The worker process's entry point: ``fd`` is its end of the socket pair, ``owner`` the rank's pid."""
     _die_with(owner)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the rank, which closes the worker
+    conn = multiprocessing.connection.Connection(fd)
+    try:
+        path, specs = conn.recv()
+    except (EOFError, OSError):
+        return
+    sys.path[:] = path
+    _serve(conn, specs, owner)
+
+
+def _serve(conn: multiprocessing.connection.Connection, specs: list[ToolSpec], owner: int) -> None:
+    """Build the tools, then answer requests until the connection closes or the owner is gone."""
     tools: dict[str, Tool] = {}
     try:
         for spec in specs:
@@ -100,6 +116,9 @@ def _handle(tools: dict[str, Tool], request: tuple[Any, ...]) -> tuple[Any, ...]
         return ("raised", f"{type(exc).__name__}: {exc}")
 
 
+_ENTRY = "import sys; from hpcppo.agent.worker import main; main(int(sys.argv[1]), int(sys.argv[2]))"
+
+
 class ToolWorker:
     """The rank's handle on its tool worker: start, the four tool operations, restart on a crash or hang, close.
 
@@ -114,7 +133,7 @@ class ToolWorker:
         self.counts: dict[str, Counter[str]] = {}
         self.generation = 0  # instances live in one generation of the worker
         self._instances: dict[str, tuple[str, int]] = {}
-        self._proc: Any = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._conn: multiprocessing.connection.Connection | None = None
         self.tool_names: list[str] = []
         self._start()
@@ -124,22 +143,25 @@ class ToolWorker:
         return self._proc.pid if self._proc is not None else None
 
     def _start(self) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        mine, theirs = ctx.Pipe()
-        proc = ctx.Process(target=_serve, args=(theirs, self.specs, os.getpid()), name="hpcppo-tool-worker", daemon=True)
-        proc.start()
+        ours, theirs = socket.socketpair()
+        proc = subprocess.Popen([sys.executable, "-c", _ENTRY, str(theirs.fileno()), str(os.getpid())],
+                                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         theirs.close()
+        mine = multiprocessing.connection.Connection(ours.detach())
+        mine.send((list(sys.path), self.specs))
         if not mine.poll(self.start_timeout_s):
             proc.kill()
-            proc.join()
+            proc.wait()
+            mine.close()
             raise ToolWorkerError(f"the tool worker did not start within {self.start_timeout_s:g} s")
         try:
             kind, value = mine.recv()
         except EOFError:
-            proc.join()
-            raise ToolWorkerError(f"the tool worker died while loading the tools (exit code {proc.exitcode})") from None
+            mine.close()
+            raise ToolWorkerError(f"the tool worker died while loading the tools (exit code {proc.wait()})") from None
         if kind == "init_error":
-            proc.join()
+            proc.wait()
+            mine.close()
             raise ToolWorkerError(value)
         self._proc, self._conn, self.tool_names = proc, mine, list(value)
         self.generation += 1
@@ -162,8 +184,12 @@ class ToolWorker:
                 return reply
             kind, msg = "timeout", f"no answer within {self.call_timeout_s:g} s"
         except (EOFError, OSError, BrokenPipeError):
-            self._proc.join(timeout=5)
-            kind, msg = "crashed", f"the tool worker died (exit code {self._proc.exitcode})"
+            assert self._proc is not None
+            try:
+                code: int | None = self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None
+            kind, msg = "crashed", f"the tool worker died (exit code {code})"
         self._count(tool, {"timeout": "timeouts", "crashed": "crashes"}[kind])
         self._count(tool, "restarts")
         self._restart()
@@ -212,10 +238,13 @@ class ToolWorker:
                 self._conn.send(("close",))
             except (OSError, BrokenPipeError):
                 pass
-            self._proc.join(timeout=5)
-        if self._proc.is_alive():
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        if self._proc.poll() is None:
             self._proc.kill()
-            self._proc.join()
+            self._proc.wait()
         if self._conn is not None:
             self._conn.close()
         self._proc, self._conn = None, None

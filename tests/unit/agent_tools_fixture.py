@@ -61,4 +61,15 @@ class BadCtor(Tool):
         raise RuntimeError("no such resource")
 
 
+class Modules(Tool):
+    """Which heavy modules the worker process has imported."""
+
+    default_schema = _schema("modules")
+
+    def execute(self, instance_id: str, parameters: dict[str, Any]) -> tuple[str, float, dict[str, float]]:
+        import sys
+
+        return ",".join(m for m in ("torch", "transformers", "agent_owner_heavy") if m in sys.modules), 0.0, {}
+
+
 NotATool = dict

@@ -157,3 +157,22 @@ def test_the_example_tool_in_the_docs_works(tmp_path, monkeypatch):
         assert [w.execute(a, {"n": n}).text for n in (3, 9, 7)] == ["higher", "lower", "correct"]
         assert w.execute(a, {"n": 7}).reward == 1.0 and w.execute(b, {"n": 7}).reward == -0.1
         assert (w.calc_reward(a), w.calc_reward(b)) == (1.0, 0.0)
+
+
+def test_the_worker_does_not_import_what_its_owner_has(tmp_path):
+    """A rank's main module imports torch; its worker is a fresh interpreter with the tools only (multiprocessing's
+    spawn would import the rank's main module again, torch with it). A stand-in module marks the owner's imports."""
+    (tmp_path / "agent_owner_heavy.py").write_text("")
+    owner = tmp_path / "owner_main.py"
+    owner.write_text(textwrap.dedent("""
+        import agent_owner_heavy  # the owner's heavy import, at the top of its main module
+        from hpcppo.agent.tool import ToolSpec
+        from hpcppo.agent.worker import ToolWorker
+        if __name__ == "__main__":
+            with ToolWorker([ToolSpec("agent_tools_fixture.Modules")]) as w:
+                print("worker has:", w.execute(w.create("modules"), {}).text)
+    """))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ["PYTHONPATH"]]))
+    proc = subprocess.run([sys.executable, str(owner)], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "worker has:"
