@@ -272,7 +272,10 @@ def run_sandboxed(argv: Sequence[str], limits: SandboxLimits, *, files: dict[str
     iso = isolation()
     uid = gid = None
     user = pwd.getpwuid(os.geteuid()).pw_name
-    if iso.as_root and iso.unshare and iso.setpriv:
+    if iso.as_root and not (iso.unshare and iso.setpriv):
+        return SandboxResult("failed_to_start", None, "", "", 0.0, False, user, "the job runs as root and util-linux "
+                             "unshare/setpriv are missing: untrusted code is not run as root")
+    if iso.as_root:
         try:
             entry = pwd.getpwnam(limits.user)
         except KeyError:

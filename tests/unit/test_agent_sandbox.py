@@ -179,3 +179,12 @@ def test_an_unprivileged_caller_gets_the_process_limit_and_namespaces():
     if out["isolation"][1]:
         assert out["net"][0] == "error" and out["net"][2] is True
     assert _procs_of(marker) == []
+
+
+@pytest.mark.skipif(not isolation().as_root, reason="the refusal concerns a caller that is root")
+def test_as_root_without_util_linux_the_code_is_not_run(monkeypatch):
+    from hpcppo.agent import sandbox
+
+    monkeypatch.setattr(sandbox, "isolation", lambda: sandbox.Isolation(True, False, None, None))
+    r = run("print('ran')")
+    assert r.status == "failed_to_start" and "not run as root" in r.detail and r.stdout == ""
