@@ -61,7 +61,7 @@ class SandboxLimits:
     wall_s: float = 10.0
     cpu_s: int = 5
     memory_bytes: int = 512 * 2**20
-    max_processes: int = 16
+    max_processes: int = 16  # processes the call may add to those its user already runs (the launcher's included)
     max_output_bytes: int = 64 * 2**10
     max_file_bytes: int = 16 * 2**20
     max_open_files: int = 64
@@ -131,16 +131,32 @@ def _check(rc: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def _set_limits(limits: SandboxLimits) -> None:
+def processes_of(uid: int) -> int:
+    """How many processes the user ``uid`` runs now (``RLIMIT_NPROC`` counts them all, on the whole node)."""
+    count = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/status", "rb") as fh:
+                    for line in fh:
+                        if line.startswith(b"Uid:"):
+                            count += int(line.split()[1]) == uid
+                            break
+            except (OSError, ValueError, IndexError):
+                continue
+    return count
+
+
+def _set_limits(limits: SandboxLimits, nproc: int) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
     resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-    resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes))
+    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits.max_file_bytes, limits.max_file_bytes))
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits.max_open_files, limits.max_open_files))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def _child_setup(limits: SandboxLimits, workdir: str, hide_dirs: bool) -> None:
+def _child_setup(limits: SandboxLimits, workdir: str, hide_dirs: bool, nproc: int) -> None:
     """Runs in the forked child before exec (the caller is single-threaded where it runs code: the tool worker)."""
     if hide_dirs:
         libc = _libc()
@@ -150,7 +166,7 @@ def _child_setup(limits: SandboxLimits, workdir: str, hide_dirs: bool) -> None:
             if os.path.isdir(target):
                 _check(libc.mount(workdir.encode(), target.encode(), None, _MS_BIND, None), f"bind {target}")
         os.chdir("/tmp")  # the same directory, by the only path the code can see
-    _set_limits(limits)
+    _set_limits(limits, nproc)
     # The launcher dies with its caller (the tool worker); the PID namespace then takes the whole tree with it.
     _check(_libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
 
@@ -296,18 +312,20 @@ def run_sandboxed(argv: Sequence[str], limits: SandboxLimits, *, files: dict[str
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
                "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
         return _run(_wrapped(argv, iso, uid, gid), limits, workdir, env, stdin, hide,
-                    iso.network_isolated and (uid is not None or not iso.as_root), user)
+                    iso.network_isolated and (uid is not None or not iso.as_root), user,
+                    os.getuid() if uid is None else uid)
     finally:
         _remove(workdir)
 
 
 def _run(argv: list[str], limits: SandboxLimits, workdir: str, env: dict[str, str], stdin: str, hide: bool,
-         net_isolated: bool, user: str) -> SandboxResult:
+         net_isolated: bool, user: str, uid: int) -> SandboxResult:
     start = time.monotonic()
+    nproc = processes_of(uid) + limits.max_processes
     try:
         proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
-                                preexec_fn=functools.partial(_child_setup, limits, workdir, hide))
+                                preexec_fn=functools.partial(_child_setup, limits, workdir, hide, nproc))
     except (OSError, subprocess.SubprocessError) as exc:
         return SandboxResult("failed_to_start", None, "", "", 0.0, net_isolated, user, f"{type(exc).__name__}: {exc}")
     assert proc.stdin is not None
