@@ -20,11 +20,10 @@ from hpcppo.agent.tool import ToolLoadError
 from hpcppo.config.compiled import (Compiled, JobSection, check_engine_installed, check_experiment_paths,
                                     check_trackers_installed, runs_root)
 from hpcppo.config.convert import read_input
-from hpcppo.config.experiment import Experiment
 from hpcppo.config.load import (expand_path_text, experiment_from_data, load_experiment_with_provenance,
                                 load_site_with_provenance, parse_overrides)
 from hpcppo.config.resolve import resolve
-from hpcppo.config.multi_turn import check_multi_turn
+from hpcppo.config.multi_turn import MultiTurnSection, check_multi_turn
 from hpcppo.config.reward import check_reward_combination
 from hpcppo.config.reward_check import check_reward_model
 from hpcppo.config.watchdog import check_rule_metrics
@@ -63,8 +62,9 @@ def compile_config(spec: str | os.PathLike[str], site: str | os.PathLike[str] = 
         check_experiment_data(experiment)  # schema, data sources, reward_fn, prompt lengths, rows per batch
         check_engine_installed(site_obj, experiment)
         check_trackers_installed(site_obj, experiment)
+        _check_tools(experiment.rollout.multi_turn, str(spec_path))
+    check_multi_turn(experiment.rollout.multi_turn, file=str(spec_path))
     check_rule_metrics(experiment.watchdog, file=str(spec_path))
-    _check_tools(experiment, str(spec_path))
     check_reward_combination(experiment.reward_model, experiment.reward_manager, experiment.data.max_response_length,
                              file=str(spec_path))
     plan = resolve(site_obj, experiment)
@@ -76,10 +76,9 @@ def compile_config(spec: str | os.PathLike[str], site: str | os.PathLike[str] = 
                     spec_text=spec_text)
 
 
-def _check_tools(experiment: Experiment, file: str) -> None:
-    """The tools of [rollout.multi_turn] import and have valid schemas (no torch); then enable is refused while the
-    rollout loop does not exist."""
-    section = experiment.rollout.multi_turn
+def _check_tools(section: MultiTurnSection, file: str) -> None:
+    """The tools of [rollout.multi_turn] import and have valid schemas (no torch, no tool constructed). With the
+    paths: a tool module, like a reward function's, may exist only where the job runs (`compile --no-check-paths`)."""
     try:
         specs = collect_specs([(t.class_name, t.config, t.tool_schema) for t in section.tools],
                               section.tool_config_path)
@@ -89,7 +88,6 @@ def _check_tools(experiment: Experiment, file: str) -> None:
     if problems:
         key = "rollout.multi_turn.tools"
         raise ConfigError(f"\n{file}: {key}: ".join(problems), file=file, key=key)
-    check_multi_turn(section, file=file)
 
 
 def _merge_prov(exp_prov: dict[str, str], site_prov: dict[str, str]) -> dict[str, str]:

@@ -15,7 +15,29 @@ from hpcppo.config import load_resolved, write_resolved
 from hpcppo.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
-BASE = (REPO / "examples" / "arith-tiny.toml").read_text()
+EXAMPLE = (REPO / "examples" / "arith-tiny.toml").read_text()
+
+
+def _base(tiny: dict[str, Path]) -> str:
+    """A small spec whose model and data exist (compile checks the tools with the paths)."""
+    return textwrap.dedent(f"""\
+        name = "tools"
+        [model]
+        path = "{tiny['model']}"
+        dtype = "float32"
+        [data]
+        train_files = ["{tiny['train']}"]
+        max_prompt_length = 48
+        max_response_length = 8
+        [trainer]
+        train_batch_size = 8
+        total_steps = 2
+        [actor]
+        ppo_mini_batch_size = 8
+        ppo_micro_batch_size_per_gpu = 4
+        [critic]
+        ppo_micro_batch_size_per_gpu = 4
+        """)
 
 TOOLS_PY = textwrap.dedent("""
     from hpcppo.agent.tool import Tool
@@ -33,17 +55,18 @@ TOOLS_PY = textwrap.dedent("""
 
 
 @pytest.fixture()
-def user_tools(tmp_path, monkeypatch):
+def user_tools(tmp_path, monkeypatch, random_tiny):
     (tmp_path / "my_tools.py").write_text(TOOLS_PY)
     (tmp_path / "broken_tools.py").write_text("import not_a_module_hpcppo\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "base.toml").write_text(_base(random_tiny))
     return tmp_path
 
 
 def _compile(tmp_path: Path, section: str, *overrides: str):
     spec = tmp_path / "exp.toml"
-    spec.write_text(BASE + "\n" + textwrap.dedent(section))
-    return compile_config(spec, "local", list(overrides), check_paths=False, check_memory=False)
+    spec.write_text((tmp_path / "base.toml").read_text() + "\n" + textwrap.dedent(section))
+    return compile_config(spec, "local", list(overrides), check_memory=False)
 
 
 def _error(tmp_path: Path, section: str, *overrides: str) -> str:
@@ -103,6 +126,15 @@ def test_each_bad_tool_has_its_own_line(tmp_path, user_tools):
     assert len(lines) == 2 and all("exp.toml: rollout.multi_turn.tools: tools[" in line for line in lines)
 
 
+def test_without_the_paths_check_the_tools_are_not_imported_but_enable_is_still_refused(tmp_path):
+    spec = tmp_path / "exp.toml"
+    spec.write_text(EXAMPLE + '\n[[rollout.multi_turn.tools]]\nclass_name = "only_on_the_cluster.Tool"\n')
+    compiled = compile_config(spec, "local", check_paths=False, check_memory=False)
+    assert compiled.experiment.rollout.multi_turn.tools[0].class_name == "only_on_the_cluster.Tool"
+    with pytest.raises(ConfigError, match="multi-turn rollouts are not available yet"):
+        compile_config(spec, "local", ["rollout.multi_turn.enable=true"], check_paths=False, check_memory=False)
+
+
 def test_verls_tool_config_yaml(tmp_path, user_tools):
     good = tmp_path / "tools.yaml"
     good.write_text(textwrap.dedent("""
@@ -122,11 +154,11 @@ def test_verls_tool_config_yaml(tmp_path, user_tools):
     assert "needs a list `tools:`" in _error(tmp_path, f'[rollout.multi_turn]\ntool_config_path = "{bad}"')
 
 
-def test_compile_checks_tools_without_importing_torch(tmp_path):
+def test_compile_checks_tools_without_importing_torch(tmp_path, random_tiny):
     spec = tmp_path / "exp.toml"
-    spec.write_text(BASE + '\n[[rollout.multi_turn.tools]]\nclass_name = "hpcppo.agent.builtin.PythonRunner"\n')
+    spec.write_text(_base(random_tiny) + '\n[[rollout.multi_turn.tools]]\nclass_name = "hpcppo.agent.builtin.PythonRunner"\n')
     code = (f"import sys\nfrom hpcppo.compiler import compile_config\n"
-            f"compile_config({str(spec)!r}, 'local', check_paths=False, check_memory=False)\n"
+            f"compile_config({str(spec)!r}, 'local', check_memory=False)\n"
             f"assert 'hpcppo.agent.builtin' in sys.modules\n"
             f"bad = [m for m in ('torch', 'transformers', 'vllm') if m in sys.modules]\nassert not bad, bad\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
