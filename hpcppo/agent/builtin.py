@@ -116,13 +116,33 @@ class PythonRunner(Tool):
         "function": {"name": "python", "description": "Run a Python program and return what it prints.",
                      "parameters": {"type": "object", "properties": {"code": {
                          "type": "string", "description": "The program."}}, "required": ["code"]}}}
-    CONFIG_KEYS = ("python", "wall_s", "cpu_s", "memory_mb", "max_processes", "max_output_bytes", "user")
+    #: config key -> (type, lowest value) of the limits; ``python`` and ``user`` are strings.
+    LIMITS: ClassVar[dict[str, tuple[type, float]]] = {
+        "wall_s": (float, 0.1), "cpu_s": (int, 1), "memory_mb": (int, 32), "max_processes": (int, 2),
+        "max_output_bytes": (int, 1)}
+
+    @classmethod
+    def config_problems(cls, config: dict[str, Any]) -> list[str]:
+        problems = []
+        for key, value in config.items():
+            if key in ("python", "user"):
+                if not isinstance(value, str):
+                    problems.append(f"config.{key} must be a string")
+            elif key in cls.LIMITS:
+                kind, low = cls.LIMITS[key]
+                if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+                    problems.append(f"config.{key} must be {'a number' if kind is float else 'an integer'}")
+                elif value < low:
+                    problems.append(f"config.{key} = {value} must be >= {low:g}")
+            else:
+                problems.append(f"unknown config key {key!r}; allowed: python, user, {', '.join(cls.LIMITS)}")
+        return problems
 
     def __init__(self, config: dict[str, Any], tool_schema: dict[str, Any] | None):
         super().__init__(config, tool_schema)
-        unknown = sorted(set(self.config) - set(self.CONFIG_KEYS))
-        if unknown:
-            raise ValueError(f"unknown config keys {unknown}; allowed: {', '.join(self.CONFIG_KEYS)}")
+        problems = self.config_problems(self.config)
+        if problems:
+            raise ValueError("; ".join(problems))
         c = self.config
         self.limits = SandboxLimits(wall_s=float(c.get("wall_s", 10.0)), cpu_s=int(c.get("cpu_s", 5)),
                                     memory_bytes=int(c.get("memory_mb", 512)) * 2**20,

@@ -22,7 +22,8 @@ def collect_specs(entries: Sequence[tuple[str, dict[str, Any], dict[str, Any]]],
 
 
 def tool_problems(specs: Sequence[ToolSpec]) -> list[str]:
-    """One line per problem: import error, missing class, not a Tool, bad or missing schema, duplicate name."""
+    """One line per problem: import error, missing class, not a Tool, bad or missing schema, a config the class
+    refuses (``Tool.config_problems``), duplicate name."""
     problems: list[str] = []
     names: dict[str, int] = {}
     for i, spec in enumerate(specs):
@@ -40,6 +41,9 @@ def tool_problems(specs: Sequence[ToolSpec]) -> list[str]:
         if bad:
             problems.append(f"{where}: bad tool_schema: {'; '.join(bad)}")
             continue
+        bad = cls.config_problems(dict(spec.config))
+        if bad:
+            problems.append(f"{where}: bad config: {'; '.join(bad)}")
         name = tool_name(schema)
         if name in names:
             problems.append(f"{where}: tool name {name!r} is also tools[{names[name]}]'s; names must be unique")

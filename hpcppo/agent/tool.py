@@ -42,6 +42,11 @@ class Tool:
         self.name = tool_name(self.tool_schema)
         self._instances: dict[str, dict[str, Any]] = {}
 
+    @classmethod
+    def config_problems(cls, config: dict[str, Any]) -> list[str]:
+        """What is wrong with a ``config`` table, one phrase each; compile asks, without constructing the tool."""
+        return []
+
     def get_openai_tool_schema(self) -> dict[str, Any]:
         if self.default_schema is None:
             raise ToolLoadError(f"{type(self).__name__} has no default_schema: give its tool_schema in the config")

@@ -107,6 +107,9 @@ def test_tools_compile_with_verls_names_and_round_trip(tmp_path, user_tools):
      "bad tool_schema: function.parameters.properties.t.type must be one of string"),
     ('[[rollout.multi_turn.tools]]\nclass_name = "my_tools.Echo"\n[[rollout.multi_turn.tools]]\n'
      'class_name = "my_tools.Echo"', "tool name 'echo' is also tools[0]'s"),
+    ('[[rollout.multi_turn.tools]]\nclass_name = "hpcppo.agent.builtin.PythonRunner"\n'
+     'config = {wall_s = "10", memry_mb = 5, cpu_s = 0}',
+     "bad config: config.wall_s must be a number; unknown config key 'memry_mb'; allowed: python, user, wall_s"),
     ("[rollout.multi_turn]\nenable = true", "rollout.multi_turn.enable: multi-turn rollouts are not available yet"),
     ('[rollout.multi_turn]\ninteraction_config_path = "sim.yaml"', "interaction turns (verl's user simulator) are "
                                                                    "not supported yet"),

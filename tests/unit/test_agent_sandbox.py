@@ -190,3 +190,18 @@ def test_as_root_without_util_linux_the_code_is_not_run(monkeypatch):
     monkeypatch.setattr(sandbox, "isolation", lambda: sandbox.Isolation(True, False, None, None))
     r = run("print('ran')")
     assert r.status == "failed_to_start" and "not run as root" in r.detail and r.stdout == ""
+
+
+def test_the_python_tool_answers_with_the_output_or_the_error_and_a_metric():
+    from hpcppo.agent.builtin import PythonRunner
+
+    tool = PythonRunner({"wall_s": 2.0, "cpu_s": 2}, None)
+    text, reward, metrics = tool.execute("i", {"code": "print(sum(range(10)))"})
+    assert (text, reward, metrics["sandbox/ok"]) == ("45\n", 0.0, 1.0)
+    text, _, metrics = tool.execute("i", {"code": "print('partial', flush=True)\nraise KeyError('k')"})
+    assert text.startswith("partial\n\nerror: error (exit status 1)") and "KeyError: 'k'" in text
+    assert metrics["sandbox/error"] == 1.0
+    text, _, metrics = tool.execute("i", {"code": "import time\ntime.sleep(60)"})
+    assert text == "error: timeout (wall-clock limit of 2 s)" and metrics["sandbox/timeout"] == 1.0
+    with pytest.raises(ValueError, match="unknown config key 'wall'"):
+        PythonRunner({"wall": 1}, None)
