@@ -18,10 +18,12 @@ import ctypes
 import ctypes.util
 import multiprocessing.connection
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections import Counter
@@ -133,10 +135,19 @@ class ToolWorker:
         self.counts: dict[str, Counter[str]] = {}
         self.generation = 0  # instances live in one generation of the worker
         self._instances: dict[str, tuple[str, int]] = {}
+        # The worker's TMPDIR: the sandbox's call directories go there, and a worker killed in the middle of a
+        # call leaves its directory behind; emptied at each restart, removed by close(). Others may traverse it (a
+        # root job's calls run as another user, in a directory of their own inside).
+        self.scratch = tempfile.mkdtemp(prefix="hpcppo-tools-")
+        os.chmod(self.scratch, 0o711)
         self._proc: subprocess.Popen[bytes] | None = None
         self._conn: multiprocessing.connection.Connection | None = None
         self.tool_names: list[str] = []
-        self._start()
+        try:
+            self._start()
+        except BaseException:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            raise
 
     @property
     def pid(self) -> int | None:
@@ -145,7 +156,8 @@ class ToolWorker:
     def _start(self) -> None:
         ours, theirs = socket.socketpair()
         proc = subprocess.Popen([sys.executable, "-c", _ENTRY, str(theirs.fileno()), str(os.getpid())],
-                                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+                                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                                env=dict(os.environ, TMPDIR=self.scratch))
         theirs.close()
         mine = multiprocessing.connection.Connection(ours.detach())
         mine.send((list(sys.path), self.specs))
@@ -168,6 +180,8 @@ class ToolWorker:
 
     def _restart(self) -> None:
         self._stop(kill=True)
+        for entry in os.listdir(self.scratch):
+            shutil.rmtree(os.path.join(self.scratch, entry), ignore_errors=True)
         self._start()
 
     def _count(self, tool: str, what: str) -> None:
@@ -251,6 +265,7 @@ class ToolWorker:
 
     def close(self) -> None:
         self._stop(kill=False)
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
     def __enter__(self) -> ToolWorker:
         return self

@@ -101,7 +101,9 @@ def test_no_process_outlives_its_owner_killed_with_sigkill(tmp_path, state):
     marker = f"owner-{os.getpid()}-{time.time_ns()}"
     script = tmp_path / "owner.py"
     script.write_text(OWNER)
-    owner = subprocess.Popen([sys.executable, str(script), state, marker], stdout=subprocess.PIPE, text=True)
+    # a killed owner cannot remove its worker's scratch directory: let it land in the test's own directory
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    owner = subprocess.Popen([sys.executable, str(script), state, marker], stdout=subprocess.PIPE, text=True, env=env)
     assert owner.stdout is not None
     worker = int(owner.stdout.readline())
     time.sleep(1.0)  # the call is running
@@ -176,3 +178,18 @@ def test_the_worker_does_not_import_what_its_owner_has(tmp_path):
     proc = subprocess.run([sys.executable, str(owner)], capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "worker has:"
+
+
+def test_a_call_cut_off_by_a_restart_leaves_no_directory():
+    """The sandbox removes a call's directory when the call ends; a worker killed in the middle of one cannot, so
+    the worker's scratch directory (its TMPDIR) is emptied at the restart and removed at close."""
+    spec = ToolSpec("hpcppo.agent.builtin.PythonRunner", {"wall_s": 60, "cpu_s": 60})
+    with ToolWorker([spec], call_timeout_s=1.5) as w:
+        scratch = Path(w.scratch)
+        out = w.execute(w.create("python"), {"code": "import time\ntime.sleep(60)"})
+        assert out.error == "timeout" and scratch.is_dir() and list(scratch.iterdir()) == []
+        assert w.execute(w.create("python"), {"code": "print(1)"}).text == "1\n"
+        assert list(scratch.iterdir()) == []
+    assert not scratch.exists()
+    with pytest.raises(ToolWorkerError):
+        ToolWorker(_specs("BadCtor"))
