@@ -84,7 +84,7 @@ def _check_tools(section: MultiTurnSection, file: str) -> None:
                               section.tool_config_path)
     except ToolLoadError as exc:
         raise ConfigError(str(exc), file=file, key="rollout.multi_turn.tool_config_path") from None
-    problems = tool_problems(specs)
+    problems = tool_problems(specs, section.format)
     if problems:
         key = "rollout.multi_turn.tools"
         raise ConfigError(f"\n{file}: {key}: ".join(problems), file=file, key=key)

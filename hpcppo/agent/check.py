@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from hpcppo.agent.parse import compact_problems
 from hpcppo.agent.schema import schema_problems, tool_name
 from hpcppo.agent.tool import ToolLoadError, ToolSpec, load_tool_class, read_tool_config
 
@@ -21,9 +22,9 @@ def collect_specs(entries: Sequence[tuple[str, dict[str, Any], dict[str, Any]]],
     return specs
 
 
-def tool_problems(specs: Sequence[ToolSpec]) -> list[str]:
+def tool_problems(specs: Sequence[ToolSpec], fmt: str = "hermes") -> list[str]:
     """One line per problem: import error, missing class, not a Tool, bad or missing schema, a config the class
-    refuses (``Tool.config_problems``), duplicate name."""
+    refuses (``Tool.config_problems``), duplicate name; with ``fmt`` compact, what that format cannot call."""
     problems: list[str] = []
     names: dict[str, int] = {}
     for i, spec in enumerate(specs):
@@ -41,6 +42,8 @@ def tool_problems(specs: Sequence[ToolSpec]) -> list[str]:
         if bad:
             problems.append(f"{where}: bad tool_schema: {'; '.join(bad)}")
             continue
+        if fmt == "compact" and compact_problems(schema):
+            problems.append(f"{where}: {'; '.join(compact_problems(schema))}")
         bad = cls.config_problems(dict(spec.config))
         if bad:
             problems.append(f"{where}: bad config: {'; '.join(bad)}")

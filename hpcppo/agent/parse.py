@@ -25,7 +25,7 @@ from typing import Any
 from hpcppo.agent.schema import argument_problems
 
 __all__ = ["FORMATS", "ToolCall", "CallError", "Parsed", "parse_calls", "HERMES_START", "HERMES_END",
-           "COMPACT_START", "COMPACT_END"]
+           "COMPACT_START", "COMPACT_END", "compact_problems"]
 
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
 COMPACT_START, COMPACT_END = "<call>", "</call>"
@@ -33,7 +33,10 @@ FORMATS = ("hermes", "compact")
 _FENCE = re.compile(r"```.*?(?:```|\Z)", re.DOTALL)
 _HERMES = re.compile(re.escape(HERMES_START) + r"(.*?)" + re.escape(HERMES_END), re.DOTALL)
 _COMPACT = re.compile(re.escape(COMPACT_START) + r"(.*?)" + re.escape(COMPACT_END), re.DOTALL)
-_COMPACT_CALL = re.compile(r"\s*([a-z][a-z0-9-]*)\((.*)\)\s*", re.DOTALL)
+_COMPACT_NAME = r"[a-z][a-z0-9-]*"
+_COMPACT_KEY = r"[a-z][a-z0-9]*"
+_COMPACT_CALL = re.compile(r"\s*(" + _COMPACT_NAME + r")\((.*)\)\s*", re.DOTALL)
+_COMPACT_TYPES = ("string", "integer", "number", "boolean")
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,7 @@ def _compact(body: str, schemas: dict[str, dict[str, Any]]) -> tuple[str, Any] |
         return name, {}
     props: dict[str, Any] = schemas[name]["function"].get("parameters", {}).get("properties", {})
     parts = [p.strip() for p in _split_top(inner)] if inner.strip() else []
-    if len(parts) == 1 and len(props) == 1 and not re.fullmatch(r"[a-z][a-z0-9]*=.*", parts[0], re.DOTALL):
+    if len(parts) == 1 and len(props) == 1 and not re.fullmatch(_COMPACT_KEY + "=.*", parts[0], re.DOTALL):
         parts = [f"{next(iter(props))}={parts[0]}"]
     args: dict[str, Any] = {}
     for part in parts:
@@ -132,6 +135,20 @@ def _compact(body: str, schemas: dict[str, dict[str, Any]]) -> tuple[str, Any] |
             return CallError("bad_arguments", f"argument {key!r} must be {props[key]['type']}, not {raw.strip()!r}",
                              name)
     return name, args
+
+
+def compact_problems(schema: dict[str, Any]) -> list[str]:
+    """What in a valid schema the compact format cannot call: a tool name or parameter name outside its characters,
+    a parameter that is an array or an object."""
+    fn = schema["function"]
+    problems = [] if re.fullmatch(_COMPACT_NAME, fn["name"]) else [
+        f"the compact format needs a tool name of lowercase letters, digits and '-' (not {fn['name']!r})"]
+    for key, prop in fn.get("parameters", {}).get("properties", {}).items():
+        if not re.fullmatch(_COMPACT_KEY, key):
+            problems.append(f"the compact format needs parameter names of lowercase letters and digits (not {key!r})")
+        elif prop["type"] not in _COMPACT_TYPES:
+            problems.append(f"parameter {key!r} is {prop['type']}, which the compact format cannot write")
+    return problems
 
 
 def parse_calls(text: str, schemas: dict[str, dict[str, Any]], fmt: str, max_parallel_calls: int) -> Parsed:

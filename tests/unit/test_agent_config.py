@@ -110,6 +110,11 @@ def test_tools_compile_with_verls_names_and_round_trip(tmp_path, user_tools):
     ('[[rollout.multi_turn.tools]]\nclass_name = "hpcppo.agent.builtin.PythonRunner"\n'
      'config = {wall_s = "10", memry_mb = 5, cpu_s = 0}',
      "bad config: config.wall_s must be a number; unknown config key 'memry_mb'; allowed: python, user, wall_s"),
+    ('[rollout.multi_turn]\nformat = "compact"\n[[rollout.multi_turn.tools]]\nclass_name = "my_tools.Echo"\n'
+     'tool_schema = {type = "function", function = {name = "my_echo", description = "e", parameters = {type = '
+     '"object", properties = {text = {type = "array"}}}}}',
+     "the compact format needs a tool name of lowercase letters, digits and '-' (not 'my_echo'); parameter 'text' "
+     "is array"),
     ("[rollout.multi_turn]\nenable = true", "rollout.multi_turn.enable: multi-turn rollouts are not available yet"),
     ('[rollout.multi_turn]\ninteraction_config_path = "sim.yaml"', "interaction turns (verl's user simulator) are "
                                                                    "not supported yet"),

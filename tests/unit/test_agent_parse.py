@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hpcppo.agent.builtin import Calculator, CalcError, PythonRunner, evaluate
-from hpcppo.agent.parse import FORMATS, ToolCall, parse_calls
+from hpcppo.agent.parse import FORMATS, ToolCall, compact_problems, parse_calls
 from hpcppo.agent.schema import argument_problems, schema_problems
 from hpcppo.config.multi_turn import TOOL_CALL_FORMATS
 
@@ -91,6 +91,7 @@ def test_compact_format():
     from hpcppo.tiny.tokenizer import CHARS
 
     assert set("calculator((12+3)*4)") <= set(CHARS) and set("lookup(n=3, exact=true)") <= set(CHARS)
+    assert compact_problems(Calculator.default_schema) == [] and compact_problems(PythonRunner.default_schema) == []
 
 
 def test_schema_checks():
