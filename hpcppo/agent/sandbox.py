@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import errno
 import functools
 import os
 import pwd
@@ -322,19 +321,17 @@ def _run(argv: list[str], limits: SandboxLimits, workdir: str, env: dict[str, st
          net_isolated: bool, user: str, uid: int) -> SandboxResult:
     start = time.monotonic()
     nproc = processes_of(uid) + limits.max_processes
-    try:
-        proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
-                                preexec_fn=functools.partial(_child_setup, limits, workdir, hide, nproc))
-    except (OSError, subprocess.SubprocessError) as exc:
-        return SandboxResult("failed_to_start", None, "", "", 0.0, net_isolated, user, f"{type(exc).__name__}: {exc}")
-    assert proc.stdin is not None
-    try:
-        proc.stdin.write(stdin.encode())
-        proc.stdin.close()
-    except (BrokenPipeError, OSError) as exc:
-        if getattr(exc, "errno", errno.EPIPE) != errno.EPIPE:
-            raise
+    # stdin from a file: a pipe the code does not read would block the caller once its buffer is full
+    with tempfile.TemporaryFile() as stdin_file:
+        stdin_file.write(stdin.encode())
+        stdin_file.seek(0)
+        try:
+            proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=stdin_file, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
+                                    preexec_fn=functools.partial(_child_setup, limits, workdir, hide, nproc))
+        except (OSError, subprocess.SubprocessError) as exc:
+            return SandboxResult("failed_to_start", None, "", "", 0.0, net_isolated, user,
+                                 f"{type(exc).__name__}: {exc}")
     out, err, reason = _collect(proc, start + limits.wall_s, limits.max_output_bytes)
     if reason:
         _kill_group(proc)

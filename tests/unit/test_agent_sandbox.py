@@ -205,3 +205,12 @@ def test_the_python_tool_answers_with_the_output_or_the_error_and_a_metric():
     assert text == "error: timeout (wall-clock limit of 2 s)" and metrics["sandbox/timeout"] == 1.0
     with pytest.raises(ValueError, match="unknown config key 'wall'"):
         PythonRunner({"wall": 1}, None)
+
+
+def test_stdin_reaches_the_code_and_a_large_unread_stdin_does_not_block():
+    r = run_sandboxed([PY, "-I", "-c", "import sys; print(sys.stdin.read().upper())"], FAST, stdin="abc")
+    assert r.stdout == "ABC\n"
+    t0 = time.monotonic()
+    r = run_sandboxed([PY, "-I", "-c", "import time; time.sleep(600)"], SandboxLimits(wall_s=2.0),
+                      stdin="x" * 10_000_000)
+    assert r.status == "timeout" and time.monotonic() - t0 < 6
