@@ -15,6 +15,8 @@ from pathlib import Path
 
 import tomli_w
 
+from hpcppo.agent.check import collect_specs, tool_problems
+from hpcppo.agent.tool import ToolLoadError
 from hpcppo.config.attention import settle_attention
 from hpcppo.config.compiled import (Compiled, JobSection, check_engine_installed, check_experiment_paths,
                                     check_trackers_installed, runs_root)
@@ -22,6 +24,7 @@ from hpcppo.config.convert import read_input
 from hpcppo.config.load import (expand_path_text, experiment_from_data, load_experiment_with_provenance,
                                 load_site_with_provenance, parse_overrides)
 from hpcppo.config.resolve import resolve
+from hpcppo.config.multi_turn import MultiTurnSection, check_multi_turn
 from hpcppo.config.reward import check_reward_combination
 from hpcppo.config.reward_check import check_reward_model
 from hpcppo.config.watchdog import check_rule_metrics
@@ -62,6 +65,8 @@ def compile_config(spec: str | os.PathLike[str], site: str | os.PathLike[str] = 
         check_experiment_data(experiment)  # schema, data sources, reward_fn, prompt lengths, rows per batch
         check_engine_installed(site_obj, experiment)
         check_trackers_installed(site_obj, experiment)
+        _check_tools(experiment.rollout.multi_turn, str(spec_path))
+    check_multi_turn(experiment.rollout.multi_turn, file=str(spec_path))
     check_rule_metrics(experiment.watchdog, file=str(spec_path))
     check_reward_combination(experiment.reward_model, experiment.reward_manager, experiment.data.max_response_length,
                              file=str(spec_path))
@@ -72,6 +77,20 @@ def compile_config(spec: str | os.PathLike[str], site: str | os.PathLike[str] = 
     return Compiled(site=site_obj, experiment=experiment, plan=plan, provenance=_merge_prov(exp_prov, site_prov),
                     job=job, spec_path=str(spec_path.resolve()), site_path=str(Path(site_file).resolve()),
                     spec_text=spec_text)
+
+
+def _check_tools(section: MultiTurnSection, file: str) -> None:
+    """The tools of [rollout.multi_turn] import and have valid schemas (no torch, no tool constructed). With the
+    paths: a tool module, like a reward function's, may exist only where the job runs (`compile --no-check-paths`)."""
+    try:
+        specs = collect_specs([(t.class_name, t.config, t.tool_schema) for t in section.tools],
+                              section.tool_config_path)
+    except ToolLoadError as exc:
+        raise ConfigError(str(exc), file=file, key="rollout.multi_turn.tool_config_path") from None
+    problems = tool_problems(specs, section.format)
+    if problems:
+        key = "rollout.multi_turn.tools"
+        raise ConfigError(f"\n{file}: {key}: ".join(problems), file=file, key=key)
 
 
 def _merge_prov(exp_prov: dict[str, str], site_prov: dict[str, str]) -> dict[str, str]:

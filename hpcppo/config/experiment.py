@@ -17,6 +17,7 @@ from hpcppo.config.fields import FieldValueError, opt, parse_slurm_time
 from hpcppo.config.debug import DebugSection, InjectSection
 from hpcppo.config.reward import RewardManagerSection, RewardModelSection
 from hpcppo.config.lora import LoraSection
+from hpcppo.config.multi_turn import MultiTurnSection
 from hpcppo.config.watchdog import Rule, WatchdogSection
 
 __all__ = ["Experiment", "ModelSection", "DataSection", "RolloutSection", "FsdpSection", "ActorSection",
@@ -177,6 +178,8 @@ class RolloutSection:
                                                    "(rollout/logprob_gap); 0 = the default for the dtype pair "
                                                    "(float32 engine and trainer: 1e-3; bfloat16/float16 on either "
                                                    "side: 0.05; vllm with top_p < 1: + -log(top_p), with top_k: off; docs/sync-guard.md), -1 = off.")
+    multi_turn: MultiTurnSection = opt(factory=MultiTurnSection,
+                                       help="Multi-turn, tool-using rollouts (verl's rollout.multi_turn).")
 
 
 @attrs.frozen(kw_only=True)
