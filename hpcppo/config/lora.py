@@ -32,6 +32,14 @@ _LINEAR_BY_TYPE: dict[str, tuple[str, ...]] = {
                                 "granite", "smollm3")},
     "phi3": ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
 }
+# Mixture-of-experts types: transformers 5 holds the routed experts as fused 3-D parameters (``mlp.experts
+# .gate_up_proj``), not nn.Linear layers, so hpcppo's adapters and their merge (W + scaling x B A per Linear) cannot
+# cover them, and "all-linear" would reach them (models.lora refuses that when the job builds the model). The plain
+# Linears are the attention projections, and Qwen2-MoE's shared expert.
+_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+_MOE_LINEAR: dict[str, tuple[str, ...]] = {"qwen3_moe": _ATTENTION, "mixtral": _ATTENTION,
+                                           "qwen2_moe": _ATTENTION + ("gate_proj", "up_proj", "down_proj")}
+_LINEAR_BY_TYPE.update(_MOE_LINEAR)
 
 
 def _check_names(value: list[str]) -> str | None:
@@ -103,6 +111,11 @@ def check_lora_targets(key: str, lora: LoraSection, config: dict[str, Any], path
     known = linear_modules(config)
     if known is None:
         return
+    model_type = config.get("model_type")
+    if lora.target_modules == [ALL_LINEAR] and model_type in _MOE_LINEAR:
+        raise ConfigError(f"\"all-linear\" would adapt the fused experts of {path} (model_type {model_type!r}), "
+                          f"which LoRA here cannot merge; name the layers instead, e.g. target_modules = "
+                          f"[{', '.join(repr(n) for n in known)}]".replace("'", '"'), key=f"{key}.target_modules")
     for field in ("target_modules", "exclude_modules"):
         for name in getattr(lora, field):
             if name != ALL_LINEAR and name not in known:

@@ -198,6 +198,23 @@ def test_compile_checks_target_modules_against_the_models_config(tmp_path, lora,
     assert message in text and "allowed: \"all-linear\" or any of q_proj, k_proj, v_proj, o_proj, gate_proj" in text
 
 
+@pytest.mark.parametrize("model_type,targets", [("qwen3_moe", "q_proj, k_proj, v_proj, o_proj"),
+                                                  ("qwen2_moe", "o_proj, gate_proj, up_proj, down_proj")])
+def test_compile_refuses_all_linear_on_a_mixture_of_experts_and_takes_its_plain_linears(tmp_path, model_type, targets):
+    """The fused experts are no nn.Linear: "all-linear" would reach them and the job would fail at start, after
+    the queue (models.lora refuses them); compile says so and names the layers that work."""
+    from hpcppo.config import check_experiment_paths
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(f'{{"model_type": "{model_type}", "max_position_embeddings": 4096}}')
+    with pytest.raises(ConfigError) as err:
+        check_experiment_paths(_spec(tmp_path, "[actor.lora]\nrank = 8\n"))
+    text = str(err.value)
+    listed = ", ".join(f'"{t}"' for t in targets.split(", "))
+    assert "actor.lora.target_modules" in text and "fused experts" in text and listed in text and "\n" not in text
+    check_experiment_paths(_spec(tmp_path, f"[actor.lora]\nrank = 8\ntarget_modules = [{listed}]\n"))
+
+
 def _imported(*tokens: str, tmp_path):
     settings, _ = read_command_line(CMD + " ".join(tokens))
     imp = translate(settings, cwd=tmp_path)
