@@ -12,6 +12,7 @@ from hpcppo.cli.common import err
 from hpcppo.config import verl_import
 from hpcppo.config.convert import MAX_INPUT_BYTES
 from hpcppo.errors import HpcppoError
+from hpcppo.fsutil import require_parent_dir
 from hpcppo.sizing import report
 from hpcppo.sizing.estimate import estimate
 
@@ -43,6 +44,7 @@ def cmd_import_verl(args: argparse.Namespace) -> int:
         return 0
     if args.input is None:
         raise HpcppoError("give a verl command line or YAML file (or - for stdin), or --table")
+    require_parent_dir(args.out, "-o")
     # One character past the limit is enough for the library to refuse the input; an endless stdin does not hang.
     stdin_text = sys.stdin.read(MAX_INPUT_BYTES + 1) if args.input == "-" else None
     imp, problem = verl_import.import_verl(args.input, Path(args.out), force=args.force, name=args.name,

@@ -22,6 +22,7 @@ from hpcppo.analysis.targets import Target, damage_reported_by_caller, resolve_t
 from hpcppo.cli.common import err, runs_root
 from hpcppo.config import load_resolved
 from hpcppo.errors import ConfigError, HpcppoError, PathError
+from hpcppo.fsutil import require_parent_dir
 from hpcppo.launch import status
 from hpcppo.metrics import load
 from hpcppo.rundir import RunDir
@@ -142,9 +143,11 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
+    if args.out is not None:
+        require_parent_dir(args.out, "-o")
     runs = _metric_targets(args)
     metrics = plot.parse_metrics(args.metric)
-    out = Path(args.out) if args.out else Path(f"{runs[0].name}.png")
+    out = Path(args.out) if args.out is not None else Path(f"{runs[0].name}.png")
     plot.plot_runs(runs, metrics, out, x=args.x, smooth=args.smooth, title=args.title)
     print(f"wrote {out}: {', '.join(metrics)} of {len(runs)} run{'s' if len(runs) > 1 else ''} over {args.x}")
     return 0
@@ -175,7 +178,7 @@ def cmd_metrics_export(args: argparse.Namespace) -> int:
     [target] = _metric_targets(args)
     if args.format == "tensorboard":
         with damage_reported_by_caller():
-            info = export_tensorboard(target, Path(args.out) if args.out else None, all_attempts=args.all_attempts,
+            info = export_tensorboard(target, args.out, all_attempts=args.all_attempts,
                                       columns=_metric_names(args.columns) or None)
         print(f"wrote {info['out']}: {info['scalars']:,} scalars over {info['steps']:,} rows of {info['run']} "
               f"(TensorBoard event file: tensorboard --logdir {info['out']})")
@@ -183,7 +186,7 @@ def cmd_metrics_export(args: argparse.Namespace) -> int:
     if args.out is None:
         raise ConfigError("metrics export: -o FILE is required (except with --format tensorboard)")
     with damage_reported_by_caller():
-        info = export_metrics(target, Path(args.out), fmt=args.format, all_attempts=args.all_attempts,
+        info = export_metrics(target, args.out, fmt=args.format, all_attempts=args.all_attempts,
                               columns=_metric_names(args.columns) or None)
     view = "every row of every attempt, with a current column" if args.all_attempts else "the current history"
     print(f"wrote {info['out']}: {info['rows']:,} rows x {info['columns']} columns of {info['run']} "

@@ -7,13 +7,17 @@ import argparse
 import json
 from pathlib import Path
 
-from hpcppo.tiny import build_tiny_model_and_data
+from hpcppo.tiny import TinySettings, build_tiny_model_and_data
+from hpcppo.tiny.make import check_outputs
 from hpcppo.tiny.reward_model import build_tiny_reward_model
 
 
 def cmd_make_model(args: argparse.Namespace) -> int:
     # The library validates every value (ConfigError, exit 2) and refuses a foreign --out (PathError).
     overrides = {} if args.max_operand is None else {"max_operand": args.max_operand}
+    # Every setting and every output path before anything is built (a build takes minutes).
+    TinySettings(seed=args.seed, **overrides)
+    check_outputs(args.out, args.data_out or None, args.reward_out or None)
     info = build_tiny_model_and_data(Path(args.out), Path(args.data_out) if args.data_out else None, seed=args.seed,
                                      train_size=args.train_size, val_size=args.val_size, force=args.force, **overrides)
     if args.reward_out:

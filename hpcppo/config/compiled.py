@@ -24,7 +24,7 @@ from hpcppo.config.plan import RunPlan
 from hpcppo.config.resolve import resolve
 from hpcppo.config.site import Site
 from hpcppo.errors import ConfigError, PathError
-from hpcppo.fsutil import atomic_write_text
+from hpcppo.fsutil import atomic_write_text, path_length_problem
 from hpcppo.rundir.record import runs_root_error
 
 __all__ = ["Compiled", "JobSection", "check_experiment_paths", "check_engine_installed", "check_trackers_installed",
@@ -240,6 +240,9 @@ def runs_root(site: Site, override: str | os.PathLike[str] | None = None, *, cwd
     """
     raw = os.fspath(override) if override else (os.environ.get(RUNS_ROOT_ENV) or site.paths.runs_root)
     path = ((cwd or Path.cwd()) / Path(expand_path_text(raw, key=runs_root_origin(site, override)))).resolve()
+    too_long = path_length_problem(path)  # before any stat: on such a path exists() raises ENAMETOOLONG
+    if too_long:
+        raise runs_root_error(path, runs_root_origin(site, override), too_long)
     if path.exists() and not path.is_dir():  # a file: "no runs" would be a lie, and compile would fail later
         raise runs_root_error(path, runs_root_origin(site, override), "exists and is not a directory")
     return path
