@@ -20,7 +20,7 @@ from typing import Any
 from hpcppo.cli.common import err
 from hpcppo.cli.parser import build_parser
 from hpcppo.config.verl import VerlNameWarning
-from hpcppo.errors import HpcppoError
+from hpcppo.errors import HpcppoError, SettingWarning
 
 __all__ = ["main", "build_parser", "dispatch"]
 
@@ -35,8 +35,9 @@ def dispatch(handler: str, args: argparse.Namespace) -> int:
 
 def _show_warning(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
                   line: str | None = None) -> None:
-    """verl key names accepted under their hpcppo names: one line on stderr, like the errors."""
-    if issubclass(category, VerlNameWarning):
+    """verl key names accepted under their hpcppo names, settings that do nothing where they are: one line on
+    stderr, like the errors."""
+    if issubclass(category, (VerlNameWarning, SettingWarning)):
         print(f"hpcppo: warning: {message}", file=sys.stderr)
     else:
         _default_showwarning(message, category, filename, lineno, file, line)

@@ -25,7 +25,7 @@ from hpcppo.errors import ConfigError, HpcppoError, PathError
 from hpcppo.fsutil import require_parent_dir
 from hpcppo.launch import status
 from hpcppo.metrics import load
-from hpcppo.rundir import RunDir
+from hpcppo.rundir import RunDir, stray_entries
 from hpcppo.watchdog import unknown_metrics
 from hpcppo.watchdog.replay import format_replay, load_rules, logged_rows, replay, summarize_replay
 
@@ -81,12 +81,13 @@ def cmd_runs(args: argparse.Namespace) -> int:
     root = runs_root(args)
     states, name = getattr(args, "state", None) or [], getattr(args, "name", None)
     rows = logs.run_rows(root, states=states, name=name)
+    code = _report_strays(root)
     if args.json:
         print(json.dumps(_json_safe(rows), indent=2, default=str))
-        return 0
+        return code
     if not rows:
         print(f"no runs under {root}" + (" match the filters" if states or name else ""))
-        return 0
+        return code
     from rich.console import Console
     from rich.table import Table
 
@@ -96,7 +97,19 @@ def cmd_runs(args: argparse.Namespace) -> int:
     for row in rows:
         table.add_row(*logs.run_row_cells(row))
     Console(width=200).print(table)
-    return 0
+    return code
+
+
+def _report_strays(root: Path) -> int:
+    """One line for the entries named like runs that are none (a listing must not quietly show fewer runs than
+    there are names); PathError's exit code then, 0 otherwise."""
+    strays = stray_entries(root)
+    if not strays:
+        return 0
+    more = f" and {len(strays) - 3} more" if len(strays) > 3 else ""
+    err(f"{len(strays)} entr{'y' if len(strays) == 1 else 'ies'} of {root} named like a run {'is' if len(strays) == 1 else 'are'} "
+        f"no run directory, not listed: {', '.join(strays[:3])}{more}")
+    return PathError.exit_code
 
 
 def cmd_follow(args: argparse.Namespace) -> int:

@@ -370,6 +370,7 @@ def load_site_with_provenance(name_or_path: str | os.PathLike[str], overrides: d
     if isinstance(tdir, str) and tdir:
         data["templates"]["dir"] = _expand_path(tdir, path.parent, key="templates.dir", label=str(path))
     site, prov = _build(Site, layers, shown_prefix="")
+    _refuse_unused_scheduler_keys(site, overrides or {})
     if site.defaults:
         # Check the [defaults] table against the experiment schema now (keys, types, ranges), and make
         # its relative paths absolute against the site file's directory.
@@ -378,6 +379,18 @@ def load_site_with_provenance(name_or_path: str | os.PathLike[str], overrides: d
                "defaults.")
         site = attrs.evolve(site, defaults=checked)
     return site, prov, path
+
+
+def _refuse_unused_scheduler_keys(site: Site, overrides: dict[str, Any]) -> None:
+    """A ``-o site.slurm.*`` on a site whose jobs do not go through Slurm (or ``site.local.*`` on a Slurm site)
+    would be accepted and do nothing: refused, naming the scheduler that is used."""
+    unused = "local" if site.scheduler == "slurm" else "slurm"
+    section = overrides.get(unused)
+    if isinstance(section, dict) and section:
+        key = f"{SITE_PREFIX}{unused}.{next(iter(section))}"
+        raise ConfigError(f"site {site.name!r} runs jobs with scheduler {site.scheduler!r}: {unused} keys do nothing "
+                          f"there; allowed: {SITE_PREFIX}{site.scheduler}.* (or another --site)",
+                          file=OVERRIDE_LABEL, key=key)
 
 
 def load_site(name_or_path: str | os.PathLike[str], overrides: Iterable[str] = ()) -> Site:

@@ -15,6 +15,7 @@ import datetime as _dt
 import os
 import shutil
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ import attrs
 
 from hpcppo import config
 from hpcppo.compiler import compile_config, compile_preflight
-from hpcppo.errors import HpcppoError, RunIdError, RunStateError
+from hpcppo.errors import HpcppoError, RunIdError, RunStateError, SettingWarning
 from hpcppo.fsutil import atomic_write_text
 from hpcppo.launch import render as _render
 from hpcppo.launch import slurm, submit
@@ -69,6 +70,7 @@ def compile_run(
         compiled = compile_config(exp_path, site_name, overrides, check_paths=check_paths)
     root = config.runs_root(compiled.site, runs_root)
     origin = config.runs_root_origin(compiled.site, runs_root)
+    _warn_overruled_runs_root(overrides, origin, root)
     python = _job_python(compiled)
     resolved = config.to_toml(compiled)
     for _ in range(RUN_ID_TRIES):
@@ -87,6 +89,15 @@ def compile_run(
         return CompiledRun(run=RunDir(final), script=script, compiled=compiled)
     raise RunIdError(f"could not find a free run id under {root} in {RUN_ID_TRIES} tries (the last: {final.name})",
                      hint="are the runs root's entries created by something else?")
+
+
+def _warn_overruled_runs_root(overrides: Sequence[str], origin: str, root: Path) -> None:
+    """``-o site.paths.runs_root=DIR`` loses to ``--runs-root`` and ``$HPCPPO_RUNS_ROOT`` (the documented precedence,
+    :func:`hpcppo.config.runs_root`): one line says which root is used and why, instead of silence."""
+    if origin.startswith("site.") or not any(o.partition("=")[0].strip() == "site.paths.runs_root" for o in overrides):
+        return
+    warnings.warn(f"-o site.paths.runs_root has no effect: {origin} is set and comes first; the run goes under {root}",
+                  SettingWarning, stacklevel=2)
 
 
 def _job_python(compiled: Any) -> str:
