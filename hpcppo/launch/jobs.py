@@ -24,7 +24,7 @@ import attrs
 
 from hpcppo import config
 from hpcppo.compiler import compile_config, compile_preflight
-from hpcppo.errors import HpcppoError, RunIdError, RunStateError, SettingWarning
+from hpcppo.errors import ConfigError, HpcppoError, RunIdError, RunStateError, SettingWarning
 from hpcppo.fsutil import atomic_write_text
 from hpcppo.launch import render as _render
 from hpcppo.launch import slurm, submit
@@ -275,6 +275,20 @@ def rollback_run(run: RunDir, *, to_step: int | None = None, lr_scale: float | N
         return _rollback_locked(run, to_step=to_step, lr_scale=lr_scale)
 
 
+def _check_rollback_target(run: RunDir, st: Status, to_step: int | None, checkpoint: int) -> None:
+    """``--to`` counts the run's steps: past ``trainer.total_steps`` it means nothing; and a stopped run that would
+    restart at its last step has zero steps left to train (a resubmission for nothing)."""
+    total = st.get("total_steps")
+    if not isinstance(total, int):
+        return
+    if to_step is not None and to_step > total:
+        raise ConfigError(f"--to {to_step}: run {run.run_id} has {total} steps; allowed: 0 to {total}")
+    if _stopped(st) and checkpoint >= total:
+        raise RunStateError(f"run {run.run_id}: checkpoint step {checkpoint} is its last step ({total}); going back "
+                            f"to it leaves nothing to train", hint=f"hpcppo rollback {run.run_id} --to STEP below "
+                                                                   f"{checkpoint}")
+
+
 def _rollback_locked(run: RunDir, *, to_step: int | None, lr_scale: float | None) -> Rollback:
     committed = layout.list_committed(run.checkpoints)
     eligible = [s for s in committed if to_step is None or s <= to_step]
@@ -284,6 +298,7 @@ def _rollback_locked(run: RunDir, *, to_step: int | None, lr_scale: float | None
         raise RunStateError(f"run {run.run_id} has no committed checkpoint{where}; committed checkpoints: "
                             f"{'..., ' if len(committed) > 20 else ''}{listed}")
     st = _status_to_decide_on(run)
+    _check_rollback_target(run, st, to_step, eligible[-1])
     request = control.submit_request(run.path, "rollback", to_step=to_step, lr_scale=lr_scale)
     if not _stopped(st):
         return Rollback(request=request, checkpoint=eligible[-1], state=st["state"], job_id=st["job_id"],
