@@ -20,6 +20,7 @@ from hpcppo.config.experiment import Experiment
 from hpcppo.config.fields import opt
 from hpcppo.config.load import expand_path_text
 from hpcppo.config.lora import check_adapter, check_lora_targets
+from hpcppo.config.weights_check import check_weights
 from hpcppo.config.plan import RunPlan
 from hpcppo.config.resolve import resolve
 from hpcppo.config.site import Site
@@ -85,6 +86,7 @@ def _model_config(key: str, path: str) -> dict[str, Any]:
                         f"{getattr(exc, 'strerror', None) or exc}") from None
     if not isinstance(data, dict):
         raise PathError(f"{key}: {config} is not a model config (a JSON object is expected)")
+    check_weights(key, path)  # the safetensors headers: random bytes fail here, not when the job loads them
     return data
 
 
