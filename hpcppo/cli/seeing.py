@@ -25,6 +25,7 @@ from hpcppo.errors import ConfigError, HpcppoError, PathError
 from hpcppo.fsutil import require_parent_dir
 from hpcppo.launch import status
 from hpcppo.metrics import load
+from hpcppo.metrics.reader import damage_line
 from hpcppo.rundir import RunDir, stray_entries
 from hpcppo.watchdog import unknown_metrics
 from hpcppo.watchdog.replay import format_replay, load_rules, logged_rows, replay, summarize_replay
@@ -67,7 +68,7 @@ def _damage_code(damaged: list[dict[str, str]]) -> int:
     per damaged file says what was lost."""
     for files in damaged:
         for path, what in files.items():
-            err(f"{path}: damaged metric log: {what}; shown: its intact rows")
+            err(damage_line(path, what))
     return PathError.exit_code if any(damaged) else 0
 
 
