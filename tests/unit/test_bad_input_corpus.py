@@ -26,6 +26,9 @@ REPO = Path(__file__).resolve().parents[2]
 ARITH = str(REPO / "examples" / "arith-tiny.toml")
 TIMEOUT_S = 60  # a fresh interpreter on a loaded 2-core machine; each case takes ~1-3 s
 LONG = "a" * 300
+# What stands for /dev/null: a FIFO of the case's own. A command that replaced its output file atomically turned
+# /dev/null itself into a regular file when run as root (the unfixed export did): the corpus must not do that again.
+FIFO = b"<fifo>"
 DEEP = "/".join(["b" * 200] * 25)
 VERL = "python3 -m verl.trainer.main_ppo data.train_files=d.parquet actor_rollout_ref.model.path=/m"
 
@@ -36,7 +39,8 @@ class Case:
     says: str  # a phrase of the one error or warning line
     warn: bool = False  # a warning (exit 0) rather than a refusal
     env: dict[str, str] = field(default_factory=dict)
-    files: dict[str, bytes] = field(default_factory=dict)  # written into the case's directory first
+    files: dict[str, bytes | None] = field(default_factory=dict)  # written into the case's directory first; None: a
+    # dangling symbolic link; FIFO: a named pipe (a file that is no regular file, as a device is)
 
 
 def compile_(*extra: str) -> list[str]:
@@ -56,12 +60,12 @@ CASES: dict[str, Case] = {
     "status-runs-root-too-long": Case(["status", "--runs-root", "{cwd}/" + LONG], "longer than the file system"),
     "tb-export-under-proc": Case(["metrics", "export", "{run}", "--format", "tensorboard", "-o", "/proc/hpcppo-tb"],
                                  "cannot create anything in /proc"),
-    "tb-export-to-a-device": Case(["metrics", "export", "{run}", "--format", "tensorboard", "-o", "/dev/null"],
-                                  "is not a directory"),
+    "tb-export-to-a-device": Case(["metrics", "export", "{run}", "--format", "tensorboard", "-o", "{cwd}/dev"],
+                                  "is not a directory", files={"dev": FIFO}),
     "tb-export-empty": Case(["metrics", "export", "{run}", "--format", "tensorboard", "-o", ""], "an empty path"),
     "csv-export-under-proc": Case(["metrics", "export", "{run}", "-o", "/proc/m.csv"], "cannot create anything"),
-    "csv-export-to-a-device": Case(["metrics", "export", "{run}", "-o", "/dev/null", "--format", "csv"],
-                                   "not a regular file"),
+    "csv-export-to-a-device": Case(["metrics", "export", "{run}", "-o", "{cwd}/dev", "--format", "csv"],
+                                   "not a regular file", files={"dev": FIFO}),
     "csv-export-empty": Case(["metrics", "export", "{run}", "-o", ""], "an empty path"),
     "csv-export-name-too-long": Case(["metrics", "export", "{run}", "-o", "{cwd}/" + LONG + ".csv"],
                                      "longer than the file system"),
@@ -72,8 +76,8 @@ CASES: dict[str, Case] = {
                                                "new tokens"),
     "make-model-negative-seed": Case(make_model("--out", "{cwd}/m", "--seed", "-1"), "seed"),
     "make-model-empty-out": Case(make_model("--out", ""), "--out: an empty path"),
-    "make-model-reward-out-a-device": Case(make_model("--out", "{cwd}/m", "--reward-out", "/dev/null"),
-                                           "--reward-out /dev/null"),
+    "make-model-reward-out-a-device": Case(make_model("--out", "{cwd}/m", "--reward-out", "{cwd}/dev"),
+                                           "is not a directory", files={"dev": FIFO}),
     "make-model-out-under-proc": Case(make_model("--out", "/proc/x/m"), "cannot create anything in /proc"),
     "make-model-out-is-data-out": Case(["tools", "make-model", "--out", "{cwd}/s", "--data-out", "{cwd}/s"],
                                        "the same directory"),
@@ -90,6 +94,13 @@ CASES: dict[str, Case] = {
                                                          b'  model:\n    path: /m\n'}),
     "import-verl-out-under-proc": Case(["import-verl", "{cwd}/run.sh", "-o", "/proc/exp.toml"], "cannot create",
                                        files={"run.sh": (VERL + "\n").encode()}),
+    "import-verl-out-a-device": Case(["import-verl", "{cwd}/run.sh", "-o", "{cwd}/dev", "--force"],
+                                     "not a regular file", files={"run.sh": (VERL + "\n").encode(), "dev": FIFO}),
+    "plot-to-a-device": Case(["plot", "{run}", "-o", "{cwd}/dev.png"], "not a regular file", files={"dev.png": FIFO}),
+    "csv-export-into-a-directory": Case(["metrics", "export", "{run}", "-o", "{cwd}/d", "--format", "csv"],
+                                        "is a directory", files={"d/keep": b""}),
+    "make-model-out-a-dangling-link": Case(make_model("--out", "{cwd}/link"), "dangling link",
+                                           files={"link": None}),
     # ------------------------------------------------------------------ silently accepted
     "runs-root-override-loses-to-option": Case(compile_("-o", "site.paths.runs_root={cwd}/other"),
                                                "-o site.paths.runs_root has no effect: --runs-root", warn=True),
@@ -152,6 +163,7 @@ CASES: dict[str, Case] = {
                                                             b"actor_rollout_ref:\n  model:\n    path: /m\n"}),
     "override-key-with-nbsp": Case(compile_("-o", "actor.lr\u00a0=1e-4"), "NO-BREAK SPACE"),
     "override-value-with-nbsp": Case(compile_("-o", "actor.lr=\u00a01e-4"), "NO-BREAK SPACE"),
+    "override-value-ending-in-zero-width-space": Case(compile_("-o", "actor.lr=1e-4\u200b"), "ZERO WIDTH SPACE"),
     "override-key-with-zero-width-space": Case(compile_("-o", "actor.\u200blr=1e-4"), "ZERO WIDTH SPACE"),
     "dry-run-with-wait": Case(["submit", ARITH, "--no-check-paths", "--dry-run", "--wait", "--runs-root",
                                "{cwd}/runs"], "--dry-run stops before submitting: --wait"),
@@ -215,7 +227,13 @@ def test_hostile_input(name, shared, tmp_path):
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     for rel, data in case.files.items():
-        (cwd / rel).write_bytes(data)
+        (cwd / rel).parent.mkdir(parents=True, exist_ok=True)
+        if data is None:  # a link to nowhere
+            (cwd / rel).symlink_to(cwd / "nowhere")
+        elif data == FIFO:
+            os.mkfifo(cwd / rel)
+        else:
+            (cwd / rel).write_bytes(data)
     fill = {**shared, "cwd": str(cwd)}
     argv = [a.format(**fill) for a in case.argv]
     if any(a in ("status", "rollback", "export", "metrics", "plot") for a in argv[:2]) and "--runs-root" not in argv:
