@@ -9,12 +9,12 @@ and a damaged checkpoint, the random tiny model and reward model) are built once
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
 import sys
 import zlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
