@@ -57,6 +57,8 @@ CASES: dict[str, Case] = {
                                         env={"HPCPPO_RUNS_ROOT": "{cwd}/" + LONG}),
     "runs-root-too-deep": Case(["compile", ARITH, "--no-check-paths", "-q", "--runs-root", "{cwd}/" + DEEP],
                                "the path is"),
+    "runs-root-under-proc": Case(["compile", ARITH, "--no-check-paths", "-q", "--runs-root", "/proc/hpcppo-runs"],
+                                 "cannot create it"),
     "status-runs-root-too-long": Case(["status", "--runs-root", "{cwd}/" + LONG], "longer than the file system"),
     "tb-export-under-proc": Case(["metrics", "export", "{run}", "--format", "tensorboard", "-o", "/proc/hpcppo-tb"],
                                  "cannot create anything in /proc"),
