@@ -21,6 +21,7 @@ from hpcppo.config.attention import settle_attention
 from hpcppo.config.compiled import (Compiled, JobSection, check_engine_installed, check_experiment_paths,
                                     check_trackers_installed, runs_root)
 from hpcppo.config.convert import read_input
+from hpcppo.config.idle import warn_idle_settings
 from hpcppo.config.load import (expand_path_text, experiment_from_data, load_experiment_with_provenance,
                                 load_site_with_provenance, parse_overrides)
 from hpcppo.config.resolve import resolve
@@ -73,6 +74,7 @@ def compile_config(spec: str | os.PathLike[str], site: str | os.PathLike[str] = 
     plan = resolve(site_obj, experiment)
     if check_memory:
         check_colocation(site_obj, experiment, plan)
+    warn_idle_settings(experiment, exp_prov)  # after every refusal: a refused spec gets its one error line only
     job = JobSection(kind="train", collective_timeout_s=experiment.trainer.collective_timeout_s)
     return Compiled(site=site_obj, experiment=experiment, plan=plan, provenance=_merge_prov(exp_prov, site_prov),
                     job=job, spec_path=str(spec_path.resolve()), site_path=str(Path(site_file).resolve()),

@@ -95,3 +95,8 @@ class StorageError(HpcppoError):
 
 class RunRecordError(RunStateError, ValueError):
     """A run's ``run.json`` cannot be read or is not a run record (a ``ValueError`` too, as the JSON error was)."""
+
+
+class SettingWarning(UserWarning):
+    """A setting the user wrote that does nothing in its combination (or is overruled by a documented precedence):
+    the CLI shows it as one ``hpcppo: warning:`` line on stderr and goes on."""

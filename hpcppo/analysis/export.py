@@ -20,7 +20,7 @@ from typing import IO, Any
 
 from hpcppo.analysis.targets import Target, damage_error, no_rows_error
 from hpcppo.errors import ConfigError, PathError
-from hpcppo.fsutil import atomic_write, require_parent_dir
+from hpcppo.fsutil import atomic_write, require_output_dir, require_parent_dir
 from hpcppo.metrics import load
 from hpcppo.metrics.trackers import write_tensorboard
 from hpcppo.rundir import RunPaths
@@ -60,11 +60,9 @@ def export_metrics(target: Target, out: str | os.PathLike[str], *, fmt: str | No
     """
     import pyarrow as pa
 
+    require_parent_dir(out, "-o")  # before the log is read: a typo in -o costs nothing
     out = Path(out)
     fmt = export_format(out, fmt)
-    if out.is_dir():
-        raise PathError(f"{out}: is a directory; -o names the file to write")
-    require_parent_dir(out)  # before the log is read: a typo in -o costs nothing
     view: dict[str, Any] = ({"attempts": "all", "branches": "all"} if all_attempts
                             else {"attempts": "latest", "branches": "current"})
     frame = load(target.path, columns=columns, locking=locking, **view)
@@ -103,8 +101,9 @@ def export_tensorboard(target: Target, out: str | os.PathLike[str] | None = None
     Raises:
         ConfigError: the tensorboard package is not installed; ``out`` is not given for a metrics file outside a run.
         RunStateError: no row to export.
-        PathError: ``out`` is a file.
+        PathError: ``out`` is not a directory that can be made and written.
     """
+    given = out is not None
     if out is None:
         if target.run_dir is None:
             raise ConfigError(f"{target.path}: not in a run directory; pass -o DIR for the event files")
@@ -112,9 +111,8 @@ def export_tensorboard(target: Target, out: str | os.PathLike[str] | None = None
         if any(not p.name.endswith(EXPORT_SUFFIX) for p in out.glob("*tfevents*")):
             raise ConfigError(f"{out} holds the event files the trainer wrote (trainer.logger tensorboard): an "
                               f"export there would show each point twice", hint="pass -o DIR")
+    require_output_dir(out, "-o" if given else "the run's tensorboard directory")  # before the log is read
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise PathError(f"{out}: is a file; -o names the directory of the event files")
     view: dict[str, Any] = ({"attempts": "all", "branches": "all"} if all_attempts
                             else {"attempts": "latest", "branches": "current"})
     frame = load(target.path, columns=columns, locking=locking, **view)

@@ -10,8 +10,10 @@ from pathlib import Path
 from hpcppo import compiler, config
 from hpcppo.cli.common import err
 from hpcppo.config import verl_import
+from hpcppo.config.compiled import check_engine_installed, check_trackers_installed
 from hpcppo.config.convert import MAX_INPUT_BYTES
 from hpcppo.errors import HpcppoError
+from hpcppo.fsutil import require_parent_dir
 from hpcppo.sizing import report
 from hpcppo.sizing.estimate import estimate
 
@@ -19,6 +21,9 @@ from hpcppo.sizing.estimate import estimate
 def cmd_plan(args: argparse.Namespace) -> int:
     # Not refused here when it does not fit: the table shows what is over, compile refuses.
     compiled = compiler.compile_config(Path(args.spec), args.site, args.override, check_paths=False, check_memory=False)
+    # What compile refuses about the job's interpreter, plan refuses too (paths may exist only on the cluster).
+    check_engine_installed(compiled.site, compiled.experiment)
+    check_trackers_installed(compiled.site, compiled.experiment)
     data = compiled.experiment.data
     val_prompts = None
     if data.val_files:  # the Parquet footers (no rows read); pyarrow for this command only
@@ -43,6 +48,7 @@ def cmd_import_verl(args: argparse.Namespace) -> int:
         return 0
     if args.input is None:
         raise HpcppoError("give a verl command line or YAML file (or - for stdin), or --table")
+    require_parent_dir(args.out, "-o")
     # One character past the limit is enough for the library to refuse the input; an endless stdin does not hang.
     stdin_text = sys.stdin.read(MAX_INPUT_BYTES + 1) if args.input == "-" else None
     imp, problem = verl_import.import_verl(args.input, Path(args.out), force=args.force, name=args.name,

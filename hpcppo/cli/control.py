@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from hpcppo.cli import dispatch
 from hpcppo.cli.common import err, runs_root
 from hpcppo.errors import RunRecordError
 from hpcppo.launch import jobs, status
-from hpcppo.rundir import RunDir, control, events
+from hpcppo.rundir import RunDir, checkpoints, control, events
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -21,12 +22,30 @@ def cmd_status(args: argparse.Namespace) -> int:
         if st["state"] == "UNREADABLE":
             raise RunRecordError(st["reason"])
         recent = events.read_events(run.path, last=10)
+        damaged = _damaged_checkpoints(run, shards=args.verify)
         if args.json:
-            print(json.dumps(st | {"attempt_records": attempts, "events": recent}, indent=2, default=str))
+            print(json.dumps(st | {"attempt_records": attempts, "events": recent, "damaged_checkpoints": damaged},
+                             indent=2, default=str))
         else:
             print(status.format_run(st, attempts, recent))
+        if damaged:
+            steps = ", ".join(f"step {step} ({why})" for step, why in damaged.items())
+            print(f"hpcppo: warning: damaged committed checkpoint{'s' if len(damaged) > 1 else ''}: {steps}; a resume "
+                  "sets it aside and starts from the newest intact one", file=sys.stderr)
         return 0
     return dispatch("seeing:cmd_runs", args)
+
+
+def _damaged_checkpoints(run: RunDir, *, shards: bool) -> dict[int, str]:
+    """Committed checkpoints that differ from their commit's manifest (sizes and the small files' CRC-32; every
+    shard's CRC-32 with ``shards``): found now rather than when a resume reaches them."""
+    root = run.checkpoints
+    found = {}
+    for step in checkpoints.list_committed(root):
+        why = checkpoints.find_damage(checkpoints.step_dir(root, step), shards=shards)
+        if why is not None:
+            found[step] = why
+    return found
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

@@ -76,6 +76,9 @@ def _add_run_commands(sub: Any) -> None:
     p = sub.add_parser("status", help="list runs, or one run in detail")
     p.add_argument("run", nargs="?", help="run id")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--verify", action="store_true",
+                   help="with RUN: also check every checkpoint shard's CRC-32 (reads them all; by default sizes and "
+                        "the small files only)")
     add_runs_root_args(p, site_help="site whose runs root to list (default: local)")
     p.set_defaults(func="control:cmd_status")
 

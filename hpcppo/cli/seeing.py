@@ -22,9 +22,11 @@ from hpcppo.analysis.targets import Target, damage_reported_by_caller, resolve_t
 from hpcppo.cli.common import err, runs_root
 from hpcppo.config import load_resolved
 from hpcppo.errors import ConfigError, HpcppoError, PathError
+from hpcppo.fsutil import require_parent_dir
 from hpcppo.launch import status
 from hpcppo.metrics import load
-from hpcppo.rundir import RunDir
+from hpcppo.metrics.reader import damage_line
+from hpcppo.rundir import RunDir, stray_entries
 from hpcppo.watchdog import unknown_metrics
 from hpcppo.watchdog.replay import format_replay, load_rules, logged_rows, replay, summarize_replay
 
@@ -66,7 +68,7 @@ def _damage_code(damaged: list[dict[str, str]]) -> int:
     per damaged file says what was lost."""
     for files in damaged:
         for path, what in files.items():
-            err(f"{path}: damaged metric log: {what}; shown: its intact rows")
+            err(damage_line(path, what))
     return PathError.exit_code if any(damaged) else 0
 
 
@@ -80,12 +82,13 @@ def cmd_runs(args: argparse.Namespace) -> int:
     root = runs_root(args)
     states, name = getattr(args, "state", None) or [], getattr(args, "name", None)
     rows = logs.run_rows(root, states=states, name=name)
+    code = _report_strays(root)
     if args.json:
         print(json.dumps(_json_safe(rows), indent=2, default=str))
-        return 0
+        return code
     if not rows:
         print(f"no runs under {root}" + (" match the filters" if states or name else ""))
-        return 0
+        return code
     from rich.console import Console
     from rich.table import Table
 
@@ -95,7 +98,19 @@ def cmd_runs(args: argparse.Namespace) -> int:
     for row in rows:
         table.add_row(*logs.run_row_cells(row))
     Console(width=200).print(table)
-    return 0
+    return code
+
+
+def _report_strays(root: Path) -> int:
+    """One line for the entries named like runs that are none (a listing must not quietly show fewer runs than
+    there are names); PathError's exit code then, 0 otherwise."""
+    strays = stray_entries(root)
+    if not strays:
+        return 0
+    more = f" and {len(strays) - 3} more" if len(strays) > 3 else ""
+    err(f"{len(strays)} entr{'y' if len(strays) == 1 else 'ies'} of {root} named like a run {'is' if len(strays) == 1 else 'are'} "
+        f"no run directory, not listed: {', '.join(strays[:3])}{more}")
+    return PathError.exit_code
 
 
 def cmd_follow(args: argparse.Namespace) -> int:
@@ -142,9 +157,11 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
+    if args.out is not None:
+        require_parent_dir(args.out, "-o")
     runs = _metric_targets(args)
     metrics = plot.parse_metrics(args.metric)
-    out = Path(args.out) if args.out else Path(f"{runs[0].name}.png")
+    out = Path(args.out) if args.out is not None else Path(f"{runs[0].name}.png")
     plot.plot_runs(runs, metrics, out, x=args.x, smooth=args.smooth, title=args.title)
     print(f"wrote {out}: {', '.join(metrics)} of {len(runs)} run{'s' if len(runs) > 1 else ''} over {args.x}")
     return 0
@@ -175,7 +192,7 @@ def cmd_metrics_export(args: argparse.Namespace) -> int:
     [target] = _metric_targets(args)
     if args.format == "tensorboard":
         with damage_reported_by_caller():
-            info = export_tensorboard(target, Path(args.out) if args.out else None, all_attempts=args.all_attempts,
+            info = export_tensorboard(target, args.out, all_attempts=args.all_attempts,
                                       columns=_metric_names(args.columns) or None)
         print(f"wrote {info['out']}: {info['scalars']:,} scalars over {info['steps']:,} rows of {info['run']} "
               f"(TensorBoard event file: tensorboard --logdir {info['out']})")
@@ -183,7 +200,7 @@ def cmd_metrics_export(args: argparse.Namespace) -> int:
     if args.out is None:
         raise ConfigError("metrics export: -o FILE is required (except with --format tensorboard)")
     with damage_reported_by_caller():
-        info = export_metrics(target, Path(args.out), fmt=args.format, all_attempts=args.all_attempts,
+        info = export_metrics(target, args.out, fmt=args.format, all_attempts=args.all_attempts,
                               columns=_metric_names(args.columns) or None)
     view = "every row of every attempt, with a current column" if args.all_attempts else "the current history"
     print(f"wrote {info['out']}: {info['rows']:,} rows x {info['columns']} columns of {info['run']} "

@@ -12,6 +12,7 @@ from typing import Any
 from hpcppo.analysis.follow import follow
 from hpcppo.analysis.summary import format_start_end, start_end
 from hpcppo.cli.common import err, runs_root
+from hpcppo.errors import ConfigError
 from hpcppo.launch import jobs, status
 from hpcppo.rundir import RunDir
 
@@ -60,6 +61,9 @@ def _submit_and_report(crun: Any, args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    if args.dry_run and (args.wait or args.follow):
+        flag = "--follow" if args.follow else "--wait"
+        raise ConfigError(f"--dry-run stops before submitting: {flag} would have no job to watch; drop one of them")
     crun = jobs.compile_run(Path(args.spec), args.site, args.override, runs_root=args.runs_root,
                             check_paths=not args.no_check_paths)
     return _submit_and_report(crun, args)

@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 from hpcppo.errors import ConfigError
-from hpcppo.tiny import build_tiny_model_and_data
+from hpcppo.tiny import TinySettings, build_tiny_model_and_data
+from hpcppo.tiny.make import check_outputs
 from hpcppo.tiny.reward_model import build_tiny_reward_model
 
 
@@ -19,6 +20,9 @@ def cmd_make_model(args: argparse.Namespace) -> int:
         overrides |= {"moe_experts": args.experts, "moe_top_k": args.top_k}
     elif (args.experts, args.top_k) != (4, 2):
         raise ConfigError("needs --moe (the dense model has no experts)", key="--experts" if args.experts != 4 else "--top-k")
+    # Every setting and every output path before anything is built (a build takes minutes).
+    TinySettings(seed=args.seed, **overrides)
+    check_outputs(args.out, args.data_out or None, args.reward_out or None)
     info = build_tiny_model_and_data(Path(args.out), Path(args.data_out) if args.data_out else None, seed=args.seed,
                                      train_size=args.train_size, val_size=args.val_size, force=args.force, **overrides)
     if args.reward_out:

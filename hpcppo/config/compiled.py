@@ -20,11 +20,12 @@ from hpcppo.config.experiment import Experiment
 from hpcppo.config.fields import opt
 from hpcppo.config.load import expand_path_text
 from hpcppo.config.lora import check_adapter, check_lora_targets
+from hpcppo.config.weights_check import check_weights
 from hpcppo.config.plan import RunPlan
 from hpcppo.config.resolve import resolve
 from hpcppo.config.site import Site
 from hpcppo.errors import ConfigError, PathError
-from hpcppo.fsutil import atomic_write_text
+from hpcppo.fsutil import atomic_write_text, path_length_problem
 from hpcppo.rundir.record import runs_root_error
 
 __all__ = ["Compiled", "JobSection", "check_experiment_paths", "check_engine_installed", "check_trackers_installed",
@@ -85,6 +86,7 @@ def _model_config(key: str, path: str) -> dict[str, Any]:
                         f"{getattr(exc, 'strerror', None) or exc}") from None
     if not isinstance(data, dict):
         raise PathError(f"{key}: {config} is not a model config (a JSON object is expected)")
+    check_weights(key, path)  # the safetensors headers: random bytes fail here, not when the job loads them
     return data
 
 
@@ -240,6 +242,9 @@ def runs_root(site: Site, override: str | os.PathLike[str] | None = None, *, cwd
     """
     raw = os.fspath(override) if override else (os.environ.get(RUNS_ROOT_ENV) or site.paths.runs_root)
     path = ((cwd or Path.cwd()) / Path(expand_path_text(raw, key=runs_root_origin(site, override)))).resolve()
+    too_long = path_length_problem(path)  # before any stat: on such a path exists() raises ENAMETOOLONG
+    if too_long:
+        raise runs_root_error(path, runs_root_origin(site, override), too_long)
     if path.exists() and not path.is_dir():  # a file: "no runs" would be a lie, and compile would fail later
         raise runs_root_error(path, runs_root_origin(site, override), "exists and is not a directory")
     return path

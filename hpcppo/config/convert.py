@@ -93,6 +93,8 @@ def _make_converter() -> cattrs.Converter:
     def s_int(v: Any, _: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, int):
             raise _expected("an integer", v)
+        if not -(2**63) <= v < 2**63:  # TOML's integers are 64-bit; every count and id here is one
+            raise ValueError(f"{fmt_value(v)} is past a 64-bit integer; allowed: -2**63 to 2**63 - 1")
         return v
 
     def s_float(v: Any, _: Any) -> float:

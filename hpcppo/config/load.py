@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import unicodedata
 import re
 import tomllib
 import warnings
@@ -250,6 +251,20 @@ def _set_nested(target: dict[str, Any], dotted: str, value: Any) -> None:
     target[parts[-1]] = value
 
 
+def _refuse_invisible(item: str, key: str, raw: str) -> None:
+    """A key is ASCII letters, digits, ``_``, ``-`` and dots; a value has no other whitespace at its ends than spaces
+    and tabs. A non-breaking or zero-width space (pasted from a web page) would otherwise vanish in a ``strip()``
+    and the override would silently mean something the user cannot see."""
+    bad = next((c for c in key if not (c.isascii() and (c.isalnum() or c in "_-."))), None)
+    if bad is None:
+        edges = raw[:1] + raw[-1:]
+        bad = next((c for c in edges if c.isspace() and c not in " \t" or unicodedata.category(c) == "Cf"), None)
+    if bad is not None:
+        raise ConfigError(f"{_shown(item)} contains {bad!r} ({unicodedata.name(bad, 'U+%04X' % ord(bad))}); keys are "
+                          f"ASCII letters, digits, '_' and dots (e.g. -o actor.lr=1e-6): retype it",
+                          file=OVERRIDE_LABEL)
+
+
 def parse_overrides(overrides: Iterable[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Split ``key=value`` overrides into (experiment layer data, site layer data), values typed by the schema."""
     exp: dict[str, Any] = {}
@@ -261,12 +276,13 @@ def parse_overrides(overrides: Iterable[str]) -> tuple[dict[str, Any], dict[str,
             raise ConfigError(f"{_shown(item)} contains {bad!r}; an override is one key=value on one line: give each "
                               f"key=value its own -o", file=OVERRIDE_LABEL)
         key, sep, raw = item.partition("=")
-        key = key.strip()
+        key = key.strip(" \t")
         if not sep or not key:
             raise ConfigError(f"{_shown(item)} is not key=value (e.g. -o actor.lr=1e-6)", file=OVERRIDE_LABEL)
         if any(not part.strip() for part in key.split(".")):
             raise ConfigError(f"{key!r} is not a dotted key: a key name is empty (keys look like actor.lr or "
                               f"site.slurm.partition)", file=OVERRIDE_LABEL)
+        _refuse_invisible(item, key, raw)
         if key.startswith(SITE_PREFIX):
             bare = key[len(SITE_PREFIX):]
             attribute = lookup_field(Site, bare, label=OVERRIDE_LABEL, shown_prefix=SITE_PREFIX)
@@ -354,6 +370,7 @@ def load_site_with_provenance(name_or_path: str | os.PathLike[str], overrides: d
     if isinstance(tdir, str) and tdir:
         data["templates"]["dir"] = _expand_path(tdir, path.parent, key="templates.dir", label=str(path))
     site, prov = _build(Site, layers, shown_prefix="")
+    _refuse_unused_scheduler_keys(site, overrides or {})
     if site.defaults:
         # Check the [defaults] table against the experiment schema now (keys, types, ranges), and make
         # its relative paths absolute against the site file's directory.
@@ -362,6 +379,18 @@ def load_site_with_provenance(name_or_path: str | os.PathLike[str], overrides: d
                "defaults.")
         site = attrs.evolve(site, defaults=checked)
     return site, prov, path
+
+
+def _refuse_unused_scheduler_keys(site: Site, overrides: dict[str, Any]) -> None:
+    """A ``-o site.slurm.*`` on a site whose jobs do not go through Slurm (or ``site.local.*`` on a Slurm site)
+    would be accepted and do nothing: refused, naming the scheduler that is used."""
+    unused = "local" if site.scheduler == "slurm" else "slurm"
+    section = overrides.get(unused)
+    if isinstance(section, dict) and section:
+        key = f"{SITE_PREFIX}{unused}.{next(iter(section))}"
+        raise ConfigError(f"site {site.name!r} runs jobs with scheduler {site.scheduler!r}: {unused} keys do nothing "
+                          f"there; allowed: {SITE_PREFIX}{site.scheduler}.* (or another --site)",
+                          file=OVERRIDE_LABEL, key=key)
 
 
 def load_site(name_or_path: str | os.PathLike[str], overrides: Iterable[str] = ()) -> Site:

@@ -22,6 +22,9 @@ from hpcppo.errors import ConfigError, PathError
 __all__ = ["LoraSection", "ALL_LINEAR", "linear_modules", "check_lora_targets", "check_adapter"]
 
 ALL_LINEAR = "all-linear"
+# A rank is at most the smaller dimension of an adapted layer (compile checks it against the model's config.json);
+# without the model (--no-check-paths) this bound holds for every model: none has a layer 65,536 wide on both sides.
+MAX_RANK = 65536
 
 # The nn.Linear layers of a decoder layer, by config.json's model_type (transformers' modeling_<type>.py). The
 # output layer (lm_head) is never a target: peft's "all-linear" leaves it out too, and with tied embeddings a merged
@@ -60,7 +63,7 @@ def _check_excludes(value: list[str]) -> str | None:
 class LoraSection:
     """``[actor.lora]`` / ``[critic.lora]``: train low-rank adapters (peft's LoRA) instead of every weight."""
 
-    rank: int = opt(0, ge=0, help="LoRA rank r; 0 = full fine-tuning (verl's lora_rank). The base weights are frozen; "
+    rank: int = opt(0, ge=0, le=MAX_RANK, help="LoRA rank r; 0 = full fine-tuning (verl's lora_rank). The base weights are frozen; "
                                   "the optimizer holds only the adapters (and the critic's value head); with the "
                                   "actor's LoRA the reference is the actor with its adapters disabled (no copy).")
     alpha: float = opt(16.0, gt=0.0, help="LoRA alpha: the update is (alpha / rank) x B A (verl's lora_alpha).")
@@ -126,6 +129,38 @@ def check_lora_targets(key: str, lora: LoraSection, config: dict[str, Any], path
     if not targets - set(lora.exclude_modules):
         raise ConfigError(f"every target module is excluded ({', '.join(sorted(targets))}): nothing would train",
                           key=f"{key}.exclude_modules")
+    _check_rank(key, lora.rank, targets - set(lora.exclude_modules), config, path)
+
+
+def _layer_shapes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each linear layer name of a decoder layer, from ``config.json`` (transformers'
+    LlamaAttention/LlamaMLP and Phi3's fused projections); {} when the config lacks a size."""
+    source = config if "hidden_size" in config else config.get("text_config") or {}
+    try:
+        hidden, inter = int(source["hidden_size"]), int(source["intermediate_size"])
+        heads = int(source["num_attention_heads"])
+        kv = int(source.get("num_key_value_heads") or heads)
+        head_dim = int(source.get("head_dim") or hidden // heads)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return {}
+    return {"q_proj": (hidden, heads * head_dim), "k_proj": (hidden, kv * head_dim), "v_proj": (hidden, kv * head_dim),
+            "o_proj": (heads * head_dim, hidden), "gate_proj": (hidden, inter), "up_proj": (hidden, inter),
+            "down_proj": (inter, hidden), "qkv_proj": (hidden, (heads + 2 * kv) * head_dim),
+            "gate_up_proj": (hidden, 2 * inter)}
+
+
+def _check_rank(key: str, rank: int, targets: set[str], config: dict[str, Any], path: str) -> None:
+    """A rank above a layer's smaller dimension adds parameters without adding rank (B A has rank min(in, out)):
+    refused, naming the narrowest adapted layer."""
+    shapes = _layer_shapes(config)
+    sized = {name: min(shapes[name]) for name in targets if name in shapes}
+    if not sized:
+        return
+    narrowest = min(sized, key=lambda n: sized[n])
+    if rank > sized[narrowest]:
+        raise ConfigError(f"{rank} is more than the narrowest adapted layer of {path} allows ({narrowest}: "
+                          f"{shapes[narrowest][0]} x {shapes[narrowest][1]}); allowed: 1 to {sized[narrowest]}",
+                          key=f"{key}.rank")
 
 
 # adapter_config.json fields that must have peft's plain-LoRA value: hpcppo's adapters and their merge are those.

@@ -205,17 +205,24 @@ def _check_trainer(exp: Experiment, needs_critic: bool) -> None:
 
 
 def _check_token_budgets(exp: Experiment, needs_critic: bool) -> None:
-    """A token budget must hold the longest row a batch can have (one row never splits), as verl asserts
-    (``max_token_len >= max_seq_len`` in rearrange_micro_batches, verl/utils/seqlen_balancing.py)."""
+    """One rule for every token budget: it must hold the longest row its forward can see (one row never splits), as
+    verl asserts (``max_token_len >= max_seq_len`` in rearrange_micro_batches, verl/utils/seqlen_balancing.py). The
+    reward model's row is its re-templated input, cut at ``reward_model.max_length`` when that is set."""
     longest = exp.data.max_prompt_length + exp.data.max_response_length
-    budgets = [("actor", exp.actor.max_tokens_per_micro_batch), ("rollout", exp.rollout.max_tokens_per_micro_batch)]
+    shown = f"data.max_prompt_length + data.max_response_length = {longest} tokens"
+    budgets = [("actor", exp.actor.max_tokens_per_micro_batch, longest, shown),
+               ("rollout", exp.rollout.max_tokens_per_micro_batch, longest, shown)]
     if needs_critic:
-        budgets.append(("critic", exp.critic.max_tokens_per_micro_batch))
-    for section, budget in budgets:
-        if 0 < budget < longest:
-            raise ResolveError(f"{section}.max_tokens_per_micro_batch={budget} cannot hold one row of data."
-                               f"max_prompt_length + data.max_response_length = {longest} tokens; use at least "
-                               f"{longest} (or 0 for fixed-size micro-batches)")
+        budgets.append(("critic", exp.critic.max_tokens_per_micro_batch, longest, shown))
+    rm = exp.reward_model
+    if rm.enable:
+        rm_longest = rm.max_length or longest
+        budgets.append(("reward_model", rm.max_tokens_per_micro_batch, rm_longest,
+                        f"reward_model.max_length = {rm_longest} tokens" if rm.max_length else shown))
+    for section, budget, need, why in budgets:
+        if 0 < budget < need:
+            raise ResolveError(f"{section}.max_tokens_per_micro_batch={budget} cannot hold one row: {why}; use at "
+                               f"least {need} (or 0 for fixed-size micro-batches)")
 
 
 def _actor_fields(exp: Experiment, world: int) -> dict[str, int]:

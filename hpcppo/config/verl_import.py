@@ -27,6 +27,7 @@ from hpcppo.config.verl_convert import REF, dynamic_on
 from hpcppo.config.convert import MAX_INPUT_BYTES, read_input
 from hpcppo.config.experiment import Experiment
 from hpcppo.config.load import _check_leaf, experiment_from_data, leaf_keys, lookup_field
+from hpcppo.config.verl_lex import UnterminatedQuoteError
 from hpcppo.config.verl_read import (VERL_BASE_CONFIGS, VERL_OTHER_CONFIGS, YAML_MAX_DEPTH, YAML_MAX_VALUES, Read,
                                      Setting, locate_config, read_command_line, read_input_text, read_yaml,
                                      read_yaml_config, show)
@@ -378,7 +379,11 @@ def to_toml(imp: Imported, source: str) -> str:
 def _check(text: str, label: str, base_dir: Path) -> str | None:
     """None when the written spec loads (types, ranges, cross-field checks), else the one-line error."""
     try:
-        experiment_from_data(tomllib.loads(text), label, base_dir)
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:  # never write a file that cannot be read back
+        raise ConfigError(f"the translation is not TOML that reads back ({exc}); nothing written", file=label) from None
+    try:
+        experiment_from_data(data, label, base_dir)
     except HpcppoError as exc:
         return str(exc)
     return None
@@ -478,12 +483,16 @@ def import_verl(source: str, out: Path, *, force: bool = False, name: str | None
     require_parent_dir(out)
     if out.exists() and not force:
         raise PathError(f"{out} exists; pass --force to replace it")
+    refuse_nul(text, label)
     cwd = cwd or Path.cwd()
     script_dir = Path(source).resolve().parent if source != "-" else cwd
     if _looks_like_yaml(text, source):
         read = read_yaml_config(text, label)
     else:
-        read = read_input_text(text, environ)
+        try:
+            read = read_input_text(text, environ)
+        except UnterminatedQuoteError as exc:
+            raise ConfigError(f"line {exc.line}: {exc} (bash -n refuses the script the same way)", file=label) from None
         if read.config_name is not None:
             _follow_config(read, label, script_dir, cwd)
     settings, notes = read.settings, read.notes
@@ -505,6 +514,15 @@ def import_verl(source: str, out: Path, *, force: bool = False, name: str | None
     except OSError as exc:
         raise PathError(f"{out} cannot be written: {exc.strerror or exc}") from None
     return imp, problem
+
+
+def refuse_nul(text: str, label: str) -> None:
+    """A NUL byte is no character of a script or a YAML file (bash drops it, YAML refuses it), and TOML cannot hold
+    it: refused, with its line."""
+    at = text.find("\x00")
+    if at >= 0:
+        raise ConfigError(f"line {text.count(chr(10), 0, at) + 1}: holds a NUL byte; a script or YAML file cannot",
+                          file=label)
 
 
 def format_report(imp: Imported) -> list[str]:

@@ -10,7 +10,8 @@ import operator
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["ARITH_OPS", "Command", "arith", "scan", "skip_dollar", "skip_group", "skip_quoted", "skip_redirect"]
+__all__ = ["ARITH_OPS", "Command", "arith", "scan", "skip_dollar", "skip_group", "skip_quoted", "skip_redirect",
+           "quote_end", "UnterminatedQuoteError"]
 
 # ------------------------------------------------------------------------------------------------ scanning
 
@@ -22,8 +23,22 @@ class Command:
     redirected: bool = False
 
 
+class UnterminatedQuoteError(ValueError):
+    """A quote that nothing closes: bash -n refuses the script ("unexpected EOF while looking for matching")."""
+
+    def __init__(self, quote: str, line: int):
+        super().__init__(f"the {quote} quote opened here is never closed (everything after it would be one word)")
+        self.quote, self.line = quote, line
+
+
 def skip_quoted(text: str, i: int, quote: str) -> int:
     """Index just past the closing ``quote`` of a quoted string opening at ``i`` (or the end of the text)."""
+    end = quote_end(text, i, quote)
+    return len(text) if end is None else end
+
+
+def quote_end(text: str, i: int, quote: str) -> int | None:
+    """Index just past the closing ``quote`` of a quoted string opening at ``i``; None when nothing closes it."""
     j = i + 1
     while j < len(text) and text[j] != quote:
         if quote == '"' and text[j] == "\\":
@@ -33,7 +48,7 @@ def skip_quoted(text: str, i: int, quote: str) -> int:
         elif quote == '"' and text[j] == "`":
             j = skip_quoted(text, j, "`") - 1
         j += 1
-    return min(j + 1, len(text))
+    return j + 1 if j < len(text) else None
 
 
 def skip_group(text: str, i: int, open_: str, close: str) -> int:
@@ -112,7 +127,10 @@ def scan(text: str) -> list[Command]:
             if c == "\\":
                 i += 2
             elif c in "'\"`":
-                i = skip_quoted(text, i, c)
+                end = quote_end(text, i, c)
+                if end is None:
+                    raise UnterminatedQuoteError(c, line + text.count("\n", start, i))
+                i = end
             elif c == "$" and text[i + 1:i + 2] in ("(", "{"):
                 i = skip_dollar(text, i)
             elif c == "(" and re.fullmatch(r"[A-Za-z_]\w*\+?=", text[start:i]):

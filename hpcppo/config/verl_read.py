@@ -191,8 +191,25 @@ def _check_yaml_size(node: Any, label: str) -> None:
         if isinstance(current, yaml.SequenceNode):
             stack.extend((child, depth + 1) for child in current.value)
         elif isinstance(current, yaml.MappingNode):
+            _refuse_duplicate_keys(current, label)
             for key, value in current.value:
                 stack.extend(((key, depth + 1), (value, depth + 1)))
+
+
+def _refuse_duplicate_keys(mapping: Any, label: str) -> None:
+    """PyYAML keeps the last of two equal keys (two ``data:`` blocks: the first one's settings vanish); OmegaConf
+    refuses them, and so does this."""
+    import yaml
+
+    seen: dict[str, int] = {}
+    for key, _ in mapping.value:
+        if not isinstance(key, yaml.ScalarNode) or key.value == "<<":  # merge keys may repeat
+            continue
+        line = key.start_mark.line + 1
+        if key.value in seen:
+            raise ConfigError(f"line {line}: key {key.value!r} appears twice in the same mapping (first on line "
+                              f"{seen[key.value]}); YAML keeps only the last one: merge them", file=label)
+        seen[key.value] = line
 
 
 def load_yaml(text: str, label: str) -> Any:

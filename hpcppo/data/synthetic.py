@@ -62,6 +62,7 @@ SCHEMA = pa.schema(
 # An answer longer than this is garbage, not a number: it also keeps int() away from Python's
 # 4300-digit conversion limit, which would raise on adversarial model output.
 _MAX_ANSWER_DIGITS = 32
+INT64_MAX = 2**63 - 1
 _INT_RE = re.compile(r"-?\d+")
 
 
@@ -76,6 +77,9 @@ def _check_settings(
         raise ValueError(f"max_operand must be an integer >= 1, got {max_operand!r}")
     if not isinstance(num_operands, int) or num_operands < 2:
         raise ValueError(f"num_operands must be an integer >= 2, got {num_operands!r}")
+    if num_operands * max_operand > INT64_MAX:  # the answer column is int64 (SCHEMA)
+        raise ValueError(f"max_operand must be at most {INT64_MAX // num_operands:,} with {num_operands} operands (the "
+                         f"answer is stored as a 64-bit integer), got {max_operand!r}")
     if not operators or any(op not in ALLOWED_OPERATORS for op in operators):
         raise ValueError(f"operators must be a non-empty subset of {ALLOWED_OPERATORS}, got {tuple(operators)!r}")
     if not 0.0 < val_fraction < 1.0:

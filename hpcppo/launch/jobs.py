@@ -15,6 +15,7 @@ import datetime as _dt
 import os
 import shutil
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ import attrs
 
 from hpcppo import config
 from hpcppo.compiler import compile_config, compile_preflight
-from hpcppo.errors import HpcppoError, RunIdError, RunStateError
+from hpcppo.errors import ConfigError, HpcppoError, RunIdError, RunStateError, SettingWarning
 from hpcppo.fsutil import atomic_write_text
 from hpcppo.launch import render as _render
 from hpcppo.launch import slurm, submit
@@ -69,6 +70,7 @@ def compile_run(
         compiled = compile_config(exp_path, site_name, overrides, check_paths=check_paths)
     root = config.runs_root(compiled.site, runs_root)
     origin = config.runs_root_origin(compiled.site, runs_root)
+    _warn_overruled_runs_root(overrides, origin, root)
     python = _job_python(compiled)
     resolved = config.to_toml(compiled)
     for _ in range(RUN_ID_TRIES):
@@ -87,6 +89,15 @@ def compile_run(
         return CompiledRun(run=RunDir(final), script=script, compiled=compiled)
     raise RunIdError(f"could not find a free run id under {root} in {RUN_ID_TRIES} tries (the last: {final.name})",
                      hint="are the runs root's entries created by something else?")
+
+
+def _warn_overruled_runs_root(overrides: Sequence[str], origin: str, root: Path) -> None:
+    """``-o site.paths.runs_root=DIR`` loses to ``--runs-root`` and ``$HPCPPO_RUNS_ROOT`` (the documented precedence,
+    :func:`hpcppo.config.runs_root`): one line says which root is used and why, instead of silence."""
+    if origin.startswith("site.") or not any(o.partition("=")[0].strip() == "site.paths.runs_root" for o in overrides):
+        return
+    warnings.warn(f"-o site.paths.runs_root has no effect: {origin} is set and comes first; the run goes under {root}",
+                  SettingWarning, stacklevel=2)
 
 
 def _job_python(compiled: Any) -> str:
@@ -264,6 +275,20 @@ def rollback_run(run: RunDir, *, to_step: int | None = None, lr_scale: float | N
         return _rollback_locked(run, to_step=to_step, lr_scale=lr_scale)
 
 
+def _check_rollback_target(run: RunDir, st: Status, to_step: int | None, checkpoint: int) -> None:
+    """``--to`` counts the run's steps: past ``trainer.total_steps`` it means nothing; and a stopped run that would
+    restart at its last step has zero steps left to train (a resubmission for nothing)."""
+    total = st.get("total_steps")
+    if not isinstance(total, int):
+        return
+    if to_step is not None and to_step > total:
+        raise ConfigError(f"--to {to_step}: run {run.run_id} has {total} steps; allowed: 0 to {total}")
+    if _stopped(st) and checkpoint >= total:
+        raise RunStateError(f"run {run.run_id}: checkpoint step {checkpoint} is its last step ({total}); going back "
+                            f"to it leaves nothing to train", hint=f"hpcppo rollback {run.run_id} --to STEP below "
+                                                                   f"{checkpoint}")
+
+
 def _rollback_locked(run: RunDir, *, to_step: int | None, lr_scale: float | None) -> Rollback:
     committed = layout.list_committed(run.checkpoints)
     eligible = [s for s in committed if to_step is None or s <= to_step]
@@ -273,6 +298,7 @@ def _rollback_locked(run: RunDir, *, to_step: int | None, lr_scale: float | None
         raise RunStateError(f"run {run.run_id} has no committed checkpoint{where}; committed checkpoints: "
                             f"{'..., ' if len(committed) > 20 else ''}{listed}")
     st = _status_to_decide_on(run)
+    _check_rollback_target(run, st, to_step, eligible[-1])
     request = control.submit_request(run.path, "rollback", to_step=to_step, lr_scale=lr_scale)
     if not _stopped(st):
         return Rollback(request=request, checkpoint=eligible[-1], state=st["state"], job_id=st["job_id"],

@@ -51,7 +51,6 @@ ROW_COLUMNS: tuple[str, ...] = ("step", "attempt", "branch", "seq", "time")
 EVENT_COLUMNS: tuple[str, ...] = ("attempt", "step", "time", "kind", "message")
 _EVENT_DATASETS: tuple[str, ...] = ("step", "time", "kind", "message")
 _REREAD_S = 0.1  # pause before a read that met damage is tried again
-_LOST_HINT = "what lies past the damage cannot be recovered; `h5clear` does not bring back missing bytes"
 
 
 def metric_files(run: str | os.PathLike[str]) -> list[Path]:
@@ -152,10 +151,17 @@ def _read_file(path: Path, locking: bool | None, names: Sequence[str], attr_name
     return read
 
 
+def damage_line(path: str | os.PathLike[str], what: str) -> str:
+    """The one line every reader says about a damaged file: what was lost, and what of the file is shown."""
+    shown = "nothing of it is shown" if what.startswith(("0 of", "no row")) else "shown: its intact rows"
+    return f"{path}: damaged metric log: {what}; {shown}"
+
+
 def _marked(frame: pd.DataFrame, damaged: dict[str, str]) -> pd.DataFrame:
-    """``frame`` with ``attrs["damaged"]``; one warning per damaged file."""
+    """``frame`` with ``attrs["damaged"]``; one warning per damaged file (the CLI prints it as an error line and
+    exits with PathError's code, whichever command read the file)."""
     for path, what in damaged.items():
-        log.warning("%s: damaged metric log: %s (%s)", path, what, _LOST_HINT)
+        log.warning("%s", damage_line(path, what))
     frame.attrs["damaged"] = dict(damaged)
     return frame
 

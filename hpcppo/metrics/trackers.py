@@ -70,6 +70,18 @@ class TensorBoardSink:
             self._writer.add_event(self._event(wall_time=time.time() if wall_time is None else wall_time, step=step,
                                                summary=self._summary(value=scalars)))
 
+    def start_at(self, step: int) -> None:
+        """A new attempt logs from ``step`` on: whatever an earlier attempt's file holds at ``step`` and after was
+        abandoned (the resume replays it). TensorBoard's own rule hides it: a ``SessionLog.START`` event at ``step``
+        purges the events at ``step`` and after that came before it (``EventAccumulator._MaybePurgeOrphanedData``;
+        torch's ``SummaryWriter(purge_step=...)`` writes the same two events). Without it the replayed steps are drawn
+        twice, as a zigzag."""
+        from tensorboard.compat.proto import event_pb2
+
+        self._writer.add_event(self._event(step=step, wall_time=time.time(), file_version="brain.Event:2"))
+        self._writer.add_event(self._event(step=step, wall_time=time.time(),
+                                           session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)))
+
     def flush(self) -> None:
         self._writer.flush()
 
@@ -123,6 +135,13 @@ class Trackers:
                 continue
             sink.log(step, values)
         self._last_step = step if self._last_step is None else max(self._last_step, step)
+
+    def start_at(self, step: int) -> None:
+        """This attempt logs from ``step`` on (a resume from checkpoint ``step - 1``): TensorBoard hides what an
+        earlier attempt logged from there (:meth:`TensorBoardSink.start_at`); wandb keeps its own step rule."""
+        for sink in self.sinks:
+            if sink.tracker == "tensorboard":
+                sink.start_at(step)
 
     def close(self) -> None:
         for sink in self.sinks:

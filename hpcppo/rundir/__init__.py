@@ -21,7 +21,9 @@ login-node CLI imports this package.
 
 from hpcppo.rundir import checkpoints, control, events, exitcodes, heartbeat, lock, metric_names, paths
 from hpcppo.rundir.paths import RunPaths
-from hpcppo.rundir.record import RunDir, RunIdTakenError, create_run_dir, list_runs, new_run_id, validate_run_id
+from hpcppo.rundir.record import (RunDir, RunIdTakenError, create_run_dir, list_runs, new_run_id, stray_entries,
+                                  validate_run_id)
 
 __all__ = ["RunDir", "RunIdTakenError", "RunPaths", "checkpoints", "control", "create_run_dir", "events",
-           "exitcodes", "heartbeat", "list_runs", "lock", "metric_names", "new_run_id", "paths", "validate_run_id"]
+           "exitcodes", "heartbeat", "list_runs", "lock", "metric_names", "new_run_id", "paths", "stray_entries",
+           "validate_run_id"]

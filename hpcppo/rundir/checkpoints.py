@@ -306,6 +306,34 @@ def check_file(checkpoint_dir: str | os.PathLike[str], name: str, recorded: Mapp
     return None
 
 
+SHARD_SUFFIX = ".distcp"  # DCP's tensor files (hpcppo.distributed.checkpoint_io.is_shard): the bulk of the bytes
+
+
+def find_damage(checkpoint_dir: str | os.PathLike[str], *, shards: bool = False) -> str | None:
+    """``"FILE: why"`` for the first file of a committed checkpoint that is not what its commit recorded, else None.
+
+    The login node's version of ``CheckpointManager.verify``, with its cost: every size (a ``stat``), the CRC-32 of
+    the small files (the marker's manifest itself, ``extra.pt``, the RNG files, DCP's ``.metadata``), and the
+    shards' CRC-32 only with ``shards``. A marker that cannot be read is damage too; one without a manifest passes.
+    """
+    try:
+        files = manifest(checkpoint_dir)
+    except (OSError, ValueError) as exc:
+        return f"{MARKER}: cannot be read ({one_line(exc)})"
+    if files is None:
+        return None
+    if not isinstance(files, dict):
+        return f"{MARKER}: its manifest is not a table of files"
+    for name in sorted(files):
+        record = files[name]
+        if not isinstance(record, dict) or not isinstance(record.get("size"), int):
+            return f"{MARKER}: its entry for {name} is not a size and a checksum"
+        why = check_file(checkpoint_dir, name, record, checksum=shards or not name.endswith(SHARD_SUFFIX))
+        if why is not None:
+            return f"{name}: {why}"
+    return None
+
+
 def set_aside_corrupt(root: str | os.PathLike[str], step: int) -> Path:
     """Rename damaged committed checkpoint ``step`` to ``step-<N>.corrupt-<hex>`` (kept, never pruned); return it."""
     aside = set_aside(root, step, "corrupt")

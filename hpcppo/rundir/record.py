@@ -21,6 +21,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -162,6 +163,30 @@ def list_runs(runs_root: Path | str) -> list[RunDir]:
     runs = [RunDir(p) for p in root.iterdir()
             if p.is_dir() and not p.name.startswith(".") and RunPaths(p).resolved.is_file()]
     return sorted(runs, key=lambda r: r.run_id)
+
+
+_GENERATED_ID_RE = re.compile(r".+-\d{8}-\d{6}-[0-9a-f]{4}")
+
+
+def stray_entries(runs_root: Path | str) -> list[str]:
+    """Entries of the runs root named like run ids (:func:`new_run_id`) that :func:`list_runs` skips because they
+    are no run directory: a FIFO, a file, a dangling link, a directory without ``resolved.toml``. Each as
+    ``"NAME (what it is)"``; a listing that hid them would report fewer runs than the user made."""
+    root = Path(runs_root)
+    if not root.is_dir():
+        return []
+    out = []
+    for p in sorted(root.iterdir()):
+        if p.name.startswith(".") or not _GENERATED_ID_RE.fullmatch(p.name):
+            continue
+        if p.is_dir():
+            if not RunPaths(p).resolved.is_file():
+                out.append(f"{p.name} (a directory without resolved.toml)")
+            continue
+        what = ("a FIFO" if stat.S_ISFIFO(p.lstat().st_mode) else "a dangling link" if not p.exists()
+                else "a file" if p.is_file() else "not a directory")
+        out.append(f"{p.name} ({what})")
+    return out
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ from typing import Any
 from hpcppo.data import synthetic
 from hpcppo.errors import ConfigError, PathError
 from hpcppo.fsutil import fsync_dir as _fsync_dir
+from hpcppo.fsutil import require_distinct, require_output_dir
 from hpcppo.tiny.model import accuracy, build_model
 from hpcppo.tiny.settings import FORMAT_VERSION, TinySettings
 from hpcppo.tiny.tokenizer import build_tokenizer
@@ -66,9 +67,7 @@ def build_tiny_model_and_data(
             raise ConfigError(f"{size:,} rows: the task ({settings.describe_task()}) has {settings.distinct_problems():,} "
                               f"distinct problems, drawn with repetition; allowed: 1 to {MAX_ROWS:,} rows", key=option)
     out_dir = Path(out_dir)
-    _check_output_dir(out_dir, "--out")  # before anything is written: a refused --out leaves no data behind
-    if data_dir is not None:
-        _check_output_dir(Path(data_dir), "--data-out")
+    check_outputs(out_dir, data_dir)  # before anything is written: a refused --out leaves no data behind
 
     info = _read_info(out_dir)
     if out_dir.exists() and info is None and any(out_dir.iterdir()):
@@ -90,13 +89,16 @@ def build_tiny_model_and_data(
     return {**info, "built": True, "data": data_paths}
 
 
-def _check_output_dir(path: Path, option: str) -> None:
-    """``PathError`` when a file stands where ``path`` (or one of its parents) must be a directory."""
-    for p in (path, *path.parents):
-        if p.exists():
-            if not p.is_dir():
-                raise PathError(f"{option} {path}: {p} is a file; {option} must be a directory (new or existing)")
-            return
+def check_outputs(out_dir: str | os.PathLike[str], data_dir: str | os.PathLike[str] | None = None,
+                  reward_dir: str | os.PathLike[str] | None = None) -> None:
+    """``PathError`` unless every output directory of a build can be made and written, and each is its own (a model
+    directory is replaced whole when rebuilt: data inside it would go with it)."""
+    require_output_dir(out_dir, "--out")
+    if data_dir is not None:
+        require_output_dir(data_dir, "--data-out")
+    if reward_dir is not None:
+        require_output_dir(reward_dir, "--reward-out")
+    require_distinct({"--out": out_dir, "--data-out": data_dir, "--reward-out": reward_dir})
 
 
 def write_task_data(

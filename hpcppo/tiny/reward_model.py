@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from hpcppo.data import synthetic
 from hpcppo.data.rm_inputs import reward_model_text
 from hpcppo.errors import PathError
+from hpcppo.fsutil import require_output_dir
 from hpcppo.tiny.make import save_model_dir
 from hpcppo.tiny.settings import TinySettings
 from hpcppo.tiny.tokenizer import build_tokenizer
@@ -109,7 +110,7 @@ def build_tiny_reward_model(out_dir: str | os.PathLike[str], *, seed: int = 0, f
     """Build (or find up to date) the tiny reward model in ``out_dir``; returns its ``hpcppo_tiny_rm.json`` record
     plus ``"built"``. ``overrides`` are task settings (``TinySettings`` fields, as for the actor)."""
     settings = TinySettings(seed=seed, **overrides)
-    out = Path(out_dir)
+    out = require_output_dir(out_dir, "--reward-out")
     digest = f"{settings.digest()}:rm:{RM_STEPS}:{RM_BATCH}:{RM_LR}"
     info_path = out / RM_INFO_FILE
     if out.exists() and not info_path.is_file() and any(out.iterdir()):

@@ -12,6 +12,7 @@ from hpcppo.errors import ConfigError
 
 from hpcppo.tiny.tokenizer import CHARS, SPECIAL_TOKENS, VOCAB_SIZE
 
+MAX_SEED = 2**32 - 1 - 10_000_000  # the build derives seeds up to seed + 4,000,037
 FORMAT_VERSION = 2  # 2: both warm-start stages run a fixed schedule to convergence
 
 
@@ -61,6 +62,10 @@ class TinySettings:
             synthetic.generate_rows(0, seed=self.seed, **self.task_kwargs())
         except ValueError as exc:
             raise ConfigError(str(exc), key="tiny-model task") from None
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"must be in 0 to {MAX_SEED:,} (numpy's and the data's seeds), got {self.seed!r}",
+                              key="seed")
+        self._check_answer_fits()
         for name in ("target_greedy_accuracy", "target_sampled_accuracy", "flaw_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"must be in [0, 1], got {getattr(self, name)!r}", key=name)
@@ -75,6 +80,16 @@ class TinySettings:
         for name in ("warmup_steps", "flaw_warmup_steps"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"must be >= 0, got {getattr(self, name)!r}", key=name)
+
+    def _check_answer_fits(self) -> None:
+        """The longest answer (its digits, a sign, the end token) must fit ``max_new_tokens``: a task whose answers
+        the model cannot finish writing cannot be learnt, and its build would spend minutes for nothing."""
+        longest = len(str(self.max_operand * self.num_operands)) + ("-" in self.operators) + 1
+        if self.max_new_tokens >= 1 and longest > self.max_new_tokens:
+            top = int("9" * max(self.max_new_tokens - 1 - ("-" in self.operators), 1)) // self.num_operands
+            raise ConfigError(f"{self.max_operand!r} makes answers of {longest - 1} characters, more than the tiny "
+                              f"model's {self.max_new_tokens} new tokens hold with the end token; allowed: 1 to {top:,}",
+                              key="max_operand")
 
     def task_kwargs(self) -> dict[str, Any]:
         return {

@@ -110,6 +110,8 @@ class Trainer:
         """Train until ``total_steps``; returns the job exit code (done, requeue, paused)."""
         c = self.c
         self.state = self.recovery.resume(self.state)
+        if c.attempt > 0:  # the steps after the checkpoint are logged again: TensorBoard drops the earlier ones
+            self.trackers.start_at(self.step + 1)
         exit_code = self.at_boundary()  # a signal, a pause or a rollback request that came while the models loaded
         if exit_code is not None:
             return exit_code

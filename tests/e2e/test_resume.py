@@ -125,3 +125,24 @@ def test_checkpoints_during_critic_warmup_change_nothing(tmp_path, random_tiny):
     ca, cb = comparable(hmetrics.load(plain)), comparable(hmetrics.load(often))
     assert list(cb.index) == [1, 2, 3, 4]
     assert ca.equals(cb), (ca - cb).abs().max().sort_values().tail(10)
+
+
+@pytest.mark.slow
+def test_a_resumed_run_shows_each_step_once_in_tensorboard(tmp_path, random_tiny):
+    """Attempt 0 logs steps 1-3 and dies at step 4 (checkpoint 2); attempt 1 replays 3 and goes on. The run's live
+    tensorboard/ then held step 3 twice (TensorBoard drew a zigzag): each step once now, as the HDF5 log's current
+    history has it."""
+    from hpcppo.rundir import RunPaths
+    from trackerfiles import tensorboard_scalars
+
+    spec = write_spec(tmp_path / "exp.toml", random_tiny)
+    run = compile_run(spec, tmp_path / "runs", [
+        "trainer.logger=['console','tensorboard']", "trainer.total_steps=4", "checkpoint.save_every=2",
+        "debug.inject.kill_rank_at_step=4", "debug.inject.kill_rank=1"])
+    assert wait_all(launch_ranks(run, 2, "a0")) != [0, 0], logs_of(run)
+    assert 3 in set(hmetrics.load(run, attempts="all", branches="all")["step"]), logs_of(run)  # logged, then lost
+    assert wait_all(launch_ranks(run, 2, "a1")) == [0, 0], logs_of(run)
+    history = hmetrics.load(run).set_index("step")
+    tb = tensorboard_scalars(RunPaths(run).tensorboard)["reward/mean"]
+    assert [s for s, _ in tb] == [1, 2, 3, 4], tb
+    assert [v for _, v in tb] == pytest.approx(history.loc[[1, 2, 3, 4], "reward/mean"].tolist())

@@ -218,13 +218,14 @@ def test_watchdog_replay_of_a_truncated_log_warns_in_one_line(sources, run_dir, 
     t0 = time.monotonic()
     proc = hpcppo("watchdog", "replay", run_dir.name, "--runs-root", str(run_dir.parent))
     assert time.monotonic() - t0 < 10.0  # a fresh interpreter's imports included
-    assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     assert f"over {kept} logged steps" in proc.stdout
     lines = proc.stderr.strip().splitlines()
-    if kept < ROWS:
-        assert len(lines) == 1 and lines[0].startswith(f"{target}: damaged metric log: "), proc.stderr
+    if kept < ROWS:  # the same line and exit code as every other reader of the log (metrics summary, export ...)
+        assert proc.returncode == 5, proc.stderr
+        assert len(lines) == 1 and lines[0].startswith(f"hpcppo: error: {target}: damaged metric log: "), proc.stderr
     else:
+        assert proc.returncode == 0, proc.stderr
         assert lines == [], proc.stderr
 
 

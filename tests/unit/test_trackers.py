@@ -104,3 +104,19 @@ def test_the_login_node_commands_do_not_import_the_trackers():
             "print(sorted(m for m in ('tensorboard', 'wandb', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_resumed_attempt_hides_the_steps_it_replays_from_tensorboard(tmp_path):
+    """Attempt 0 logged steps 1-5 and died after checkpoint 3; attempt 1 resumes and logs 4-6 again. TensorBoard
+    reads each step once, the replayed ones with attempt 1's values (no zigzag)."""
+    first = trackers.open_trackers(["tensorboard"], tmp_path / "run", project="p", group="g", attempt=0, config={})
+    for step in range(1, 6):
+        first.log(step, {"reward/mean": float(step)})
+    first.close()
+    second = trackers.open_trackers(["tensorboard"], tmp_path / "run", project="p", group="g", attempt=1, config={})
+    second.start_at(4)
+    for step in range(4, 7):
+        second.log(step, {"reward/mean": step + 0.5})
+    second.close()
+    got = tensorboard_scalars(RunPaths(tmp_path / "run").tensorboard)
+    assert got["reward/mean"] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.5), (5, 5.5), (6, 6.5)]

@@ -24,7 +24,7 @@ import traceback
 from pathlib import Path
 
 import pytest
-from _engines import greedy, hf_engine, perturb_with_adam, rows, vllm_engine
+from _engines import greedy, perturb_with_adam, rows, vllm_engine
 from _families import FAMILIES, prompts, save
 from _spawn import run_distributed
 
