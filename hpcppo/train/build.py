@@ -73,7 +73,7 @@ class Components:
     engine: RolloutEngine
     sampling: SamplingParams
     val_sampling: SamplingParams
-    kl_ctrl: Any
+    kl_ctrl: algos.KLController
     score_fn: Callable[..., list[float]]
     ckpt: CheckpointManager
     metrics: MetricsWriter | None
@@ -282,7 +282,7 @@ def _sampling_params(cfg: Experiment, tokenizer: Any) -> tuple[SamplingParams, S
     return sampling, val_sampling
 
 
-def _kl_controller(kc: Any) -> Any:
+def _kl_controller(kc: Any) -> algos.KLController:
     """The ``[algorithm.kl_ctrl]`` controller."""
     kwargs: dict[str, Any] = {"fixed": dict(kl_coef=kc.kl_coef),
                               "adaptive": dict(init_kl_coef=kc.kl_coef, target_kl=kc.target_kl, horizon=kc.horizon),

@@ -59,8 +59,8 @@ class Recovery:
         c.ckpt.abandon_after(target)
         models, optims = self.checkpointed()
         extra = c.ckpt.load(target, models=models, optimizers=optims)
-        c.kl_ctrl.load_state_dict(extra["kl_ctrl"])  # checks the controller's kind
-        state = state.rolled_back(target, kl_coef=c.kl_ctrl.value, lr_factor=lr_factor)
+        kl_coef = c.kl_ctrl.coef_from_state(extra["kl_ctrl"])  # checks the controller's kind
+        state = state.rolled_back(target, kl_coef=kl_coef, lr_factor=lr_factor)
         self.restore_schedules(extra, state.lr_scale)
         c.sampler.load_state_dict(cursor)
         self.reoffload_optimizers()
@@ -132,8 +132,8 @@ class Recovery:
 
     def checkpoint_extra(self, state: TrainingState) -> dict[str, Any]:
         c = self.c
-        kl_ctrl = c.kl_ctrl.state_dict() | {"value": float(state.kl_coef)}  # the state's coefficient is the current one
-        extra = state.to_checkpoint() | {"sampler": c.sampler.state_dict(), "kl_ctrl": kl_ctrl,
+        extra = state.to_checkpoint() | {"sampler": c.sampler.state_dict(),
+                                         "kl_ctrl": c.kl_ctrl.state_dict(state.kl_coef),
                                          "actor_lr": c.actor_lr.state_dict()}
         if c.critic is not None:
             extra["critic_lr"] = c.critic_parts()[2].state_dict()
@@ -221,8 +221,8 @@ class Recovery:
                               f"resuming from checkpoint step {latest}", source="trainer",
                               file=str(bad.path / bad.file), checkpoint=bad.step, fallback=latest,
                               set_aside_as=str(bad.set_aside_as))
-        c.kl_ctrl.load_state_dict(extra["kl_ctrl"])
-        state = TrainingState.from_checkpoint(extra, kl_coef=c.kl_ctrl.value, actor_version=state.actor_version + 1)
+        state = TrainingState.from_checkpoint(extra, kl_coef=c.kl_ctrl.coef_from_state(extra["kl_ctrl"]),
+                                              actor_version=state.actor_version + 1)
         if state.watchdog.paused_by is not None:  # the run stopped on a rule's pause, and a person resumed it
             rule = state.watchdog.paused_by
             state = attrs.evolve(state, watchdog=state.watchdog.rearmed())

@@ -79,7 +79,7 @@ class Trainer:
         self.cfg = c.cfg
         self.plan = c.plan
         self.env = c.env
-        self.state = TrainingState(kl_coef=c.kl_ctrl.value)  # the run's progress: replaced, never edited
+        self.state = TrainingState(kl_coef=c.kl_ctrl.initial)  # the run's progress: replaced, never edited
         self.timer = PhaseTimer()  # this step's phase times
         # The engine holds the actor's weights of version `engine_version`; -1 = not known to match.
         self.engine_version = -1
@@ -275,14 +275,13 @@ class Trainer:
             keys += [k for k in ("ref_log_probs", "values", "rollout_log_probs", "reward_baselines") if k in batch]
             full = batching.gather_rows({k: batch[k] for k in keys})
             mask = full["response_mask"]
-            kl_coef = self.state.kl_coef  # the coefficient this step's penalty uses (the controller updates after)
+            kl_coef = self.state.kl_coef  # the coefficient this step's penalty uses (the next one is set after)
             extra: dict[str, float] = {}
             if self.plan.kl_penalty_in_reward:
-                c.kl_ctrl.value = kl_coef  # the controller moves the state's coefficient; it keeps none of its own
-                rewards, reward_kl = algos.apply_kl_penalty(full["token_level_scores"], full["old_log_probs"],
-                                                            full["ref_log_probs"], mask, c.kl_ctrl,
-                                                            cfg.algorithm.kl_penalty)
-                self.state = self.state.with_kl_coef(c.kl_ctrl.value)
+                scores = full["token_level_scores"]
+                rewards, reward_kl = algos.apply_kl_penalty(scores, full["old_log_probs"], full["ref_log_probs"],
+                                                            mask, kl_coef, cfg.algorithm.kl_penalty)
+                self.state = self.state.with_kl_coef(c.kl_ctrl.next_coef(kl_coef, reward_kl, scores.shape[0]))
                 extra["kl/reward_penalty"] = float(reward_kl)
             else:
                 rewards = full["token_level_scores"].float()

@@ -41,6 +41,7 @@ __all__ = ["PRECEDENCE", "Action", "Decision", "WatchdogState", "decide", "rollb
 
 PRECEDENCE: tuple[str, ...] = ("pause", "requeue", "rollback", "restart_critic", "raise_kl_coef", "set_grad_clip")
 STOPS: tuple[str, ...] = ("pause", "requeue")
+_RETIRED_KEYS = ("kl_coef",)  # in checkpoints' watchdog state before the training state alone held the coefficient
 
 Row = Mapping[str, Any]
 
@@ -57,12 +58,7 @@ class WatchdogState:
     last_fired: dict[str, int] = attrs.field(factory=dict)  # step of the last application: cooldown starts there
     lr_scale: float = 1.0  # product over the rollbacks applied: the trainer multiplies its base lr by it
     grad_clip: float | None = None  # set by set_grad_clip; None = the config's
-    kl_coef: float | None = None  # what the trainer last set on a raise_kl_coef (see with_kl_coef)
     paused_by: str | None = None  # the rule whose action paused the run; re-armed when a person resumes it
-
-    def with_kl_coef(self, kl_coef: float) -> WatchdogState:
-        """decide cannot know the controller's value, so the trainer records what it set."""
-        return attrs.evolve(self, kl_coef=float(kl_coef))
 
     def paused(self, rule: str) -> WatchdogState:
         """The state of a run that ``rule`` paused."""
@@ -81,19 +77,20 @@ class WatchdogState:
     def to_dict(self) -> dict[str, Any]:
         """Only str/int/float/None/dict: loadable with ``torch.load(weights_only=True)`` and JSON."""
         return {"fired": dict(self.fired), "last_fired": dict(self.last_fired), "lr_scale": float(self.lr_scale),
-                "grad_clip": self.grad_clip, "kl_coef": self.kl_coef, "paused_by": self.paused_by}
+                "grad_clip": self.grad_clip, "paused_by": self.paused_by}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> WatchdogState:
-        """Missing keys take their defaults; an unknown key is an error (a state of another version)."""
-        unknown = sorted(set(d) - {f.name for f in attrs.fields(cls)})
+        """Missing keys take their defaults; an unknown key is an error (a state of another version). ``kl_coef``,
+        which checkpoints before the training state held the coefficient alone recorded here, is read and dropped:
+        their coefficient is the ``kl_ctrl`` entry's."""
+        unknown = sorted(set(d) - {f.name for f in attrs.fields(cls)} - set(_RETIRED_KEYS))
         if unknown:
             raise ValueError(f"unknown watchdog state key(s) {unknown}; expected fired, last_fired, lr_scale, "
-                             f"grad_clip, kl_coef, paused_by")
+                             f"grad_clip, paused_by")
         return cls(fired={str(k): int(v) for k, v in d.get("fired", {}).items()},
                    last_fired={str(k): int(v) for k, v in d.get("last_fired", {}).items()},
                    lr_scale=float(d.get("lr_scale", 1.0)), grad_clip=_opt_float(d.get("grad_clip")),
-                   kl_coef=_opt_float(d.get("kl_coef")),
                    paused_by=None if d.get("paused_by") is None else str(d["paused_by"]))
 
 

@@ -90,9 +90,8 @@ def raised_kl_coef(current: float, action: Action) -> float:
 
 
 def raise_kl(state: TrainingState, action: Action) -> TrainingState:
-    """A raise_kl_coef action on the state; the watchdog's state records the value it set."""
-    new = raised_kl_coef(state.kl_coef, action)
-    return attrs.evolve(state, kl_coef=new, watchdog=state.watchdog.with_kl_coef(new))
+    """A raise_kl_coef action on the state."""
+    return state.with_kl_coef(raised_kl_coef(state.kl_coef, action))
 
 
 def respond(decision: Decision, state: TrainingState, hands: Hands, rules: Mapping[str, Any], *,

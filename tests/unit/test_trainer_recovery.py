@@ -21,7 +21,8 @@ from hpcppo.algos import AdaptiveKLController
 from hpcppo.config.experiment import DataSection, Experiment, ModelSection
 from hpcppo.config.watchdog import Rule, WatchdogSection
 from hpcppo.distributed.checkpoint import CheckpointManager
-from hpcppo.rundir import RunPaths, control, events, exitcodes
+from hpcppo.distributed.checkpoint_io import EXTRA_FILE
+from hpcppo.rundir import RunPaths, checkpoints, control, events, exitcodes
 from hpcppo.train.optim import LRSchedule
 from hpcppo.train.trainer import Trainer
 
@@ -175,6 +176,32 @@ def test_a_raise_and_a_tighter_clip_change_the_state_the_next_step_uses(tmp_path
     assert t.update_settings("actor", epochs=1, mini=1, micro=1, grad_clip=1.0).grad_clip == 0.25
     # What the controller starts the next step from, and what a checkpoint saves, is the raised coefficient.
     assert t.recovery.checkpoint_extra(t.state)["kl_ctrl"]["value"] == t.state.kl_coef
+
+
+def test_a_checkpoint_whose_watchdog_state_kept_the_kl_coef_resumes(tmp_path: Path, monkeypatch: Any) -> None:
+    # Checkpoints written before the training state alone held the coefficient: the watchdog's state in extra.pt
+    # kept a copy ("kl_coef", set on a raise), the kl_ctrl entry the value. Written here through the real save (DCP,
+    # CRC-32 in the commit marker), read by the real resume.
+    raise_rule = Rule(name="kl_raise", metric="kl/actor_ref", condition="gt", threshold=0.05, action="raise_kl_coef",
+                      factor=2.0, min_value=1e-4, max_value=10.0)
+    t = make_trainer(tmp_path, [raise_rule])
+    play_step(t, {"kl/actor_ref": 0.01})
+    assert t.obey(play_step(t, {"kl/actor_ref": 0.3})) is None  # raised at step 2
+    new_format = t.recovery.checkpoint_extra
+
+    def old_format(state: Any) -> dict[str, Any]:
+        extra = new_format(state)
+        extra["watchdog"]["state"] = extra["watchdog"]["state"] | {"kl_coef": state.kl_coef}
+        return extra
+
+    monkeypatch.setattr(t.recovery, "checkpoint_extra", old_format)
+    t.recovery.save(t.state)
+    saved = torch.load(checkpoints.step_dir(RunPaths(tmp_path).checkpoints, 2) / EXTRA_FILE, weights_only=True)
+    assert saved["watchdog"]["state"]["kl_coef"] == t.state.kl_coef == saved["kl_ctrl"]["value"]
+    resumed = make_trainer(tmp_path, [raise_rule])
+    resumed.state = resumed.recovery.resume(resumed.state)
+    assert (resumed.state.step, resumed.state.kl_coef) == (2, t.state.kl_coef)
+    assert resumed.state.watchdog == t.state.watchdog and resumed.state.watchdog.fired == {"kl_raise": 1}
 
 
 def test_a_pause_request_stops_at_the_boundary_and_is_served_once(tmp_path: Path) -> None:
