@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
+from hpcppo import rule_actions
 from hpcppo.config.watchdog import Rule
 from hpcppo.watchdog import TrainingState, WatchdogState, decide, history_keep, respond
+from hpcppo.watchdog.respond import TRANSITIONS
 
 KL_ROLLBACK = Rule(name="kl_rollback", metric="kl", condition="gt", threshold=0.05, action="rollback", lr_scale=0.5)
 KL_RAISE = Rule(name="kl_raise", metric="kl", condition="gt", threshold=0.05, action="raise_kl_coef", factor=2.0,
@@ -109,3 +111,12 @@ def test_training_state_transitions() -> None:
                                   history=back.history)
     # A checkpoint from before the watchdog kept state resumes with a fresh one.
     assert TrainingState.from_checkpoint({"step": 3}, kl_coef=0.1, actor_version=1).watchdog == WatchdogState()
+
+
+def test_every_action_of_the_table_has_its_transition_here() -> None:
+    assert set(TRANSITIONS) == set(rule_actions.TRANSITIONS)
+    assert {a.transition for a in rule_actions.ACTIONS} <= set(rule_actions.TRANSITIONS)
+    assert sorted(a.precedence for a in rule_actions.ACTIONS) == list(range(len(rule_actions.ACTIONS)))
+    assert rule_actions.STOPS == ("pause", "requeue")
+    with pytest.raises(ValueError, match="unknown watchdog action 'reboot'; known: raise_kl_coef, rollback, pause"):
+        rule_actions.lookup("reboot")
