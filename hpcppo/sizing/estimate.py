@@ -30,6 +30,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcppo import engines
 from hpcppo.config.experiment import Experiment, FsdpSection
 from hpcppo.config.plan import RunPlan
 from hpcppo.config.site import Site
@@ -219,7 +220,7 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
         return items
 
     phases = []
-    if ro.engine == "vllm":
+    if engines.lookup(ro.engine).kv_cache_share:
         label = "vLLM: weights + kv_cache_memory_mb" if ro.kv_cache_memory_mb else "vLLM share (gpu_memory_utilization)"
         phases.append(Phase("rollout (vLLM awake)", resident() + [Item(label, vllm_share)]))
     else:
@@ -329,7 +330,7 @@ def _critic_phases(exp: Experiment, plan: RunPlan, cm: ModelShape, critic: _Trai
 def _vllm_memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, mbytes: int) -> tuple[int, int]:
     """vLLM's bytes per GPU while awake and while asleep (0, 0 without vLLM or a known GPU); fills ``budget.kv``."""
     ro, gpu = exp.rollout, budget.gpu
-    if ro.engine != "vllm" or gpu is None:
+    if not engines.lookup(ro.engine).kv_cache_share or gpu is None:
         return 0, 0
     # vLLM v1's Worker.init_device (vllm/v1/worker/gpu_worker.py): requested = total memory x
     # gpu_memory_utilization, refused at start-up when less is free, so it is a per-instance share of the whole
@@ -383,7 +384,7 @@ def _kv_cache(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, sha
 def _fixes(exp: Experiment, plan: RunPlan, phase: str) -> list[str]:
     a, ro = exp.actor, exp.rollout
     out: list[str] = []
-    if phase.startswith("rollout") and ro.engine == "vllm":
+    if phase.startswith("rollout") and engines.lookup(ro.engine).kv_cache_share:
         out.append(f"lower rollout.kv_cache_memory_mb (now {ro.kv_cache_memory_mb})" if ro.kv_cache_memory_mb else
                    f"lower rollout.gpu_memory_utilization (now {ro.gpu_memory_utilization})")
     if not a.fsdp.optimizer_offload and not a.fsdp.param_offload:
@@ -403,7 +404,7 @@ def _fixes(exp: Experiment, plan: RunPlan, phase: str) -> list[str]:
         out.append("critic.fsdp.param_offload = true")
     if phase.startswith("old log-probs") and plan.logprob_micro_batch_per_rank > 1:
         out.append(f"a smaller rollout.micro_batch_size_per_gpu (now {plan.logprob_micro_batch_per_rank})")
-    if not phase.startswith("rollout") and ro.engine == "vllm" and not ro.free_cache_engine:
+    if not phase.startswith("rollout") and engines.lookup(ro.engine).sleeps and not ro.free_cache_engine:
         out.append("rollout.free_cache_engine = true (vLLM sleeps during the update)")
     out.append(f"more GPUs (resources.nodes, now {plan.nodes}) to shard over")
     return out

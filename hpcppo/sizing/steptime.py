@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from hpcppo import engines
 from hpcppo.config.experiment import Experiment
 from hpcppo.config.plan import VALIDATION_PROMPTS_PER_CALL, RunPlan
 from hpcppo.estimators import needs_greedy_baseline
@@ -100,7 +101,7 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
     link = gpu.nvlink_bytes_s if (plan.hsdp or plan.nodes == 1) else gpu.network_bytes_s
     sync_bytes = m.params * mbytes
     t["weight_sync_bytes"] = sync_bytes
-    t["weight_sync_s"] = sync_bytes * (shard - 1) / shard / (link * A["collective efficiency"]) if exp.rollout.engine == "vllm" else 0.0
+    t["weight_sync_s"] = sync_bytes * (shard - 1) / shard / (link * A["collective efficiency"]) if engines.lookup(exp.rollout.engine).timed_weight_sync else 0.0
 
     # HSDP: each optimizer step all-reduces the gradient shards (reduce dtype) across the replicas (nodes), over the
     # network (ring all-reduce: 2 (r - 1) / r of the bytes). Sharding collectives inside a node overlap compute.
