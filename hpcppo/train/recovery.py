@@ -72,10 +72,10 @@ class Recovery:
     def restart_critic(self, target: int) -> None:
         """The critic's weights and optimizer state from committed checkpoint ``target``; the actor is untouched."""
         c = self.c
-        critic, optim, _ = c.critic_parts()
-        c.ckpt.load(target, models={"critic": critic}, optimizers={"critic": optim}, restore_rng=False)
-        if c.critic_optim_offload:
-            offload_optimizer_state(optim)
+        critic = c.critic_set()
+        c.ckpt.load(target, models={"critic": critic.model}, optimizers={"critic": critic.optim}, restore_rng=False)
+        if critic.optim_offload:
+            offload_optimizer_state(critic.optim)
 
     def stop(self, state: TrainingState, kind: str, reason: str, *, event: str | None = None,
              save: bool = True) -> int:
@@ -123,21 +123,14 @@ class Recovery:
     # ------------------------------------------------------------------ checkpoints
     def checkpointed(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The trained models and their optimizers, by checkpoint name."""
-        c = self.c
-        models: dict[str, Any] = {"actor": c.actor}
-        optims: dict[str, Any] = {"actor": c.actor_optim}
-        if c.critic is not None:
-            models["critic"], optims["critic"], _ = c.critic_parts()
-        return models, optims
+        trained = self.c.trained()
+        return ({name: s.model for name, s in trained.items()}, {name: s.optim for name, s in trained.items()})
 
     def checkpoint_extra(self, state: TrainingState) -> dict[str, Any]:
         c = self.c
         extra = state.to_checkpoint() | {"sampler": c.sampler.state_dict(),
-                                         "kl_ctrl": c.kl_ctrl.state_dict(state.kl_coef),
-                                         "actor_lr": c.actor_lr.state_dict()}
-        if c.critic is not None:
-            extra["critic_lr"] = c.critic_parts()[2].state_dict()
-        return extra
+                                         "kl_ctrl": c.kl_ctrl.state_dict(state.kl_coef)}
+        return extra | {f"{name}_lr": s.lr.state_dict() for name, s in c.trained().items()}
 
     def save(self, state: TrainingState, background: bool = False) -> None:
         """Checkpoint ``state.step``; ``background``: wait only for the staging, the write overlaps the next step
@@ -173,23 +166,17 @@ class Recovery:
 
     def restore_schedules(self, extra: dict[str, Any], lr_scale: float) -> None:
         """The lr schedules from a checkpoint's ``extra``, scaled by the watchdog's composed ``lr_scale``."""
-        c = self.c
-        c.actor_lr.load_state_dict(extra["actor_lr"])
-        schedules = [c.actor_lr]
-        if c.critic is not None:
-            critic_lr = c.critic_parts()[2]
-            critic_lr.load_state_dict(extra["critic_lr"])
-            schedules.append(critic_lr)
-        for schedule in schedules:
-            schedule.set_scale(lr_scale)
+        trained = self.c.trained()
+        for name, s in trained.items():
+            s.lr.load_state_dict(extra[f"{name}_lr"])
+        for s in trained.values():
+            s.lr.set_scale(lr_scale)
 
     def reoffload_optimizers(self) -> None:
         """Loaded optimizer state sits on the parameters' devices; with optimizer_offload it waits on the host."""
-        c = self.c
-        for name, optim, offload in (("actor", c.actor_optim, c.actor_optim_offload),
-                                     ("critic", c.critic_optim, c.critic_optim_offload)):
-            if offload and optim is not None:
-                moved = offload_optimizer_state(optim)
+        for name, s in self.c.trained().items():
+            if s.optim_offload:
+                moved = offload_optimizer_state(s.optim)
                 log.info("%s optimizer state offloaded to host memory (%.2f MiB on this rank)", name, moved / 2**20)
 
     def resume(self, state: TrainingState) -> TrainingState:
