@@ -190,7 +190,6 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
     L, R = plan.max_sequence_length, data.max_response_length
     mbytes = dtype_bytes(exp.model.dtype)
     pbytes, rbytes = dtype_bytes(plan.actor_param_dtype), dtype_bytes(exp.actor.fsdp.reduce_dtype)
-    ckpt = exp.model.gradient_checkpointing
     reserve = int(ASSUMPTIONS["framework reserve"].value * GIB) if plan.device == "cuda" else 0
 
     actor = _trained(m.params, shard, exp.actor.fsdp, adapter_params(m, exp.actor.lora))
@@ -242,28 +241,7 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
     if rm_shape is not None:
         phases.append(_reward_model_phase(exp, plan, rm_shape, resident() + asleep))
 
-    am, am_tokens, am_what = _micro_batch(plan.actor_micro_batch_per_rank, exp.actor.max_tokens_per_micro_batch, L, R)
-    bonus = bool(exp.actor.entropy_coeff)  # else the entropy is a metric, not in the graph (train/update.py)
-    optimizer_steps = plan.actor_optimizer_steps_per_step
-    # With optimizer_offload the moments come back before the first optimizer step and stay for the update's later
-    # mini-batches; with a single optimizer step they are never beside the activations.
-    actor_optim_with_acts = actor.optim if (actor.optim_between_updates or optimizer_steps > 1) else 0
-    update = resident(skip="actor") + asleep + [
-        Item("actor params (fp32 shard)", actor.params), Item("actor grads (fp32 shard)", actor.grads),
-        Item("actor AdamW moments (fp32 shard)", actor_optim_with_acts),
-        Item("gathered layers + one layer's grads",
-             _gathered(m, m.layer_params, pbytes, rbytes, reshard=exp.actor.fsdp.reshard_after_forward, backward=True)),
-        Item(f"activations ({am_what}{', checkpointed' if ckpt else ''})",
-             _layer_acts(m, am_tokens, pbytes, checkpointing=ckpt)),
-        Item(f"policy logits{' + entropy' if bonus else ''} ({am} x {logit_chunk_positions(am, R, m.vocab)} of {R} x "
-             f"{m.vocab})",
-             _logits(m, am, R, pbytes, update=True, entropy_bonus=bonus))]
-    phases.append(Phase("actor update", [i for i in update if i.bytes]))
-    if actor.optim and not actor_optim_with_acts:  # offloaded moments back for the one optimizer step
-        phases.append(Phase("actor optimizer step", resident(skip="actor") + asleep + [
-            Item("actor params (fp32 shard)", actor.params), Item("actor grads (fp32 shard)", actor.grads),
-            Item("actor AdamW moments (fp32 shard)", actor.optim)]))
-
+    phases += _actor_phases(exp, plan, m, actor, resident(skip="actor") + asleep)
     if plan.needs_critic:
         phases += _critic_phases(exp, plan, cm, critic, resident(skip="critic") + asleep)
     budget.phases = [Phase(p.name, [i for i in p.items if i.bytes]) for p in phases]
@@ -299,6 +277,35 @@ def _micro_batch(rows: int, budget: int, seq_len: int, response: int) -> tuple[i
     if budget <= 0:
         return rows, rows * seq_len, f"{rows} x {seq_len} tokens"
     return max(1, budget // max(1, response)), budget, f"a budget of {budget} tokens"
+
+
+def _actor_phases(exp: Experiment, plan: RunPlan, m: ModelShape, actor: _Trained, resident: list[Item]) -> list[Phase]:
+    """The actor's update (and its optimizer step when the offloaded moments come back for it alone); ``resident``:
+    what stays on the GPU meanwhile."""
+    L, R, ckpt = plan.max_sequence_length, exp.data.max_response_length, exp.model.gradient_checkpointing
+    pbytes, rbytes = dtype_bytes(plan.actor_param_dtype), dtype_bytes(exp.actor.fsdp.reduce_dtype)
+    am, am_tokens, am_what = _micro_batch(plan.actor_micro_batch_per_rank, exp.actor.max_tokens_per_micro_batch, L, R)
+    bonus = bool(exp.actor.entropy_coeff)  # else the entropy is a metric, not in the graph (train/update.py)
+    optimizer_steps = plan.actor_optimizer_steps_per_step
+    # With optimizer_offload the moments come back before the first optimizer step and stay for the update's later
+    # mini-batches; with a single optimizer step they are never beside the activations.
+    actor_optim_with_acts = actor.optim if (actor.optim_between_updates or optimizer_steps > 1) else 0
+    update = resident + [
+        Item("actor params (fp32 shard)", actor.params), Item("actor grads (fp32 shard)", actor.grads),
+        Item("actor AdamW moments (fp32 shard)", actor_optim_with_acts),
+        Item("gathered layers + one layer's grads",
+             _gathered(m, m.layer_params, pbytes, rbytes, reshard=exp.actor.fsdp.reshard_after_forward, backward=True)),
+        Item(f"activations ({am_what}{', checkpointed' if ckpt else ''})",
+             _layer_acts(m, am_tokens, pbytes, checkpointing=ckpt)),
+        Item(f"policy logits{' + entropy' if bonus else ''} ({am} x {logit_chunk_positions(am, R, m.vocab)} of {R} x "
+             f"{m.vocab})",
+             _logits(m, am, R, pbytes, update=True, entropy_bonus=bonus))]
+    phases = [Phase("actor update", [i for i in update if i.bytes])]
+    if actor.optim and not actor_optim_with_acts:  # offloaded moments back for the one optimizer step
+        phases.append(Phase("actor optimizer step", resident + [
+            Item("actor params (fp32 shard)", actor.params), Item("actor grads (fp32 shard)", actor.grads),
+            Item("actor AdamW moments (fp32 shard)", actor.optim)]))
+    return phases
 
 
 def _critic_phases(exp: Experiment, plan: RunPlan, cm: ModelShape, critic: _Trained,

@@ -83,17 +83,7 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
     t["baseline_generate_s"] = sum(generation(plan.prompts_per_rank)) if needs_greedy_baseline(
         exp.algorithm.adv_estimator) else 0.0
 
-    # Forwards and updates at MFU; 6N per token to train (8N with activation checkpointing: one more forward).
-    tokens = plan.samples_per_step * L
-    train_factor = 8 if exp.model.gradient_checkpointing else 6
-    flops = 2 * m.params * tokens  # old log-probs
-    if plan.needs_reference:
-        flops += 2 * m.params * tokens
-    if rm is not None:
-        flops += 2 * rm.critic_params * tokens
-    if plan.needs_critic:
-        flops += 2 * cm.critic_params * tokens + train_factor * cm.critic_params * tokens * plan.critic_ppo_epochs
-    flops += train_factor * m.params * tokens * plan.actor_ppo_epochs
+    flops = _update_flops(exp, plan, m, cm, rm)
     t["update_flops"] = flops
     t["forward_and_update_s"] = flops / (world * peak * A["train MFU"])
 
@@ -128,6 +118,27 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
     t["gpu_hours_per_100_steps"] = (100 * t["step_s"] + t.get("validation_s", 0.0) * _validations(
         exp, 100, before=False)) * world / 3600
     budget.time = t
+    _check_signal_lead(budget, exp, plan, t)
+
+
+def _update_flops(exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape, rm: ModelShape | None) -> float:
+    """The forwards and updates of one step: 2N per token forward, 6N to train (8N with activation checkpointing:
+    one more forward)."""
+    tokens = plan.samples_per_step * plan.max_sequence_length
+    train_factor = 8 if exp.model.gradient_checkpointing else 6
+    flops = 2 * m.params * tokens  # old log-probs
+    if plan.needs_reference:
+        flops += 2 * m.params * tokens
+    if rm is not None:
+        flops += 2 * rm.critic_params * tokens
+    if plan.needs_critic:
+        flops += 2 * cm.critic_params * tokens + train_factor * cm.critic_params * tokens * plan.critic_ppo_epochs
+    flops += train_factor * m.params * tokens * plan.actor_ppo_epochs
+    return flops
+
+
+def _check_signal_lead(budget: Budget, exp: Experiment, plan: RunPlan, t: dict[str, float]) -> None:
+    """A warning when the preemption signal's lead is shorter than a step and a checkpoint."""
     lead = plan.signal_lead_s
     if lead and exp.checkpoint.save_on_preempt and lead < t["step_s"] + t["checkpoint_s"]:
         budget.warnings.append(
