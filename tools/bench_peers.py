@@ -218,8 +218,8 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 trl.close()
         if code != 0:
             raise SystemExit(f"the trainer returned exit code {code}")
-        params = {"hpcppo": {"actor": sum(p.numel() for p in comps.actor.parameters()),
-                             "critic": sum(p.numel() for p in comps.critic.parameters())},
+        params = {"hpcppo": {"actor": sum(p.numel() for p in comps.actor.model.parameters()),
+                             "critic": sum(p.numel() for p in comps.critic.model.parameters())},
                   "cleanrl": {"actor": sum(p.numel() for p in clean.actor.parameters()),
                               "critic": sum(p.numel() for p in clean.critic.parameters())}}
     finally:

@@ -117,17 +117,18 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         if code != 0:
             raise SystemExit(f"the trainer returned exit code {code}")
         df = load_metrics(run_dir)
-        sync_bytes = sum(p.numel() * p.element_size() for p in comps.actor.parameters())
+        sync_bytes = sum(p.numel() * p.element_size() for p in comps.actor.model.parameters())
         ckpt_bytes = dir_bytes(comps.ckpt.step_dir(comps.ckpt.latest_committed()))
         samples, width, _ = trainer.shapes[-1]
-        breakdown = update_breakdown({"hpcppo actor (as built)": (comps.actor, comps.actor_optim),
+        breakdown = update_breakdown({"hpcppo actor (as built)": (comps.actor.model, comps.actor.optim),
                                       "plain HF actor": plain_actor(paths, compiled.experiment.actor)},
                                      samples // MINI_BATCHES, width, len(comps.tokenizer))
         results = figures(args.warmup, trainer, df[df["step"] > args.warmup],
-                          actor_n=n_params(comps.actor), critic_n=n_params(comps.critic), sync_bytes=sync_bytes,
+                          actor_n=n_params(comps.actor.model), critic_n=n_params(comps.critic and comps.critic.model),
+                          sync_bytes=sync_bytes,
                           ckpt_bytes=ckpt_bytes, peak=matmul_peak(), copy_bps=copy_rate(sync_bytes),
                           write_bps=file_write_rate(run_dir, ckpt_bytes), breakdown=breakdown,
-                          fsdp=isinstance(comps.actor, FSDPModule))
+                          fsdp=isinstance(comps.actor.model, FSDPModule))
     finally:
         dist_env.destroy_distributed()
     print_phases(results, args.steps, args.warmup)

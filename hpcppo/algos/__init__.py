@@ -1,7 +1,7 @@
 """PPO math with verl's semantics: advantages, losses, KL estimators and controllers, masked statistics.
 
 Pure tensor functions: no config objects, no torch.distributed, no ``.item()`` (the one host read is inside the
-adaptive/step KL controllers' ``update``). Shapes are ``[batch, response_len]``; see each submodule's docstring.
+adaptive/step KL controllers' ``next_coef``). Shapes are ``[batch, response_len]``; see each submodule's docstring.
 """
 
 from __future__ import annotations

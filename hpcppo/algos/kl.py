@@ -1,14 +1,18 @@
 """KL estimators, KL-coefficient controllers and the KL penalty in the reward (verl semantics).
 
 Estimators are per token, of KL(actor || ref), from the log-probs of the sampled tokens (``[batch, response_len]``).
-Controllers are small host-side objects: their state is plain Python (``float``/``int``/``str``) so a checkpoint
-holding ``state_dict()`` loads with ``torch.load(weights_only=True)``.
+Controllers are frozen rules: ``next_coef(coef, step's KL) -> next coef`` is a pure function, and the coefficient
+itself has one holder, the training state (``TrainingState.kl_coef``). The checkpoint's ``kl_ctrl`` entry
+(``state_dict(coef)``) is plain Python (``float``/``int``/``str``), so it loads with ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
 
 import torch
 
@@ -69,15 +73,27 @@ def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) ->
 
 
 class KLController(Protocol):
-    """What the trainer needs from a KL-coefficient controller."""
+    """A KL-coefficient controller: a rule, not a holder. The coefficient is the training state's
+    (``TrainingState.kl_coef``); the controller says what it starts at and what it becomes after a step's KL."""
 
-    value: float
+    kind: ClassVar[str]
 
-    def update(self, current_kl: float | torch.Tensor, n_steps: int) -> None: ...
+    @property
+    def initial(self) -> float:
+        """The coefficient of step 1 (``[algorithm.kl_ctrl] kl_coef``)."""
+        ...
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def next_coef(self, coef: float, current_kl: float | torch.Tensor, n_steps: int) -> float:
+        """The coefficient after a step that used ``coef`` and measured ``current_kl`` over ``n_steps`` sequences."""
+        ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def state_dict(self, coef: float) -> dict[str, Any]:
+        """The checkpoint's ``kl_ctrl`` entry for coefficient ``coef``: ``{"kind", "value", <hyperparameters>}``."""
+        ...
+
+    def coef_from_state(self, state: Mapping[str, Any]) -> float:
+        """The coefficient a checkpoint's ``kl_ctrl`` entry holds (its ``value``); another kind raises ``ValueError``."""
+        ...
 
 
 def _as_float(current_kl: float | torch.Tensor) -> float:
@@ -93,112 +109,125 @@ def _positive(name: str, x: float) -> float:
 
 
 class _ControllerBase:
-    """``value`` is the only state that evolves; hyperparameters come from the constructor (the config).
+    """The checkpoint format every controller shares. Hyperparameters come from the config; ``state_dict`` records
+    them too, for inspection, and ``coef_from_state`` reads ``value`` only, so resuming with an edited config uses
+    the new hyperparameters from the restored coefficient. The format is the one the controllers had when they held
+    the coefficient themselves, so checkpoints of either age read the same."""
 
-    ``state_dict`` records the hyperparameters too, for inspection; ``load_state_dict`` restores ``value`` only, so
-    resuming with an edited config uses the new hyperparameters from the restored coefficient.
-    """
-
-    kind: str = ""
-    value: float
+    kind: ClassVar[str] = ""
 
     def _hyper(self) -> dict[str, Any]:
         return {}
 
-    def state_dict(self) -> dict[str, Any]:
-        """Plain-Python state: ``{"kind", "value", <hyperparameters>}``."""
-        return {"kind": self.kind, "value": float(self.value), **self._hyper()}
+    def state_dict(self, coef: float) -> dict[str, Any]:
+        return {"kind": self.kind, "value": float(coef), **self._hyper()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore ``value`` from :meth:`state_dict` output; a state of another kind raises ``ValueError``."""
+    def coef_from_state(self, state: Mapping[str, Any]) -> float:
         kind = state.get("kind")
         if kind != self.kind:
             raise ValueError(f"KL controller state is for {kind!r}, this controller is {self.kind!r}")
         if "value" not in state:
             raise ValueError("KL controller state has no 'value'")
-        self.value = float(state["value"])
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{k}={v!r}" for k, v in self.state_dict().items() if k != "kind")
-        return f"{type(self).__name__}({fields})"
+        return float(state["value"])
 
 
+@dataclass(frozen=True)
 class FixedKLController(_ControllerBase):
-    """A constant coefficient; ``update`` does nothing (and reads nothing, so it never syncs)."""
+    """A constant coefficient: ``next_coef`` returns the one it is given (which the watchdog may have raised) and
+    reads no KL, so it never syncs."""
 
-    kind = "fixed"
+    kl_coef: float
+    kind: ClassVar[str] = "fixed"
 
-    def __init__(self, kl_coef: float):
-        self.value = float(kl_coef)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kl_coef", float(self.kl_coef))
 
-    def update(self, current_kl: float | torch.Tensor, n_steps: int) -> None:
-        """No-op."""
+    @property
+    def initial(self) -> float:
+        return self.kl_coef
+
+    def next_coef(self, coef: float, current_kl: float | torch.Tensor, n_steps: int) -> float:
+        return float(coef)
 
 
+@dataclass(frozen=True)
 class AdaptiveKLController(_ControllerBase):
     """Ziegler et al. 2019 (verl's ``adaptive``): ``e = clip(kl/target - 1, -0.2, 0.2)``,
-    ``value *= 1 + e * n_steps / horizon`` — the coefficient rises when KL is above target, falls when below."""
+    ``coef x (1 + e * n_steps / horizon)`` — the coefficient rises when KL is above target, falls when below."""
 
-    kind = "adaptive"
+    init_kl_coef: float
+    target_kl: float
+    horizon: float
+    kind: ClassVar[str] = "adaptive"
 
-    def __init__(self, init_kl_coef: float, target_kl: float, horizon: int | float):
-        self.value = float(init_kl_coef)
-        self.target = _positive("target_kl", target_kl)
-        self.horizon = _positive("horizon", horizon)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "init_kl_coef", float(self.init_kl_coef))
+        object.__setattr__(self, "target_kl", _positive("target_kl", self.target_kl))
+        object.__setattr__(self, "horizon", _positive("horizon", self.horizon))
+
+    @property
+    def initial(self) -> float:
+        return self.init_kl_coef
 
     def _hyper(self) -> dict[str, Any]:
-        return {"target_kl": self.target, "horizon": self.horizon}
+        return {"target_kl": self.target_kl, "horizon": self.horizon}
 
-    def update(self, current_kl: float | torch.Tensor, n_steps: int) -> None:
-        """Move the coefficient towards the target. Syncs once if ``current_kl`` is a device tensor."""
-        error = min(max(_as_float(current_kl) / self.target - 1.0, -0.2), 0.2)
-        self.value *= 1.0 + error * n_steps / self.horizon
+    def next_coef(self, coef: float, current_kl: float | torch.Tensor, n_steps: int) -> float:
+        """Towards the target. Syncs once if ``current_kl`` is a device tensor."""
+        error = min(max(_as_float(current_kl) / self.target_kl - 1.0, -0.2), 0.2)
+        return float(coef) * (1.0 + error * n_steps / self.horizon)
 
 
+@dataclass(frozen=True)
 class StepKLController(_ControllerBase):
-    """Bounded multiplicative controller: ``value *= factor`` when KL > target, ``/= factor`` when KL < target,
+    """Bounded multiplicative controller: ``coef x factor`` when KL > target, ``/ factor`` when KL < target,
     unchanged when equal (or NaN), clamped to ``[min_coef, max_coef]``. ``n_steps`` is ignored.
 
     Not verl's; it is the rule the watchdog applies, offered as a controller under its honest name.
     """
 
-    kind = "step"
+    init_kl_coef: float
+    target_kl: float
+    factor: float = 1.5
+    min_coef: float = 1e-4
+    max_coef: float = 10.0
+    kind: ClassVar[str] = "step"
 
-    def __init__(
-        self,
-        init_kl_coef: float,
-        target_kl: float,
-        factor: float = 1.5,
-        min_coef: float = 1e-4,
-        max_coef: float = 10.0,
-    ):
-        self.target = _positive("target_kl", target_kl)
-        self.factor = float(factor)
+    def __post_init__(self) -> None:
+        set_ = functools.partial(object.__setattr__, self)
+        set_("target_kl", _positive("target_kl", self.target_kl))
+        factor, min_coef, max_coef = self.factor, self.min_coef, self.max_coef
+        set_("factor", float(factor))
         if not (math.isfinite(self.factor) and self.factor > 1.0):
             raise ValueError(f"factor must be a finite number > 1, got {factor}")
-        self.min_coef = _positive("min_coef", min_coef)
-        self.max_coef = _positive("max_coef", max_coef)
+        set_("min_coef", _positive("min_coef", min_coef))
+        set_("max_coef", _positive("max_coef", max_coef))
         if self.min_coef > self.max_coef:
             raise ValueError(f"min_coef ({min_coef}) must not exceed max_coef ({max_coef})")
-        init = float(init_kl_coef)
-        if not self.min_coef <= init <= self.max_coef:
-            raise ValueError(f"init_kl_coef {init} is outside [min_coef, max_coef] = [{min_coef}, {max_coef}]")
-        self.value = init
+        set_("init_kl_coef", float(self.init_kl_coef))
+        if not self.min_coef <= self.init_kl_coef <= self.max_coef:
+            raise ValueError(f"init_kl_coef {self.init_kl_coef} is outside [min_coef, max_coef] = "
+                             f"[{min_coef}, {max_coef}]")
+
+    @property
+    def initial(self) -> float:
+        return self.init_kl_coef
 
     def _hyper(self) -> dict[str, Any]:
-        return {"target_kl": self.target, "factor": self.factor, "min_coef": self.min_coef, "max_coef": self.max_coef}
+        return {"target_kl": self.target_kl, "factor": self.factor, "min_coef": self.min_coef,
+                "max_coef": self.max_coef}
 
-    def update(self, current_kl: float | torch.Tensor, n_steps: int) -> None:
+    def next_coef(self, coef: float, current_kl: float | torch.Tensor, n_steps: int) -> float:
         """One multiplicative step. Syncs once if ``current_kl`` is a device tensor."""
-        kl = _as_float(current_kl)
-        if kl > self.target:
-            self.value *= self.factor
-        elif kl < self.target:
-            self.value /= self.factor
-        self.value = min(max(self.value, self.min_coef), self.max_coef)
+        kl, value = _as_float(current_kl), float(coef)
+        if kl > self.target_kl:
+            value *= self.factor
+        elif kl < self.target_kl:
+            value /= self.factor
+        return min(max(value, self.min_coef), self.max_coef)
 
 
-KL_CONTROLLERS: dict[str, type[_ControllerBase]] = {
+KL_CONTROLLERS: dict[str, Callable[..., KLController]] = {
     "fixed": FixedKLController,
     "adaptive": AdaptiveKLController,
     "step": StepKLController,
@@ -216,7 +245,7 @@ def build_kl_controller(kind: str, **kwargs: Any) -> KLController:
     if cls is None:
         raise ValueError(f"unknown KL controller {kind!r}; known: {', '.join(KL_CONTROLLERS)}")
     try:
-        return cls(**kwargs)  # type: ignore[return-value]
+        return cls(**kwargs)
     except TypeError as exc:
         raise ValueError(f"KL controller {kind!r}: {exc}") from None
 
@@ -226,19 +255,20 @@ def apply_kl_penalty(
     old_log_prob: torch.Tensor,
     ref_log_prob: torch.Tensor,
     response_mask: torch.Tensor,
-    kl_ctrl: KLController,
+    kl_coef: float,
     kind: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """KL penalty in the reward, as verl's ``apply_kl_penalty``: ``r = score - value * kl * mask``.
+    """KL penalty in the reward, as verl's ``apply_kl_penalty``: ``r = score - kl_coef * kl * mask``.
 
-    Uses ``kl_ctrl.value`` *before* the update (read it before calling to log the coefficient used), then calls
-    ``kl_ctrl.update(current_kl, n_steps=batch)``. ``current_kl`` is the batch mean of each sequence's masked mean
-    KL. The only host sync is inside the adaptive/step controllers' ``update``; a fixed controller never syncs.
+    ``current_kl`` is the batch mean of each sequence's masked mean KL: the controller's input for the next
+    coefficient (``next_coef(kl_coef, current_kl, n_steps=batch)``, as verl's driver calls ``kl_ctrl.update``). No
+    host sync here; the adaptive/step controllers read ``current_kl`` once, a fixed one never.
 
     Args:
         token_level_scores: ``[B, T]`` rewards from the reward function.
         old_log_prob, ref_log_prob: ``[B, T]`` log-probs of the rollout policy and the reference.
         response_mask: ``[B, T]``.
+        kl_coef: this step's coefficient (the training state's).
 
     Returns:
         ``token_level_rewards`` ``[B, T]`` (compute dtype) and ``current_kl`` (0-d tensor).
@@ -246,7 +276,6 @@ def apply_kl_penalty(
     with torch.no_grad():
         dtype = compute_dtype(token_level_scores, old_log_prob, ref_log_prob)
         kld = kl_penalty(old_log_prob, ref_log_prob, kind) * response_mask.to(dtype)
-        rewards = token_level_scores.to(dtype) - kl_ctrl.value * kld
+        rewards = token_level_scores.to(dtype) - kl_coef * kld
         current_kl = masked_mean(kld, response_mask, axis=-1).mean(dim=0)
-    kl_ctrl.update(current_kl, n_steps=token_level_scores.shape[0])
     return rewards, current_kl

@@ -15,6 +15,7 @@ import attrs
 import tomli_w
 
 import hpcppo
+from hpcppo import engines
 from hpcppo.config.convert import converter, read_input, read_toml, structure
 from hpcppo.config.experiment import Experiment
 from hpcppo.config.fields import opt
@@ -157,7 +158,8 @@ def check_engine_installed(site: Site, experiment: Experiment) -> None:
     """``ConfigError`` when ``rollout.engine = "vllm"`` and the job will run this very interpreter (the site's
     ``env.python`` is "", no set-up commands, no container) but vLLM is not installed in it. Looked up with
     ``find_spec``: nothing is imported (vLLM imports torch)."""
-    if experiment.rollout.engine != "vllm" or site.env.python or site.env.setup or site.container.runtime != "none":
+    if (not engines.lookup(experiment.rollout.engine).needs_vllm or site.env.python or site.env.setup
+            or site.container.runtime != "none"):
         return
     spec = importlib.util.find_spec("vllm")
     if spec is None or spec.origin is None:  # (a directory named vllm on sys.path is a namespace package, not vLLM)

@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from hpcppo import estimators
+from hpcppo import engines, estimators
 from hpcppo.config.fields import FieldValueError, opt, parse_slurm_time
 from hpcppo.config.debug import DebugSection, InjectSection
 from hpcppo.config.reward import RewardManagerSection, RewardModelSection
@@ -142,7 +142,7 @@ class DataSection:
 class RolloutSection:
     """``[rollout]``: generation of responses."""
 
-    engine: str = opt("hf", choices=("hf", "vllm"), help="hf (our KV-cached sampling loop over transformers) or vllm "
+    engine: str = opt("hf", choices=engines.names(), help="hf (our KV-cached sampling loop over transformers) or vllm "
                                                         "(colocated vLLM; on CPU sites vLLM's CPU backend, "
                                                         "tools/setup.sh --vllm).")
     n: int = opt(1, ge=1, help="Responses sampled per prompt (GRPO/RLOO need >= 2).")

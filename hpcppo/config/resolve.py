@@ -6,7 +6,7 @@ that would. Nothing here reads files or the environment.
 
 from __future__ import annotations
 
-from hpcppo import estimators
+from hpcppo import engines, estimators
 from hpcppo.config.experiment import Experiment
 from hpcppo.config.fields import parse_slurm_time
 from hpcppo.config.plan import RunPlan
@@ -85,11 +85,13 @@ def _check_time(site: Site, exp: Experiment) -> tuple[int, int]:
 
 def _check_rollout(site: Site, exp: Experiment, ranks_per_node: int, device: str) -> None:
     ro = exp.rollout
-    if ro.engine == "vllm" and device != "cuda":
-        _check_vllm_cpu(site, exp)
-    if ro.tensor_parallel_size > 1 and ro.engine != "vllm":
-        raise ResolveError(f"rollout.tensor_parallel_size={ro.tensor_parallel_size} needs rollout.engine='vllm' "
-                           f"(the hf engine has no tensor parallelism); use 1")
+    engine = engines.lookup(ro.engine)
+    if device != "cuda" and engine.sleeps and not engine.sleeps_on_cpu:
+        _check_no_sleep_on_cpu(site, exp, engine)
+    if ro.tensor_parallel_size > 1 and not engine.tensor_parallel:
+        parallel = " or ".join(repr(e.name) for e in engines.ENGINES.values() if e.tensor_parallel)
+        raise ResolveError(f"rollout.tensor_parallel_size={ro.tensor_parallel_size} needs rollout.engine={parallel} "
+                           f"(the {engine.name} engine has no tensor parallelism); use 1")
     if ranks_per_node % ro.tensor_parallel_size:
         raise ResolveError(f"rollout.tensor_parallel_size={ro.tensor_parallel_size} does not divide the ranks per node "
                            f"({ranks_per_node}); valid values: {_listing(divisors(ranks_per_node))}")
@@ -131,15 +133,16 @@ def _check_deterministic(exp: Experiment, device: str) -> None:
                            f"rollout.engine = 'vllm'")
 
 
-def _check_vllm_cpu(site: Site, exp: Experiment) -> None:
-    """What vLLM's CPU backend (vllm-cpu 0.32.0) refuses, said at compile instead of at the engine's start. (Tensor
-    parallelism works there under the external launcher: tests/vllm_tier/test_tensor_parallel.py.)"""
+def _check_no_sleep_on_cpu(site: Site, exp: Experiment, engine: engines.EngineKind) -> None:
+    """What an engine's CPU backend refuses, said at compile instead of at the engine's start: vLLM's (vllm-cpu
+    0.32.0) has no sleep mode. (Tensor parallelism works there under the external launcher:
+    tests/vllm_tier/test_tensor_parallel.py.)"""
     ro = exp.rollout
     if ro.free_cache_engine:
         # CpuPlatform has no sleep mode: LLM(enable_sleep_mode=True) raises "Sleep mode is not supported on current
         # platform" (vllm/config/model.py checks current_platform.is_sleep_mode_available()), levels 1 and 2 alike.
-        raise ResolveError(f"rollout.free_cache_engine=true: vLLM's CPU backend has no sleep mode (levels 1 and 2 are "
-                           f"both refused), and site {site.name!r} computes on the CPU; set "
+        raise ResolveError(f"rollout.free_cache_engine=true: {engine.label}'s CPU backend has no sleep mode (levels 1 "
+                           f"and 2 are both refused), and site {site.name!r} computes on the CPU; set "
                            f"rollout.free_cache_engine = false (the CPU sites' default)")
 
 

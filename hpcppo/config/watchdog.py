@@ -7,13 +7,14 @@ import math
 import attrs
 
 from hpcppo.config.fields import FieldValueError, did_you_mean, opt
+from hpcppo import rule_actions
 from hpcppo.errors import ConfigError
 from hpcppo.rundir import metric_names as schema  # the trainer's column list (no numpy, no h5py)
 
 __all__ = ["Rule", "WatchdogSection", "default_rules", "check_rule_metrics", "RULE_ACTIONS", "RULE_CONDITIONS"]
 
 RULE_CONDITIONS = ("gt", "lt", "nonfinite", "drop_frac")
-RULE_ACTIONS = ("raise_kl_coef", "rollback", "pause", "set_grad_clip", "restart_critic", "requeue")
+RULE_ACTIONS = rule_actions.NAMES
 
 
 @attrs.frozen(kw_only=True)
@@ -49,15 +50,12 @@ class Rule:
                 raise FieldValueError("threshold", f"{self.threshold} must be a fraction in (0, 1) for condition 'drop_frac'")
             if self.window < 2:
                 raise FieldValueError("window", f"{self.window} must be >= 2 for condition 'drop_frac'")
-        if self.action == "raise_kl_coef":
-            # Raising the KL penalty only makes sense when KL is too high (the field guide's rule is backwards).
-            if self.condition != "gt":
-                raise FieldValueError("condition", f"action 'raise_kl_coef' needs condition 'gt', not {self.condition!r}")
-            if self.min_value >= self.max_value:
-                raise FieldValueError("min_value", f"{self.min_value} must be below max_value {self.max_value}")
-        if self.action == "set_grad_clip" and self.condition not in ("gt", "nonfinite"):
-            raise FieldValueError("condition", f"action 'set_grad_clip' needs condition 'gt' or 'nonfinite', "
-                                               f"not {self.condition!r}")
+        conditions = rule_actions.lookup(self.action).conditions
+        if conditions is not None and self.condition not in conditions:
+            needed = " or ".join(repr(c) for c in conditions)
+            raise FieldValueError("condition", f"action {self.action!r} needs condition {needed}, not {self.condition!r}")
+        if self.action == "raise_kl_coef" and self.min_value >= self.max_value:
+            raise FieldValueError("min_value", f"{self.min_value} must be below max_value {self.max_value}")
 
 
 def default_rules() -> list[Rule]:

@@ -19,6 +19,7 @@ import datetime as _dt
 import io
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -122,8 +123,6 @@ def submit_local(run: RunDir, ranks: int, timeout_min: float) -> str:
     submitted_at = _dt.datetime.now(_dt.timezone.utc)
 
     def start() -> str:
-        import signal
-
         # `hpcppo cancel` stops the job by a SIGINT to the controller, which hands one to each rank wrapper. A
         # command started in the background by a non-interactive shell (`hpcppo submit ... &`, a script, nohup)
         # runs with SIGINT ignored, and an ignored signal stays ignored across exec: controller and wrappers would
@@ -236,8 +235,6 @@ def run_local_rank(run_dir: str) -> int:
             _stop_group(proc)
             raise
     if returncode not in (exitcodes.DONE, exitcodes.PAUSED, exitcodes.REQUEUE):
-        import signal
-
         how = f"was ended by {signal.Signals(-returncode).name}" if returncode < 0 else f"exited with {returncode}"
         raise RuntimeError(f"rank {env_info.rank} {how}; see {rank_log}")
     return returncode
@@ -247,8 +244,6 @@ def _forward_to_group(proc: subprocess.Popen[bytes]) -> None:
     """Hand USR2 (submitit's "time limit is near", like Slurm's ``--signal``) and TERM to the rank's
     process group, where the trainer checkpoints on them, instead of submitit's own handlers: those
     end this wrapper without a checkpoint (rank 0) or ignore the signal (other ranks)."""
-    import signal
-
     def forward(signum: int, frame: Any) -> None:  # noqa: ARG001
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signum)
@@ -260,7 +255,6 @@ def _forward_to_group(proc: subprocess.Popen[bytes]) -> None:
 def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
     """Linux: SIGTERM this process when its parent (the rank wrapper) dies, even by SIGKILL."""
     import ctypes
-    import signal
 
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
@@ -269,8 +263,6 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
 def _stop_group(proc: subprocess.Popen[bytes], grace_s: float = 0.5) -> None:
     """SIGTERM the rank's process group, then SIGKILL what is left after ``grace_s`` (submitit's
     controller SIGKILLs this wrapper about a second after its SIGINT)."""
-    import signal
-
     for sig in (signal.SIGTERM, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, sig)
@@ -287,8 +279,6 @@ def _stop_group(proc: subprocess.Popen[bytes], grace_s: float = 0.5) -> None:
 
 def cancel_local(run: RunDir, job_id: str) -> bool:
     """Interrupt a local job's controller (it stops the ranks); False when it was not running."""
-    import signal
-
     if not local_controller_alive(job_id, run.submitit):
         return False
     os.kill(int(job_id), signal.SIGINT)

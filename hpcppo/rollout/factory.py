@@ -1,14 +1,23 @@
-"""Build a rollout engine by name; the engines themselves are imported only when chosen (vLLM is optional)."""
+"""Build a rollout engine by name: each kind of :mod:`hpcppo.engines` (the torch-free registry the config and the sizing
+read) has its builder here; the engines import their heavy libraries only when built (vLLM is optional)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from hpcppo import engines
 from hpcppo.rollout.base import RolloutEngine
 from hpcppo.rollout.hf import HFRolloutEngine
 from hpcppo.rollout.vllm_engine import VLLMRolloutEngine
 
-ENGINE_KINDS = ("hf", "vllm")
+ENGINE_KINDS = engines.names()
+
+#: One builder per engine kind (a test checks they are the registry's kinds).
+BUILDERS: dict[str, Callable[..., RolloutEngine]] = {
+    "hf": HFRolloutEngine.from_pretrained,
+    "vllm": VLLMRolloutEngine,
+}
 
 
 def build_engine(kind: str, **kwargs: Any) -> RolloutEngine:
@@ -17,8 +26,4 @@ def build_engine(kind: str, **kwargs: Any) -> RolloutEngine:
 
     Raises ``ValueError`` naming the known kinds for anything else.
     """
-    if kind == "hf":
-        return HFRolloutEngine.from_pretrained(**kwargs)
-    if kind == "vllm":
-        return VLLMRolloutEngine(**kwargs)
-    raise ValueError(f"unknown rollout engine {kind!r}; known engines: {', '.join(ENGINE_KINDS)}")
+    return BUILDERS[engines.lookup(kind).name](**kwargs)

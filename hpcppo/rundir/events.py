@@ -36,6 +36,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
+from hpcppo import rule_actions
 from hpcppo.rundir.paths import EVENTS, RunPaths
 
 __all__ = ["EVENTS_FILE", "SOURCES", "WATCHDOG_ACTIONS", "EVENT_VIEWS", "PLOT_MARKS", "SHOWN", "Shown", "append_event",
@@ -56,7 +57,7 @@ CHECKPOINT_CORRUPT = "checkpoint.corrupt"  # a committed checkpoint found damage
 SYNC_MISMATCH = "sync.mismatch"  # the rollout engine's log-probs are not the trainer's after a weight sync (stop)
 CONTROL_ROLLBACK = "control.rollback"  # a `hpcppo rollback` request applied
 CONTROL_REJECTED = "control.rejected"  # a `hpcppo rollback` request refused
-WATCHDOG_PREFIX = "watchdog."  # + a rule's action (hpcppo.watchdog.PRECEDENCE), or SUPPRESSED
+WATCHDOG_PREFIX = rule_actions.EVENT_PREFIX  # + a rule's action (hpcppo.rule_actions), or SUPPRESSED
 SUPPRESSED = "suppressed"  # an action a stronger one of the same step superseded
 REARMED = "rearmed"  # the rule that paused a run may fire again: a person resumed it
 # The CLI:
@@ -68,9 +69,9 @@ MONITOR_ERROR = "monitor.error"
 MONITOR_RESTARTED = "monitor.restarted"
 
 
-#: The actions of watchdog rules, highest precedence first; a rule's action is recorded as ``watchdog.<action>``.
-#: The same names as ``hpcppo.watchdog.PRECEDENCE`` and ``hpcppo.config.watchdog.RULE_ACTIONS`` (a test checks).
-WATCHDOG_ACTIONS: tuple[str, ...] = ("pause", "requeue", "rollback", "restart_critic", "raise_kl_coef", "set_grad_clip")
+#: The actions of watchdog rules, highest precedence first (their table: :mod:`hpcppo.rule_actions`); a rule's action
+#: is recorded as ``watchdog.<action>``.
+WATCHDOG_ACTIONS: tuple[str, ...] = rule_actions.PRECEDENCE
 
 #: Where the events are shown (matched on a kind's last dotted part, :func:`kind_tail`, so that ``watchdog.rollback``
 #: and ``control.rollback`` read alike): ``summary`` lists each such event (``hpcppo metrics summary``, the last

@@ -30,6 +30,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcppo import engines
 from hpcppo.config.experiment import Experiment, FsdpSection
 from hpcppo.config.plan import RunPlan
 from hpcppo.config.site import Site
@@ -218,7 +219,6 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
     L, R = plan.max_sequence_length, data.max_response_length
     mbytes = dtype_bytes(exp.model.dtype)
     pbytes = dtype_bytes(plan.actor_param_dtype)
-    ckpt = exp.model.gradient_checkpointing
     reserve = int(ASSUMPTIONS["framework reserve"].value * GIB) if plan.device == "cuda" else 0
 
     actor = _trained(m.params, shard, exp.actor.fsdp, adapter_params(m, exp.actor.lora))
@@ -248,7 +248,7 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
         return items
 
     phases = []
-    if ro.engine == "vllm":
+    if engines.lookup(ro.engine).kv_cache_share:
         label = "vLLM: weights + kv_cache_memory_mb" if ro.kv_cache_memory_mb else "vLLM share (gpu_memory_utilization)"
         phases.append(Phase("rollout (vLLM awake)", resident() + [Item(label, vllm_share)]))
     else:
@@ -270,29 +270,7 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
     if rm_shape is not None:
         phases.append(_reward_model_phase(exp, plan, rm_shape, resident() + asleep))
 
-    am, am_tokens, am_what = _micro_batch(plan.actor_micro_batch_per_rank, exp.actor.max_tokens_per_micro_batch, L, R)
-    bonus = bool(exp.actor.entropy_coeff)  # else the entropy is a metric, not in the graph (train/update.py)
-    optimizer_steps = plan.actor_optimizer_steps_per_step
-    # With optimizer_offload the moments come back before the first optimizer step and stay for the update's later
-    # mini-batches; with a single optimizer step they are never beside the activations.
-    actor_optim_with_acts = actor.optim if (actor.optim_between_updates or optimizer_steps > 1) else 0
-    update = resident(skip="actor") + asleep + [
-        Item("actor params (fp32 shard)", actor.params),
-        _update_grads("actor", m, actor.grads, plan.actor_param_dtype, exp.actor.fsdp.reduce_dtype),
-        Item("actor AdamW moments (fp32 shard)", actor_optim_with_acts),
-        Item("gathered layers (compute dtype)",
-             _gathered(m, m.layer_params, pbytes, reshard=exp.actor.fsdp.reshard_after_forward)),
-        Item(f"activations ({am_what}{', checkpointed' if ckpt else ''})",
-             _layer_acts(m, am_tokens, pbytes, checkpointing=ckpt)),
-        Item(f"policy logits{' + entropy' if bonus else ''} ({am} x {logit_chunk_positions(am, R, m.vocab)} of {R} x "
-             f"{m.vocab})",
-             _logits(m, am, R, pbytes, update=True, entropy_bonus=bonus))]
-    phases.append(Phase("actor update", [i for i in update if i.bytes]))
-    if actor.optim and not actor_optim_with_acts:  # offloaded moments back for the one optimizer step
-        phases.append(Phase("actor optimizer step", resident(skip="actor") + asleep + [
-            Item("actor params (fp32 shard)", actor.params), Item("actor grads (fp32 shard)", actor.grads),
-            Item("actor AdamW moments (fp32 shard)", actor.optim)]))
-
+    phases += _actor_phases(exp, plan, m, actor, resident(skip="actor") + asleep)
     if plan.needs_critic:
         phases += _critic_phases(exp, plan, cm, critic, resident(skip="critic") + asleep)
     budget.phases = [Phase(p.name, [i for i in p.items if i.bytes]) for p in phases]
@@ -330,6 +308,36 @@ def _micro_batch(rows: int, budget: int, seq_len: int, response: int) -> tuple[i
     return max(1, budget // max(1, response)), budget, f"a budget of {budget} tokens"
 
 
+def _actor_phases(exp: Experiment, plan: RunPlan, m: ModelShape, actor: _Trained, resident: list[Item]) -> list[Phase]:
+    """The actor's update (and its optimizer step when the offloaded moments come back for it alone); ``resident``:
+    what stays on the GPU meanwhile."""
+    L, R, ckpt = plan.max_sequence_length, exp.data.max_response_length, exp.model.gradient_checkpointing
+    pbytes = dtype_bytes(plan.actor_param_dtype)
+    am, am_tokens, am_what = _micro_batch(plan.actor_micro_batch_per_rank, exp.actor.max_tokens_per_micro_batch, L, R)
+    bonus = bool(exp.actor.entropy_coeff)  # else the entropy is a metric, not in the graph (train/update.py)
+    optimizer_steps = plan.actor_optimizer_steps_per_step
+    # With optimizer_offload the moments come back before the first optimizer step and stay for the update's later
+    # mini-batches; with a single optimizer step they are never beside the activations.
+    actor_optim_with_acts = actor.optim if (actor.optim_between_updates or optimizer_steps > 1) else 0
+    update = resident + [
+        Item("actor params (fp32 shard)", actor.params),
+        _update_grads("actor", m, actor.grads, plan.actor_param_dtype, exp.actor.fsdp.reduce_dtype),
+        Item("actor AdamW moments (fp32 shard)", actor_optim_with_acts),
+        Item("gathered layers (compute dtype)",
+             _gathered(m, m.layer_params, pbytes, reshard=exp.actor.fsdp.reshard_after_forward)),
+        Item(f"activations ({am_what}{', checkpointed' if ckpt else ''})",
+             _layer_acts(m, am_tokens, pbytes, checkpointing=ckpt)),
+        Item(f"policy logits{' + entropy' if bonus else ''} ({am} x {logit_chunk_positions(am, R, m.vocab)} of {R} x "
+             f"{m.vocab})",
+             _logits(m, am, R, pbytes, update=True, entropy_bonus=bonus))]
+    phases = [Phase("actor update", [i for i in update if i.bytes])]
+    if actor.optim and not actor_optim_with_acts:  # offloaded moments back for the one optimizer step
+        phases.append(Phase("actor optimizer step", resident + [
+            Item("actor params (fp32 shard)", actor.params), Item("actor grads (fp32 shard)", actor.grads),
+            Item("actor AdamW moments (fp32 shard)", actor.optim)]))
+    return phases
+
+
 def _critic_phases(exp: Experiment, plan: RunPlan, cm: ModelShape, critic: _Trained,
                    resident: list[Item]) -> list[Phase]:
     """The critic's update (and its optimizer step when the moments come back for it alone); ``resident``: what
@@ -359,7 +367,7 @@ def _critic_phases(exp: Experiment, plan: RunPlan, cm: ModelShape, critic: _Trai
 def _vllm_memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, mbytes: int) -> tuple[int, int]:
     """vLLM's bytes per GPU while awake and while asleep (0, 0 without vLLM or a known GPU); fills ``budget.kv``."""
     ro, gpu = exp.rollout, budget.gpu
-    if ro.engine != "vllm" or gpu is None:
+    if not engines.lookup(ro.engine).kv_cache_share or gpu is None:
         return 0, 0
     # vLLM v1's Worker.init_device (vllm/v1/worker/gpu_worker.py): requested = total memory x
     # gpu_memory_utilization, refused at start-up when less is free, so it is a per-instance share of the whole
@@ -413,7 +421,7 @@ def _kv_cache(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, sha
 def _fixes(exp: Experiment, plan: RunPlan, phase: str) -> list[str]:
     a, ro = exp.actor, exp.rollout
     out: list[str] = []
-    if phase.startswith("rollout") and ro.engine == "vllm":
+    if phase.startswith("rollout") and engines.lookup(ro.engine).kv_cache_share:
         out.append(f"lower rollout.kv_cache_memory_mb (now {ro.kv_cache_memory_mb})" if ro.kv_cache_memory_mb else
                    f"lower rollout.gpu_memory_utilization (now {ro.gpu_memory_utilization})")
     if not a.fsdp.optimizer_offload and not a.fsdp.param_offload:
@@ -433,7 +441,7 @@ def _fixes(exp: Experiment, plan: RunPlan, phase: str) -> list[str]:
         out.append("critic.fsdp.param_offload = true")
     if phase.startswith("old log-probs") and plan.logprob_micro_batch_per_rank > 1:
         out.append(f"a smaller rollout.micro_batch_size_per_gpu (now {plan.logprob_micro_batch_per_rank})")
-    if not phase.startswith("rollout") and ro.engine == "vllm" and not ro.free_cache_engine:
+    if not phase.startswith("rollout") and engines.lookup(ro.engine).sleeps and not ro.free_cache_engine:
         out.append("rollout.free_cache_engine = true (vLLM sleeps during the update)")
     out.append(f"more GPUs (resources.nodes, now {plan.nodes}) to shard over")
     return out

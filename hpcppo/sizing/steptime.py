@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from hpcppo import engines
 from hpcppo.config.experiment import Experiment
 from hpcppo.config.plan import VALIDATION_PROMPTS_PER_CALL, RunPlan
 from hpcppo.estimators import needs_greedy_baseline
@@ -118,19 +119,7 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
     t["baseline_generate_s"] = sum(generation(plan.prompts_per_rank)) if needs_greedy_baseline(
         exp.algorithm.adv_estimator) else 0.0
 
-    # Forwards and updates at MFU; 6N per token to train (8N with activation checkpointing: one more forward), N the
-    # parameters a token runs through (a mixture of experts: its active parameters).
-    tokens = plan.samples_per_step * L
-    train_factor = 8 if exp.model.gradient_checkpointing else 6
-    n, cn = m.active_params, cm.critic_active_params
-    flops = 2 * n * tokens  # old log-probs
-    if plan.needs_reference:
-        flops += 2 * n * tokens
-    if rm is not None:
-        flops += 2 * rm.critic_active_params * tokens
-    if plan.needs_critic:
-        flops += 2 * cn * tokens + train_factor * cn * tokens * plan.critic_ppo_epochs
-    flops += train_factor * n * tokens * plan.actor_ppo_epochs
+    flops = _update_flops(exp, plan, m, cm, rm)
     t["update_flops"] = flops
     t["forward_and_update_s"] = flops / (world * peak * A["train MFU"])
 
@@ -138,13 +127,14 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
     link = gpu.nvlink_bytes_s if (plan.hsdp or plan.nodes == 1) else gpu.network_bytes_s
     sync_bytes = m.params * mbytes
     t["weight_sync_bytes"] = sync_bytes
-    t["weight_sync_s"] = sync_bytes * (shard - 1) / shard / (link * A["collective efficiency"]) if exp.rollout.engine == "vllm" else 0.0
+    t["weight_sync_s"] = sync_bytes * (shard - 1) / shard / (link * A["collective efficiency"]) if engines.lookup(exp.rollout.engine).timed_weight_sync else 0.0
 
     # HSDP: each optimizer step all-reduces the gradient shards (reduce dtype) across the replicas (nodes), over the
     # network (ring all-reduce: 2 (r - 1) / r of the bytes). Sharding collectives inside a node overlap compute.
     t["replica_grad_sync_s"] = _replica_grad_sync_bytes(exp, plan, m, cm, shard) / (
         gpu.network_bytes_s * A["collective efficiency"])
 
+    train_factor = 8 if exp.model.gradient_checkpointing else 6  # as _update_flops counts a trained token
     _grad_reduce_scatters(t, exp, plan, m, cm, gpu, shard, train_factor, world * peak * A["train MFU"])
 
     # Host <-> device traffic of the offloads, over each GPU's PCIe link.
@@ -167,6 +157,28 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
     t["gpu_hours_per_100_steps"] = (100 * t["step_s"] + t.get("validation_s", 0.0) * _validations(
         exp, 100, before=False)) * world / 3600
     budget.time = t
+    _check_signal_lead(budget, exp, plan, t)
+
+
+def _update_flops(exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape, rm: ModelShape | None) -> float:
+    """The forwards and updates of one step: 2N per token forward, 6N to train (8N with activation checkpointing:
+    one more forward), N the parameters a token runs through (a mixture of experts: its active parameters)."""
+    tokens = plan.samples_per_step * plan.max_sequence_length
+    train_factor = 8 if exp.model.gradient_checkpointing else 6
+    n, cn = m.active_params, cm.critic_active_params
+    flops = 2 * n * tokens  # old log-probs
+    if plan.needs_reference:
+        flops += 2 * n * tokens
+    if rm is not None:
+        flops += 2 * rm.critic_active_params * tokens
+    if plan.needs_critic:
+        flops += 2 * cn * tokens + train_factor * cn * tokens * plan.critic_ppo_epochs
+    flops += train_factor * n * tokens * plan.actor_ppo_epochs
+    return flops
+
+
+def _check_signal_lead(budget: Budget, exp: Experiment, plan: RunPlan, t: dict[str, float]) -> None:
+    """A warning when the preemption signal's lead is shorter than a step and a checkpoint."""
     lead = plan.signal_lead_s
     if lead and exp.checkpoint.save_on_preempt and lead < t["step_s"] + t["checkpoint_s"]:
         budget.warnings.append(

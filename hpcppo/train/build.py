@@ -21,7 +21,7 @@ from torch import nn
 from transformers import AutoTokenizer
 
 from hpcppo import algos, jobenv, models
-from hpcppo.config import Compiled, DataSection, Experiment, FsdpSection, RunPlan, Site
+from hpcppo.config import Compiled, DataSection, Experiment, FsdpSection, ModelSection, RunPlan, Site
 from hpcppo.config.reward import RewardManagerSection, overlong_buffer_on
 from hpcppo.data.dataset import PromptDataset, Truncation, read_prompts
 from hpcppo.data.reward_manager import OverlongBuffer, apply_overlong
@@ -48,6 +48,18 @@ log = logging.getLogger("hpcppo.train")
 
 
 @dataclass
+class ModelSet:
+    """One trained model of the run (the actor, the critic) with what trains it."""
+
+    model: nn.Module
+    optim: torch.optim.Optimizer
+    lr: LRSchedule
+    # Optimizer state in host memory between updates (optimizer_offload). Not with param_offload: FSDP2's CPU
+    # offload already keeps it there, and the step runs on the CPU.
+    optim_offload: bool = False
+
+
+@dataclass
 class Components:
     """Everything one rank trains with."""
 
@@ -63,26 +75,18 @@ class Components:
     val_sources: list[str]
     sampler: ShardedEpochSampler
     total_steps: int
-    actor: nn.Module
-    actor_optim: torch.optim.Optimizer
-    actor_lr: LRSchedule
-    reference: nn.Module | None
-    critic: nn.Module | None
-    critic_optim: torch.optim.Optimizer | None
-    critic_lr: LRSchedule | None
+    actor: ModelSet
+    reference: nn.Module | None  # frozen: no optimizer (None: no reference, or the actor without its adapters)
+    critic: ModelSet | None  # only when the estimator has a critic
     engine: RolloutEngine
     sampling: SamplingParams
     val_sampling: SamplingParams
-    kl_ctrl: Any
+    kl_ctrl: algos.KLController
     score_fn: Callable[..., list[float]]
     ckpt: CheckpointManager
     metrics: MetricsWriter | None
     attempt: int = 0  # this job's attempt of the run: the NNNN of its metrics/attempt-NNNN.h5, from 0
     preempt: PreemptionFlag = field(default_factory=PreemptionFlag)
-    # Optimizer state in host memory between updates (optimizer_offload). Not with param_offload: FSDP2's CPU
-    # offload already keeps it there, and the step runs on the CPU.
-    actor_optim_offload: bool = False
-    critic_optim_offload: bool = False
     # This rank's place in the rollout's tensor-parallel groups: prompts, seeds and validation shards follow
     # dp_rank; each rank of a group trains on its tp_rank-th share of the group's batch.
     groups: RolloutGroups = field(default_factory=lambda: RolloutGroups(tp_size=1, dp_size=1, dp_rank=0, tp_rank=0))
@@ -94,14 +98,18 @@ class Components:
         """The reference policy for the KL (None when the run has none): its own model, or the actor without its
         LoRA adapters while the context lasts."""
         if self.ref_in_actor:
-            return adapters_disabled(self.actor)
+            return adapters_disabled(self.actor.model)
         return contextlib.nullcontext(self.reference)
 
-    def critic_parts(self) -> tuple[nn.Module, torch.optim.Optimizer, LRSchedule]:
-        """The critic, its optimizer and lr schedule (only when the estimator has a critic)."""
-        if self.critic is None or self.critic_optim is None or self.critic_lr is None:
+    def trained(self) -> dict[str, ModelSet]:
+        """The trained models by checkpoint name: the actor, and the critic when the run has one."""
+        return {"actor": self.actor} | ({"critic": self.critic} if self.critic is not None else {})
+
+    def critic_set(self) -> ModelSet:
+        """The critic with its optimizer and lr schedule (only when the estimator has a critic)."""
+        if self.critic is None:
             raise RuntimeError("this run has no critic (its advantage estimator needs none)")
-        return self.critic, self.critic_optim, self.critic_lr
+        return self.critic
 
     def close(self) -> None:
         self.preempt.restore()
@@ -282,7 +290,7 @@ def _sampling_params(cfg: Experiment, tokenizer: Any) -> tuple[SamplingParams, S
     return sampling, val_sampling
 
 
-def _kl_controller(kc: Any) -> Any:
+def _kl_controller(kc: Any) -> algos.KLController:
     """The ``[algorithm.kl_ctrl]`` controller."""
     kwargs: dict[str, Any] = {"fixed": dict(kl_coef=kc.kl_coef),
                               "adaptive": dict(init_kl_coef=kc.kl_coef, target_kl=kc.target_kl, horizon=kc.horizon),
@@ -307,58 +315,18 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
     """Everything the loop needs. ``preempt`` should be installed by the caller before anything slow runs, so a
     signal that arrives while the models load is kept (a default USR2 action would kill the rank)."""
     cfg, plan, site = compiled.experiment, compiled.plan, compiled.site
-    _set_threads(env)
-    if cfg.trainer.deterministic:
-        enable_determinism()
-    torch.manual_seed(cfg.seed)
-    device = torch.device("cuda", env.device_index) if env.device_type == "cuda" else torch.device("cpu")
-    model_cfg = cfg.model
-
-    tokenizer = AutoTokenizer.from_pretrained(model_cfg.tokenizer_path or model_cfg.path,
-                                              trust_remote_code=model_cfg.trust_remote_code)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    device = _seeded_device(cfg, env)
+    tokenizer = _tokenizer(cfg.model)
     train_data, val_data = build_datasets(cfg.data, tokenizer)
     val_sources = sorted({r.data_source for r in val_data.records}) if val_data is not None else []
     sampler, groups = build_sampler(len(train_data), plan, env, seed=cfg.seed, shuffle=cfg.data.shuffle)
     total_steps = plan.total_steps or plan.total_epochs * sampler.steps_per_epoch
 
     mesh = build_mesh(env.device_type, env.world_size, env.num_nodes, hsdp=plan.hsdp)
-    common: dict[str, Any] = dict(dtype="float32", trust_remote_code=model_cfg.trust_remote_code,
-                                  attn_implementation=model_cfg.attn_implementation)
-    # Master weights in float32; FSDP's param_dtype sets the compute dtype (model.dtype by default).
-    ckpt_layers = model_cfg.gradient_checkpointing
-    actor = load_sharded(with_lora(functools.partial(models.build_actor, model_cfg.path, **common), cfg.actor.lora,
-                                   seed=adapter_seed(cfg.seed, "actor")),
-                         model_cfg.path, device,
-                         lambda m: _sharded(m, mesh, cfg.actor.fsdp, model_cfg.dtype),
-                         offload=cfg.actor.fsdp.param_offload, checkpointing=ckpt_layers)
-    ac = cfg.actor
-    actor_optim = build_optimizer(actor, lr=ac.lr, weight_decay=ac.weight_decay, betas=ac.betas)
-    actor_lr = _lr_schedule(actor_optim, ac, total_steps, plan.actor_optimizer_steps_per_step)
-
-    reference = None
+    actor = _build_actor(cfg, plan, mesh, device, total_steps)
     ref_in_actor = plan.needs_reference and cfg.actor.lora.enabled
-    if plan.needs_reference and not ref_in_actor:
-        reference = load_sharded(
-            functools.partial(models.build_reference, model_cfg.path, **common), model_cfg.path, device,
-            lambda m: _sharded(m, mesh, cfg.actor.fsdp, model_cfg.dtype, frozen=True, offload=cfg.reference.offload),
-            offload=cfg.reference.offload)
-
-    critic = critic_optim = critic_lr = None
-    if plan.needs_critic:
-        cc = cfg.critic
-        critic_path = model_cfg.critic_path or model_cfg.path
-        critic = load_sharded(with_lora(functools.partial(models.build_critic, critic_path, **common), cc.lora,
-                                        inside=lambda m: cast(models.Critic, m).backbone,
-                                        seed=adapter_seed(cfg.seed, "critic")), critic_path, device,
-                              lambda m: _sharded(m, mesh, cc.fsdp, model_cfg.dtype), offload=cc.fsdp.param_offload,
-                              checkpointing=ckpt_layers,
-                              strip="backbone.")
-        critic_optim = build_optimizer(critic, lr=cc.lr, weight_decay=cc.weight_decay, betas=cc.betas)
-        critic_lr = _lr_schedule(critic_optim, cc, total_steps,
-                                 plan.critic_ppo_epochs * plan.mini_batches_per_epoch_critic)
-
+    reference = _build_reference(cfg, mesh, device) if plan.needs_reference and not ref_in_actor else None
+    critic = _build_critic(cfg, plan, mesh, device, total_steps) if plan.needs_critic else None
     reward_model = _build_reward_model(cfg, plan, mesh, device) if cfg.reward_model.enable else None
     ro = cfg.rollout
     engine = build_engine(ro.engine, **_engine_kwargs(cfg, plan, device, env))
@@ -376,14 +344,74 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
     return Components(
         cfg=cfg, plan=plan, site=site, env=env, run_dir=run_dir, device=device, tokenizer=tokenizer,
         train_data=train_data, val_data=val_data, val_sources=val_sources, sampler=sampler, total_steps=total_steps,
-        actor=actor, actor_optim=actor_optim, actor_lr=actor_lr, reference=reference,
-        critic=critic, critic_optim=critic_optim, critic_lr=critic_lr, engine=engine, sampling=sampling,
-        val_sampling=val_sampling, kl_ctrl=kl_ctrl, score_fn=build_score_fn(cfg.data, cfg.reward_manager), ckpt=ckpt, metrics=metrics,
-        attempt=attempt, preempt=preempt if preempt is not None else PreemptionFlag(),
-        actor_optim_offload=_offloads_optimizer(cfg.actor.fsdp),
-        critic_optim_offload=critic is not None and _offloads_optimizer(cfg.critic.fsdp),
+        actor=actor, reference=reference, critic=critic, engine=engine, sampling=sampling,
+        val_sampling=val_sampling, kl_ctrl=kl_ctrl, score_fn=build_score_fn(cfg.data, cfg.reward_manager), ckpt=ckpt,
+        metrics=metrics, attempt=attempt, preempt=preempt if preempt is not None else PreemptionFlag(),
         groups=groups, ref_in_actor=ref_in_actor, reward_model=reward_model,
     )
+
+
+def _seeded_device(cfg: Experiment, env: DistEnv) -> torch.device:
+    """Threads, determinism and the seed of this rank's process; its device."""
+    _set_threads(env)
+    if cfg.trainer.deterministic:
+        enable_determinism()
+    torch.manual_seed(cfg.seed)
+    return torch.device("cuda", env.device_index) if env.device_type == "cuda" else torch.device("cpu")
+
+
+def _tokenizer(model_cfg: ModelSection) -> Any:
+    """The model's tokenizer (``model.tokenizer_path`` when set), padding with EOS when it has no pad token."""
+    tokenizer = AutoTokenizer.from_pretrained(model_cfg.tokenizer_path or model_cfg.path,
+                                              trust_remote_code=model_cfg.trust_remote_code)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _common(model_cfg: ModelSection) -> dict[str, Any]:
+    """The builders' shared arguments: master weights in float32 (FSDP's param_dtype sets the compute dtype,
+    model.dtype by default)."""
+    return dict(dtype="float32", trust_remote_code=model_cfg.trust_remote_code,
+                attn_implementation=model_cfg.attn_implementation)
+
+
+def _build_actor(cfg: Experiment, plan: RunPlan, mesh: Any, device: torch.device, total_steps: int) -> ModelSet:
+    """The actor (with its LoRA adapters when configured), sharded, with its optimizer and lr schedule."""
+    model_cfg, ac = cfg.model, cfg.actor
+    actor = load_sharded(with_lora(functools.partial(models.build_actor, model_cfg.path, **_common(model_cfg)),
+                                   ac.lora, seed=adapter_seed(cfg.seed, "actor")),
+                         model_cfg.path, device,
+                         lambda m: _sharded(m, mesh, ac.fsdp, model_cfg.dtype),
+                         offload=ac.fsdp.param_offload, checkpointing=model_cfg.gradient_checkpointing)
+    optim = build_optimizer(actor, lr=ac.lr, weight_decay=ac.weight_decay, betas=ac.betas)
+    return ModelSet(actor, optim, _lr_schedule(optim, ac, total_steps, plan.actor_optimizer_steps_per_step),
+                    optim_offload=_offloads_optimizer(ac.fsdp))
+
+
+def _build_reference(cfg: Experiment, mesh: Any, device: torch.device) -> nn.Module:
+    """The reference policy: frozen, sharded like the actor, offloaded with ``reference.offload``."""
+    model_cfg = cfg.model
+    return load_sharded(
+        functools.partial(models.build_reference, model_cfg.path, **_common(model_cfg)), model_cfg.path, device,
+        lambda m: _sharded(m, mesh, cfg.actor.fsdp, model_cfg.dtype, frozen=True, offload=cfg.reference.offload),
+        offload=cfg.reference.offload)
+
+
+def _build_critic(cfg: Experiment, plan: RunPlan, mesh: Any, device: torch.device, total_steps: int) -> ModelSet:
+    """The critic (``model.critic_path`` or the actor's weights, a value head; LoRA on its backbone when
+    configured), sharded, with its optimizer and lr schedule."""
+    model_cfg, cc = cfg.model, cfg.critic
+    critic_path = model_cfg.critic_path or model_cfg.path
+    critic = load_sharded(with_lora(functools.partial(models.build_critic, critic_path, **_common(model_cfg)), cc.lora,
+                                    inside=lambda m: cast(models.Critic, m).backbone,
+                                    seed=adapter_seed(cfg.seed, "critic")), critic_path, device,
+                          lambda m: _sharded(m, mesh, cc.fsdp, model_cfg.dtype), offload=cc.fsdp.param_offload,
+                          checkpointing=model_cfg.gradient_checkpointing,
+                          strip="backbone.")
+    optim = build_optimizer(critic, lr=cc.lr, weight_decay=cc.weight_decay, betas=cc.betas)
+    lr = _lr_schedule(optim, cc, total_steps, plan.critic_ppo_epochs * plan.mini_batches_per_epoch_critic)
+    return ModelSet(critic, optim, lr, optim_offload=_offloads_optimizer(cc.fsdp))
 
 
 def _build_reward_model(cfg: Experiment, plan: RunPlan, mesh: Any, device: torch.device) -> RewardModelScorer:

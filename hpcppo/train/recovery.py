@@ -59,8 +59,8 @@ class Recovery:
         c.ckpt.abandon_after(target)
         models, optims = self.checkpointed()
         extra = c.ckpt.load(target, models=models, optimizers=optims)
-        c.kl_ctrl.load_state_dict(extra["kl_ctrl"])  # checks the controller's kind
-        state = state.rolled_back(target, kl_coef=c.kl_ctrl.value, lr_factor=lr_factor)
+        kl_coef = c.kl_ctrl.coef_from_state(extra["kl_ctrl"])  # checks the controller's kind
+        state = state.rolled_back(target, kl_coef=kl_coef, lr_factor=lr_factor)
         self.restore_schedules(extra, state.lr_scale)
         c.sampler.load_state_dict(cursor)
         self.reoffload_optimizers()
@@ -72,10 +72,10 @@ class Recovery:
     def restart_critic(self, target: int) -> None:
         """The critic's weights and optimizer state from committed checkpoint ``target``; the actor is untouched."""
         c = self.c
-        critic, optim, _ = c.critic_parts()
-        c.ckpt.load(target, models={"critic": critic}, optimizers={"critic": optim}, restore_rng=False)
-        if c.critic_optim_offload:
-            offload_optimizer_state(optim)
+        critic = c.critic_set()
+        c.ckpt.load(target, models={"critic": critic.model}, optimizers={"critic": critic.optim}, restore_rng=False)
+        if critic.optim_offload:
+            offload_optimizer_state(critic.optim)
 
     def stop(self, state: TrainingState, kind: str, reason: str, *, event: str | None = None,
              save: bool = True) -> int:
@@ -123,21 +123,14 @@ class Recovery:
     # ------------------------------------------------------------------ checkpoints
     def checkpointed(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The trained models and their optimizers, by checkpoint name."""
-        c = self.c
-        models: dict[str, Any] = {"actor": c.actor}
-        optims: dict[str, Any] = {"actor": c.actor_optim}
-        if c.critic is not None:
-            models["critic"], optims["critic"], _ = c.critic_parts()
-        return models, optims
+        trained = self.c.trained()
+        return ({name: s.model for name, s in trained.items()}, {name: s.optim for name, s in trained.items()})
 
     def checkpoint_extra(self, state: TrainingState) -> dict[str, Any]:
         c = self.c
-        kl_ctrl = c.kl_ctrl.state_dict() | {"value": float(state.kl_coef)}  # the state's coefficient is the current one
-        extra = state.to_checkpoint() | {"sampler": c.sampler.state_dict(), "kl_ctrl": kl_ctrl,
-                                         "actor_lr": c.actor_lr.state_dict()}
-        if c.critic is not None:
-            extra["critic_lr"] = c.critic_parts()[2].state_dict()
-        return extra
+        extra = state.to_checkpoint() | {"sampler": c.sampler.state_dict(),
+                                         "kl_ctrl": c.kl_ctrl.state_dict(state.kl_coef)}
+        return extra | {f"{name}_lr": s.lr.state_dict() for name, s in c.trained().items()}
 
     def save(self, state: TrainingState, background: bool = False) -> None:
         """Checkpoint ``state.step``; ``background``: wait only for the staging, the write overlaps the next step
@@ -173,23 +166,17 @@ class Recovery:
 
     def restore_schedules(self, extra: dict[str, Any], lr_scale: float) -> None:
         """The lr schedules from a checkpoint's ``extra``, scaled by the watchdog's composed ``lr_scale``."""
-        c = self.c
-        c.actor_lr.load_state_dict(extra["actor_lr"])
-        schedules = [c.actor_lr]
-        if c.critic is not None:
-            critic_lr = c.critic_parts()[2]
-            critic_lr.load_state_dict(extra["critic_lr"])
-            schedules.append(critic_lr)
-        for schedule in schedules:
-            schedule.set_scale(lr_scale)
+        trained = self.c.trained()
+        for name, s in trained.items():
+            s.lr.load_state_dict(extra[f"{name}_lr"])
+        for s in trained.values():
+            s.lr.set_scale(lr_scale)
 
     def reoffload_optimizers(self) -> None:
         """Loaded optimizer state sits on the parameters' devices; with optimizer_offload it waits on the host."""
-        c = self.c
-        for name, optim, offload in (("actor", c.actor_optim, c.actor_optim_offload),
-                                     ("critic", c.critic_optim, c.critic_optim_offload)):
-            if offload and optim is not None:
-                moved = offload_optimizer_state(optim)
+        for name, s in self.c.trained().items():
+            if s.optim_offload:
+                moved = offload_optimizer_state(s.optim)
                 log.info("%s optimizer state offloaded to host memory (%.2f MiB on this rank)", name, moved / 2**20)
 
     def resume(self, state: TrainingState) -> TrainingState:
@@ -221,8 +208,8 @@ class Recovery:
                               f"resuming from checkpoint step {latest}", source="trainer",
                               file=str(bad.path / bad.file), checkpoint=bad.step, fallback=latest,
                               set_aside_as=str(bad.set_aside_as))
-        c.kl_ctrl.load_state_dict(extra["kl_ctrl"])
-        state = TrainingState.from_checkpoint(extra, kl_coef=c.kl_ctrl.value, actor_version=state.actor_version + 1)
+        state = TrainingState.from_checkpoint(extra, kl_coef=c.kl_ctrl.coef_from_state(extra["kl_ctrl"]),
+                                              actor_version=state.actor_version + 1)
         if state.watchdog.paused_by is not None:  # the run stopped on a rule's pause, and a person resumed it
             rule = state.watchdog.paused_by
             state = attrs.evolve(state, watchdog=state.watchdog.rearmed())

@@ -81,7 +81,7 @@ class Trainer:
         self.cfg = c.cfg
         self.plan = c.plan
         self.env = c.env
-        self.state = TrainingState(kl_coef=c.kl_ctrl.value)  # the run's progress: replaced, never edited
+        self.state = TrainingState(kl_coef=c.kl_ctrl.initial)  # the run's progress: replaced, never edited
         self.timer = PhaseTimer()  # this step's phase times
         # The engine holds the actor's weights of version `engine_version`; -1 = not known to match.
         self.engine_version = -1
@@ -149,7 +149,7 @@ class Trainer:
         c = self.c
         start = time.perf_counter()
         self.timer = PhaseTimer()
-        self.inject.before_step(self.step, self.state.branch, c.critic)
+        self.inject.before_step(self.step, self.state.branch, c.critic.model if c.critic is not None else None)
         batch = self.rollout()
         scored, reward_metrics = self.score(batch)
         batch |= scored
@@ -218,7 +218,7 @@ class Trainer:
         if self.engine_version != self.state.actor_version or engine.weights_dropped:
             # Gathered in the engine's dtype where it has one (bf16 traffic for vLLM); the HF engine takes fp32, and
             # offers its parameters to be gathered into in place (no buffer, no copy).
-            engine.sync_weights(actor_weights(self.c.actor, dtype=engine.sync_dtype, into=engine.sync_targets))
+            engine.sync_weights(actor_weights(self.c.actor.model, dtype=engine.sync_dtype, into=engine.sync_targets))
             self.engine_version = self.state.actor_version
 
     def check_sync(self, metrics: dict[str, float]) -> None:
@@ -272,7 +272,7 @@ class Trainer:
         rows = p.logprob_micro_batch_per_rank
         out: Batch = {}
         with self.timer("old_logprob"):
-            out["old_log_probs"] = compute_log_probs(c.actor, *args, temperature=temperature, micro_batch_size=rows,
+            out["old_log_probs"] = compute_log_probs(c.actor.model, *args, temperature=temperature, micro_batch_size=rows,
                                                      micro_batches=groups, packed=packed)
         with c.reference_policy() as reference:
             if reference is not None:
@@ -282,7 +282,7 @@ class Trainer:
                                                              packed=packed)
         if c.critic is not None:
             with self.timer("values"):
-                out["values"] = compute_values(c.critic, *args, response_mask=batch["response_mask"],
+                out["values"] = compute_values(c.critic.model, *args, response_mask=batch["response_mask"],
                                                micro_batch_size=rows, micro_batches=groups, packed=packed)
         return out
 
@@ -299,14 +299,13 @@ class Trainer:
             keys += [k for k in ("ref_log_probs", "values", "rollout_log_probs", "reward_baselines") if k in batch]
             full = batching.gather_rows({k: batch[k] for k in keys})
             mask = full["response_mask"]
-            kl_coef = self.state.kl_coef  # the coefficient this step's penalty uses (the controller updates after)
+            kl_coef = self.state.kl_coef  # the coefficient this step's penalty uses (the next one is set after)
             extra: dict[str, float] = {}
             if self.plan.kl_penalty_in_reward:
-                c.kl_ctrl.value = kl_coef  # the controller moves the state's coefficient; it keeps none of its own
-                rewards, reward_kl = algos.apply_kl_penalty(full["token_level_scores"], full["old_log_probs"],
-                                                            full["ref_log_probs"], mask, c.kl_ctrl,
-                                                            cfg.algorithm.kl_penalty)
-                self.state = self.state.with_kl_coef(c.kl_ctrl.value)
+                scores = full["token_level_scores"]
+                rewards, reward_kl = algos.apply_kl_penalty(scores, full["old_log_probs"], full["ref_log_probs"],
+                                                            mask, kl_coef, cfg.algorithm.kl_penalty)
+                self.state = self.state.with_kl_coef(c.kl_ctrl.next_coef(kl_coef, reward_kl, scores.shape[0]))
                 extra["kl/reward_penalty"] = float(reward_kl)
             else:
                 rewards = full["token_level_scores"].float()
@@ -335,11 +334,11 @@ class Trainer:
         settings = self.update_settings("critic", epochs=p.critic_ppo_epochs, mini=p.critic_mini_batch_per_rank,
                                         micro=p.critic_micro_batch_per_rank, grad_clip=self.cfg.critic.grad_clip,
                                         max_tokens=self.cfg.critic.max_tokens_per_micro_batch)
-        critic, optim, lr = c.critic_parts()
+        critic = c.critic_set()
         with self.timer("critic_update"):
-            loss = critic_loss(critic, self.cfg.critic, packed=self.cfg.model.remove_padding)
-            return run_update(batch, critic, optim, lr, settings, loss,
-                              offload_optimizer=c.critic_optim_offload)
+            loss = critic_loss(critic.model, self.cfg.critic, packed=self.cfg.model.remove_padding)
+            return run_update(batch, critic.model, critic.optim, critic.lr, settings, loss,
+                              offload_optimizer=critic.optim_offload)
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
         c, p = self.c, self.plan
@@ -350,12 +349,12 @@ class Trainer:
         if self.cfg.actor.policy_loss.loss_mode == "clip_cov":  # its random choice: seeded like the rollout
             generator = torch.Generator().manual_seed(derive_seed(self.cfg.seed, self.step, self.env.rank,
                                                                   self.state.branch) ^ CLIP_COV_SEED_SALT)
-        loss = actor_loss(c.actor, self.cfg.actor, clip_ratio_low=p.clip_ratio_low, clip_ratio_high=p.clip_ratio_high,
+        loss = actor_loss(c.actor.model, self.cfg.actor, clip_ratio_low=p.clip_ratio_low, clip_ratio_high=p.clip_ratio_high,
                           kl_loss=p.kl_loss, temperature=c.sampling.temperature or 1.0, generator=generator,
                           packed=self.cfg.model.remove_padding)
         with self.timer("actor_update"):
-            return run_update(batch, c.actor, c.actor_optim, c.actor_lr, settings, loss,
-                              offload_optimizer=c.actor_optim_offload, on_step=self._actor_stepped)
+            return run_update(batch, c.actor.model, c.actor.optim, c.actor.lr, settings, loss,
+                              offload_optimizer=c.actor.optim_offload, on_step=self._actor_stepped)
 
     def _actor_stepped(self) -> None:
         self.state = self.state.actor_stepped()

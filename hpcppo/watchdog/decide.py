@@ -5,8 +5,9 @@ applies it before the next step. Nothing here reads files, clocks or tensors, so
 only on the rows, the rules and the :class:`WatchdogState` — the state goes into the checkpoint, and a
 resumed run decides exactly as the original did. ``replay`` runs the same function over a finished log.
 
-Precedence, highest first: ``PRECEDENCE = ("pause", "requeue", "rollback", "restart_critic",
-"raise_kl_coef", "set_grad_clip")``. When several rules match on one step:
+Precedence, highest first (``PRECEDENCE``, from the actions' table :mod:`hpcppo.rule_actions`): ``pause``,
+``requeue``, ``rollback``, ``restart_critic``, ``raise_kl_coef``, ``set_grad_clip``. When several rules match on
+one step:
 
 - ``pause`` or ``requeue`` stops the run, so it is the only action applied (a pause beats a requeue:
   stopping for a human is stronger than retrying); everything else that matched is suppressed.
@@ -33,14 +34,17 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from hpcppo import rule_actions
+
 if TYPE_CHECKING:  # only attributes are read: no import of the config package at run time
     from hpcppo.config.watchdog import Rule
 
 __all__ = ["PRECEDENCE", "Action", "Decision", "WatchdogState", "decide", "rollback_target",
            "unknown_metrics"]
 
-PRECEDENCE: tuple[str, ...] = ("pause", "requeue", "rollback", "restart_critic", "raise_kl_coef", "set_grad_clip")
-STOPS: tuple[str, ...] = ("pause", "requeue")
+PRECEDENCE: tuple[str, ...] = rule_actions.PRECEDENCE
+STOPS: tuple[str, ...] = rule_actions.STOPS  # pause, requeue
+_RETIRED_KEYS = ("kl_coef",)  # in checkpoints' watchdog state before the training state alone held the coefficient
 
 Row = Mapping[str, Any]
 
@@ -57,12 +61,7 @@ class WatchdogState:
     last_fired: dict[str, int] = attrs.field(factory=dict)  # step of the last application: cooldown starts there
     lr_scale: float = 1.0  # product over the rollbacks applied: the trainer multiplies its base lr by it
     grad_clip: float | None = None  # set by set_grad_clip; None = the config's
-    kl_coef: float | None = None  # what the trainer last set on a raise_kl_coef (see with_kl_coef)
     paused_by: str | None = None  # the rule whose action paused the run; re-armed when a person resumes it
-
-    def with_kl_coef(self, kl_coef: float) -> WatchdogState:
-        """decide cannot know the controller's value, so the trainer records what it set."""
-        return attrs.evolve(self, kl_coef=float(kl_coef))
 
     def paused(self, rule: str) -> WatchdogState:
         """The state of a run that ``rule`` paused."""
@@ -81,19 +80,20 @@ class WatchdogState:
     def to_dict(self) -> dict[str, Any]:
         """Only str/int/float/None/dict: loadable with ``torch.load(weights_only=True)`` and JSON."""
         return {"fired": dict(self.fired), "last_fired": dict(self.last_fired), "lr_scale": float(self.lr_scale),
-                "grad_clip": self.grad_clip, "kl_coef": self.kl_coef, "paused_by": self.paused_by}
+                "grad_clip": self.grad_clip, "paused_by": self.paused_by}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> WatchdogState:
-        """Missing keys take their defaults; an unknown key is an error (a state of another version)."""
-        unknown = sorted(set(d) - {f.name for f in attrs.fields(cls)})
+        """Missing keys take their defaults; an unknown key is an error (a state of another version). ``kl_coef``,
+        which checkpoints before the training state held the coefficient alone recorded here, is read and dropped:
+        their coefficient is the ``kl_ctrl`` entry's."""
+        unknown = sorted(set(d) - {f.name for f in attrs.fields(cls)} - set(_RETIRED_KEYS))
         if unknown:
             raise ValueError(f"unknown watchdog state key(s) {unknown}; expected fired, last_fired, lr_scale, "
-                             f"grad_clip, kl_coef, paused_by")
+                             f"grad_clip, paused_by")
         return cls(fired={str(k): int(v) for k, v in d.get("fired", {}).items()},
                    last_fired={str(k): int(v) for k, v in d.get("last_fired", {}).items()},
                    lr_scale=float(d.get("lr_scale", 1.0)), grad_clip=_opt_float(d.get("grad_clip")),
-                   kl_coef=_opt_float(d.get("kl_coef")),
                    paused_by=None if d.get("paused_by") is None else str(d["paused_by"]))
 
 
@@ -222,13 +222,7 @@ def _match(rule: Rule, history: Sequence[Row], step: int) -> Action | None:
         reason = _reason(rule, v) if _holds(rule, v) else None
     if reason is None:
         return None
-    params: dict[str, float] = {}
-    if rule.action == "raise_kl_coef":
-        params = {"factor": rule.factor, "min_value": rule.min_value, "max_value": rule.max_value}
-    elif rule.action == "rollback":
-        params = {"lr_scale": rule.lr_scale}
-    elif rule.action == "set_grad_clip":
-        params = {"grad_clip": rule.grad_clip}
+    params: dict[str, float] = {p: getattr(rule, p) for p in rule_actions.lookup(rule.action).params}
     return Action(kind=rule.action, rule=rule.name, metric=rule.metric, value=v, threshold=rule.threshold,
                   step=step, reason=reason, **params)
 
@@ -248,10 +242,10 @@ def _clip(action: Action) -> float:
 def _arbitrate(matched: list[Action]) -> tuple[tuple[Action, ...], tuple[Action, ...]]:
     """Split matched actions into applied and suppressed, both in precedence order (module docstring)."""
     by_kind = {kind: [a for a in matched if a.kind == kind] for kind in PRECEDENCE}
-    stop = by_kind["pause"] or by_kind["requeue"]
+    stop = next((by_kind[kind] for kind in STOPS if by_kind[kind]), [])
     keep: list[Action] = [stop[0]] if stop else []
     if not stop:
-        for kind in PRECEDENCE[2:]:
+        for kind in (k for k in PRECEDENCE if k not in STOPS):
             found = by_kind[kind]
             if not found or (kind == "restart_critic" and by_kind["rollback"]):
                 continue

@@ -38,7 +38,7 @@ class TrainingState:
     step: int = 0
     branch: int = 0  # rollbacks so far: part of the sampling seed, so a retried step draws new samples
     actor_version: int = 0  # the actor's optimizer steps (+1 per rollback): the engine re-syncs when it changes
-    kl_coef: float  # the KL controller's coefficient, the only part of it that evolves
+    kl_coef: float  # the KL coefficient's one holder; the controller (algos.kl) maps it to the next step's
     watchdog: WatchdogState = attrs.field(factory=WatchdogState)
     history: tuple[dict[str, float], ...] = ()  # the current branch's recent rows, oldest first, each with "step"
 

@@ -48,14 +48,13 @@ def _describe(c: Any) -> dict[str, Any]:
 
     from hpcppo.distributed.weights import clean_name
 
-    out: dict[str, Any] = {"device": str(c.device), "actor_optim_offload": c.actor_optim_offload,
-                           "critic_optim_offload": c.critic_optim_offload,
-                           "actor_names": [clean_name(n) for n, _ in c.actor.named_parameters()]}
-    for role in ("actor", "critic", "reference"):
-        model = getattr(c, role)
+    out: dict[str, Any] = {"device": str(c.device), "actor_optim_offload": c.actor.optim_offload,
+                           "critic_optim_offload": c.critic.optim_offload if c.critic is not None else False,
+                           "actor_names": [clean_name(n) for n, _ in c.actor.model.named_parameters()]}
+    critic = c.critic
+    for role, model in (("actor", c.actor.model), ("critic", critic and critic.model), ("reference", c.reference)):
         out[role] = None if model is None else _where([p.detach() for p in model.parameters()])
-    for role in ("actor_optim", "critic_optim"):
-        optim = getattr(c, role)
+    for role, optim in (("actor_optim", c.actor.optim), ("critic_optim", critic and critic.optim)):
         moments = [] if optim is None else [v for s in optim.state.values() for k, v in s.items() if k != "step"]
         out[role] = _where(moments) | {"count": len(moments)}
     if c.device.type == "cuda":

@@ -30,7 +30,7 @@ def make(device: str, dtype: torch.dtype = torch.float32, seed: int = 0) -> dict
     return out
 
 
-def run_all(d: dict, kl_ctrl) -> dict[str, torch.Tensor]:
+def run_all(d: dict, kl_ctrl: A.KLController) -> dict[str, torch.Tensor]:
     """Every public tensor function once; returns the tensors to compare across devices."""
     out: dict[str, torch.Tensor] = {}
     out["gae_adv"], out["gae_ret"] = A.gae(d["r"], d["v"], d["mask"], 0.99, 0.95)
@@ -47,7 +47,7 @@ def run_all(d: dict, kl_ctrl) -> dict[str, torch.Tensor]:
         out[f"ent_{mode}"] = A.entropy_loss(d["logits"], d["mask"], mode)
     for kind in A.KL_KINDS:
         out[f"kl_{kind}"] = A.kl_penalty(d["new"], d["old"], kind)
-    out["rewards"], out["current_kl"] = A.apply_kl_penalty(d["r"], d["old"], d["new"], d["mask"], kl_ctrl, "k3")
+    out["rewards"], out["current_kl"] = A.apply_kl_penalty(d["r"], d["old"], d["new"], d["mask"], kl_ctrl.initial, "k3")
     out["whiten"] = A.masked_whiten(d["v"], d["mask"], shift_mean=False)
     out["ev"] = A.explained_variance(d["v"], d["r"], d["mask"])
     return out
@@ -59,14 +59,15 @@ def test_no_host_reads_on_meta_device():
     out = run_all(make("meta"), A.FixedKLController(0.1))
     assert all(t.device.type == "meta" for t in out.values())
     assert out["gae_adv"].shape == (B, T) and out["current_kl"].shape == ()
+    assert A.FixedKLController(0.1).next_coef(0.3, out["current_kl"], B) == 0.3  # reads no KL
 
 
-def test_the_one_sync_is_inside_adaptive_controller_update():
+def test_the_one_sync_is_inside_adaptive_controller_next_coef():
     d = make("meta")
     ctrl = A.AdaptiveKLController(0.1, 0.05, 100)
+    _, current_kl = A.apply_kl_penalty(d["r"], d["old"], d["new"], d["mask"], ctrl.initial, "kl")
     with pytest.raises((RuntimeError, NotImplementedError)):
-        A.apply_kl_penalty(d["r"], d["old"], d["new"], d["mask"], ctrl, "kl")
-    assert ctrl.value == 0.1
+        ctrl.next_coef(ctrl.initial, current_kl, B)
 
 
 def test_bf16_inputs_compute_in_float32():

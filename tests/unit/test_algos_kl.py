@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 
@@ -106,36 +107,43 @@ def test_unknown_kl_kind_lists_known_ones():
 def test_adaptive_controller_formula_and_direction(kl, target, horizon, n_steps, init):
     ctrl = AdaptiveKLController(init, target, horizon)
     kl_tensor = torch.tensor(kl)  # float32, as a KL metric arrives from the trainer
-    ctrl.update(kl_tensor, n_steps)
+    value = ctrl.next_coef(ctrl.initial, kl_tensor, n_steps)
     # The formula on the value the controller received: float32 rounding of kl (~3e-8 relative) is multiplied by up
     # to n_steps / horizon = 512 and would exceed the tolerance (kl=0.7326483433087302, target=0.75, n_steps=17).
     kl = float(kl_tensor)
     error = min(max(kl / target - 1, -0.2), 0.2)
-    assert ctrl.value == pytest.approx(init * (1 + error * n_steps / horizon), rel=1e-6)
+    assert value == pytest.approx(init * (1 + error * n_steps / horizon), rel=1e-6)
     if kl > target * (1 + 1e-6):
-        assert ctrl.value > init
+        assert value > init
     elif kl < target * (1 - 1e-6) and n_steps < horizon:
-        assert ctrl.value < init
+        assert value < init
 
 
 def test_step_and_fixed_controllers():
     fixed = FixedKLController(0.05)
-    fixed.update(torch.tensor(123.0), 64)
-    assert fixed.value == 0.05
+    assert fixed.next_coef(fixed.initial, torch.tensor(123.0), 64) == 0.05
+    assert fixed.next_coef(0.2, torch.tensor(123.0), 64) == 0.2  # a coefficient the watchdog raised stays raised
     step = StepKLController(0.1, target_kl=0.05)
-    step.update(0.2, 1)
-    assert step.value == pytest.approx(0.15)
-    step.update(0.01, 1)
-    step.update(0.01, 1)
-    assert step.value == pytest.approx(0.1 / 1.5)
-    step.update(0.05, 1)  # exactly at target: unchanged
-    assert step.value == pytest.approx(0.1 / 1.5)
+    value = step.next_coef(step.initial, 0.2, 1)
+    assert value == pytest.approx(0.15)
+    value = step.next_coef(step.next_coef(value, 0.01, 1), 0.01, 1)
+    assert value == pytest.approx(0.1 / 1.5)
+    value = step.next_coef(value, 0.05, 1)  # exactly at target: unchanged
+    assert value == pytest.approx(0.1 / 1.5)
     for _ in range(40):
-        step.update(1.0, 1)
-    assert step.value == 10.0
+        value = step.next_coef(value, 1.0, 1)
+    assert value == 10.0
     for _ in range(80):
-        step.update(0.0, 1)
-    assert step.value == 1e-4
+        value = step.next_coef(value, 0.0, 1)
+    assert value == 1e-4
+    assert step.initial == 0.1  # a rule: nothing in it moved
+
+
+def test_controllers_are_frozen_rules():
+    ctrl = AdaptiveKLController(0.1, target_kl=0.05, horizon=10)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ctrl.target_kl = 1.0  # type: ignore[misc]
+    assert not hasattr(ctrl, "value")
 
 
 def round_trip(state):
@@ -155,20 +163,33 @@ def round_trip(state):
 )
 def test_controllers_round_trip_through_weights_only_checkpoint(kind, kwargs):
     ctrl = build_kl_controller(kind, **kwargs)
+    coef = ctrl.initial
     for kl in (0.2, 0.01, 0.3):
-        ctrl.update(torch.tensor(kl), 16)
-    state = round_trip(ctrl.state_dict())
+        coef = ctrl.next_coef(coef, torch.tensor(kl), 16)
+    state = round_trip(ctrl.state_dict(coef))
     assert state["kind"] == kind and all(isinstance(v, str | float | int) for v in state.values())
     resumed = build_kl_controller(kind, **kwargs)
-    resumed.load_state_dict(state)
-    assert resumed.value == ctrl.value
+    resumed_coef = resumed.coef_from_state(state)
+    assert resumed_coef == coef
     for kl in (0.07, 0.0, 0.5):
-        ctrl.update(kl, 8)
-        resumed.update(kl, 8)
-        assert resumed.value == ctrl.value
+        coef = ctrl.next_coef(coef, kl, 8)
+        resumed_coef = resumed.next_coef(resumed_coef, kl, 8)
+        assert resumed_coef == coef
     other = "fixed" if kind != "fixed" else "adaptive"
     with pytest.raises(ValueError, match=f"state is for '{other}'"):
-        resumed.load_state_dict({**state, "kind": other})
+        resumed.coef_from_state({**state, "kind": other})
+    with pytest.raises(ValueError, match="has no 'value'"):
+        resumed.coef_from_state({"kind": kind})
+
+
+def test_the_checkpoint_entry_keeps_the_format_of_the_controllers_that_held_their_value():
+    # What the controllers' state_dict() wrote when each held its own ``value``: the same keys, read the same way.
+    old = {"kind": "adaptive", "value": 0.0123, "target_kl": 0.05, "horizon": 100.0}
+    ctrl = AdaptiveKLController(0.02, target_kl=0.05, horizon=100)
+    assert ctrl.state_dict(0.0123) == old and ctrl.coef_from_state(round_trip(old)) == 0.0123
+    assert FixedKLController(0.1).state_dict(0.3) == {"kind": "fixed", "value": 0.3}
+    assert StepKLController(0.1, 0.05).state_dict(0.2) == {"kind": "step", "value": 0.2, "target_kl": 0.05,
+                                                           "factor": 1.5, "min_coef": 1e-4, "max_coef": 10.0}
 
 
 def test_build_kl_controller_fails_loudly():
@@ -202,7 +223,7 @@ def ref_apply(scores, old, ref, mask, kind, beta):
     st.lists(st.tuples(LOGP, LOGP, st.floats(-3, 3, width=32), st.booleans()), min_size=30, max_size=30),
     st.sampled_from(["kl", "abs", "k2", "k3", "k3+"]),
 )
-def test_apply_kl_penalty_matches_loop_and_updates_controller(b, t, pool, kind):
+def test_apply_kl_penalty_matches_loop_and_feeds_the_controller(b, t, pool, kind):
     cells = [pool[(i * t + j) % 30] for i in range(b) for j in range(t)]
     old = [[cells[i * t + j][0] for j in range(t)] for i in range(b)]
     ref = [[cells[i * t + j][1] for j in range(t)] for i in range(b)]
@@ -210,11 +231,11 @@ def test_apply_kl_penalty_matches_loop_and_updates_controller(b, t, pool, kind):
     mask = [[float(cells[i * t + j][3]) for j in range(t)] for i in range(b)]
     ctrl = AdaptiveKLController(0.1, target_kl=0.5, horizon=1000)
     rewards, current = apply_kl_penalty(
-        *(torch.tensor(x, dtype=torch.float64) for x in (scores, old, ref)), torch.tensor(mask), ctrl, kind
+        *(torch.tensor(x, dtype=torch.float64) for x in (scores, old, ref)), torch.tensor(mask), ctrl.initial, kind
     )
     exp_rewards, exp_kl = ref_apply(scores, old, ref, mask, kind, 0.1)
     assert current.dim() == 0 and current.item() == pytest.approx(exp_kl, rel=1e-9, abs=1e-12)
     for g_row, e_row in zip(rewards.tolist(), exp_rewards):
         assert g_row == pytest.approx(e_row, rel=1e-9, abs=1e-9)
     error = min(max(exp_kl / 0.5 - 1, -0.2), 0.2)
-    assert ctrl.value == pytest.approx(0.1 * (1 + error * b / 1000), rel=1e-9)
+    assert ctrl.next_coef(0.1, current, b) == pytest.approx(0.1 * (1 + error * b / 1000), rel=1e-9)

@@ -142,11 +142,14 @@ def _written_kinds() -> set[str]:
 
 
 def test_watchdog_actions_are_the_rules_actions_in_precedence_order():
+    from hpcppo import rule_actions
     from hpcppo.config.watchdog import RULE_ACTIONS
     from hpcppo.watchdog import PRECEDENCE
 
-    assert events.WATCHDOG_ACTIONS == PRECEDENCE
+    assert events.WATCHDOG_ACTIONS == PRECEDENCE == ("pause", "requeue", "rollback", "restart_critic",
+                                                     "raise_kl_coef", "set_grad_clip")
     assert set(events.WATCHDOG_ACTIONS) == set(RULE_ACTIONS)
+    assert [events.watchdog_kind(a) for a in PRECEDENCE] == [rule_actions.lookup(a).event_kind for a in PRECEDENCE]
 
 
 def test_the_views_table_names_only_kinds_that_are_written():

@@ -214,7 +214,7 @@ def test_units_and_the_table_are_read_as_written(table):
     assert unit_of("hpcppo.sizing.estimate", units) == "sizing"
     assert unit_of("hpcppo.cli.export", units) == "cli.export" and unit_of("hpcppo.cli", units) == "cli"
     assert unit_of("hpcppo", units) == "hpcppo" and unit_of("numpy", units) is None
-    assert table["rundir"] == ({"errors", "fsutil"}, "no") and table["tiny"][1] == "lazily"
+    assert table["rundir"] == ({"errors", "fsutil", "rule_actions"}, "no") and table["tiny"][1] == "lazily"
 
 
 def test_a_forbidden_import_would_be_reported(table):

@@ -91,3 +91,10 @@ def test_position_ids_from_mask():
 def test_build_engine_unknown_kind_lists_known():
     with pytest.raises(ValueError, match=r"unknown rollout engine 'sglang'; known engines: hf, vllm"):
         build_engine("sglang")
+
+
+def test_the_factory_builds_every_kind_of_the_registry():
+    from hpcppo import engines
+    from hpcppo.rollout.factory import BUILDERS
+
+    assert tuple(BUILDERS) == engines.names() == ("hf", "vllm")

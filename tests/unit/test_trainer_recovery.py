@@ -21,7 +21,9 @@ from hpcppo.algos import AdaptiveKLController
 from hpcppo.config.experiment import DataSection, Experiment, ModelSection
 from hpcppo.config.watchdog import Rule, WatchdogSection
 from hpcppo.distributed.checkpoint import CheckpointManager
-from hpcppo.rundir import RunPaths, control, events, exitcodes
+from hpcppo.distributed.checkpoint_io import EXTRA_FILE
+from hpcppo.rundir import RunPaths, checkpoints, control, events, exitcodes
+from hpcppo.train.build import ModelSet
 from hpcppo.train.optim import LRSchedule
 from hpcppo.train.trainer import Trainer
 
@@ -52,14 +54,15 @@ def make_trainer(tmp_path: Path, rules: list[Rule]) -> Trainer:
     def schedule(optim: torch.optim.Optimizer) -> LRSchedule:
         return LRSchedule(optim, base_lr=LR, warmup_steps=0, total_steps=10, schedule="constant", min_lr_ratio=0.0)
 
-    actor_lr, critic_lr = schedule(actor_optim), schedule(critic_optim)
+    actor_set = ModelSet(actor, actor_optim, schedule(actor_optim))
+    critic_set = ModelSet(critic, critic_optim, schedule(critic_optim))
     c = SimpleNamespace(
         cfg=cfg, plan=SimpleNamespace(world_size=1), env=SimpleNamespace(rank=0), run_dir=tmp_path,
-        actor=actor, critic=critic, actor_optim=actor_optim, critic_optim=critic_optim,
-        actor_lr=actor_lr, critic_lr=critic_lr, critic_parts=lambda: (critic, critic_optim, critic_lr),
+        actor=actor_set, critic=critic_set, trained=lambda: {"actor": actor_set, "critic": critic_set},
+        critic_set=lambda: critic_set,
         kl_ctrl=AdaptiveKLController(0.01, target_kl=0.1, horizon=100), sampler=Cursor(),
         ckpt=CheckpointManager(RunPaths(tmp_path).checkpoints, keep_last=10), metrics=None, attempt=0,
-        preempt=SimpleNamespace(local=False), actor_optim_offload=False, critic_optim_offload=False,
+        preempt=SimpleNamespace(local=False),
     )
     return Trainer(c)  # type: ignore[arg-type]
 
@@ -72,7 +75,7 @@ def play_step(t: Trainer, row: dict[str, float], *, save: bool = False) -> Any:
     """One step by hand: weights and optimizer move, the KL coefficient drifts, the data cursor advances."""
     c = t.c
     t.state = t.state.next_step()
-    for model, optim in ((c.actor, c.actor_optim), (c.critic, c.critic_optim)):
+    for model, optim in ((c.actor.model, c.actor.optim), (c.critic.model, c.critic.optim)):
         model(torch.ones(2, 3)).sum().backward()
         optim.step()
         optim.zero_grad()
@@ -94,7 +97,7 @@ def test_a_rule_rolls_back_models_schedules_and_kl_coefficient_and_keeps_the_cur
     t = make_trainer(tmp_path, [rule])
     play_step(t, {"kl/actor_ref": 0.01})
     play_step(t, {"kl/actor_ref": 0.02}, save=True)
-    at_2 = (weights(t.c.actor), weights(t.c.critic), t.state.kl_coef, t.state.actor_version)
+    at_2 = (weights(t.c.actor.model), weights(t.c.critic.model), t.state.kl_coef, t.state.actor_version)
     assert t.obey(play_step(t, {"kl/actor_ref": 0.01})) is None  # step 3: healthy, not saved
     decision = play_step(t, {"kl/actor_ref": 0.3})  # step 4: the spike
     assert [a.kind for a in decision.actions] == ["rollback"]
@@ -103,11 +106,11 @@ def test_a_rule_rolls_back_models_schedules_and_kl_coefficient_and_keeps_the_cur
     s = t.state
     assert (s.step, s.branch, s.lr_scale) == (2, 1, 0.5)
     assert s.kl_coef == at_2[2] and s.actor_version > at_2[3]  # the engine must take the restored weights
-    assert all(torch.equal(weights(t.c.actor)[k], v) for k, v in at_2[0].items())
-    assert all(torch.equal(weights(t.c.critic)[k], v) for k, v in at_2[1].items())
+    assert all(torch.equal(weights(t.c.actor.model)[k], v) for k, v in at_2[0].items())
+    assert all(torch.equal(weights(t.c.critic.model)[k], v) for k, v in at_2[1].items())
     assert [r["step"] for r in s.history] == [1.0, 2.0]  # the abandoned branch's rows are forgotten
     assert t.c.sampler.pos == 16  # the batches of steps 3 and 4 are skipped, not replayed
-    assert t.c.actor_lr.lr == pytest.approx(LR * 0.5) and t.c.critic_lr.lr == pytest.approx(LR * 0.5)
+    assert t.c.actor.lr.lr == pytest.approx(LR * 0.5) and t.c.critic.lr.lr == pytest.approx(LR * 0.5)
     assert t.c.ckpt.list_committed() == [2]
     # The checkpoint was saved again with the new branch: a crash from here resumes it, not the abandoned one.
     resumed = make_trainer(tmp_path, [rule])
@@ -151,12 +154,12 @@ def test_a_critic_restart_restores_the_critic_only(tmp_path: Path) -> None:
     t = make_trainer(tmp_path, [Rule(name="vf_nan", metric="critic/vf_loss", condition="nonfinite",
                                      action="restart_critic")])
     play_step(t, {"critic/vf_loss": 1.0}, save=True)
-    critic_at_1 = weights(t.c.critic)
+    critic_at_1 = weights(t.c.critic.model)
     decision = play_step(t, {"critic/vf_loss": math.nan})
-    actor_now, state_now = weights(t.c.actor), t.state
+    actor_now, state_now = weights(t.c.actor.model), t.state
     assert t.obey(decision) is None
-    assert all(torch.equal(weights(t.c.critic)[k], v) for k, v in critic_at_1.items())
-    assert all(torch.equal(weights(t.c.actor)[k], v) for k, v in actor_now.items())  # untouched
+    assert all(torch.equal(weights(t.c.critic.model)[k], v) for k, v in critic_at_1.items())
+    assert all(torch.equal(weights(t.c.actor.model)[k], v) for k, v in actor_now.items())  # untouched
     assert (t.state.step, t.state.branch, t.state.kl_coef) == (state_now.step, state_now.branch, state_now.kl_coef)
 
 
@@ -175,6 +178,32 @@ def test_a_raise_and_a_tighter_clip_change_the_state_the_next_step_uses(tmp_path
     assert t.update_settings("actor", epochs=1, mini=1, micro=1, grad_clip=1.0).grad_clip == 0.25
     # What the controller starts the next step from, and what a checkpoint saves, is the raised coefficient.
     assert t.recovery.checkpoint_extra(t.state)["kl_ctrl"]["value"] == t.state.kl_coef
+
+
+def test_a_checkpoint_whose_watchdog_state_kept_the_kl_coef_resumes(tmp_path: Path, monkeypatch: Any) -> None:
+    # Checkpoints written before the training state alone held the coefficient: the watchdog's state in extra.pt
+    # kept a copy ("kl_coef", set on a raise), the kl_ctrl entry the value. Written here through the real save (DCP,
+    # CRC-32 in the commit marker), read by the real resume.
+    raise_rule = Rule(name="kl_raise", metric="kl/actor_ref", condition="gt", threshold=0.05, action="raise_kl_coef",
+                      factor=2.0, min_value=1e-4, max_value=10.0)
+    t = make_trainer(tmp_path, [raise_rule])
+    play_step(t, {"kl/actor_ref": 0.01})
+    assert t.obey(play_step(t, {"kl/actor_ref": 0.3})) is None  # raised at step 2
+    new_format = t.recovery.checkpoint_extra
+
+    def old_format(state: Any) -> dict[str, Any]:
+        extra = new_format(state)
+        extra["watchdog"]["state"] = extra["watchdog"]["state"] | {"kl_coef": state.kl_coef}
+        return extra
+
+    monkeypatch.setattr(t.recovery, "checkpoint_extra", old_format)
+    t.recovery.save(t.state)
+    saved = torch.load(checkpoints.step_dir(RunPaths(tmp_path).checkpoints, 2) / EXTRA_FILE, weights_only=True)
+    assert saved["watchdog"]["state"]["kl_coef"] == t.state.kl_coef == saved["kl_ctrl"]["value"]
+    resumed = make_trainer(tmp_path, [raise_rule])
+    resumed.state = resumed.recovery.resume(resumed.state)
+    assert (resumed.state.step, resumed.state.kl_coef) == (2, t.state.kl_coef)
+    assert resumed.state.watchdog == t.state.watchdog and resumed.state.watchdog.fired == {"kl_raise": 1}
 
 
 def test_a_pause_request_stops_at_the_boundary_and_is_served_once(tmp_path: Path) -> None:

@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
+from hpcppo import rule_actions
 from hpcppo.config.watchdog import Rule
 from hpcppo.watchdog import TrainingState, WatchdogState, decide, history_keep, respond
+from hpcppo.watchdog.respond import TRANSITIONS
 
 KL_ROLLBACK = Rule(name="kl_rollback", metric="kl", condition="gt", threshold=0.05, action="rollback", lr_scale=0.5)
 KL_RAISE = Rule(name="kl_raise", metric="kl", condition="gt", threshold=0.05, action="raise_kl_coef", factor=2.0,
@@ -62,7 +64,6 @@ def test_rollback_then_raise_raises_the_restored_coefficient() -> None:
     assert out.exit_code is None
     assert ("roll_back", 2, None) in hands.calls  # step 4's checkpoint is inside the anomaly; 3 was never committed
     assert out.state.kl_coef == pytest.approx(0.04)  # 0.02 restored, x2: not the 0.1 of before the rollback
-    assert out.state.watchdog.kl_coef == out.state.kl_coef
     assert (out.state.step, out.state.branch, out.state.lr_scale) == (2, 1, 0.5)
     assert [c[2] for c in hands.calls if c[0] == "record"] == ["watchdog.rollback", "watchdog.raise_kl_coef"]
     assert all(c[1] == 4 for c in hands.calls if c[0] == "record")  # dated by the step judged, not the target
@@ -110,3 +111,12 @@ def test_training_state_transitions() -> None:
                                   history=back.history)
     # A checkpoint from before the watchdog kept state resumes with a fresh one.
     assert TrainingState.from_checkpoint({"step": 3}, kl_coef=0.1, actor_version=1).watchdog == WatchdogState()
+
+
+def test_every_action_of_the_table_has_its_transition_here() -> None:
+    assert set(TRANSITIONS) == set(rule_actions.TRANSITIONS)
+    assert {a.transition for a in rule_actions.ACTIONS} <= set(rule_actions.TRANSITIONS)
+    assert sorted(a.precedence for a in rule_actions.ACTIONS) == list(range(len(rule_actions.ACTIONS)))
+    assert rule_actions.STOPS == ("pause", "requeue")
+    with pytest.raises(ValueError, match="unknown watchdog action 'reboot'; known: raise_kl_coef, rollback, pause"):
+        rule_actions.lookup("reboot")

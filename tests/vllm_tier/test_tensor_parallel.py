@@ -40,7 +40,7 @@ def _worker(rank: int, world: int, model_dir: str, data_dir: str) -> dict:
     plan = SimpleNamespace(tensor_parallel_size=2, dp_size=1, prompts_per_step=8)
     sampler, groups = build_sampler(len(data), plan, env, seed=3, shuffle=True)
     sampled = greedy(n=2, temperature=1.0)
-    c = SimpleNamespace(engine=engine, sampler=sampler, groups=groups, device=torch.device("cpu"), actor=actor,
+    c = SimpleNamespace(engine=engine, sampler=sampler, groups=groups, device=torch.device("cpu"), actor=SimpleNamespace(model=actor),
                         train_data=data, sampling=sampled)
     trainer = Trainer.__new__(Trainer)  # the rollout phase only, as the trainer runs it
     trainer.c, trainer.cfg, trainer.env = c, SimpleNamespace(seed=5), env
