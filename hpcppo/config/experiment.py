@@ -17,6 +17,7 @@ from hpcppo.config.fields import FieldValueError, opt, parse_slurm_time
 from hpcppo.config.debug import DebugSection, InjectSection
 from hpcppo.config.reward import RewardManagerSection, RewardModelSection
 from hpcppo.config.lora import LoraSection
+from hpcppo.config.rollout_corr import RolloutCorrectionSection
 from hpcppo.config.watchdog import Rule, WatchdogSection
 
 __all__ = ["Experiment", "ModelSection", "DataSection", "RolloutSection", "FsdpSection", "ActorSection",
@@ -372,6 +373,9 @@ class AlgorithmSection:
     use_kl_in_reward: bool = opt(False, help="Subtract kl_coef x KL(actor || reference) from the token rewards.")
     kl_penalty: str = opt("kl", choices=KL_ESTIMATORS, help="KL estimator for the reward penalty.")
     kl_ctrl: KlCtrlSection = opt(factory=KlCtrlSection, help="KL coefficient controller.")
+    rollout_correction: RolloutCorrectionSection = opt(
+        factory=RolloutCorrectionSection, help="Rollout correction (verl's): IS weights and rejection for the gap "
+                                               "between the rollout engine's policy and the trainer's.")
 
 
 @attrs.frozen(kw_only=True)
