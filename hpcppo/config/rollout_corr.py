@@ -89,3 +89,24 @@ def metric_columns(section: Any) -> list[str]:
     if not correction_on(section):
         return []
     return rollout_corr.metric_names(section.rollout_is, section.rollout_is_batch_normalize, section.rollout_rs)
+
+
+# The paragraph of docs/verl.md (hpcppo.config.verl_import.render_doc) about this section.
+VERL_DOC = """**Rollout correction** (`algorithm.rollout_correction.*`, the same names in hpcppo): verl's importance weights
+and rejection for the gap between the engine's policy and the trainer's (`verl/trainer/ppo/rollout_corr_helper.py`;
+`docs/algo/rollout_corr.md`). hpcppo always keeps the engine's log-probs, so `rollout.calculate_log_probs` is not
+needed. With `bypass_mode = false` (decoupled, three policies) the weights `pi_old / pi_rollout` (`rollout_is`:
+`token` or `sequence`, truncated at `rollout_is_threshold`, optionally divided by their batch mean) and the
+rejections (`rollout_rs`, with `rollout_rs_threshold`: `token_k1..3`, `seq_sum_k1..3`, `seq_mean_k1..3`,
+`seq_max_k2/3`, comma-separated, all must pass) are computed once per step on the whole batch after the KL penalty;
+rejected tokens leave the response mask of the advantages, the critic and the actor, and the weights multiply each
+token's policy loss in every `loss_mode` (`geo_mean`: their per-sequence geometric mean), as verl's `rollout_is_weights`.
+With `bypass_mode = true` the engine's log-probs are the old log-probs (no old-log-prob pass) and the policy loss is
+verl's `bypass_mode`: `loss_type = "ppo_clip"` (PPO against the rollout, the weights not applied) or `"reinforce"`
+(`-w A log pi`); another `loss_mode` with bypass mode is refused (verl silently replaces it). The `rollout_corr/*`
+metrics are verl's names; they are logged when the section turns something on (verl logs the off-policy ones whenever
+it keeps the rollout's log-probs). Two differences: verl's actor, on one mini-batch and one epoch, takes the current
+log-probs for the old ones (`on_policy` in `dp_actor.update_policy`), which in bypass mode makes every weight 1;
+hpcppo keeps the rollout's. In decoupled mode verl's actor re-logs the off-policy metrics per micro-batch against the
+current policy under the same names; hpcppo logs the batch's (`pi_old` against `pi_rollout`).
+"""
