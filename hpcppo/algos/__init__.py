@@ -16,6 +16,12 @@ from hpcppo.algos.advantages import (
     remax_advantage,
     rloo_advantage,
 )
+from hpcppo.algos.baselines import (
+    grpo_passk_advantage,
+    opo_advantage,
+    optimal_token_baseline_advantage,
+    tir_optimal_token_baseline_advantage,
+)
 from hpcppo.algos.kl import (
     KL_CONTROLLERS,
     KL_KINDS,
@@ -100,12 +106,15 @@ __all__ = [
     "gpg_advantage",
     "group_ids",
     "grpo_advantage",
+    "grpo_passk_advantage",
     "kl_penalty",
     "masked_mean",
     "masked_sum",
     "masked_var",
     "masked_whiten",
     "needs_critic",
+    "opo_advantage",
+    "optimal_token_baseline_advantage",
     "policy_loss",
     "register_advantage_estimator",
     "register_policy_loss",
@@ -115,5 +124,6 @@ __all__ = [
     "remax_advantage",
     "reverse_linear_scan",
     "rloo_advantage",
+    "tir_optimal_token_baseline_advantage",
     "value_loss",
 ]

@@ -80,3 +80,10 @@ def test_bypass_mode_replaces_the_loss_mode_so_another_one_is_refused(tmp_path):
     with pytest.raises(HpcppoError, match="bypass_mode=true uses its own loss"):
         _compile(tmp_path, K + "bypass_mode=true", "actor.policy_loss.loss_mode=gspo")
     _compile(tmp_path, K + "bypass_mode=true", K + "loss_type=reinforce")
+
+
+def test_new_group_estimators_compile_and_the_token_baselines_are_refused_with_the_reason(tmp_path):
+    for name in ("opo", "grpo_passk"):
+        _compile(tmp_path, f"algorithm.adv_estimator={name}")
+    with pytest.raises(HpcppoError, match="needs the actor's sum of squared token probabilities"):
+        _compile(tmp_path, "algorithm.adv_estimator=tir_optimal_token_baseline")
