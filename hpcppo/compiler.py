@@ -23,6 +23,7 @@ from hpcppo.config.load import (expand_path_text, experiment_from_data, load_exp
 from hpcppo.config.resolve import resolve
 from hpcppo.config.reward import check_reward_combination
 from hpcppo.config.reward_check import check_reward_model
+from hpcppo.config.rollout_corr import metric_columns as rollout_corr_columns
 from hpcppo.config.watchdog import check_rule_metrics
 from hpcppo.errors import ConfigError
 from hpcppo.sizing.check import check_colocation
@@ -59,7 +60,8 @@ def compile_config(spec: str | os.PathLike[str], site: str | os.PathLike[str] = 
         check_experiment_data(experiment)  # schema, data sources, reward_fn, prompt lengths, rows per batch
         check_engine_installed(site_obj, experiment)
         check_trackers_installed(site_obj, experiment)
-    check_rule_metrics(experiment.watchdog, file=str(spec_path))
+    check_rule_metrics(experiment.watchdog, file=str(spec_path),
+                       extra=tuple(rollout_corr_columns(experiment.algorithm.rollout_correction)))
     check_reward_combination(experiment.reward_model, experiment.reward_manager, experiment.data.max_response_length,
                              file=str(spec_path))
     plan = resolve(site_obj, experiment)

@@ -87,3 +87,12 @@ def test_new_group_estimators_compile_and_the_token_baselines_are_refused_with_t
         _compile(tmp_path, f"algorithm.adv_estimator={name}")
     with pytest.raises(HpcppoError, match="needs the actor's sum of squared token probabilities"):
         _compile(tmp_path, "algorithm.adv_estimator=tir_optimal_token_baseline")
+
+
+def test_a_watchdog_rule_may_watch_the_corrections_columns_when_it_is_on(tmp_path):
+    spec = tmp_path / "exp.toml"
+    spec.write_text(SPEC + '\n[[watchdog.rules]]\nname = "gap"\nmetric = "rollout_corr/kl"\ncondition = "gt"\n'
+                           'threshold = 0.5\naction = "pause"\n')
+    with pytest.raises(HpcppoError, match="'rollout_corr/kl' is not logged"):
+        jobs.compile_run(spec, "local", [], runs_root=str(tmp_path / "runs"), check_paths=False)
+    jobs.compile_run(spec, "local", [K + "rollout_is=token"], runs_root=str(tmp_path / "runs"), check_paths=False)
