@@ -11,7 +11,9 @@ from hpcppo import metrics as hmetrics
 
 from _harness import compile_run, launch_ranks, logs_of, wait_all, write_spec
 
-COMMON = ["algorithm.adv_estimator=grpo", "trainer.total_steps=2", "checkpoint.save_every=0"]
+# one mini-batch per step: step 1's update starts from the same weights in every run
+COMMON = ["algorithm.adv_estimator=grpo", "trainer.total_steps=2", "checkpoint.save_every=0",
+          "actor.ppo_mini_batch_size=16"]
 
 
 def _run(tmp_path, tiny, name, overrides):
@@ -36,6 +38,12 @@ def test_decoupled_correction_with_matching_engine_is_a_no_op_and_bypass_runs(tm
     assert corrected["rollout_corr/kl"].abs().max() < 1e-5
     for col in ("actor/pg_loss", "reward/mean", "actor/ppo_kl"):
         assert corrected[col].tolist() == pytest.approx(plain[col].tolist(), rel=1e-4, abs=1e-6), col
+
+    # The weights reach the loss: truncated at 0.5, every weight is 0.5 and step 1's policy loss is half the plain one.
+    halved = _run(tmp_path, random_tiny, "halved", ["algorithm.rollout_correction.rollout_is=token",
+                                                    "algorithm.rollout_correction.rollout_is_threshold=0.5"])
+    assert halved.loc[1, "reward/mean"] == plain.loc[1, "reward/mean"]
+    assert halved.loc[1, "actor/pg_loss"] == pytest.approx(0.5 * plain.loc[1, "actor/pg_loss"], rel=1e-5)
 
     bypass = _run(tmp_path, random_tiny, "bypass", [
         "algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.loss_type=reinforce",
