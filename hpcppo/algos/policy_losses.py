@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from hpcppo.algos.losses import GlobalBatchInfo, agg_loss, policy_loss
-from hpcppo.algos.rollout_correction import AllReduce, RolloutCorrectionParams, compute_rollout_correction_and_rejection_mask
+from hpcppo.algos.rollout_correction import (AllReduce, RolloutCorrectionParams,
+                                             compute_rollout_correction_and_rejection_mask)
 from hpcppo.algos.stats import compute_dtype, masked_mean
 
 __all__ = ["POLICY_LOSSES", "PolicyLossParams", "compute_policy_loss", "register_policy_loss"]

@@ -36,7 +36,8 @@ import torch
 from hpcppo import rollout_corr
 from hpcppo.algos.stats import masked_mean, masked_sum
 
-__all__ = ["SAFETY_BOUND", "AllReduce", "RolloutCorrectionParams", "compute_rollout_correction_and_rejection_mask", "compute_rollout_correction_weights",
+__all__ = ["SAFETY_BOUND", "AllReduce", "RolloutCorrectionParams", "compute_rollout_correction_and_rejection_mask",
+           "compute_rollout_correction_weights",
            "compute_rollout_rejection_mask", "compute_offpolicy_metrics", "compute_is_metrics", "compute_rs_metrics"]
 
 SAFETY_BOUND = 20.0  # exp(+-20) bounds every ratio (verl's SAFETY_BOUND)
@@ -190,7 +191,8 @@ def compute_rs_metrics(option_name: str, rs_statistic: torch.Tensor, response_ma
         m[f"{p}_fraction_low"] = (((seq < low).to(seq.dtype) * v).sum() / n_seq if apply_lower_threshold
                                   else torch.zeros((), device=seq.device))
     else:
-        m[f"{p}_max"], m[f"{p}_min"] = _masked_max(rs_statistic, response_mask), _masked_min(rs_statistic, response_mask)
+        m[f"{p}_max"] = _masked_max(rs_statistic, response_mask)
+        m[f"{p}_min"] = _masked_min(rs_statistic, response_mask)
         m[f"{p}_fraction_high"] = masked_mean((rs_statistic > high).float(), response_mask)
         m[f"{p}_fraction_low"] = (masked_mean((rs_statistic < low).float(), response_mask) if apply_lower_threshold
                                   else torch.zeros((), device=seq.device))

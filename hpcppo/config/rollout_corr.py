@@ -100,8 +100,8 @@ needed. With `bypass_mode = false` (decoupled, three policies) the weights `pi_o
 rejections (`rollout_rs`, with `rollout_rs_threshold`: `token_k1..3`, `seq_sum_k1..3`, `seq_mean_k1..3`,
 `seq_max_k2/3`, comma-separated, all must pass) are computed once per step on the whole batch after the KL penalty;
 rejected tokens leave the response mask of the advantages, the critic and the actor, and the weights multiply each
-token's policy loss in every `loss_mode` (`geo_mean`: their per-sequence geometric mean), as verl's `rollout_is_weights`.
-With `bypass_mode = true` the engine's log-probs are the old log-probs (no old-log-prob pass) and the policy loss is
+token's policy loss in every `loss_mode` (`geo_mean`: their per-sequence geometric mean), as verl's
+`rollout_is_weights`. With `bypass_mode = true` the engine's log-probs are the old log-probs (no old-log-prob pass) and the policy loss is
 verl's `bypass_mode`: `loss_type = "ppo_clip"` (PPO against the rollout, the weights not applied) or `"reinforce"`
 (`-w A log pi`); another `loss_mode` with bypass mode is refused (verl silently replaces it). The `rollout_corr/*`
 metrics are verl's names; they are logged when the section turns something on (verl logs the off-policy ones whenever

@@ -292,7 +292,8 @@ class Trainer:
             corrected, rc_metrics = rollout_correction.decoupled(full, cfg.algorithm.rollout_correction)
             extra |= rc_metrics
             inputs = algos.AdvantageInputs(
-                token_level_rewards=rewards, response_mask=corrected.get("response_mask", mask), values=full.get("values"),
+                token_level_rewards=rewards, response_mask=corrected.get("response_mask", mask),
+                values=full.get("values"),
                 index=full["prompt_index"], gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
                 norm_adv_by_std=cfg.algorithm.norm_adv_by_std_in_grpo, reward_baselines=full.get("reward_baselines"),
             )

@@ -25,7 +25,7 @@ def test_bf16_engine_against_fp32_trainer_is_corrected_and_learns(tmp_path, warm
         # the weights are bf16 values in both; the engine computes in bf16, the actor in float32
         "model.dtype=bfloat16", "actor.fsdp.param_dtype=float32", "critic.fsdp.param_dtype=float32",
         K + "rollout_is=token", K + "rollout_is_threshold=2.0", K + "rollout_rs=seq_max_k3",
-        K + "rollout_rs_threshold=0.5",
+        K + "rollout_rs_threshold=0.005",  # sequences with a token whose k3 = r - 1 - log r > 0.005 (r ~ 1 +- 0.1)
     ]
     code = main(["submit", str(REPO / "examples" / "arith-tiny.toml"), "--site", "local", "--wait", "-q",
                  "--runs-root", str(tmp_path), *(x for o in overrides for x in ("-o", o))])
@@ -40,6 +40,7 @@ def test_bf16_engine_against_fp32_trainer_is_corrected_and_learns(tmp_path, warm
     assert (df["rollout_corr/rollout_is_std"] > 1e-4).all(), df["rollout_corr/rollout_is_std"].tolist()
     assert ((df["rollout_corr/rollout_is_max"] - df["rollout_corr/rollout_is_min"]) > 1e-3).all()
     assert (df["rollout_corr/rollout_is_mean"] - 1).abs().max() < 0.05  # bf16 noise, not another policy
-    assert df["rollout_corr/rollout_rs_masked_fraction"].between(0, 1).all()
+    rejected = df["rollout_corr/rollout_rs_masked_fraction"]
+    assert (rejected > 0).any() and (rejected < 0.5).all(), rejected.tolist()  # some sequences, not the run
     start, end = df["reward/mean"].head(2).mean(), df["reward/mean"].tail(3).mean()
     assert end > start + 0.05, (start, end, df["reward/mean"].tolist())
