@@ -74,6 +74,8 @@ class RolloutCorrectionSection:
             raise FieldValueError("rollout_rs_threshold", "does nothing without rollout_rs")
         if not self.bypass_mode and self.loss_type != "ppo_clip":
             raise FieldValueError("loss_type", "chooses bypass_mode's loss and does nothing without bypass_mode = true")
+        if self.rollout_is is None and self.rollout_is_threshold != 2.0:
+            raise FieldValueError("rollout_is_threshold", "truncates the IS weights and does nothing without rollout_is")
         if self.rollout_is is None and self.rollout_is_batch_normalize:
             raise FieldValueError("rollout_is_batch_normalize", "normalises the IS weights and does nothing without "
                                                                 "rollout_is")

@@ -49,6 +49,7 @@ def test_defaults_are_verls_yaml_everything_off():
     ({"rollout_rs_threshold": 2.0}, "rollout_rs_threshold"),  # does nothing without rollout_rs
     ({"loss_type": "reinforce"}, "loss_type"),  # does nothing without bypass_mode
     ({"rollout_is_batch_normalize": True}, "rollout_is_batch_normalize"),
+    ({"rollout_is_threshold": 5.0}, "rollout_is_threshold"),
     ({"rollout_is": "geometric"}, "rollout_is"),
     ({"rollout_is": "token", "rollout_is_threshold": 0.0}, "rollout_is_threshold"),
 ])
