@@ -85,7 +85,8 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
     # Forwards and updates at MFU; 6N per token to train (8N with activation checkpointing: one more forward).
     tokens = plan.samples_per_step * L
     train_factor = 8 if exp.model.gradient_checkpointing else 6
-    flops = 2 * m.params * tokens  # old log-probs
+    # old log-probs; none in the rollout correction's bypass mode (the engine's stand in for them)
+    flops = 0 if exp.algorithm.rollout_correction.bypass_mode else 2 * m.params * tokens
     if plan.needs_reference:
         flops += 2 * m.params * tokens
     if rm is not None:

@@ -97,3 +97,22 @@ def test_a_watchdog_rule_may_watch_the_corrections_columns_when_it_is_on(tmp_pat
     with pytest.raises(HpcppoError, match="'rollout_corr/kl' is not logged"):
         jobs.compile_run(spec, "local", [], runs_root=str(tmp_path / "runs"), check_paths=False)
     jobs.compile_run(spec, "local", [K + "rollout_is=token"], runs_root=str(tmp_path / "runs"), check_paths=False)
+
+
+def test_plan_counts_no_extra_pass_and_bypass_mode_drops_the_old_log_prob_one(capsys):
+    import json
+    from pathlib import Path
+
+    from hpcppo.cli import main
+
+    spec = Path(__file__).resolve().parents[2] / "examples" / "gsm8k-qwen2.5-7b.toml"
+
+    def flops(*overrides):
+        assert main(["plan", str(spec), "--site", "a100-cluster", "--json",
+                     *(x for o in overrides for x in ("-o", o))]) == 0
+        return json.loads(capsys.readouterr().out)["time"]["update_flops"]
+
+    plain = flops()
+    assert flops(K + "rollout_is=token", K + "rollout_rs=token_k2", K + "rollout_rs_threshold=0.1") == plain
+    bypass = flops(K + "bypass_mode=true")
+    assert 0 < bypass < plain
