@@ -167,7 +167,8 @@ def _check_trainer(exp: Experiment, needs_critic: bool) -> None:
                            f"{exp.algorithm.adv_estimator!r} trains no critic; use 0")
     if estimators.lookup(exp.algorithm.adv_estimator).needs_sum_pi_squared:
         raise ResolveError(f"algorithm.adv_estimator={exp.algorithm.adv_estimator!r} needs the actor's sum of squared "
-                           f"token probabilities (verl's actor.calculate_sum_pi_squared), which hpcppo's trainer does "
+                           f"token probabilities (verl's actor_rollout_ref.actor.calculate_sum_pi_squared), which hpcppo's "
+                           f"trainer does "
                            f"not compute; its function is hpcppo.algos.{exp.algorithm.adv_estimator}_advantage")
     rc = exp.algorithm.rollout_correction
     if rc.bypass_mode and exp.actor.policy_loss.loss_mode != "vanilla":
