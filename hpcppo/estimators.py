@@ -26,6 +26,9 @@ class EstimatorNeeds:
     """Group ids (responses to the same prompt): the run needs ``rollout.n >= 2``."""
     needs_baseline: bool = False
     """The score of a greedy response to each prompt (ReMax): the trainer decodes one per prompt every step."""
+    needs_sum_pi_squared: bool = False
+    """The actor's ``sum_v pi_v^2`` per token (verl's ``actor.calculate_sum_pi_squared``) and the old log-probs:
+    the optimal token baselines. hpcppo's trainer does not compute it yet (the config refuses these estimators)."""
 
 
 ESTIMATORS: dict[str, EstimatorNeeds] = {}
@@ -33,12 +36,13 @@ ESTIMATORS: dict[str, EstimatorNeeds] = {}
 
 
 def declare(name: str, *, needs_values: bool = False, needs_index: bool = False,
-            needs_baseline: bool = False) -> EstimatorNeeds:
+            needs_baseline: bool = False, needs_sum_pi_squared: bool = False) -> EstimatorNeeds:
     """Declare estimator ``name``. Declaring it again with the same needs changes nothing; with other needs it is
     a ``ValueError`` (two estimators would share a name)."""
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"advantage estimator names are identifiers, got {name!r}")
-    needs = EstimatorNeeds(name, needs_values=needs_values, needs_index=needs_index, needs_baseline=needs_baseline)
+    needs = EstimatorNeeds(name, needs_values=needs_values, needs_index=needs_index, needs_baseline=needs_baseline,
+                           needs_sum_pi_squared=needs_sum_pi_squared)
     known = ESTIMATORS.setdefault(name, needs)
     if known != needs:
         raise ValueError(f"advantage estimator {name!r} is already declared as {known}")
@@ -80,3 +84,8 @@ declare("reinforce_plus_plus")
 declare("reinforce_plus_plus_baseline", needs_index=True)
 declare("remax", needs_baseline=True)
 declare("gpg", needs_index=True)
+# verl b178a3c's registry (verl/trainer/ppo/core_algos.py): hpcppo.algos.baselines
+declare("opo", needs_index=True)
+declare("grpo_passk", needs_index=True)
+declare("optimal_token_baseline", needs_index=True, needs_sum_pi_squared=True)
+declare("tir_optimal_token_baseline", needs_index=True, needs_sum_pi_squared=True)

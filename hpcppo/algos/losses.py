@@ -103,6 +103,7 @@ def policy_loss(
     loss_agg_mode: str = "token-mean",
     *,
     batch_info: GlobalBatchInfo | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """PPO clipped surrogate with asymmetric clipping and dual clip (verl's ``vanilla`` policy loss).
 
@@ -117,6 +118,8 @@ def policy_loss(
         clip_ratio: symmetric clip epsilon (may be None when both sides are given).
         clip_ratio_c: dual-clip bound, must be > 1.
         loss_agg_mode: see :func:`agg_loss`.
+        rollout_is_weights: ``[B, T]`` rollout-correction weights multiplying each token's loss before aggregation
+            (verl's ``compute_policy_loss_vanilla``); the metrics do not see them.
 
     Returns:
         ``loss`` (0-d, with graph) and detached 0-d metrics: ``pg_clipfrac`` = masked mean of ``L2 > L1``,
@@ -142,6 +145,8 @@ def policy_loss(
     losses3 = -adv * clip_ratio_c
     negative = adv < 0
     pg_losses = torch.where(negative, torch.minimum(losses3, clipped1), clipped1)
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights.to(dtype)
     loss = agg_loss(pg_losses, response_mask, loss_agg_mode, batch_info=batch_info)
 
     with torch.no_grad():

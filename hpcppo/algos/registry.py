@@ -29,6 +29,12 @@ from hpcppo.algos.advantages import (
     remax_advantage,
     rloo_advantage,
 )
+from hpcppo.algos.baselines import (
+    grpo_passk_advantage,
+    opo_advantage,
+    optimal_token_baseline_advantage,
+    tir_optimal_token_baseline_advantage,
+)
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -54,6 +60,9 @@ class AdvantageInputs:
         norm_adv_by_std: GRPO divides by the group std (False: Dr. GRPO).
         epsilon: GRPO's std epsilon.
         reward_baselines: ``[batch]`` score of the greedy response to each sample's prompt (ReMax).
+        old_log_probs: ``[batch, response_len]`` (the optimal token baselines' ``pi``).
+        sum_pi_squared: ``[batch, response_len]`` the actor's ``sum_v pi_v^2`` per token (optimal token baselines).
+        rollout_is_weights: ``[batch, response_len]`` rollout-correction IS weights (optimal token baselines).
     """
 
     token_level_rewards: torch.Tensor
@@ -65,6 +74,9 @@ class AdvantageInputs:
     norm_adv_by_std: bool = True
     epsilon: float = 1e-6
     reward_baselines: torch.Tensor | None = None
+    old_log_probs: torch.Tensor | None = None
+    sum_pi_squared: torch.Tensor | None = None
+    rollout_is_weights: torch.Tensor | None = None
 
 
 EstimatorFn = Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor]]
@@ -79,6 +91,7 @@ class AdvantageEstimator:
     needs_values: bool = False
     needs_index: bool = False
     needs_baseline: bool = False
+    needs_sum_pi_squared: bool = False
 
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
@@ -92,7 +105,7 @@ def _implements(name: str) -> Callable[[EstimatorFn], EstimatorFn]:
             raise ValueError(f"advantage estimator {name!r} is already registered")
         needs = estimators.lookup(name)
         ADVANTAGE_ESTIMATORS[name] = AdvantageEstimator(name, fn, needs.needs_values, needs.needs_index,
-                                                        needs.needs_baseline)
+                                                        needs.needs_baseline, needs.needs_sum_pi_squared)
         return fn
 
     return decorator
@@ -132,6 +145,9 @@ def compute_advantage(name: str, inputs: AdvantageInputs) -> tuple[torch.Tensor,
     if spec.needs_baseline and inputs.reward_baselines is None:
         raise ValueError(f"advantage estimator {name!r} needs the greedy responses' scores: "
                          f"AdvantageInputs.reward_baselines is None")
+    if spec.needs_sum_pi_squared and (inputs.sum_pi_squared is None or inputs.old_log_probs is None):
+        raise ValueError(f"advantage estimator {name!r} needs old_log_probs and sum_pi_squared: AdvantageInputs has "
+                         f"None")
     return spec.fn(inputs)
 
 
@@ -176,3 +192,28 @@ def _remax(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
 @_implements("gpg")
 def _gpg(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return gpg_advantage(inputs.token_level_rewards, inputs.response_mask, inputs.index)
+
+
+@_implements("opo")
+def _opo(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    return opo_advantage(inputs.token_level_rewards, inputs.response_mask, inputs.index, epsilon=inputs.epsilon)
+
+
+@_implements("grpo_passk")
+def _grpo_passk(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    return grpo_passk_advantage(inputs.token_level_rewards, inputs.response_mask, inputs.index, epsilon=inputs.epsilon,
+                                norm_adv_by_std_in_grpo=inputs.norm_adv_by_std)
+
+
+@_implements("optimal_token_baseline")
+def _otb(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    assert inputs.old_log_probs is not None and inputs.sum_pi_squared is not None  # checked by compute_advantage
+    return optimal_token_baseline_advantage(inputs.token_level_rewards, inputs.response_mask, inputs.index,
+                                            inputs.old_log_probs, inputs.sum_pi_squared, inputs.rollout_is_weights)
+
+
+@_implements("tir_optimal_token_baseline")
+def _tir_otb(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    assert inputs.old_log_probs is not None and inputs.sum_pi_squared is not None  # checked by compute_advantage
+    return tir_optimal_token_baseline_advantage(inputs.token_level_rewards, inputs.response_mask, inputs.index,
+                                                inputs.old_log_probs, inputs.sum_pi_squared, inputs.rollout_is_weights)

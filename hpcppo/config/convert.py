@@ -123,6 +123,14 @@ def _make_converter() -> cattrs.Converter:
     conv.register_structure_hook(str, s_str)
     conv.register_structure_hook(Any, s_any)
 
+    def s_str_or_number(v: Any, _: Any) -> str | float | None:
+        # verl's ``str | float`` thresholds (algorithm.rollout_correction.rollout_rs_threshold)
+        if isinstance(v, bool) or not (v is None or isinstance(v, (str, int, float))):
+            raise _expected("a string or a number", v)
+        return v if v is None or isinstance(v, str) else s_float(v, None)
+
+    conv.register_structure_hook(str | float | None, s_str_or_number)
+
     def list_factory(tp: Any) -> Callable[[Any, Any], list[Any]]:
         (item_type,) = typing.get_args(tp) or (Any,)
 

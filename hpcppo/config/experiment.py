@@ -18,6 +18,7 @@ from hpcppo.config.debug import DebugSection, InjectSection
 from hpcppo.config.reward import RewardManagerSection, RewardModelSection
 from hpcppo.config.lora import LoraSection
 from hpcppo.config.multi_turn import MultiTurnSection
+from hpcppo.config.rollout_corr import RolloutCorrectionSection
 from hpcppo.config.watchdog import Rule, WatchdogSection
 
 __all__ = ["Experiment", "ModelSection", "DataSection", "RolloutSection", "FsdpSection", "ActorSection",
@@ -215,7 +216,7 @@ def _check_loggers(value: list[str]) -> str | None:
 
 # The policy loss modes actor.policy_loss.loss_mode can name (hpcppo.algos.policy_losses.POLICY_LOSSES; a test keeps
 # the two in step). verl's names (verl/trainer/ppo/core_algos.py, register_policy_loss).
-POLICY_LOSS_MODES = ("vanilla", "gspo", "cispo", "gpg", "clip_cov", "kl_cov")
+POLICY_LOSS_MODES = ("vanilla", "gspo", "cispo", "gpg", "clip_cov", "kl_cov", "sapo", "geo_mean")
 
 
 @attrs.frozen(kw_only=True)
@@ -226,17 +227,23 @@ class PolicyLossSection:
     loss_mode: str = opt("vanilla", choices=POLICY_LOSS_MODES,
                          help="vanilla (PPO clip, dual clip); gspo (sequence-level ratio, aggregated "
                               "seq-mean-token-mean); cispo (clipped ratio as a stop-gradient weight); gpg (-logp x A); "
-                              "clip_cov, kl_cov (arXiv:2505.22617).")
+                              "clip_cov, kl_cov (arXiv:2505.22617); sapo (a sigmoid gate instead of the clip, "
+                              "arXiv:2511.20347); geo_mean (GMPO: the geometric mean of the clipped token ratios, "
+                              "arXiv:2507.20673).")
     clip_cov_ratio: float = opt(0.0002, gt=0.0, le=1.0, help="clip_cov: share of the response tokens whose gradient is cut.")
     clip_cov_lb: float = opt(1.0, help="clip_cov: lower bound of the covariance of the tokens it may cut.")
     clip_cov_ub: float = opt(5.0, help="clip_cov: upper bound of the covariance of the tokens it may cut.")
     kl_cov_ratio: float = opt(0.0002, gt=0.0, le=1.0, help="kl_cov: share of the response tokens given the KL penalty.")
     ppo_kl_coef: float = opt(0.1, ge=0.0, help="kl_cov: coefficient of |log ratio| on those tokens.")
+    tau_pos: float = opt(1.0, gt=0.0, help="sapo: gate temperature where the advantage is positive (verl's "
+                                           "actor.tau_pos).")
+    tau_neg: float = opt(1.05, gt=0.0, help="sapo: gate temperature where the advantage is not positive (verl's "
+                                            "actor.tau_neg).")
 
     def __attrs_post_init__(self) -> None:
         # A parameter of another mode would do nothing: refuse it rather than ignore it.
         for mode, fields in (("clip_cov", ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub")),
-                             ("kl_cov", ("kl_cov_ratio", "ppo_kl_coef"))):
+                             ("kl_cov", ("kl_cov_ratio", "ppo_kl_coef")), ("sapo", ("tau_pos", "tau_neg"))):
             for f in fields:
                 default = attrs.fields_dict(type(self))[f].default
                 if self.loss_mode != mode and getattr(self, f) != default:
@@ -384,6 +391,9 @@ class AlgorithmSection:
     use_kl_in_reward: bool = opt(False, help="Subtract kl_coef x KL(actor || reference) from the token rewards.")
     kl_penalty: str = opt("kl", choices=KL_ESTIMATORS, help="KL estimator for the reward penalty.")
     kl_ctrl: KlCtrlSection = opt(factory=KlCtrlSection, help="KL coefficient controller.")
+    rollout_correction: RolloutCorrectionSection = opt(
+        factory=RolloutCorrectionSection, help="Rollout correction (verl's): IS weights and rejection for the gap "
+                                               "between the rollout engine's policy and the trainer's.")
 
 
 @attrs.frozen(kw_only=True)

@@ -21,6 +21,8 @@ import os
 import unicodedata
 import re
 import tomllib
+import types
+import typing
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -221,6 +223,10 @@ def _shown(raw: str, limit: int = 60) -> str:
     return repr(raw) if len(raw) <= limit else f"{raw[:40]!r}... ({len(raw)} characters)"
 
 
+def _is_union(tp: Any) -> bool:
+    return typing.get_origin(tp) in (typing.Union, types.UnionType)
+
+
 def _convert_override(attribute: attrs.Attribute[Any], key: str, raw: str) -> Any:
     tp = attribute.type
     text = raw.strip()
@@ -228,12 +234,17 @@ def _convert_override(attribute: attrs.Attribute[Any], key: str, raw: str) -> An
         return raw  # plain strings need no quotes on the command line
     if text.lower() in ("none", "null", "unset") and "None" in repr(tp):
         return None
+    str_union = _is_union(tp) and str in typing.get_args(tp)  # rollout_rs: str | None, rollout_rs_threshold: ...
+    if str_union and text[:1] not in ('"', "'") and ("_" in text or "," in text):
+        return raw  # "0.6_1.6,2.5", and "1_2" is not TOML's 12 here
     if tp is bool and text.lower() in ("true", "false"):
         text = text.lower()
     hint = f"expected {type_text(tp)}, got {_shown(raw)}"
     try:
         parsed = tomllib.loads(f"v = {text}")
     except tomllib.TOMLDecodeError:
+        if str_union and text[:1] not in ('"', "'"):
+            return raw  # a string-or-unset key (rollout_rs = "token_k1,seq_max_k2"): no quotes needed either
         raise ConfigError(f"{hint} (write TOML: 1e-6, true, \"text\", [1, 2], {{a = 1}})", file=OVERRIDE_LABEL,
                           key=key) from None
     except ValueError:  # Python's limit on the digits of an integer (4300)

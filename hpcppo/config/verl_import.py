@@ -26,6 +26,7 @@ from hpcppo.config import verl
 from hpcppo.config.verl_convert import REF, dynamic_on
 from hpcppo.config.convert import MAX_INPUT_BYTES, read_input
 from hpcppo.config.experiment import Experiment
+from hpcppo.config.rollout_corr import VERL_DOC as ROLLOUT_CORRECTION_DOC
 from hpcppo.config.load import _check_leaf, experiment_from_data, leaf_keys, lookup_field
 from hpcppo.config.verl_lex import UnterminatedQuoteError
 from hpcppo.config.verl_read import (VERL_BASE_CONFIGS, VERL_OTHER_CONFIGS, YAML_MAX_DEPTH, YAML_MAX_VALUES, Read,
@@ -592,6 +593,7 @@ of vLLM's own, no `max_lora_rank`. The actor's `lora_adapter_path` (a trained ad
 `actor.lora.adapter_path`; verl reads r, alpha and the target modules from the adapter, hpcppo checks at compile that
 `[actor.lora]` has the adapter's.
 
+{rollout_correction}
 When the input leaves one of these unset, the import writes verl's default, because hpcppo's differs: {defaults}
 (`trainer.val_before_train` only when `data.val_files` is given, `fsdp_size` only on more than one node).
 """
@@ -606,7 +608,7 @@ def _group(key: str) -> str:
 def render_doc() -> str:
     """docs/verl.md: the mapping table, one section per verl config group, from the entries the importer uses."""
     defaults = ", ".join(f"`{k}={show(v)}`" for k, v in VERL_DEFAULTS)
-    out = [DOC_HEAD.format(commit=verl.VERL_COMMIT, defaults=defaults)]
+    out = [DOC_HEAD.format(commit=verl.VERL_COMMIT, defaults=defaults, rollout_correction=ROLLOUT_CORRECTION_DOC)]
     groups: dict[str, list[verl.Entry]] = {}
     for e in verl.ENTRIES:
         group = "keys verl does not have" if e.kind == verl.NOT_VERL else _group(e.verl)

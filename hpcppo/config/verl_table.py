@@ -239,15 +239,16 @@ def _actor_entries() -> list[Entry]:
       token_budget(A + "use_dynamic_bsz"), context=True),
     uns(A + "ulysses_sequence_parallel_size", "no sequence parallelism in hpcppo", ok=(1,)),
     m(A + "policy_loss.loss_mode", "actor.policy_loss.loss_mode",
-      "vanilla, gspo, cispo, gpg, clip_cov, kl_cov; not sapo, geo_mean, bypass_mode"),
+      "vanilla, gspo, cispo, gpg, clip_cov, kl_cov, sapo, geo_mean; bypass_mode comes with "
+      "algorithm.rollout_correction.bypass_mode"),
     m(A + "policy_loss.clip_cov_ratio", "actor.policy_loss.clip_cov_ratio"),
     m(A + "policy_loss.clip_cov_lb", "actor.policy_loss.clip_cov_lb"),
     m(A + "policy_loss.clip_cov_ub", "actor.policy_loss.clip_cov_ub"),
     m(A + "policy_loss.kl_cov_ratio", "actor.policy_loss.kl_cov_ratio"),
     m(A + "policy_loss.ppo_kl_coef", "actor.policy_loss.ppo_kl_coef"),
     ign(A + "policy_loss._target_", "Hydra's class to build; not a setting"),
-    ign(A + "tau_pos", "a parameter of the sapo loss mode, which hpcppo does not have"),
-    ign(A + "tau_neg", "a parameter of the sapo loss mode, which hpcppo does not have"),
+    m(A + "tau_pos", "actor.policy_loss.tau_pos", "sapo's gate temperature (A > 0)"),
+    m(A + "tau_neg", "actor.policy_loss.tau_neg", "sapo's gate temperature (A <= 0)"),
     uns(A + "loss_scale_factor", "hpcppo aggregates with loss_agg_mode only", ok=(None,)),
     uns(A + "shuffle", "hpcppo does not reshuffle samples between mini-batches", ok=(False,)),
     ign(A + "data_loader_seed", "hpcppo seeds everything from the experiment's seed"),
@@ -340,7 +341,8 @@ def _rollout_entries() -> list[Entry]:
     m(R + "log_prob_max_token_len_per_gpu", "rollout.max_tokens_per_micro_batch",
       "only with log_prob_use_dynamic_bsz (the smallest budget given wins)", token_budget(R + "log_prob_use_dynamic_bsz"),
       context=True),
-    ign(R + "calculate_log_probs", "hpcppo recomputes old log-probs with the training model"),
+    ign(R + "calculate_log_probs", "hpcppo always keeps the engine's log-probs (rollout/logprob_gap; the rollout "
+                                   "correction uses them)"),
     ign(R + "logprobs_mode", "hpcppo recomputes old log-probs with the training model"),
     *[ign(R + k, PERF_VLLM) for k in ("dtype", "max_num_batched_tokens", "max_num_seqs", "max_model_len",
                                       "enable_chunked_prefill", "enable_prefix_caching", "cudagraph_capture_sizes",
@@ -414,12 +416,25 @@ def _critic_and_algorithm_entries() -> list[Entry]:
     ign("algorithm.kl_ctrl._target_", "Hydra's class to build; not a setting"),
     uns("algorithm.use_pf_ppo", "no preference-feedback PPO in hpcppo", ok=(False,)),
     ign("algorithm.pf_ppo", "only with use_pf_ppo", prefix=True),
-    uns("algorithm.rollout_correction.rollout_is", "no rollout importance sampling in hpcppo: old log-probs "
-                                                   "come from the training model", ok=(None,)),
-    uns("algorithm.rollout_correction.rollout_rs", "no rollout rejection sampling in hpcppo", ok=(None,)),
-    uns("algorithm.rollout_correction.bypass_mode", "not in hpcppo", ok=(False,)),
-    ign("algorithm.rollout_correction", "only with rollout_is or rollout_rs", prefix=True),
+    *_rollout_correction_entries(),
     ign("algorithm._target_", "Hydra's class to build; not a setting"),
+    ]
+
+
+def _rollout_correction_entries() -> list[Entry]:
+    """``algorithm.rollout_correction.*`` (verl's RolloutCorrectionConfig): the same names in hpcppo; null = off."""
+    rc = "algorithm.rollout_correction."
+    off = "null (verl's default) = off"
+    return [
+        m(rc + "rollout_is", rc + "rollout_is", f"token or sequence; {off}", none_is_default),
+        m(rc + "rollout_is_threshold", rc + "rollout_is_threshold"),
+        m(rc + "rollout_is_batch_normalize", rc + "rollout_is_batch_normalize"),
+        m(rc + "rollout_rs", rc + "rollout_rs", f"comma-separated options; {off}", none_is_default),
+        m(rc + "rollout_rs_threshold", rc + "rollout_rs_threshold", "a number or a string such as \"0.6_1.6,2.5\"",
+          none_is_default),
+        m(rc + "bypass_mode", rc + "bypass_mode", "the engine's log-probs are the old log-probs: no old-log-prob "
+                                                  "pass"),
+        m(rc + "loss_type", rc + "loss_type", "ppo_clip or reinforce, bypass mode's loss"),
     ]
 
 

@@ -109,14 +109,15 @@ class WatchdogSection:
         object.__setattr__(self, "rules", merged)
 
 
-def check_rule_metrics(section: WatchdogSection, *, file: str | None = None) -> None:
+def check_rule_metrics(section: WatchdogSection, *, file: str | None = None, extra: tuple[str, ...] = ()) -> None:
     """A rule whose metric the trainer never logs would never fire: a typo must fail at compile time, not leave a
-    run unprotected. Raises ``ConfigError`` naming the rule, the metric and the closest column."""
+    run unprotected. ``extra``: the run's own columns (``rollout_corr/*`` with the rollout correction on). Raises
+    ``ConfigError`` naming the rule, the metric and the closest column."""
     if not section.enable:
         return
     for rule in section.rules:
-        if not schema.is_trainer_column(rule.metric):
-            known = schema.trainer_columns()
+        if not schema.is_trainer_column(rule.metric) and rule.metric not in extra:
+            known = [*schema.trainer_columns(), *extra]
             raise ConfigError(f"rule {rule.name!r}: metric {rule.metric!r} is not logged by the trainer"
                               f"{did_you_mean(rule.metric, known)}; metrics: {', '.join(known)}, "
                               f"{schema.VALIDATION_PREFIX}<data_source>[/<stat>@<k>], "

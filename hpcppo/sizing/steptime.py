@@ -166,7 +166,8 @@ def _update_flops(exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape,
     tokens = plan.samples_per_step * plan.max_sequence_length
     train_factor = 8 if exp.model.gradient_checkpointing else 6
     n, cn = m.active_params, cm.critic_active_params
-    flops = 2 * n * tokens  # old log-probs
+    # old log-probs; none in the rollout correction's bypass mode (the engine's stand in for them)
+    flops = 0 if exp.algorithm.rollout_correction.bypass_mode else 2 * n * tokens
     if plan.needs_reference:
         flops += 2 * n * tokens
     if rm is not None:

@@ -33,6 +33,7 @@ from hpcppo.distributed.env import DistEnv, RolloutGroups, broadcast_object, rol
 from hpcppo.distributed.fsdp import apply_activation_checkpointing, apply_fsdp
 from hpcppo.distributed.mesh import build_mesh
 from hpcppo.metrics import MetricsWriter
+from hpcppo.config.rollout_corr import metric_columns as rollout_corr_columns
 from hpcppo.metrics.schema import trainer_columns
 from hpcppo.models.reward_model import STRIP as REWARD_MODEL_STRIP, build_reward_model
 from hpcppo.rollout import RolloutEngine, SamplingParams, build_engine
@@ -337,7 +338,8 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
     ckpt = CheckpointManager(paths.checkpoints, keep_last=cfg.checkpoint.keep_last, rank=env.rank,
                              world_size=env.world_size)
     attempt, metrics = _metrics_log(paths, env, site, trainer_columns(
-        val_sources, ro.val_n, acc=overlong_buffer_on(cfg.reward_manager)))
+        val_sources, ro.val_n, acc=overlong_buffer_on(cfg.reward_manager))
+        + rollout_corr_columns(cfg.algorithm.rollout_correction))
     log.info("built: %d train prompts, %d val prompts, %d steps; actor%s%s; engine %s",
              len(train_data), len(val_data) if val_data else 0, total_steps,
              " + critic" if critic is not None else "", " + reference" if reference is not None else "", ro.engine)

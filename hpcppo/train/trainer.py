@@ -42,7 +42,7 @@ from hpcppo.config.plan import VALIDATION_PROMPTS_PER_CALL
 from hpcppo.config.reward import overlong_buffer_on
 from hpcppo.metrics import trackers
 from hpcppo.rundir import control, events, exitcodes, metric_names
-from hpcppo.train import batching, reward_phase, validation
+from hpcppo.train import batching, reward_phase, rollout_correction, validation
 from hpcppo.train.build import Components, build_components, freeze_long_lived_objects
 from hpcppo.train.inject import FaultInjector
 from hpcppo.train.lora import actor_weights
@@ -271,9 +271,12 @@ class Trainer:
             if budget else None
         rows = p.logprob_micro_batch_per_rank
         out: Batch = {}
-        with self.timer("old_logprob"):
-            out["old_log_probs"] = compute_log_probs(c.actor.model, *args, temperature=temperature, micro_batch_size=rows,
-                                                     micro_batches=groups, packed=packed)
+        if rollout_correction.bypass(self.cfg.algorithm.rollout_correction):  # verl's apply_bypass_mode: no pass
+            out["old_log_probs"] = batch["rollout_log_probs"]
+        else:
+            with self.timer("old_logprob"):
+                out["old_log_probs"] = compute_log_probs(c.actor.model, *args, temperature=temperature,
+                                                         micro_batch_size=rows, micro_batches=groups, packed=packed)
         with c.reference_policy() as reference:
             if reference is not None:
                 with self.timer("ref"):
@@ -309,8 +312,11 @@ class Trainer:
                 extra["kl/reward_penalty"] = float(reward_kl)
             else:
                 rewards = full["token_level_scores"].float()
+            corrected, rc_metrics = rollout_correction.decoupled(full, cfg.algorithm.rollout_correction)
+            extra |= rc_metrics
             inputs = algos.AdvantageInputs(
-                token_level_rewards=rewards, response_mask=mask, values=full.get("values"),
+                token_level_rewards=rewards, response_mask=corrected.get("response_mask", mask),
+                values=full.get("values"),
                 index=full["prompt_index"], gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
                 norm_adv_by_std=cfg.algorithm.norm_adv_by_std_in_grpo, reward_baselines=full.get("reward_baselines"),
             )
@@ -319,6 +325,7 @@ class Trainer:
             rows = batching.local_rows(batch["response_mask"].shape[0], self.env.rank)
             width = batch["response_mask"].shape[1]
             mine = {k: full[k][rows, :width] for k in ("token_level_rewards", "advantages", "returns")}
+            mine |= {k: v[rows, :width] for k, v in corrected.items()}  # the rejections and IS weights the losses use
             metrics = batching.batch_metrics(full, kl_coef=kl_coef, max_response_length=cfg.data.max_response_length)
         return mine, metrics | extra, float(full["seq_tokens"].sum())
 
@@ -351,7 +358,9 @@ class Trainer:
                                                                   self.state.branch) ^ CLIP_COV_SEED_SALT)
         loss = actor_loss(c.actor.model, self.cfg.actor, clip_ratio_low=p.clip_ratio_low, clip_ratio_high=p.clip_ratio_high,
                           kl_loss=p.kl_loss, temperature=c.sampling.temperature or 1.0, generator=generator,
-                          packed=self.cfg.model.remove_padding)
+                          packed=self.cfg.model.remove_padding,
+                          rollout_correction=rollout_correction.params(self.cfg.algorithm.rollout_correction),
+                          all_reduce_sum=rollout_correction.all_reduce_sum)
         with self.timer("actor_update"):
             return run_update(batch, c.actor.model, c.actor.optim, c.actor.lr, settings, loss,
                               offload_optimizer=c.actor.optim_offload, on_step=self._actor_stepped)

@@ -98,10 +98,15 @@ def critic_loss(critic: nn.Module, cfg: Any, *, packed: bool = False) -> LossFn:
 
 
 def actor_loss(actor: nn.Module, cfg: Any, *, clip_ratio_low: float, clip_ratio_high: float, kl_loss: bool,
-               temperature: float, generator: torch.Generator | None = None, packed: bool = False) -> LossFn:
+               temperature: float, generator: torch.Generator | None = None, packed: bool = False,
+               rollout_correction: algos.RolloutCorrectionParams | None = None,
+               all_reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> LossFn:
     """The policy loss of ``cfg.policy_loss.loss_mode`` (verl's; :mod:`hpcppo.algos.policy_losses`), minus the entropy
     bonus, plus the KL loss when it is on; ``cfg`` is the ``[actor]`` section, the clip bounds and ``kl_loss`` from
-    the run plan, ``generator`` the random choice of ``clip_cov``. A mode logs only the metrics verl's reports."""
+    the run plan, ``generator`` the random choice of ``clip_cov``. A mode logs only the metrics verl's reports.
+    A micro-batch's ``rollout_is_weights`` (decoupled rollout correction) reach the loss; with
+    ``rollout_correction.bypass_mode`` the loss is ``bypass_mode`` (verl's ``apply_bypass_mode``), whose batch
+    normalisation sums over ranks with ``all_reduce_sum``, and its ``rollout_corr/*`` metrics are logged."""
 
     # Without a bonus the entropy is only a metric: computed detached and in blocks, it keeps no [B, R, V] softmax
     # in the graph until backward (the same logged values; algos.entropy_metric).
@@ -111,15 +116,17 @@ def actor_loss(actor: nn.Module, cfg: Any, *, clip_ratio_low: float, clip_ratio_
     params = algos.PolicyLossParams(clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high,
                               clip_ratio_c=cfg.clip_ratio_c, clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb,
                               clip_cov_ub=pl.clip_cov_ub, kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef,
-                              generator=generator)
+                              tau_pos=pl.tau_pos, tau_neg=pl.tau_neg, generator=generator,
+                              rollout_correction=rollout_correction, all_reduce_sum=all_reduce_sum)
+    mode = "bypass_mode" if rollout_correction is not None and rollout_correction.bypass_mode else pl.loss_mode
 
     def loss(mb: Mapping[str, Any], info: algos.GlobalBatchInfo, sums: batching.UpdateMetrics, n_micro: int):
         log_probs, entropy = forward(actor, mb["input_ids"], mb["attention_mask"], mb["position_ids"],
                                      mb["responses"].shape[1], temperature=temperature, with_entropy=True,
                                      entropy_grad=bonus)
-        out = algos.compute_policy_loss(pl.loss_mode, mb["old_log_probs"], log_probs, mb["advantages"],
+        out = algos.compute_policy_loss(mode, mb["old_log_probs"], log_probs, mb["advantages"],
                                         mb["response_mask"], loss_agg_mode=cfg.loss_agg_mode, params=params,
-                                        batch_info=info)
+                                        batch_info=info, rollout_is_weights=mb.get("rollout_is_weights"))
         total = out["loss"]
         assert entropy is not None  # with_entropy=True
         ent = algos.agg_loss(entropy, mb["response_mask"], cfg.loss_agg_mode, batch_info=info)
@@ -135,6 +142,9 @@ def actor_loss(actor: nn.Module, cfg: Any, *, clip_ratio_low: float, clip_ratio_
         for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
             if key in out:
                 sums.add(f"actor/{key}", out[key])
+        for key in out:
+            if key.startswith("rollout_corr/"):  # bypass mode's correction, per micro-batch
+                sums.add(key, out[key])
         return total
 
     return loss

@@ -68,10 +68,11 @@ def test_missing_inputs_and_unknown_names_fail_loudly(inputs):
     for name in ("grpo", "rloo", "reinforce_plus_plus_baseline"):
         with pytest.raises(ValueError, match=f"'{name}' needs group ids"):
             compute_advantage(name, dataclasses.replace(inputs, index=None))
-    with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'; known: gae, gpg, grpo, reinforce_plus_plus"):
+    with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'; known: gae, gpg, grpo, grpo_passk, opo, optimal_token_baseline, "
+                                         "reinforce_plus_plus"):
         compute_advantage("ppo", inputs)
     with pytest.raises(ValueError, match="unknown advantage estimator"):
-        needs_critic("opo")
+        needs_critic("ppo2")
     with pytest.raises(dataclasses.FrozenInstanceError):
         inputs.gamma = 0.5  # type: ignore[misc]
 

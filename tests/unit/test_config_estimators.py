@@ -57,6 +57,7 @@ def test_an_unregistered_name_is_refused_with_the_registered_ones(registered):
         compile_with("algorithm.adv_estimator=test_cfg_groupd")
     assert str(info.value).endswith('"test_cfg_groupd" is not allowed; allowed values: "gae", "grpo", "rloo", '
                                     '"reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "gpg", '
+                                    '"opo", "grpo_passk", "optimal_token_baseline", "tir_optimal_token_baseline", '
                                     '"test_cfg_baseline", "test_cfg_grouped" (did you mean \'test_cfg_grouped\'?)')
 
 

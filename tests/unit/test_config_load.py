@@ -103,7 +103,8 @@ def test_wrong_types_are_not_coerced(tmp_path):
         ("[resources]\nnodes = 0\n", "resources.nodes: 0 is out of range; must be >= 1"),
         ('[algorithm]\nadv_estimator = "grpoo"\n',
          "algorithm.adv_estimator: \"grpoo\" is not allowed; allowed values: \"gae\", \"grpo\", \"rloo\", "
-         "\"reinforce_plus_plus\", \"reinforce_plus_plus_baseline\", \"remax\", \"gpg\" (did you mean 'grpo'?)"),
+         "\"reinforce_plus_plus\", \"reinforce_plus_plus_baseline\", \"remax\", \"gpg\", \"opo\", \"grpo_passk\", "
+         "\"optimal_token_baseline\", \"tir_optimal_token_baseline\" (did you mean 'grpo'?)"),
         ('[actor]\nkl_loss_type = "k4"\n', "actor.kl_loss_type: \"k4\" is not allowed"),
         ('[resources]\ntime = "1:2:3:4"\n', "resources.time: '1:2:3:4' is not a Slurm time"),
         ('reward_fn = "nocolon"\n', "data.reward_fn: 'nocolon' must be \"auto\", a built-in (gsm8k, math, "

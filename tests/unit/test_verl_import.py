@@ -137,7 +137,7 @@ def test_the_custom_reward_function_becomes_data_reward_fn(tmp_path):
 
 
 def test_values_are_checked_against_the_schema_before_they_are_written(tmp_path):
-    imp = _translated("actor_rollout_ref.actor.clip_ratio_c=0.5", "algorithm.adv_estimator=opo",
+    imp = _translated("actor_rollout_ref.actor.clip_ratio_c=0.5", "algorithm.adv_estimator=grpo_vectorized",
                       "actor_rollout_ref.rollout.name=sglang", cwd=tmp_path)
     for key in ("actor.clip_ratio_c", "algorithm.adv_estimator", "rollout.engine"):
         assert key not in imp.values
