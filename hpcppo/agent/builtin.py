@@ -50,7 +50,8 @@ def _eval(node: ast.AST) -> int | float:
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
         return node.value  # type: ignore[return-value]  # the check above: an int or a float
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-        return _UNARY[type(node.op)](_eval(node.operand))
+        result: int | float = _UNARY[type(node.op)](_eval(node.operand))
+        return result
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
         a, b = _eval(node.left), _eval(node.right)
         _check_size(type(node.op), a, b)
@@ -60,7 +61,7 @@ def _eval(node: ast.AST) -> int | float:
             raise CalcError("division by zero") from None
         except OverflowError:
             raise CalcError("result too large") from None
-        if isinstance(value, complex):
+        if not isinstance(value, (int, float)):  # a negative number to a fractional power: complex
             raise CalcError("result is not a real number")
         return value
     raise CalcError(f"not allowed: {type(node).__name__}; only numbers, + - * / // % **, unary minus and parentheses")

@@ -20,7 +20,7 @@ from typing import Any
 
 from hpcppo.cli.common import err
 from hpcppo.cli.parser import build_parser
-from hpcppo.config.verl import VerlNameWarning
+from hpcppo.verl.names import VerlNameWarning
 from hpcppo.errors import HpcppoError, PathError, SettingWarning
 
 __all__ = ["main", "build_parser", "dispatch"]

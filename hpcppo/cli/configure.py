@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hpcppo import compiler, config
 from hpcppo.cli.common import err
-from hpcppo.config import verl_import
+from hpcppo.verl import importer
 from hpcppo.config.compiled import check_engine_installed, check_trackers_installed
 from hpcppo.config.convert import MAX_INPUT_BYTES
 from hpcppo.errors import HpcppoError
@@ -44,16 +44,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_import_verl(args: argparse.Namespace) -> int:
     if args.table:
-        sys.stdout.write(verl_import.render_doc())
+        sys.stdout.write(importer.render_doc())
         return 0
     if args.input is None:
         raise HpcppoError("give a verl command line or YAML file (or - for stdin), or --table")
     require_parent_dir(args.out, "-o")
     # One character past the limit is enough for the library to refuse the input; an endless stdin does not hang.
     stdin_text = sys.stdin.read(MAX_INPUT_BYTES + 1) if args.input == "-" else None
-    imp, problem = verl_import.import_verl(args.input, Path(args.out), force=args.force, name=args.name,
+    imp, problem = importer.import_verl(args.input, Path(args.out), force=args.force, name=args.name,
                                            stdin_text=stdin_text, watchdog=args.watchdog)
-    for line in verl_import.format_report(imp):
+    for line in importer.format_report(imp):
         print(f"hpcppo: {line}", file=sys.stderr)
     print(f"wrote {args.out}: {len(imp.values)} keys from verl, {len(imp.report)} settings not translated "
           f"(listed above and at the end of the file)", file=sys.stderr)

@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from hpcppo.config import verl
+from hpcppo.verl import names as verl
 from hpcppo.config.compiled import Compiled
 from hpcppo.config.convert import is_section, section_class, section_fields, type_text
 from hpcppo.config.experiment import Experiment

@@ -30,7 +30,7 @@ from typing import Any
 
 import attrs
 
-from hpcppo.config import verl
+from hpcppo.verl import names as verl
 from hpcppo.config.convert import is_section, read_toml, section_class, section_fields, structure, type_text
 from hpcppo.config.experiment import Experiment
 from hpcppo.config.fields import FieldValueError, did_you_mean, fmt_value

@@ -93,7 +93,7 @@ def metric_columns(section: Any) -> list[str]:
     return rollout_corr.metric_names(section.rollout_is, section.rollout_is_batch_normalize, section.rollout_rs)
 
 
-# The paragraph of docs/verl.md (hpcppo.config.verl_import.render_doc) about this section.
+# The paragraph of docs/verl.md (hpcppo.verl.importer.render_doc) about this section.
 VERL_DOC = """**Rollout correction** (`algorithm.rollout_correction.*`, the same names in hpcppo): verl's importance weights
 and rejection for the gap between the engine's policy and the trainer's (`verl/trainer/ppo/rollout_corr_helper.py`;
 `docs/algo/rollout_corr.md`). hpcppo always keeps the engine's log-probs, so `rollout.calculate_log_probs` is not

@@ -13,7 +13,7 @@ import pytest
 
 from hpcppo.cli import main
 from hpcppo.config.convert import MAX_INPUT_BYTES
-from hpcppo.config.verl_import import MAX_SETTINGS, YAML_MAX_DEPTH
+from hpcppo.verl.importer import MAX_SETTINGS, YAML_MAX_DEPTH
 from hpcppo.errors import ConfigError, PathError, ResolveError, RunIdError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -123,7 +123,7 @@ def test_enable_determinism_sets_the_workspace_before_turning_deterministic_algo
 
 def test_verl_full_determinism_reaches_the_job_script(tmp_path):
     """verl's ``fsdp_config.full_determinism`` maps onto trainer.deterministic, hence onto the workspace export."""
-    from hpcppo.config.verl_import import read_command_line, to_toml, translate
+    from hpcppo.verl.importer import read_command_line, to_toml, translate
 
     text = (REPO / "tests" / "unit" / "verl_inputs" / "quickstart.txt").read_text()
     assert " trainer.total_epochs=15 " in text

@@ -9,7 +9,7 @@ import functools
 import pytest
 import torch
 
-from hpcppo.config.verl_import import read_command_line, translate
+from hpcppo.verl.importer import read_command_line, translate
 from hpcppo.errors import ConfigError, PathError
 
 CMD = "python3 -m verl.trainer.main_ppo "

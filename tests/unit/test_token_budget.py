@@ -326,7 +326,7 @@ def test_a_budget_frees_the_fixed_micro_batch_from_dividing_the_mini_batch():
 
 
 def _imported(*tokens: str, tmp_path):
-    from hpcppo.config.verl_import import read_command_line, translate
+    from hpcppo.verl.importer import read_command_line, translate
 
     settings, _ = read_command_line("python3 -m verl.trainer.main_ppo " + " ".join(tokens))
     imp = translate(settings, cwd=tmp_path)
@@ -354,7 +354,7 @@ def test_import_verl_translates_dynamic_micro_batches_with_verls_defaults(tmp_pa
     values, _ = _imported(A + "use_dynamic_bsz=false", "critic.use_dynamic_bsz=true",
                           "critic.ppo_max_token_len_per_gpu=9000", tmp_path=tmp_path)
     assert values == {"critic.max_tokens_per_micro_batch": 9000, "rollout.max_tokens_per_micro_batch": 9000}
-    from hpcppo.config.verl_import import read_command_line, translate
+    from hpcppo.verl.importer import read_command_line, translate
 
     settings, _ = read_command_line("python3 -m verl.trainer.main_ppo actor_rollout_ref.model.use_remove_padding=True")
     assert translate(settings, cwd=tmp_path).values["model.remove_padding"] is True

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hpcppo.config.verl_import import read_command_line, translate
+from hpcppo.verl.importer import read_command_line, translate
 from hpcppo.data.rewards import NO_PRED, build_reward_fn, score_batch
 from hpcppo.rundir import metric_names
 from hpcppo.train.validation import majority_value, prompt_stats, validation_metrics

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpcppo.config import verl
-from hpcppo.config.verl_import import render_doc
+from hpcppo.verl import names as verl
+from hpcppo.verl.importer import render_doc
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "verl.md"
 

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from hpcppo.cli import main
-from hpcppo.config import load_resolved, verl
+from hpcppo.config import load_resolved
+from hpcppo.verl import names as verl
 from hpcppo.config.experiment import Experiment
 from hpcppo.config.load import leaf_keys
-from hpcppo.config.verl_import import read_command_line, read_yaml, translate
+from hpcppo.verl.importer import read_command_line, read_yaml, translate
 
 REPO = Path(__file__).resolve().parents[2]
 INPUTS = Path(__file__).resolve().parent / "verl_inputs"

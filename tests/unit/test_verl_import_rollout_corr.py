@@ -10,7 +10,7 @@ import pytest
 
 from hpcppo.cli import main
 from hpcppo.config import load_resolved
-from hpcppo.config import verl
+from hpcppo.verl import names as verl
 
 INPUTS = Path(__file__).resolve().parent / "verl_inputs"
 K = "algorithm.rollout_correction."

@@ -11,7 +11,7 @@ import pytest
 from hpcppo.cli import main
 from hpcppo.compiler import compile_config
 from hpcppo.config import explain, parse_overrides
-from hpcppo.config.verl import VerlNameWarning
+from hpcppo.verl.names import VerlNameWarning
 from hpcppo.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ import pytest
 from hpcppo.cli import main
 from hpcppo.config.experiment import ActorSection
 from hpcppo.config.fields import FieldValueError
-from hpcppo.config.verl_import import import_verl, read_command_line, read_yaml, translate
+from hpcppo.verl.importer import import_verl, read_command_line, read_yaml, translate
 from hpcppo.errors import ConfigError
 
 CMD = "python3 -m verl.trainer.main_ppo "

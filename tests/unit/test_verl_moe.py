@@ -1,4 +1,4 @@
-"""``hpcppo import-verl`` and verl's mixture-of-experts keys (issue 37 item 7, :mod:`hpcppo.config.verl_moe`): kept
+"""``hpcppo import-verl`` and verl's mixture-of-experts keys (issue 37 item 7, :mod:`hpcppo.verl.names.moe`): kept
 where their value is what hpcppo does (no expert parallelism, no routing replay, a router that trains), refused in
 one line each otherwise, naming expert parallelism as out of scope."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hpcppo.cli import main
-from hpcppo.config import verl
+from hpcppo.verl import names as verl
 
 HEAD = "python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=/m data.train_files=/d.parquet \\\n"
 # verl's defaults (or the values a Qwen3-MoE FSDP script of verl's examples sets), each what hpcppo does.

@@ -5,8 +5,8 @@ run_qwen2-7b_rm.sh, examples/gmpo_trainer/test_dapo_7b_math.sh)."""
 
 from __future__ import annotations
 
-from hpcppo.config.verl_import import translate
-from hpcppo.config.verl_read import read_command_line
+from hpcppo.verl.importer import translate
+from hpcppo.verl.read import read_command_line
 
 CMD = "python3 -m verl.trainer.main_ppo actor_rollout_ref.model.path=/m data.train_files=/d.parquet "
 

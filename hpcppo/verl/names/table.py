@@ -1,17 +1,17 @@
-"""verl's keys in hpcppo terms, part 2: the table itself, one :class:`~hpcppo.config.verl_convert.Entry` per verl
+"""verl's keys in hpcppo terms, part 2: the table itself, one :class:`~hpcppo.verl.names.convert.Entry` per verl
 key (verl/trainer/config/_generated_ppo_trainer.yaml at verl b178a3c), grouped as verl groups them. No torch here.
 """
 
 from __future__ import annotations
 
-from hpcppo.config.verl_convert import (A, ACTOR_TOKENS, ARR, CRITIC_TOKENS, MODEL, NOT_VERL, R, REF, REWARD_KWARGS,
+from hpcppo.verl.names.convert import (A, ACTOR_TOKENS, ARR, CRITIC_TOKENS, MODEL, NOT_VERL, R, REF, REWARD_KWARGS,
                                         Entry, clip_ratio, ign, m, uns, critic_warmup, dtype, dynamic_bsz, engine, files, freq, hsdp,
                                         keep, logger, lora_modules, lora_setting, none_is_default, without_lora, per_gpu, project_name, resume, reward_kwargs,
                                         reward_name, reward_path, run_name, schedule, token_budget, top_k, total_steps, warmup,
                                         warmup_ratio)
 
-from hpcppo.config.verl_moe import moe_entries
-from hpcppo.config.verl_reward import reward_entries
+from hpcppo.verl.names.moe import moe_entries
+from hpcppo.verl.names.reward import reward_entries
 
 __all__ = ["ENTRIES", "m", "alias", "ign", "uns"]
 
@@ -523,5 +523,5 @@ def _build_entries() -> list[Entry]:
             *_critic_and_algorithm_entries(), *_trainer_entries(), *moe_entries(), *_alias_entries()]
 
 
-# Indexed (and checked for keys listed twice) where it is looked up: hpcppo.config.verl.
+# Indexed (and checked for keys listed twice) where it is looked up: hpcppo.verl.names.
 ENTRIES: tuple[Entry, ...] = tuple(_build_entries())

@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from hpcppo.config.verl_lex import Command, arith, scan, skip_dollar, skip_quoted
+from hpcppo.verl.lex import Command, arith, scan, skip_dollar, skip_quoted
 
 __all__ = ["Script", "read_script", "resolve", "UNKNOWN_OPEN", "ENV_OPEN"]
 

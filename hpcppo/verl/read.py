@@ -1,7 +1,7 @@
 """Reading a verl input for ``hpcppo import-verl``: a run script or command line, a YAML config, and the YAML a
 command line names with Hydra's ``--config-path``/``--config-name``.
 
-A script is read with :mod:`hpcppo.config.verl_shell` (bash's expansions, nothing run). A YAML is read as OmegaConf
+A script is read with :mod:`hpcppo.verl.shell` (bash's expansions, nothing run). A YAML is read as OmegaConf
 reads it (verl loads its configs with OmegaConf): ``lr: 3e-7`` is the float 3e-7, which plain YAML 1.1 (PyYAML's
 SafeLoader) would read as the string "3e-7". No torch here.
 """
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpcppo.config import verl
-from hpcppo.config.verl_shell import read_script, resolve
+from hpcppo.verl import names as verl
+from hpcppo.verl.shell import read_script, resolve
 from hpcppo.errors import ConfigError
 
 __all__ = ["Setting", "Read", "read_input_text", "read_command_line", "read_yaml", "locate_config", "show",

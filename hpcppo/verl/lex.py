@@ -1,4 +1,4 @@
-"""The words of a bash script, as :mod:`hpcppo.config.verl_shell` reads verl's run scripts: quoting, ``$(...)`` and
+"""The words of a bash script, as :mod:`hpcppo.verl.shell` reads verl's run scripts: quoting, ``$(...)`` and
 ``${...}`` groups, commands split at ``;``, ``&&``, pipes and new lines (redirections dropped), and bash's integer
 arithmetic for ``$((...))``. Nothing here runs or expands anything. No torch.
 """

@@ -10,8 +10,8 @@ it becomes here:
                  options under FSDP2, Ray);
 ``unsupported``  a setting hpcppo cannot honour; values in ``ok`` are what hpcppo does anyway and pass.
 
-The table is in :mod:`hpcppo.config.verl_table`, the entry type and the value translations in
-:mod:`hpcppo.config.verl_convert`; this module answers questions about it (lookup, hints, ``-o`` overrides,
+The table is in :mod:`hpcppo.verl.names.table`, the entry type and the value translations in
+:mod:`hpcppo.verl.names.convert`; this module answers questions about it (lookup, hints, ``-o`` overrides,
 ``config explain``, the rows of docs/verl.md) and re-exports what callers use.
 
 Read against verl at commit b178a3cd (2026-01-29): ``verl/trainer/config/_generated_ppo_trainer.yaml`` (the composed
@@ -25,9 +25,9 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hpcppo.config.verl_convert import (A, IGNORED, MAP, NOT_VERL, R, REWARD_KWARGS, UNSUPPORTED, VERL_COMMIT, Entry,
+from hpcppo.verl.names.convert import (A, IGNORED, MAP, NOT_VERL, R, REWARD_KWARGS, UNSUPPORTED, VERL_COMMIT, Entry,
                                         Ignored, Untranslatable, VerlNameWarning, show_value, run_name, whole_number)
-from hpcppo.config.verl_table import ENTRIES, ign
+from hpcppo.verl.names.table import ENTRIES, ign
 
 __all__ = ["Entry", "ENTRIES", "Untranslatable", "Ignored", "lookup", "hint", "parse_value", "translate_override",
            "verl_names_for", "describe", "MAP", "NOT_VERL", "IGNORED", "UNSUPPORTED", "VERL_COMMIT", "VerlNameWarning",

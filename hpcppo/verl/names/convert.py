@@ -1,6 +1,6 @@
 """verl's keys in hpcppo terms, part 1: the :class:`Entry` of the table and the value translations its ``map``
 entries use (``save_freq = 0`` -> ``-1`` ...), each citing the verl code it follows (verl b178a3c).
-:mod:`hpcppo.config.verl_table` holds the entries, :mod:`hpcppo.config.verl` the lookups. No torch here.
+:mod:`hpcppo.verl.names.table` holds the entries, :mod:`hpcppo.verl.names` the lookups. No torch here.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class Entry:
 
 
 def m(verl: str, hpcppo: str, note: str = "", convert: Convert | None = None, context: bool = False) -> Entry:
-    """A verl key translated to an hpcppo key (the tables' rows: ``verl_table``, ``verl_reward``)."""
+    """A verl key translated to an hpcppo key (the tables' rows: ``table``, ``reward``)."""
     return Entry(verl, MAP, hpcppo, note, convert, context)
 
 

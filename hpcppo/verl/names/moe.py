@@ -1,4 +1,4 @@
-"""verl's mixture-of-experts keys in hpcppo terms (a part of the table, :mod:`hpcppo.config.verl_table`). No torch.
+"""verl's mixture-of-experts keys in hpcppo terms (a part of the table, :mod:`hpcppo.verl.names.table`). No torch.
 
 hpcppo trains a mixture-of-experts model as any other: every rank holds all of a layer's experts, and FSDP2 shards
 their weights like the rest; the router is trained with the model and routes each token itself, in the trainer
@@ -11,7 +11,7 @@ and their defaults: ``verl/trainer/config/_generated_ppo_trainer.yaml`` and
 
 from __future__ import annotations
 
-from hpcppo.config.verl_convert import A, MODEL, R, REF, Entry, ign, uns
+from hpcppo.verl.names.convert import A, MODEL, R, REF, Entry, ign, uns
 
 __all__ = ["moe_entries"]
 

@@ -1,5 +1,5 @@
 """verl's ``reward_model.*`` and ``reward_manager.*`` keys in hpcppo terms: the rows of the import table
-(:mod:`hpcppo.config.verl_table`) for a reward model and the DAPO reward manager. No torch here.
+(:mod:`hpcppo.verl.names.table`) for a reward model and the DAPO reward manager. No torch here.
 
 What verl does with them at b178a3c (verl/trainer/config/reward_model/dp_reward_loop.yaml is the default
 ``reward_model`` group, so ``use_reward_loop`` is true unless a script says otherwise):
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hpcppo.config.verl_convert import Entry, Ignored, Untranslatable, ign, m, uns, \
+from hpcppo.verl.names.convert import Entry, Ignored, Untranslatable, ign, m, uns, \
     dynamic_bsz, none_is_default, per_gpu, token_budget
 
 __all__ = ["reward_entries"]
