@@ -224,64 +224,96 @@ def iter_full_params(
         if isinstance(module, FSDPModule):
             module.reshard()
     with torch.no_grad():
-        bucket: list[_Piece] = []
-        where: tuple = ()  # the bucket's (group, size, rank, dtype, device): what its parameters share
-        bucket_full = 0
-        in_flight: list[tuple[str, torch.Tensor, list[dist.Work], int]] = []  # in-place gathers, oldest first
+        stream = _Gathers(bucket_bytes=bucket_bytes, into=into, direct_min_bytes=direct_min_bytes,
+                          in_flight_window=in_flight_window)
         for name, param in model.named_parameters():
             tensor = param.detach()
             name = clean_name(name)
             want = dtype(name) if callable(dtype) else dtype
-            shard = tensor if isinstance(tensor, DTensor) else None
-            layout = _shard_group(shard) if shard is not None else None
-            if shard is not None and layout is not None and (layout[1] > 1 or force_gather):
-                # CPU-offloaded shards are gathered on the mesh's device (NCCL cannot gather host memory).
-                here = (*layout, want or shard.dtype, torch.device(shard.device_mesh.device_type))
-                full = shard.numel() * here[3].itemsize
-                chunk = -(-shard.shape[0] // layout[1])
-                target = into.get(name) if into is not None and full >= direct_min_bytes else None
-                if _fits(target, shard.shape, here[3], here[4]):
-                    # The open bucket stays open, and a bucketed parameter does not wait for the in-place gathers
-                    # in flight: either wait would leave the link idle between two in-place gathers.
-                    works = _start_gather_into(target, shard.to_local(), *layout, chunk)
-                    if works is not None:
-                        # In flight together up to a window: one parameter's messages alone leave the link idle
-                        # between them (2 ranks, 86.5M parameters: 0.22-0.28 s waiting one by one).
-                        in_flight.append((name, target, works, full))
-                        yield from _drain(in_flight, in_flight_window)
-                        continue
-                if bucket and (here != where or bucket_full + full > bucket_bytes):
-                    yield from _gather_bucket(bucket, *where)
-                    bucket, bucket_full = [], 0
-                where = here
-                bucket.append(_Piece(name, shard.to_local(), shard.shape, chunk))
-                bucket_full += full
+            layout = _shard_group(tensor) if isinstance(tensor, DTensor) else None
+            if layout is not None and (layout[1] > 1 or force_gather):
+                yield from stream.add(name, cast(DTensor, tensor), layout, want)
                 continue
-            yield from _drain(in_flight)
-            if bucket:
-                yield from _gather_bucket(bucket, *where)
-                bucket, bucket_full = [], 0
-            if want is not None:
-                tensor = tensor.to(want)
-            if isinstance(tensor, DTensor):
-                mesh_device = tensor.device_mesh.device_type
-                if tensor.device.type != mesh_device:
-                    tensor = tensor.to(mesh_device)  # still a DTensor
-                tensor = cast(DTensor, tensor).full_tensor()
-            yield name, tensor
-            del tensor
-        yield from _drain(in_flight)
-        if bucket:
-            yield from _gather_bucket(bucket, *where)
+            yield from stream.flush()
+            yield name, _whole(tensor, want)
+        yield from stream.flush()
         if include_buffers:
-            non_persistent = {
-                f"{mod_name}.{b}" if mod_name else b
-                for mod_name, mod in model.named_modules()
-                for b in getattr(mod, "_non_persistent_buffers_set", ())
-            }
-            for name, buf in model.named_buffers():
-                if name not in non_persistent:
-                    yield clean_name(name), buf.detach()
+            yield from _persistent_buffers(model)
+
+
+class _Gathers:
+    """The collectives of one :func:`iter_full_params` pass over sharded parameters: the open bucket of ``Shard(0)``
+    parameters that share a group, dtype and device, and the in-place gathers in flight (oldest first)."""
+
+    def __init__(self, *, bucket_bytes: int, into: Mapping[str, torch.Tensor] | None, direct_min_bytes: int,
+                 in_flight_window: int) -> None:
+        self.bucket_bytes, self.into = bucket_bytes, into
+        self.direct_min_bytes, self.in_flight_window = direct_min_bytes, in_flight_window
+        self.bucket: list[_Piece] = []
+        self.where: tuple = ()  # the bucket's (group, size, rank, dtype, device): what its parameters share
+        self.bucket_full = 0
+        self.in_flight: list[tuple[str, torch.Tensor, list[dist.Work], int]] = []
+
+    def add(self, name: str, shard: DTensor, layout: tuple[dist.ProcessGroup, int, int],
+            want: torch.dtype | None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Start ``shard``'s gather: straight into the consumer's tensor when ``into`` has one that fits, else into
+        the bucket (gathering the bucket first when the parameter does not belong with it); yield what completes."""
+        # CPU-offloaded shards are gathered on the mesh's device (NCCL cannot gather host memory).
+        here = (*layout, want or shard.dtype, torch.device(shard.device_mesh.device_type))
+        full = shard.numel() * here[3].itemsize
+        chunk = -(-shard.shape[0] // layout[1])
+        target = self.into.get(name) if self.into is not None and full >= self.direct_min_bytes else None
+        if _fits(target, shard.shape, here[3], here[4]):
+            # The open bucket stays open, and a bucketed parameter does not wait for the in-place gathers in
+            # flight: either wait would leave the link idle between two in-place gathers.
+            assert target is not None  # _fits
+            works = _start_gather_into(target, shard.to_local(), *layout, chunk)
+            if works is not None:
+                # In flight together up to a window: one parameter's messages alone leave the link idle between
+                # them (2 ranks, 86.5M parameters: 0.22-0.28 s waiting one by one).
+                self.in_flight.append((name, target, works, full))
+                yield from _drain(self.in_flight, self.in_flight_window)
+                return
+        if self.bucket and (here != self.where or self.bucket_full + full > self.bucket_bytes):
+            yield from self._gather_bucket()
+        self.where = here
+        self.bucket.append(_Piece(name, shard.to_local(), shard.shape, chunk))
+        self.bucket_full += full
+
+    def flush(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Finish every gather started: the in-place ones, then the bucket."""
+        yield from _drain(self.in_flight)
+        if self.bucket:
+            yield from self._gather_bucket()
+
+    def _gather_bucket(self) -> Iterator[tuple[str, torch.Tensor]]:
+        bucket, self.bucket, self.bucket_full = self.bucket, [], 0
+        yield from _gather_bucket(bucket, *self.where)
+
+
+def _whole(tensor: torch.Tensor, want: torch.dtype | None) -> torch.Tensor:
+    """A parameter that needs no bucketed gather: cast, and a DTensor of any other layout gathered whole on its
+    mesh's device (``full_tensor``)."""
+    if want is not None:
+        tensor = tensor.to(want)
+    if isinstance(tensor, DTensor):
+        mesh_device = tensor.device_mesh.device_type
+        if tensor.device.type != mesh_device:
+            tensor = tensor.to(mesh_device)  # still a DTensor
+        tensor = cast(DTensor, tensor).full_tensor()
+    return tensor
+
+
+def _persistent_buffers(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The persistent buffers (replicated in FSDP2: no collective), by Hugging Face name."""
+    non_persistent = {
+        f"{mod_name}.{b}" if mod_name else b
+        for mod_name, mod in model.named_modules()
+        for b in getattr(mod, "_non_persistent_buffers_set", ())
+    }
+    for name, buf in model.named_buffers():
+        if name not in non_persistent:
+            yield clean_name(name), buf.detach()
 
 
 def load_into(
