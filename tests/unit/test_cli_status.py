@@ -167,7 +167,7 @@ def test_cancel_of_a_run_never_submitted(tmp_path, capsys):
     assert main(["cancel", path.name, "--runs-root", str(runs)]) == RunStateError.exit_code
     err = capsys.readouterr().err
     assert "was never submitted" in err and len(err.strip().splitlines()) == 1
-    assert status.run_status(RunDir.open(runs, path.name))["state"] == "NOT_SUBMITTED"
+    assert status.run_status(RunDir.open(runs, path.name)).state == "NOT_SUBMITTED"
 
 
 def test_status_of_one_run_shows_its_last_events(env, capsys):
