@@ -29,7 +29,8 @@ import pandas as pd
 from hpcppo.analysis.logs import last_value, number_text, total_steps
 from hpcppo.errors import HpcppoError, RunRecordError, RunStateError
 from hpcppo.launch import status
-from hpcppo.launch.status import FINAL_STATES, state_text
+from hpcppo.launch.status import JobStatus
+from hpcppo.launch.statustext import state_text
 from hpcppo.metrics import events as load_run_events
 from hpcppo.metrics import load
 from hpcppo.rundir import metric_names
@@ -246,7 +247,7 @@ class RichDisplay:
 # ----------------------------------------------------------------------------- the loop
 def follow(run: Any, *, out: TextIO | None = None, live: bool | None = None, poll_s: float = 1.0,
            status_every_s: float = 2.0, unknown_grace_s: float = 300.0,
-           get_status: Callable[[Any], dict[str, Any]] | None = None) -> dict[str, Any] | None:
+           get_status: Callable[[Any], JobStatus] | None = None) -> JobStatus | None:
     """Show ``run`` (a :class:`~hpcppo.rundir.RunDir`) until its job reaches a final state.
 
     Args:
@@ -266,7 +267,7 @@ def follow(run: Any, *, out: TextIO | None = None, live: bool | None = None, pol
     get_status = get_status or status.run_status
     st = get_status(run)
     _refuse_unreadable(st)
-    if st["state"] == "NOT_SUBMITTED":
+    if st.state == "NOT_SUBMITTED":
         raise RunStateError(f"run {run.run_id} was never submitted; nothing to follow",
                             hint=f"hpcppo resume {run.run_id} submits it")
     reader = RunReader(run.path)
@@ -281,14 +282,14 @@ def follow(run: Any, *, out: TextIO | None = None, live: bool | None = None, pol
         return None
 
 
-def _refuse_unreadable(st: dict[str, Any]) -> None:
-    if st["state"] == "UNREADABLE":
-        raise RunRecordError(f"{st.get('reason') or 'run.json cannot be read'}; nothing to follow",
-                             hint=f"hpcppo status {st.get('run_id', 'RUN')} shows what is known")
+def _refuse_unreadable(st: JobStatus) -> None:
+    if st.state == "UNREADABLE":
+        raise RunRecordError(f"{st.reason or 'run.json cannot be read'}; nothing to follow",
+                             hint=f"hpcppo status {st.run_id} shows what is known")
 
 
-def _loop(run: Any, reader: RunReader, display: Any, st: dict[str, Any], total: int | None, poll_s: float,
-          status_every_s: float, unknown_grace_s: float, get_status: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+def _loop(run: Any, reader: RunReader, display: Any, st: JobStatus, total: int | None, poll_s: float,
+          status_every_s: float, unknown_grace_s: float, get_status: Callable[[Any], JobStatus]) -> JobStatus:
     reader.refresh()
     earlier = reader.new_events()
     if len(earlier) > _EARLIER_EVENTS and isinstance(display, PlainDisplay):
@@ -298,17 +299,17 @@ def _loop(run: Any, reader: RunReader, display: Any, st: dict[str, Any], total: 
     unknown_since: float | None = None
     while True:
         now = time.monotonic()
-        elapsed = st.get("elapsed_s")
-        if elapsed is not None and st["state"] == "RUNNING":
+        elapsed = st.elapsed_s
+        if elapsed is not None and st.state == "RUNNING":
             elapsed += now - asked  # between two questions to the scheduler
-        final = st["state"] in FINAL_STATES
+        final = st.final
         if final:
             reader.refresh()  # the rows written just before the job ended
             events += reader.new_events()
-        display.show(make_view(state_text(st), reader.rows, total, elapsed), reader.rows, events, final)
+        display.show(make_view(state_text(st.state, st.reason), reader.rows, total, elapsed), reader.rows, events, final)
         if final:
             return st
-        unknown_since = (unknown_since or now) if st["state"] == "UNKNOWN" else None
+        unknown_since = (unknown_since or now) if st.state == "UNKNOWN" else None
         if unknown_since is not None and now - unknown_since > unknown_grace_s:
             return st
         time.sleep(poll_s)

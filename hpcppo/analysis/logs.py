@@ -30,7 +30,8 @@ import pandas as pd
 from hpcppo.analysis import targets
 from hpcppo.analysis.targets import resolve_target
 from hpcppo.errors import HpcppoError, PathError, RunStateError
-from hpcppo.launch.status import FINAL_STATES, state_text, statuses
+from hpcppo.launch.status import FINAL_STATES, statuses
+from hpcppo.launch.statustext import state_text
 from hpcppo.metrics import load, metric_files
 from hpcppo.rundir import RunDir, list_runs
 from hpcppo.rundir.paths import LOCAL_ATTEMPT_PREFIX, LOG_DIR_PREFIX, RANK_LOG_RE
@@ -144,11 +145,11 @@ def run_rows(runs_root: Path, *, states: Iterable[str] = (), name: str | None = 
     now = time.time() if now is None else now
     rows = []
     for run, st in zip(runs, statuses(runs)):
-        if wanted and st["state"] not in wanted:
+        if wanted and st.state not in wanted:
             continue
         created = _created(run)
-        total = st.get("total_steps") or total_steps(run)
-        rows.append(st | {"created": created, "age_s": max(0.0, now - created), "total_steps": total} | progress(run))
+        total = st.total_steps or total_steps(run)
+        rows.append(st.to_dict() | {"created": created, "age_s": max(0.0, now - created), "total_steps": total} | progress(run))
     return rows
 
 
@@ -178,7 +179,7 @@ def run_row_cells(row: dict[str, Any]) -> tuple[str, ...]:
         step = "-"
     else:
         step = f"{row['step']}/{row['total_steps'] if row['total_steps'] is not None else '?'}"
-    return (row["run_id"], state_text(row), step, number_text(row["reward"]), number_text(row["kl"]), row["site"],
+    return (row["run_id"], state_text(row["state"], row["reason"]), step, number_text(row["reward"]), number_text(row["kl"]), row["site"],
             str(row["job_id"] or "-"), format_age(row["age_s"]))
 
 

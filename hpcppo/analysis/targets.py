@@ -116,8 +116,8 @@ def no_rows_error(target: Target) -> RunStateError:
         return RunStateError(f"{target.name}: {what}")
     assert target.run_dir is not None  # a resolved.toml is in a run directory
     st = status.run_status(RunDir(target.run_dir))
-    state, reason = st.get("state", "UNKNOWN"), st.get("reason")
-    job = f"job {st.get('job_id')} is {state}" + (f" ({reason})" if reason else "")
+    state, reason = st.state, st.reason
+    job = f"job {st.job_id} is {state}" + (f" ({reason})" if reason else "")
     if state == "NOT_SUBMITTED":
         return RunStateError(f"{target.name}: no metrics: the run has not been submitted",
                              hint=f"hpcppo submit, or hpcppo resume {target.name}")

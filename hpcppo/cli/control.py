@@ -11,6 +11,7 @@ from hpcppo.cli import dispatch
 from hpcppo.cli.common import err, runs_root
 from hpcppo.errors import RunRecordError
 from hpcppo.launch import jobs, status
+from hpcppo.launch.statustext import format_run
 from hpcppo.rundir import RunDir, checkpoints, control, events
 
 
@@ -19,15 +20,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.run is not None:  # an empty id ('' from an unset variable) is refused, not read as "every run"
         run = RunDir.open(root, args.run)
         st, attempts = status.run_detail(run)
-        if st["state"] == "UNREADABLE":
-            raise RunRecordError(st["reason"])
+        if st.state == "UNREADABLE":
+            raise RunRecordError(str(st.reason))
         recent = events.read_events(run.path, last=10)
         damaged = _damaged_checkpoints(run, shards=args.verify)
         if args.json:
-            print(json.dumps(st | {"attempt_records": attempts, "events": recent, "damaged_checkpoints": damaged},
+            print(json.dumps(st.to_dict() | {"attempt_records": attempts, "events": recent, "damaged_checkpoints": damaged},
                              indent=2, default=str))
         else:
-            print(status.format_run(st, attempts, recent))
+            print(format_run(st, attempts, recent))
         if damaged:
             steps = ", ".join(f"step {step} ({why})" for step, why in damaged.items())
             print(f"hpcppo: warning: damaged committed checkpoint{'s' if len(damaged) > 1 else ''}: {steps}; a resume "

@@ -24,6 +24,7 @@ from hpcppo.config import load_resolved
 from hpcppo.errors import ConfigError, HpcppoError, PathError
 from hpcppo.fsutil import require_parent_dir
 from hpcppo.launch import status
+from hpcppo.launch.statustext import state_text
 from hpcppo.metrics import load
 from hpcppo.metrics.reader import damage_line
 from hpcppo.rundir import RunDir, stray_entries
@@ -121,7 +122,7 @@ def cmd_follow(args: argparse.Namespace) -> int:
     st = follow(run, poll_s=args.interval)
     if st is None:  # detached with Ctrl-C
         return 0
-    return 0 if st["state"] in ("COMPLETED", "PAUSED") else 1
+    return 0 if st.state in ("COMPLETED", "PAUSED") else 1
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
@@ -138,10 +139,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
                 break
             except HpcppoError as exc:  # no log yet: -f waits for the job to write one
                 st = status.run_status(run) if args.follow and not logs.log_attempts(run) else None
-                if st is None or st["state"] in status.FINAL_STATES:
+                if st is None or st.final:
                     raise exc
                 if not waiting:
-                    print(f"# waiting for the job to write its log ({status.state_text(st)})", file=sys.stderr,
+                    print(f"# waiting for the job to write its log ({state_text(st.state, st.reason)})", file=sys.stderr,
                           flush=True)
                     waiting = True
                 time.sleep(2.0)
@@ -150,7 +151,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         offset = logs.copy_log(path, out, lines=args.lines)
         if args.follow:
             logs.follow_file(path, out, offset=offset,
-                             done=lambda: status.run_status(run)["state"] in status.FINAL_STATES)
+                             done=lambda: status.run_status(run).final)
     except KeyboardInterrupt:
         print(f"# stopped following; the job goes on (hpcppo status {run.run_id})", file=sys.stderr)
     return 0

@@ -14,6 +14,7 @@ from hpcppo.analysis.summary import format_start_end, start_end
 from hpcppo.cli.common import err, runs_root
 from hpcppo.errors import ConfigError
 from hpcppo.launch import jobs, status
+from hpcppo.launch.statustext import state_text
 from hpcppo.rundir import RunDir
 
 
@@ -41,10 +42,10 @@ def _submit_and_report(crun: Any, args: argparse.Namespace) -> int:
         return 0
     last: dict[str, tuple[str, str | None]] = {}
 
-    def echo(st: dict[str, Any]) -> None:
-        key = (st["state"], st.get("reason"))
+    def echo(st: status.JobStatus) -> None:
+        key = (st.state, st.reason)
         if key != last.get("key"):
-            print(f"  {status.state_text(st)}", flush=True)
+            print(f"  {state_text(st.state, st.reason)}", flush=True)
             last["key"] = key
 
     if following:
@@ -55,9 +56,9 @@ def _submit_and_report(crun: Any, args: argparse.Namespace) -> int:
         st = status.wait_for(crun.run, echo=echo)
     if crun.compiled.job.kind == "train":
         print(format_start_end(start_end(crun.run.path)))
-    if st["state"] not in ("COMPLETED", "PAUSED"):
+    if st.state not in ("COMPLETED", "PAUSED"):
         print(f"  logs: {crun.run.logs}", file=sys.stderr)
-    return 0 if st["state"] in ("COMPLETED", "PAUSED") else 1
+    return 0 if st.state in ("COMPLETED", "PAUSED") else 1
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -93,6 +94,6 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if not args.wait:
         return 0
     st = status.wait_for(run)
-    print(f"  {status.state_text(st)}")
+    print(f"  {state_text(st.state, st.reason)}")
     print(format_start_end(start_end(run.path)))
-    return 0 if st["state"] in ("COMPLETED", "PAUSED") else 1
+    return 0 if st.state in ("COMPLETED", "PAUSED") else 1

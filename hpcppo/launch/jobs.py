@@ -29,14 +29,12 @@ from hpcppo.fsutil import atomic_write_text
 from hpcppo.launch import render as _render
 from hpcppo.launch import slurm, submit
 from hpcppo.launch.shell import RUN_DIR_VARIABLE, script_run_dir
-from hpcppo.launch.status import FINAL_STATES, Status, parse_time, run_status
+from hpcppo.launch.status import JobStatus, run_status
 from hpcppo.rundir import RunDir, RunIdTakenError, RunPaths, control, create_run_dir, events, new_run_id
 from hpcppo.rundir import checkpoints as layout
 
 RUN_ID_TRIES = 8
 """Fresh run ids drawn before giving up when each one is taken (4 hex digits per second: a collision is rare)."""
-JUST_SUBMITTED_S = 120.0
-"""An attempt this recent that the scheduler does not know yet (accounting lags ``sbatch``) is taken to be live."""
 
 # ----------------------------------------------------------------------------- compile / submit
 
@@ -162,20 +160,24 @@ def resume_run(run: RunDir) -> str:
     and then resumes): there is nothing else to resume. ``RunBusyError`` while another command changes the run.
     """
     with run.lock("resume"):
-        st = _status_to_decide_on(run)
-        if not _stopped(st):
-            raise RunStateError(f"run {run.run_id} is {st['state']} (job {st['job_id']}); it can be resumed once it "
-                                f"has stopped", hint=f"hpcppo cancel {run.run_id}")
-        if ((st["state"] == "COMPLETED" or st.get("steps_done"))
-                and not any(r.action == "rollback" for r in control.pending(run.path))):  # fmt: skip
-            ckpt = st.get("latest_checkpoint")
-            raise RunStateError(f"run {run.run_id} has done all its {st.get('total_steps', '?')} steps "
-                                f"({st['state']}, checkpoint {'-' if ckpt is None else ckpt}); there is nothing to "
-                                f"resume", hint=f"train again from an earlier checkpoint with hpcppo rollback "
-                                                f"{run.run_id} --to STEP, or submit a new run with more "
-                                                f"trainer.total_steps")
-        control.clear_pause(run)
-        return _submit(run, config.load_resolved(run.resolved))
+        return _resume_locked(run, _status_to_decide_on(run))
+
+
+def _resume_locked(run: RunDir, st: JobStatus) -> str:
+    """:func:`resume_run` with the writer lock held and the run's status ``st`` decided under it."""
+    if not st.stopped():
+        raise RunStateError(f"run {run.run_id} is {st.state} (job {st.job_id}); it can be resumed once it "
+                            f"has stopped", hint=f"hpcppo cancel {run.run_id}")
+    if ((st.state == "COMPLETED" or st.steps_done)
+            and not any(r.action == "rollback" for r in control.pending(run.path))):  # fmt: skip
+        ckpt = st.latest_checkpoint
+        raise RunStateError(f"run {run.run_id} has done all its {st.total_steps} steps "
+                            f"({st.state}, checkpoint {'-' if ckpt is None else ckpt}); there is nothing to "
+                            f"resume", hint=f"train again from an earlier checkpoint with hpcppo rollback "
+                                            f"{run.run_id} --to STEP, or submit a new run with more "
+                                            f"trainer.total_steps")
+    control.clear_pause(run)
+    return _submit(run, config.load_resolved(run.resolved))
 
 
 def _submit(run: RunDir, compiled: Any) -> str:
@@ -188,21 +190,13 @@ def _submit(run: RunDir, compiled: Any) -> str:
     return submit.submit_local(run, plan.world_size, plan.time_limit_s / 60)
 
 
-def _status_to_decide_on(run: RunDir) -> Status:
-    """The run's status; ``RunStateError`` when its ``run.json`` cannot be read (nothing can be decided)."""
+def _status_to_decide_on(run: RunDir) -> JobStatus:
+    """The run's status, the one answer a command that changes the run decides on (``st.stopped()``: may a new
+    attempt start); ``RunStateError`` when its ``run.json`` cannot be read (nothing can be decided)."""
     st = run_status(run)
-    if st["state"] == "UNREADABLE":
-        raise RunStateError(st["reason"])
+    if st.state == "UNREADABLE":
+        raise RunStateError(str(st.reason))
     return st
-
-
-def _stopped(st: Status) -> bool:
-    """Whether the run's job has stopped (or never ran), so a new attempt may start: a final state, NOT_SUBMITTED,
-    or UNKNOWN unless it was submitted moments ago (accounting and the controller may not answer for it yet)."""
-    if st["state"] not in FINAL_STATES | {"NOT_SUBMITTED", "UNKNOWN"}:
-        return False
-    submitted = parse_time(st.get("submitted_at")) if st["state"] == "UNKNOWN" else None
-    return submitted is None or (_dt.datetime.now(_dt.timezone.utc) - submitted).total_seconds() >= JUST_SUBMITTED_S
 
 
 def discard_unsubmitted(run: RunDir) -> bool:
@@ -230,20 +224,20 @@ def cancel_run(run: RunDir) -> dict[str, Any]:
         return _cancel_locked(run, _status_to_decide_on(run))
 
 
-def _cancel_locked(run: RunDir, st: Status) -> dict[str, Any]:
-    if st["state"] == "NOT_SUBMITTED":
+def _cancel_locked(run: RunDir, st: JobStatus) -> dict[str, Any]:
+    if st.state == "NOT_SUBMITTED":
         raise RunStateError(f"run {run.run_id} was never submitted; nothing to cancel")
-    job_id = str(st["job_id"])
-    if st["state"] in FINAL_STATES:
-        return {"job_id": job_id, "state": st["state"], "cancelled": False}
-    if st["scheduler"] == "slurm":
+    job_id = str(st.job_id)
+    if st.final:
+        return {"job_id": job_id, "state": st.state, "cancelled": False}
+    if st.scheduler == "slurm":
         slurm.cancel(job_id)
         cancelled = True
     else:
         cancelled = submit.cancel_local(run, job_id)
     if cancelled:
         run.update_attempt(job_id, cancel_requested_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
-    return {"job_id": job_id, "state": st["state"], "cancelled": cancelled}
+    return {"job_id": job_id, "state": st.state, "cancelled": cancelled}
 
 
 # ----------------------------------------------------------------------------- rollback
@@ -275,15 +269,15 @@ def rollback_run(run: RunDir, *, to_step: int | None = None, lr_scale: float | N
         return _rollback_locked(run, to_step=to_step, lr_scale=lr_scale)
 
 
-def _check_rollback_target(run: RunDir, st: Status, to_step: int | None, checkpoint: int) -> None:
+def _check_rollback_target(run: RunDir, st: JobStatus, to_step: int | None, checkpoint: int) -> None:
     """``--to`` counts the run's steps: past ``trainer.total_steps`` it means nothing; and a stopped run that would
     restart at its last step has zero steps left to train (a resubmission for nothing)."""
-    total = st.get("total_steps")
+    total = st.total_steps
     if not isinstance(total, int):
         return
     if to_step is not None and to_step > total:
         raise ConfigError(f"--to {to_step}: run {run.run_id} has {total} steps; allowed: 0 to {total}")
-    if _stopped(st) and checkpoint >= total:
+    if st.stopped() and checkpoint >= total:
         raise RunStateError(f"run {run.run_id}: checkpoint step {checkpoint} is its last step ({total}); going back "
                             f"to it leaves nothing to train", hint=f"hpcppo rollback {run.run_id} --to STEP below "
                                                                    f"{checkpoint}")
@@ -300,13 +294,14 @@ def _rollback_locked(run: RunDir, *, to_step: int | None, lr_scale: float | None
     st = _status_to_decide_on(run)
     _check_rollback_target(run, st, to_step, eligible[-1])
     request = control.submit_request(run.path, "rollback", to_step=to_step, lr_scale=lr_scale)
-    if not _stopped(st):
-        return Rollback(request=request, checkpoint=eligible[-1], state=st["state"], job_id=st["job_id"],
+    if not st.stopped():
+        return Rollback(request=request, checkpoint=eligible[-1], state=st.state, job_id=st.job_id,
                         resubmitted=False)
     try:
         # The request queued above also lets a run whose steps are all done be resubmitted: it takes it back first.
-        job_id = resume_run(run)
+        # The status decided on above answers "stopped" for the resubmission too (the lock is held since).
+        job_id = _resume_locked(run, st)
     except BaseException:
         control.withdraw(run.path, request)
         raise
-    return Rollback(request=request, checkpoint=eligible[-1], state=st["state"], job_id=str(job_id), resubmitted=True)
+    return Rollback(request=request, checkpoint=eligible[-1], state=st.state, job_id=str(job_id), resubmitted=True)

@@ -28,7 +28,8 @@ from typing import Any
 
 from hpcppo.errors import HpcppoError, SchedulerError
 from hpcppo.launch import slurm  # the only module that knows where sbatch lives
-from hpcppo.launch.status import LOCAL_SIGNAL_DELAY_S, local_controller_alive
+from hpcppo.launch.runrecords import local_controller_alive
+from hpcppo.launch.status import LOCAL_SIGNAL_DELAY_S
 from hpcppo.rundir import RunDir, exitcodes
 from hpcppo.rundir.paths import RunPaths, local_attempt
 

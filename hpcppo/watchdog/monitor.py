@@ -415,7 +415,7 @@ class Monitor:
         return None
 
     def local_controller_alive(self) -> bool:
-        from hpcppo.launch.status import local_controller_alive
+        from hpcppo.launch.runrecords import local_controller_alive
 
         return local_controller_alive(self.local_job_id(), RunPaths(self.run_dir).submitit)
 
@@ -541,7 +541,7 @@ class Monitor:
 
     def restart_local(self, recover: bool) -> None:
         """Stop this attempt's ranks; start a new attempt as ``hpcppo resume`` does."""
-        from hpcppo.launch import jobs, status, submit
+        from hpcppo.launch import jobs, runrecords, submit
 
         run, job_id = RunDir(self.run_dir), self.local_job_id()
         folder = RunPaths(self.run_dir).submitit
@@ -550,7 +550,7 @@ class Monitor:
             with contextlib.suppress(OSError):
                 run.update_attempt(job_id, cancel_requested_at=now, cancelled_by="watchdog monitor: hang")
         deadline = time.monotonic() + STOP_WAIT_S
-        while status.local_controller_alive(job_id, folder) and time.monotonic() < deadline:
+        while runrecords.local_controller_alive(job_id, folder) and time.monotonic() < deadline:
             time.sleep(0.2)
         killed = self.trainers.kill()
         if killed:

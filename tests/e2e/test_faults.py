@@ -214,7 +214,7 @@ def test_fault_then_resume_is_exact(name, tmp_path, random_tiny, straight):
 
 
 # ----------------------------------------------------------------------------- faults around the job, not in it (issue 25)
-def _wait_final(run_dir: Path, timeout: float = 300) -> dict:
+def _wait_final(run_dir: Path, timeout: float = 300):
     from hpcppo.launch import status
     from hpcppo.rundir import RunDir
 
@@ -222,7 +222,7 @@ def _wait_final(run_dir: Path, timeout: float = 300) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         st = status.run_status(run)
-        if st["state"] in status.FINAL_STATES or time.monotonic() > deadline:
+        if st.state in status.FINAL_STATES or time.monotonic() > deadline:
             return st
         time.sleep(1)
 
@@ -243,7 +243,7 @@ def test_a_working_directory_deleted_after_submit_does_not_kill_the_local_job(tm
     shutil.rmtree(gone)  # at once: the ranks are still importing torch
     [run] = list(runs.iterdir())
     st = _wait_final(run)
-    assert st["state"] == "COMPLETED", (st, logs_of(run))
+    assert st.state == "COMPLETED", (st, logs_of(run))
     assert list(hmetrics.load(run)["step"]) == [1, 2]
     for log in (run / "logs").rglob("rank-*.log"):
         assert "FATAL" not in log.read_text(errors="replace"), log
@@ -291,7 +291,7 @@ def test_a_run_directory_copied_elsewhere_resumes_into_the_copy(tmp_path, random
     assert done.returncode == 0, done.stderr
     [original] = list(runs.iterdir())
     st = _wait_final(original)
-    assert st["state"] == "FAILED" and st["latest_checkpoint"] == 2, (st, logs_of(original))
+    assert st.state == "FAILED" and st.latest_checkpoint == 2, (st, logs_of(original))
     # FAILED is the controller's end; the attempt's other processes (the rank left alive, the watchdog monitor that
     # rank 0 started) may still write into the original for a while on a loaded machine. Its listing is taken once
     # they are gone: what changes after that can only come from the copy.
@@ -308,7 +308,7 @@ def test_a_run_directory_copied_elsewhere_resumes_into_the_copy(tmp_path, random
     resumed = _cli("resume", original.name, "--runs-root", str(elsewhere))
     assert resumed.returncode == 0, resumed.stderr
     st = _wait_final(copy)
-    assert st["state"] == "COMPLETED" and st["latest_checkpoint"] == 4 and st["moved_from"] is None, (st, logs_of(copy))
+    assert st.state == "COMPLETED" and st.latest_checkpoint == 4 and st.moved_from is None, (st, logs_of(copy))
     assert list(hmetrics.load(copy)["step"]) == [1, 2, 3, 4]
     assert f"HPCPPO_RUN_DIR={copy}\n" in (copy / "job.sbatch").read_text()
     from hpcppo.rundir import events
@@ -324,4 +324,4 @@ def test_a_run_directory_copied_elsewhere_resumes_into_the_copy(tmp_path, random
     from hpcppo.launch import status
     from hpcppo.rundir import RunDir
 
-    assert status.run_status(RunDir(original))["state"] == "FAILED"
+    assert status.run_status(RunDir(original)).state == "FAILED"

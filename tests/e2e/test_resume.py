@@ -94,7 +94,7 @@ def test_pause_request_then_resume_through_the_cli(tmp_path, random_tiny, capsys
     assert 1 <= stopped_at < 6 and (paused / "checkpoints" / f"step-{stopped_at}" / "COMMITTED").exists()
     assert not (paused / "control" / "PAUSE").exists()
     st = run_status(RunDir(paused))
-    assert st["state"] in ("PAUSED", "NOT_SUBMITTED") or st["paused"]
+    assert st.state in ("PAUSED", "NOT_SUBMITTED") or st.paused
     capsys.readouterr()
     assert main(["resume", paused.name, "--runs-root", str(paused.parent), "--wait"]) == 0, logs_of(paused)
     out = capsys.readouterr().out

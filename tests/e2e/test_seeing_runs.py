@@ -70,7 +70,7 @@ def test_ctrl_c_detaches_then_follow_logs_runs_and_plot(tmp_path, random_tiny, c
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0 and f"detached from {run_id}: the job goes on" in err, out + err
     run = RunDir.open(runs, run_id)
-    assert status.run_status(run)["state"] == "RUNNING"
+    assert status.run_status(run).state == "RUNNING"
 
     root = ["--runs-root", str(runs)]
     assert main(["follow", run_id, "--interval", "0.5", *root]) == 0  # back again, to the end

@@ -26,13 +26,13 @@ def test_a_time_limit_stop_is_timeout_and_two_resumes_start_one_job(random_tiny,
     run = crun.run
     job = jobs.submit_run(crun)
     st = status.wait_for(run, poll_s=1.0, timeout_s=150)
-    assert st["state"] == "TIMEOUT", (st, logs_of(run.path))
-    ckpt = st["latest_checkpoint"]
-    assert ckpt is not None and ckpt > 0 and st["exit_record"] == 75 and st["resumable"]
+    assert st.state == "TIMEOUT", (st, logs_of(run.path))
+    ckpt = st.latest_checkpoint
+    assert ckpt is not None and ckpt > 0 and st.exit_record == 75 and st.resumable
     assert (run.control / f"exit-code.local-{job}").read_text().strip() == "75"
-    assert st["reason"] == f"time limit 00:01:00: checkpointed before it; resumable, checkpoint {ckpt}"
+    assert st.reason == f"time limit 00:01:00: checkpointed before it; resumable, checkpoint {ckpt}"
     assert run.read_record()["attempts"][-1]["state"] == "TIMEOUT"
-    assert 30 <= st["elapsed_s"] < 60  # the warning 30 s before the limit, not the kill at it
+    assert 30 <= st.elapsed_s < 60  # the warning 30 s before the limit, not the kill at it
 
     # Two resumes at the same moment: one new attempt, the other is told why not.
     cmd = [sys.executable, "-m", "hpcppo.cli", "resume", run.run_id, "--runs-root", str(runs)]
@@ -45,13 +45,13 @@ def test_a_time_limit_stop_is_timeout_and_two_resumes_start_one_job(random_tiny,
     attempts = RunDir(run.path).read_record()["attempts"]
     assert len(attempts) == 2
     new_job = attempts[-1]["job_id"]
-    assert status.run_status(run)["state"] == "RUNNING"
+    assert status.run_status(run).state == "RUNNING"
 
     out = subprocess.run([sys.executable, "-m", "hpcppo.cli", "cancel", run.run_id, "--runs-root", str(runs)],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and f"cancel requested for job {new_job}" in out.stdout, out
     deadline = time.monotonic() + 60
-    while (st := status.run_status(run))["state"] == "RUNNING" and time.monotonic() < deadline:
+    while (st := status.run_status(run)).state == "RUNNING" and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert st["state"] == "CANCELLED" and st["resumable"], (st, logs_of(run.path))
-    assert st["reason"].startswith("cancel requested at ") and "resumable, checkpoint" in st["reason"]
+    assert st.state == "CANCELLED" and st.resumable, (st, logs_of(run.path))
+    assert st.reason.startswith("cancel requested at ") and "resumable, checkpoint" in st.reason

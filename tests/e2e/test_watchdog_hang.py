@@ -56,10 +56,10 @@ def test_a_hung_local_run_is_detected_recorded_and_restarted(tmp_path, random_ti
     st = status.run_status(run)
     while time.monotonic() < deadline:
         st = status.run_status(run)
-        if len(run.read_record()["attempts"]) >= 2 and st["state"] in status.FINAL_STATES:
+        if len(run.read_record()["attempts"]) >= 2 and st.state in status.FINAL_STATES:
             break
         time.sleep(2)
-    assert st["state"] == "COMPLETED", (st, logs_of(run.path))
+    assert st.state == "COMPLETED", (st, logs_of(run.path))
 
     attempts = run.read_record()["attempts"]
     assert len(attempts) == 2 and attempts[0].get("cancelled_by") == "watchdog monitor: hang"
@@ -108,9 +108,9 @@ def test_no_monitor_outlives_an_attempt_that_failed_at_start(tmp_path, random_ti
     run = crun.run
     jobs.submit_run(crun)
     deadline = time.monotonic() + 120
-    while (st := status.run_status(run))["state"] not in status.FINAL_STATES and time.monotonic() < deadline:
+    while (st := status.run_status(run)).state not in status.FINAL_STATES and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert st["state"] == "FAILED", (st, logs_of(run.path))
+    assert st.state == "FAILED", (st, logs_of(run.path))
     first = str(run.read_record()["attempts"][0]["job_id"])
     deadline = time.monotonic() + 15  # the first monitor ends within seconds of its attempt
     while _processes_of(run.path) and time.monotonic() < deadline:
@@ -120,13 +120,13 @@ def test_no_monitor_outlives_an_attempt_that_failed_at_start(tmp_path, random_ti
     shutil.copytree(random_tiny["model"], model)
     jobs.resume_run(run)
     deadline = time.monotonic() + 300
-    while (st := status.run_status(run))["state"] not in status.FINAL_STATES and time.monotonic() < deadline:
+    while (st := status.run_status(run)).state not in status.FINAL_STATES and time.monotonic() < deadline:
         time.sleep(1)
-    assert st["state"] == "COMPLETED", (st, logs_of(run.path))
+    assert st.state == "COMPLETED", (st, logs_of(run.path))
     time.sleep(3 * 5 + 2)  # past the startup allowance (3 x min_heartbeat_s): a lingering monitor would call a hang
     kinds = [e["kind"] for e in events.read_events(run.path)]
     assert not {"hang", "monitor.error", "monitor.restarted"} & set(kinds), events.read_events(run.path)
-    assert len(run.read_record()["attempts"]) == 2 and status.run_status(run)["state"] == "COMPLETED"
+    assert len(run.read_record()["attempts"]) == 2 and status.run_status(run).state == "COMPLETED"
     watchdog_log = (run.logs / f"attempt-local-{first}" / "watchdog.log").read_text()
     assert "bye" in watchdog_log, watchdog_log
     deadline = time.monotonic() + 15

@@ -127,7 +127,7 @@ def test_two_by_eight_preflight_through_the_gpu_sites_srun_line(slurm_cluster, t
     job_id = run.read_record()["attempts"][0]["job_id"]
     st = status.wait_for(run, poll_s=0.5, timeout_s=240)
     elapsed = time.monotonic() - t0
-    assert st["state"] == "COMPLETED", (st, _logs(run))
+    assert st.state == "COMPLETED", (st, _logs(run))
     print(f"2 x 8 preflight on the GPU-shaped partition: {elapsed:.1f} s from submit to COMPLETED")
 
     # The script: the a100 site's GPU request and srun options, word for word.

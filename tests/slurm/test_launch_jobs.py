@@ -30,7 +30,7 @@ def preflight(root: Path, capsys, *extra: str) -> RunDir:
     return run
 
 
-def poll(run: RunDir, check, timeout_s: float = 60) -> dict:
+def poll(run: RunDir, check, timeout_s: float = 60) -> status.JobStatus:
     deadline = time.monotonic() + timeout_s
     while True:
         st = status.run_status(run)
@@ -51,24 +51,24 @@ def test_held_job_status_with_and_without_accounting_then_cancel(slurm_cluster, 
     root = tmp_path / "runs"
     run = preflight(root, capsys, "-o", HOLD)
     launched.append(run)
-    st = poll(run, lambda s: s["state"] == "PENDING" and s["reason"] == "JobHeldUser")
-    assert (st["site"], st["attempts"]) == ("local-slurm", 1)
+    st = poll(run, lambda s: s.state == "PENDING" and s.reason == "JobHeldUser")
+    assert (st.site, st.attempts) == ("local-slurm", 1)
     assert "state       PENDING (JobHeldUser)" in status_text(capsys, root, run.run_id)
     assert "PENDING (JobHeldUser)" in status_text(capsys, root)  # the table of all runs
     # Without slurmdbd, sacct fails; the controller (squeue) still knows the live job and why it waits.
     slurm_cluster.run("accounting-off")
     try:
-        st = poll(run, lambda s: s["source"] == "squeue", 30)
-        assert (st["state"], st["reason"]) == ("PENDING", "JobHeldUser")
+        st = poll(run, lambda s: s.source == "squeue", 30)
+        assert (st.state, st.reason) == ("PENDING", "JobHeldUser")
         detail = json.loads(status_text(capsys, root, run.run_id, "--json"))
         assert (detail["state"], detail["reason"], detail["source"]) == ("PENDING", "JobHeldUser", "squeue")
-        assert [a["job_id"] for a in detail["attempt_records"]] == [st["job_id"]]
+        assert [a["job_id"] for a in detail["attempt_records"]] == [st.job_id]
     finally:
         slurm_cluster.run("accounting-on")
     capsys.readouterr()
     assert main(["cancel", run.run_id, "--runs-root", str(root)]) == 0
-    assert f"cancel requested for job {st['job_id']} of {run.run_id} (was PENDING)" in capsys.readouterr().out
-    st = poll(run, lambda s: s["state"] == "CANCELLED")
+    assert f"cancel requested for job {st.job_id} of {run.run_id} (was PENDING)" in capsys.readouterr().out
+    st = poll(run, lambda s: s.state == "CANCELLED")
     assert run.read_record()["attempts"][-1]["state"] == "CANCELLED"
     assert main(["cancel", run.run_id, "--runs-root", str(root)]) == 0
     assert "already ended (CANCELLED)" in capsys.readouterr().out
@@ -79,12 +79,12 @@ def test_cancel_a_running_job(tmp_path, launched, capsys):
     # a setup line that keeps the batch script busy: the job is RUNNING until cancelled
     run = preflight(root, capsys, "-o", 'site.env.setup=["sleep 600"]')
     launched.append(run)
-    st = poll(run, lambda s: s["state"] == "RUNNING")
-    assert st["reason"] is None
+    st = poll(run, lambda s: s.state == "RUNNING")
+    assert st.reason is None
     capsys.readouterr()
     assert main(["cancel", run.run_id, "--runs-root", str(root)]) == 0
     assert "(was RUNNING)" in capsys.readouterr().out
-    st = poll(run, lambda s: s["state"] == "CANCELLED", 60)
+    st = poll(run, lambda s: s.state == "CANCELLED", 60)
     assert not (run.path / "preflight.json").exists()
 
 

@@ -27,9 +27,9 @@ def only_run(root: Path) -> RunDir:
     return run
 
 
-def wait_final(run: RunDir, timeout_s: float = 120) -> dict:
+def wait_final(run: RunDir, timeout_s: float = 120) -> status.JobStatus:
     st = status.wait_for(run, poll_s=0.5, timeout_s=timeout_s)
-    assert st["state"] in status.FINAL_STATES, f"{run.run_id} still {st} after {timeout_s} s"
+    assert st.state in status.FINAL_STATES, f"{run.run_id} still {st} after {timeout_s} s"
     return st
 
 
@@ -49,7 +49,7 @@ def test_one_node_preflight_runs_exactly_job_sbatch(tmp_path, launched, capsys):
     assert slurm.batch_script(job_id) == run.script.read_text()
 
     st = wait_final(run)
-    assert st["state"] == "COMPLETED", st
+    assert st.state == "COMPLETED", st
     report = json.loads((run.path / "preflight.json").read_text())
     assert report["ok"] and report["world_size"] == 1 and report["backend"] == "gloo"
     assert report["nodes"] in (["n1"], ["n2"])
@@ -59,8 +59,8 @@ def test_one_node_preflight_runs_exactly_job_sbatch(tmp_path, launched, capsys):
     assert not any((d / "pwned").exists() for d in (tmp_path, root, run.path, Path.cwd()))
     # status: site, job, final state, attempts, elapsed; the final state is recorded in run.json
     st = status.run_status(run)
-    assert (st["site"], st["job_id"], st["state"], st["attempts"], st["restarts"]) == ("local-slurm", job_id, "COMPLETED", 1, 0)
-    assert st["elapsed_s"] is not None and st["elapsed_s"] > 0
+    assert (st.site, st.job_id, st.state, st.attempts, st.restarts) == ("local-slurm", job_id, "COMPLETED", 1, 0)
+    assert st.elapsed_s is not None and st.elapsed_s > 0
     assert run.read_record()["attempts"][0]["state"] == "COMPLETED"
 
 
@@ -86,7 +86,7 @@ def test_two_node_preflight_then_a_requeue_is_attempt_one(tmp_path, launched, ca
     slurm.update_start_now(job_id)
     wait_for_state(job_id, {"COMPLETED"}, 120, condition=lambda i: i.restart_count == 1)
     st = status.run_status(run)
-    assert (st["state"], st["restarts"], st["attempts"]) == ("COMPLETED", 1, 1)
+    assert (st.state, st.restarts, st.attempts) == ("COMPLETED", 1, 1)
     for attempt in (0, 1):
         logs = run.logs / f"attempt-{job_id}.{attempt}"
         assert sorted(p.name for p in logs.iterdir()) == ["rank-0.log", "rank-1.log", "versions.json"]

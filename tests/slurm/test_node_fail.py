@@ -39,7 +39,7 @@ def test_a_node_failure_is_node_fail_and_the_resume_finishes(slurm_cluster, rand
     run = crun.run
     launched.append(run)
     job_id = jobs.submit_run(crun)
-    wait_until(lambda: run_status(run)["latest_checkpoint"] is not None and rows_logged(run.path) >= 3, 240,
+    wait_until(lambda: run_status(run).latest_checkpoint is not None and rows_logged(run.path) >= 3, 240,
                "a checkpoint and three steps", run.path)
     node = slurm.query_jobs([job_id])[job_id]
     try:
@@ -47,16 +47,16 @@ def test_a_node_failure_is_node_fail_and_the_resume_finishes(slurm_cluster, rand
         wait_until(lambda: slurm.query_jobs([job_id])[job_id].is_finished, 120, "the end of the job", run.path)
         assert slurm.query_jobs([job_id])[job_id].state == "NODE_FAIL", node
         st = run_status(run)
-        assert st["state"] == "NODE_FAIL" and st["resumable"], st
-        ckpt = st["latest_checkpoint"]
+        assert st.state == "NODE_FAIL" and st.resumable, st
+        ckpt = st.latest_checkpoint
         # The trainers may or may not checkpoint in the seconds Slurm gives a downed node's tasks; either way:
-        assert ckpt is not None and ckpt >= 2 and st["reason"].startswith("a node of the job failed"), st
-        assert st["reason"].endswith(f"resumable, checkpoint {ckpt}"), st
+        assert ckpt is not None and ckpt >= 2 and st.reason.startswith("a node of the job failed"), st
+        assert st.reason.endswith(f"resumable, checkpoint {ckpt}"), st
     finally:
         _node("n2", "resume")
         wait_until(lambda: _idle("n2"), 60, "node n2 back in service", run.path)
     jobs.resume_run(run)
-    wait_until(lambda: run_status(run)["state"] == "COMPLETED", 480, "the resumed run", run.path)
+    wait_until(lambda: run_status(run).state == "COMPLETED", 480, "the resumed run", run.path)
     df = hmetrics.load(run.path)
     assert list(df["step"]) == list(range(1, 41)), logs_of(run.path)
     assert set(df["attempt"]) == {0, 1}

@@ -29,18 +29,18 @@ def test_preempted_job_is_requeued_then_cancelled_and_resumable(slurm_cluster, r
     job_id = jobs.submit_run(crun)
     wait_until(lambda: rows_logged(run.path) >= 2, 180, "two training steps", run.path)
     slurm.cancel(job_id, signal="USR2")  # what a preemption (or --signal=USR2@lead) sends to the job steps
-    wait_until(lambda: run_status(run)["state"] == "PENDING" and run_status(run)["restarts"] == 1, 120,
+    wait_until(lambda: run_status(run).state == "PENDING" and run_status(run).restarts == 1, 120,
                "the requeue", run.path)
     st = run_status(run)
-    assert st["reason"] == "BeginTime" and st["exit_record"] is None  # restart 1 has not run yet
+    assert st.reason == "BeginTime" and st.exit_record is None  # restart 1 has not run yet
     assert (run.control / f"exit-code.{job_id}.0").read_text().strip() == "75"
-    ckpt = st["latest_checkpoint"]
+    ckpt = st.latest_checkpoint
     assert ckpt is not None and ckpt >= 2
     jobs.cancel_run(run)
-    wait_until(lambda: run_status(run)["state"] == "CANCELLED", 60, "the cancel", run.path)
+    wait_until(lambda: run_status(run).state == "CANCELLED", 60, "the cancel", run.path)
     st = run_status(run)
-    assert st["resumable"] and st["reason"].startswith("cancel requested at "), st
-    assert st["reason"].endswith(f"; resumable, checkpoint {ckpt}"), st
+    assert st.resumable and st.reason.startswith("cancel requested at "), st
+    assert st.reason.endswith(f"; resumable, checkpoint {ckpt}"), st
 
 
 def test_a_checkpoint_before_the_time_limit_without_requeue_is_timeout(slurm_cluster, random_tiny, tmp_path,
@@ -56,10 +56,10 @@ def test_a_checkpoint_before_the_time_limit_without_requeue_is_timeout(slurm_clu
     wait_until(lambda: slurm.query_jobs([job_id])[job_id].is_finished, 150, "the end of the job", run.path)
     assert slurm.query_jobs([job_id])[job_id].state == "COMPLETED"  # what Slurm alone would report
     st = run_status(run)
-    assert (st["state"], st["exit_record"], st["resumable"]) == ("TIMEOUT", 75, True), (st, logs_of(run.path))
-    ckpt = st["latest_checkpoint"]
+    assert (st.state, st.exit_record, st.resumable) == ("TIMEOUT", 75, True), (st, logs_of(run.path))
+    ckpt = st.latest_checkpoint
     where = f"checkpoint {ckpt}" if ckpt is not None else "no checkpoint yet: starts over"  # USR2 before step 1
-    assert st["reason"] == f"time limit 00:02:00: checkpointed before it; resumable, {where}"
+    assert st.reason == f"time limit 00:02:00: checkpointed before it; resumable, {where}"
     assert run.read_record()["attempts"][-1]["state"] == "TIMEOUT"
     # and resume knows it is not done
     try:

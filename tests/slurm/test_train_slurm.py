@@ -43,7 +43,7 @@ def test_usr2_checkpoints_requeues_and_resumes(slurm_cluster, random_tiny, tmp_p
     kinds = list(hmetrics.load_events(run.path)["kind"])
     assert "preempted" in kinds and "resume" in kinds
     status = run_status(RunDir(run.path))
-    assert status["state"] == "COMPLETED" and status["restarts"] == 1
+    assert status.state == "COMPLETED" and status.restarts == 1
     # Both emulated nodes took part.
     ranks = "\n".join(p.read_text() for p in (run.path / "logs" / f"attempt-{job_id}.1").glob("rank-*.log"))
     assert "resumed from checkpoint" in ranks
@@ -68,13 +68,13 @@ use_kl_in_reward = true
                240, "the job to stop", run.path)
     # KL 0.2 > 0.1: the pause beats the rollback and the KL raise; no requeue, the run says why it stopped.
     status = run_status(RunDir(run.path))
-    assert status["state"] == "PAUSED", (status, logs_of(run.path))
+    assert status.state == "PAUSED", (status, logs_of(run.path))
     assert "kl_pause" in (run.path / "control" / "PAUSED").read_text()
     kinds = [(e["kind"], e["step"]) for e in events.read_events(run.path)]
     assert ("watchdog.restart_critic", 2) in kinds and ("watchdog.pause", 4) in kinds
     assert ("watchdog.suppressed", 4) in kinds  # kl_rollback and kl_raise_coef matched too
     jobs.resume_run(RunDir(run.path))
-    wait_until(lambda: run_status(RunDir(run.path))["state"] == "COMPLETED", 240, "the resumed attempt", run.path)
+    wait_until(lambda: run_status(RunDir(run.path)).state == "COMPLETED", 240, "the resumed attempt", run.path)
     df = hmetrics.load(run.path)
     assert list(df["step"]) == list(range(1, 7))
     assert df.set_index("step").loc[[3, 5, 6], "critic/vf_loss"].notna().all()

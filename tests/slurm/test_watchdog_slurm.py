@@ -52,7 +52,7 @@ def test_a_hung_job_is_detected_recorded_and_requeued(slurm_cluster, random_tiny
     df = hmetrics.load(run.path)
     assert list(df["step"]) == [1, 2, 3, 4, 5], df[["step", "attempt"]]
     status = run_status(RunDir(run.path))
-    assert status["state"] == "COMPLETED" and status["restarts"] == 1
+    assert status.state == "COMPLETED" and status.restarts == 1
 
 
 def test_a_killed_rank_is_recorded_as_a_dead_trainer(slurm_cluster, random_tiny, tmp_path, wait_until):
@@ -89,11 +89,11 @@ def test_status_says_when_the_monitor_of_a_running_attempt_is_not_alive(slurm_cl
         beat = run.monitor_heartbeat(f"{job_id}.0")
         wait_until(beat.exists, 180, "the monitor's first heartbeat", run.path)
         st = run_status(RunDir(run.path))
-        assert (st["state"], st["monitor"]) == ("RUNNING", "alive"), st
+        assert (st.state, st.monitor) == ("RUNNING", "alive"), st
         os.kill(json.loads(beat.read_text())["pid"], signal.SIGKILL)  # the emulated nodes are processes here
-        wait_until(lambda: run_status(RunDir(run.path))["monitor"] != "alive", 60, "status to see it", run.path)
+        wait_until(lambda: run_status(RunDir(run.path)).monitor != "alive", 60, "status to see it", run.path)
         st = run_status(RunDir(run.path))
-        assert st["state"] == "RUNNING" and st["monitor"].startswith("not alive (last heartbeat "), st
-        assert f"logs/attempt-{job_id}.0/watchdog.log" in st["monitor"]
+        assert st.state == "RUNNING" and st.monitor.startswith("not alive (last heartbeat "), st
+        assert f"logs/attempt-{job_id}.0/watchdog.log" in st.monitor
     finally:
         slurm.cancel(job_id)

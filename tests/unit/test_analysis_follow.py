@@ -17,7 +17,7 @@ import pytest
 from hpcppo.analysis import follow as fl
 from hpcppo.cli import main
 from hpcppo.errors import HpcppoError, RunStateError
-from hpcppo.launch import jobs
+from hpcppo.launch import jobs, status
 from hpcppo.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,8 +103,8 @@ class Scripted:
             self.proc.stdin.close()
             self.proc.wait(timeout=30)
             state = "COMPLETED"
-        return {"state": state, "reason": "Priority" if state == "PENDING" else None, "elapsed_s": 5.0,
-                "run_id": run.run_id}
+        return status.JobStatus(run_id=run.run_id, path=str(run.path), site="local", scheduler="local", attempts=1,
+                                state=state, reason="Priority" if state == "PENDING" else None, elapsed_s=5.0)
 
 
 def test_follows_a_log_while_a_writer_process_grows_it(tmp_path):
@@ -112,7 +112,7 @@ def test_follows_a_log_while_a_writer_process_grows_it(tmp_path):
     out = io.StringIO()
     job = Scripted(run, ["pending", "pending", "row", "row", "event", "row", "rollback", "row", "row", "row"], out)
     st = fl.follow(run, out=out, live=False, poll_s=0.05, status_every_s=0.0, get_status=job)
-    assert st["state"] == "COMPLETED"
+    assert st.state == "COMPLETED"
     text = out.getvalue()
     lines = text.splitlines()
     assert lines[0] == "  PENDING (Priority)" and "  RUNNING" in lines and lines[-1] == "  COMPLETED"
@@ -130,7 +130,7 @@ def test_rich_display_on_a_terminal(tmp_path):
     _, run = make_run(tmp_path)
     out = io.StringIO()
     job = Scripted(run, ["row", "event", "row"], out)
-    assert fl.follow(run, out=out, live=True, poll_s=0.05, status_every_s=0.0, get_status=job)["state"] == "COMPLETED"
+    assert fl.follow(run, out=out, live=True, poll_s=0.05, status_every_s=0.0, get_status=job).state == "COMPLETED"
     text = out.getvalue()
     assert "\x1b[" in text and "━" in text  # colours and a bar
     assert "step 3/6" in text and "reward 0.3" in text and "watchdog.raise_kl_coef" in text and "COMPLETED" in text

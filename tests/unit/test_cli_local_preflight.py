@@ -90,7 +90,7 @@ def test_local_cancel_stops_every_process_of_the_run(tmp_path, capsys, submitter
     while len([c for c in _processes_mentioning(f"sleep {tag}") if c.startswith("sleep")]) < 2:
         assert time.monotonic() < deadline, "the two ranks never reached their setup line"
         time.sleep(0.2)
-    assert status.run_status(run)["state"] == "RUNNING"
+    assert status.run_status(run).state == "RUNNING"
     capsys.readouterr()
     assert main(["cancel", run.run_id, "--runs-root", str(root)]) == 0
     assert "(was RUNNING)" in capsys.readouterr().out
@@ -99,7 +99,7 @@ def test_local_cancel_stops_every_process_of_the_run(tmp_path, capsys, submitter
         assert time.monotonic() < deadline, _processes_mentioning(f"sleep {tag}") + _processes_mentioning(str(run.path))
         time.sleep(0.2)
     st = status.run_status(run)
-    assert st["state"] == "CANCELLED" and "cancel requested at" in st["reason"]
+    assert st.state == "CANCELLED" and "cancel requested at" in st.reason
     # the controller's own output went to the run's log, not to the submitting terminal
     assert (run.logs / "local-controller.log").exists()
 
@@ -137,5 +137,5 @@ def test_time_limit_signal_reaches_every_ranks_process_group(tmp_path, capsys):
     for pid in wrappers:
         os.kill(pid, signal.SIGUSR2)
     st = status.wait_for(run, poll_s=0.3, timeout_s=30)
-    assert st["state"] == "FAILED" and "was ended by SIGUSR2" in st["reason"], st
+    assert st.state == "FAILED" and "was ended by SIGUSR2" in st.reason, st
     assert not _processes_mentioning(f"sleep {tag}")

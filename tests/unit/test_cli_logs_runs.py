@@ -125,7 +125,9 @@ def test_logs_follow_prints_what_is_appended_until_the_job_ends(runs, capsys, mo
     root, local, _, _ = runs
     log = local.logs / "attempt-local-1745" / "rank-1.log"
     ended = threading.Event()
-    monkeypatch.setattr(status, "run_status", lambda run: {"state": "COMPLETED" if ended.is_set() else "RUNNING"})
+    monkeypatch.setattr(status, "run_status", lambda run: status.JobStatus(
+        run_id=run.run_id, path=str(run.path), site="local", scheduler="local", attempts=1,
+        state="COMPLETED" if ended.is_set() else "RUNNING"))
     monkeypatch.setattr(logs, "follow_file", _fast(logs.follow_file))
 
     def job():
@@ -156,7 +158,7 @@ def test_runs_newest_first_with_progress(runs, capsys):
     alpha = rows[2]
     assert (alpha["step"], alpha["total_steps"], alpha["reward"], alpha["kl"], alpha["site"]) == (13, 30, 0.12, 0.012, "local")
     assert rows[0]["state"] == "NOT_SUBMITTED" and rows[0]["step"] is None
-    assert rows[1]["state"] == status.run_status(slurm)["state"]  # whatever the scheduler's absence means
+    assert rows[1]["state"] == status.run_status(slurm).state  # whatever the scheduler's absence means
     assert main(["runs", "--runs-root", str(root)]) == 0
     table = capsys.readouterr().out
     assert table.index(fresh.run_id) < table.index(slurm.run_id) < table.index(local.run_id)

@@ -42,9 +42,12 @@ class Fake:
         self.status_calls = 0
         self.resume_error: Exception | None = None
 
+        import hpcppo.launch.status as status_module
+
         def run_status(run):
             self.status_calls += 1
-            return {"run_id": run.run_id, "state": self.state, "job_id": self.job_id, "reason": None}
+            return status_module.JobStatus(run_id=run.run_id, path=str(run.path), site="local", scheduler="local",
+                                           attempts=1, state=self.state, job_id=self.job_id)
 
         def resume_run(run):
             self.resumed.append(run)
@@ -53,11 +56,11 @@ class Fake:
             return "99"
 
         # where the status function lives may move (launch.status); patch every name it is reached by
-        import hpcppo.launch.status as status_module
-
         for module in (jobs, status_module):
             monkeypatch.setattr(module, "run_status", run_status, raising=False)
         monkeypatch.setattr(jobs, "resume_run", resume_run)
+        # rollback resubmits a stopped run on the status it decided on, under the lock it holds
+        monkeypatch.setattr(jobs, "_resume_locked", lambda run, st: resume_run(run))
 
 
 @pytest.fixture()

@@ -167,7 +167,7 @@ def test_cancel_of_a_run_never_submitted(tmp_path, capsys):
     assert main(["cancel", path.name, "--runs-root", str(runs)]) == RunStateError.exit_code
     err = capsys.readouterr().err
     assert "was never submitted" in err and len(err.strip().splitlines()) == 1
-    assert status.run_status(RunDir.open(runs, path.name))["state"] == "NOT_SUBMITTED"
+    assert status.run_status(RunDir.open(runs, path.name)).state == "NOT_SUBMITTED"
 
 
 def test_status_of_one_run_shows_its_last_events(env, capsys):
@@ -189,3 +189,18 @@ def test_status_of_one_run_shows_its_last_events(env, capsys):
     st = status_json(capsys, runs, run)
     assert [e["step"] for e in st["events"]] == list(range(3, 13))
     assert st["events"][0]["value"] == "nan"  # strict JSON
+
+
+def test_status_json_prints_the_job_status_fields_in_their_order_then_the_detail(env, capsys):
+    """``status --json`` is the typed ``JobStatus`` (field by field, in order: scripts read it) plus the run's
+    records; a field added, renamed or moved changes this list on purpose only."""
+    fake, runs, run, submitted = env
+    fake.answer("sacct", sacct_line("RUNNING", submitted + dt.timedelta(seconds=1)))
+    st = status_json(capsys, runs, run)
+    assert list(st) == ["run_id", "path", "site", "scheduler", "attempts", "job_id", "submitted_at", "state", "reason",
+                        "elapsed_s", "restarts", "source", "latest_checkpoint", "total_steps", "steps_done",
+                        "exit_record", "exit_reason", "resumable", "paused", "moved_from", "monitor",
+                        "attempt_records", "events", "damaged_checkpoints"]
+    assert list(st)[:21] == [f.name for f in status.JobStatus.__attrs_attrs__]
+    assert (st["state"], st["job_id"], st["source"], st["elapsed_s"]) == ("RUNNING", JOB, "sacct", 65)
+    assert st["monitor"].startswith("not alive (no heartbeat in 0:01:05 of this attempt")

@@ -47,7 +47,7 @@ def stopped_run(tmp_path) -> RunDir:
         path = JobPaths(run.submitit, job_id=DEAD_PID, task_id=task).result_pickle
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(pickle.dumps(("success", 75)))
-    assert status.run_status(run)["state"] == "PREEMPTED"
+    assert status.run_status(run).state == "PREEMPTED"
     return run
 
 
@@ -115,7 +115,7 @@ def test_six_concurrent_resumes_start_exactly_one_job(stopped_run, recorded_subm
         running = f"run {stopped_run.run_id} is RUNNING (job {job}); it can be resumed once it has stopped"
         assert (r["rc"], busy in lines[0]) == (RunBusyError.exit_code, True) or \
             (r["rc"], running in lines[0]) == (RunStateError.exit_code, True), r
-    assert status.run_status(stopped_run)["state"] == "RUNNING"
+    assert status.run_status(stopped_run).state == "RUNNING"
     assert not (stopped_run.path / LOCK).exists()
     assert sorted(p.name for p in stopped_run.path.glob(".lock*")) == []  # no private files left either
 

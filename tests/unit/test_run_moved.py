@@ -42,8 +42,8 @@ def copied(tmp_path: Path) -> tuple[RunDir, RunDir]:
 def test_status_of_a_copy_names_the_directory_its_script_runs_in(tmp_path, capsys):
     original, copy = copied(tmp_path)
     st = status.run_status(copy)
-    assert st["moved_from"] == str(original.path) and f"a copy: job.sbatch runs in {original.path}" in st["reason"]
-    assert status.run_status(original)["moved_from"] is None
+    assert st.moved_from == str(original.path) and f"a copy: job.sbatch runs in {original.path}" in st.reason
+    assert status.run_status(original).moved_from is None
     assert main(["status", copy.run_id, "--runs-root", str(copy.path.parent)]) == 0
     assert f"copied from {original.path} (job.sbatch runs there" in capsys.readouterr().out
 
@@ -59,7 +59,7 @@ def test_the_script_is_rendered_again_for_the_copy_and_left_alone_at_home(tmp_pa
     again = copy.script.read_text()
     assert script_run_dir(again) == str(copy.path) and str(original.path) not in again
     assert again == text.replace(str(original.path), str(copy.path))  # nothing else changed
-    assert status.run_status(copy)["moved_from"] is None
+    assert status.run_status(copy).moved_from is None
 
 
 def test_resume_refuses_a_script_that_names_no_run_directory(tmp_path, capsys):

@@ -20,7 +20,7 @@ import pytest
 
 from hpcppo.cli import main
 from hpcppo.errors import RunRecordError, RunStateError
-from hpcppo.launch import jobs, status, submit
+from hpcppo.launch import jobs, status, statustext, submit
 from hpcppo.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -149,9 +149,9 @@ def test_slurm_completed_batch_script_after_a_failed_requeue_is_preempted(slurm_
     commit(run, 10, 20)
     record(run, f"{JOB}.0", 75)
     st = status.run_status(run)
-    assert (st["state"], st["exit_record"], st["resumable"], st["latest_checkpoint"]) == ("PREEMPTED", 75, True, 20)
-    assert st["reason"].endswith("; resumable, checkpoint 20") and "not requeued" in st["reason"]
-    assert status.state_text(st).startswith("PREEMPTED (")
+    assert (st.state, st.exit_record, st.resumable, st.latest_checkpoint) == ("PREEMPTED", 75, True, 20)
+    assert st.reason.endswith("; resumable, checkpoint 20") and "not requeued" in st.reason
+    assert statustext.state_text(st.state, st.reason).startswith("PREEMPTED (")
     assert run.read_record()["attempts"][-1]["state"] == "PREEMPTED"  # remembered, as a final state is
 
 
@@ -159,8 +159,8 @@ def test_slurm_timeout_without_a_checkpoint_says_it_starts_over(slurm_run):
     fake, _, run, t = slurm_run
     fake.answer("sacct", sacct_rows(("TIMEOUT", t), elapsed="00:30:04"))
     st = status.run_status(run)
-    assert (st["state"], st["exit_record"], st["resumable"]) == ("TIMEOUT", None, True)
-    assert st["reason"] == "time limit 00:30:00: killed at it; resumable, no checkpoint yet: starts over"
+    assert (st.state, st.exit_record, st.resumable) == ("TIMEOUT", None, True)
+    assert st.reason == "time limit 00:30:00: killed at it; resumable, no checkpoint yet: starts over"
 
 
 def test_slurm_checkpoint_at_the_time_limit_not_requeued_is_timeout(slurm_run):
@@ -170,7 +170,7 @@ def test_slurm_checkpoint_at_the_time_limit_not_requeued_is_timeout(slurm_run):
     commit(run, 12)
     record(run, f"{JOB}.0", 75)
     st = status.run_status(run)
-    assert st["state"] == "TIMEOUT" and st["reason"] == ("time limit 00:30:00: checkpointed before it; resumable, "
+    assert st.state == "TIMEOUT" and st.reason == ("time limit 00:30:00: checkpointed before it; resumable, "
                                                          "checkpoint 12")
 
 
@@ -180,7 +180,7 @@ def test_slurm_requeued_job_shows_the_live_state(slurm_run):
     fake.answer("squeue", squeue_line("PENDING", "BeginTime", t, restarts=1))
     record(run, f"{JOB}.0", 75)  # the first run checkpointed and requeued; the second has not run yet
     st = status.run_status(run)
-    assert (st["state"], st["reason"], st["restarts"], st["exit_record"]) == ("PENDING", "BeginTime", 1, None)
+    assert (st.state, st.reason, st.restarts, st.exit_record) == ("PENDING", "BeginTime", 1, None)
 
 
 def test_slurm_reads_the_record_of_the_current_restart(slurm_run):
@@ -190,7 +190,7 @@ def test_slurm_reads_the_record_of_the_current_restart(slurm_run):
     record(run, f"{JOB}.0", 75)
     record(run, f"{JOB}.1", 0)
     st = status.run_status(run)
-    assert (st["state"], st["restarts"], st["exit_record"], st["steps_done"]) == ("COMPLETED", 1, 0, True)
+    assert (st.state, st.restarts, st.exit_record, st.steps_done) == ("COMPLETED", 1, 0, True)
 
 
 def test_slurm_node_fail_and_purged_job(slurm_run):
@@ -198,12 +198,12 @@ def test_slurm_node_fail_and_purged_job(slurm_run):
     fake.answer("sacct", sacct_rows(("NODE_FAIL", t)))
     commit(run, 10)
     st = status.run_status(run)
-    assert (st["state"], st["reason"]) == ("NODE_FAIL", "a node of the job failed; resumable, checkpoint 10")
+    assert (st.state, st.reason) == ("NODE_FAIL", "a node of the job failed; resumable, checkpoint 10")
     # the controller forgot the job and there is no accounting: run.json still knows
     fake.answer("sacct", "")
     fake.answer("squeue", "", rc=1)
     st = status.run_status(run)
-    assert (st["state"], st["source"], st["resumable"]) == ("NODE_FAIL", "run.json", True)
+    assert (st.state, st.source, st.resumable) == ("NODE_FAIL", "run.json", True)
 
 
 def test_slurm_completed_without_record_before_the_last_step_is_failed(slurm_run):
@@ -211,9 +211,9 @@ def test_slurm_completed_without_record_before_the_last_step_is_failed(slurm_run
     fake.answer("sacct", sacct_rows(("COMPLETED", t)))
     commit(run, 10)
     st = status.run_status(run)
-    assert st["state"] == "FAILED" and "without rank 0's exit record" in st["reason"]
+    assert st.state == "FAILED" and "without rank 0's exit record" in st.reason
     commit(run, 30)  # all 30 steps are in a committed checkpoint: done
-    assert status.run_status(run)["state"] == "COMPLETED"
+    assert status.run_status(run).state == "COMPLETED"
 
 
 # ----------------------------------------------------------------------------- local runs (literal result files)
@@ -251,11 +251,11 @@ def test_local_time_limit_checkpoint_is_timeout_not_completed(local_run):
         write_result(run, task, "success", 75)
     record(run, f"local-{DEAD_PID}", 75)
     st = status.run_status(run)
-    assert (st["state"], st["exit_record"], st["resumable"]) == ("TIMEOUT", 75, True)
-    assert st["reason"] == "time limit 00:01:00: checkpointed before it; resumable, checkpoint 19"
+    assert (st.state, st.exit_record, st.resumable) == ("TIMEOUT", 75, True)
+    assert st.reason == "time limit 00:01:00: checkpointed before it; resumable, checkpoint 19"
     # the rank's return value stands in for a missing record (same verdict)
     (run.control / f"exit-code.local-{DEAD_PID}").unlink()
-    assert status.run_status(run)["state"] == "TIMEOUT"
+    assert status.run_status(run).state == "TIMEOUT"
 
 
 def test_local_preemption_signal_long_before_the_limit_is_preempted(local_run):
@@ -264,21 +264,21 @@ def test_local_preemption_signal_long_before_the_limit_is_preempted(local_run):
     for task in (0, 1):
         write_result(run, task, "success", 75)
     st = status.run_status(run)
-    assert (st["state"], st["reason"]) == ("PREEMPTED", "checkpointed on a preemption signal; resumable, checkpoint 10")
+    assert (st.state, st.reason) == ("PREEMPTED", "checkpointed on a preemption signal; resumable, checkpoint 10")
 
 
 def test_local_done_paused_and_killed_at_the_limit(local_run):
     run = local_run("resources.time=\"00:01:00\"", ran_s=61)
     for task in (0, 1):
         write_result(run, task, "error", "Traceback ...\nKeyboardInterrupt\n")
-    assert status.run_status(run)["state"] == "TIMEOUT"  # submitit killed the ranks at the limit, no checkpoint
+    assert status.run_status(run).state == "TIMEOUT"  # submitit killed the ranks at the limit, no checkpoint
     for task in (0, 1):
         write_result(run, task, "success", 76)
-    assert status.run_status(run)["state"] == "PAUSED"
+    assert status.run_status(run).state == "PAUSED"
     for task in (0, 1):
         write_result(run, task, "success", 0)
     st = status.run_status(run)
-    assert (st["state"], st["resumable"], st["reason"]) == ("COMPLETED", False, None)
+    assert (st.state, st.resumable, st.reason) == ("COMPLETED", False, None)
 
 
 def test_a_killed_rank_1_is_reported_as_rank_1(local_run):
@@ -288,12 +288,12 @@ def test_a_killed_rank_1_is_reported_as_rank_1(local_run):
     write_result(run, 0, "error", "Traceback ...\nRuntimeError: rank 0 exited with 1; see rank-0.log\n", now - 5)
     write_result(run, 1, "error", "Traceback ...\nRuntimeError: rank 1 was ended by SIGKILL; see rank-1.log\n", now)
     st = status.run_status(run)
-    assert st["state"] == "FAILED"
-    assert st["reason"] == ("rank 1: RuntimeError: rank 1 was ended by SIGKILL; see rank-1.log "
+    assert st.state == "FAILED"
+    assert st.reason == ("rank 1: RuntimeError: rank 1 was ended by SIGKILL; see rank-1.log "
                             "(1 other rank(s) failed after it)")
     # without a signal, the rank that failed first
     write_result(run, 1, "error", "Traceback ...\nValueError: bad batch\n", now - 9)
-    assert status.run_status(run)["reason"].startswith("rank 1: ValueError: bad batch")
+    assert status.run_status(run).reason.startswith("rank 1: ValueError: bad batch")
 
 
 # ----------------------------------------------------------------------------- run.json that is not JSON
@@ -303,9 +303,9 @@ def test_an_unreadable_run_json_is_listed_as_such_and_the_others_still_are(local
         write_result(good, task, "success", 0)
     commit(good, 30)
     bad.run_json.write_text("{not json")
-    rows = {st["run_id"]: st for st in status.statuses([good, bad])}
-    assert rows[good.run_id]["state"] == "COMPLETED"
-    assert rows[bad.run_id]["state"] == "UNREADABLE" and "run.json: not valid JSON" in rows[bad.run_id]["reason"]
+    rows = {st.run_id: st for st in status.statuses([good, bad])}
+    assert rows[good.run_id].state == "COMPLETED"
+    assert rows[bad.run_id].state == "UNREADABLE" and "run.json: not valid JSON" in rows[bad.run_id].reason
     runs = str(good.path.parent)
     assert main(["status", "--runs-root", runs, "--json"]) == 0
     listed = {st["run_id"]: st["state"] for st in json.loads(capsys.readouterr().out)}
@@ -371,7 +371,7 @@ def test_the_exit_records_explanation_is_the_failed_runs_reason(local_run, capsy
     write_result(run, 1, "error", "Traceback ...\nRuntimeError: rank 1 exited with 1; see rank-1.log\n", now - 1)
     exitcodes.write_exit_record(run.path, f"local-{DEAD_PID}", exitcodes.FAILED, FULL)
     st = status.run_status(run)
-    assert (st["state"], st["exit_record"], st["exit_reason"], st["reason"]) == ("FAILED", 1, FULL, FULL)
+    assert (st.state, st.exit_record, st.exit_reason, st.reason) == ("FAILED", 1, FULL, FULL)
     assert main(["status", run.run_id, "--runs-root", str(run.path.parent)]) == 0
     assert f"FAILED ({FULL})" in capsys.readouterr().out
 

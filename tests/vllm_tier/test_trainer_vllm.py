@@ -114,7 +114,7 @@ def test_vllm_run_on_two_slurm_nodes(slurm_cluster, random_tiny, tmp_path, wait_
     wait_until(lambda: slurm.query_jobs([job_id])[job_id].state not in ("PENDING", "RUNNING", "CONFIGURING",
                                                                         "COMPLETING"),
                300, "the job to end", run.path)
-    assert run_status(RunDir(run.path))["state"] == "COMPLETED", logs_of(run.path)
+    assert run_status(RunDir(run.path)).state == "COMPLETED", logs_of(run.path)
     df = hmetrics.load(run.path)
     assert list(df["step"]) == list(range(1, 5))
     assert (df["rollout/logprob_gap"] < SYNCED).all(), df["rollout/logprob_gap"].tolist()
