@@ -17,10 +17,11 @@ from hpcppo.rundir import events
 
 from _harness import logs_of, write_spec
 
-# min_heartbeat_s = 10: the startup allowance (3 x 10 s) must cover importing torch and building the model on a
-# busy 2-core box; after two rows the threshold is max(10 s, 3 x the median step time).
+# min_heartbeat_s = 15: the startup allowance (3 x 15 s) must cover importing torch and building the model on a
+# busy 2-core box (measured 9-15 s at load 7-12 and over 15 s at load 12-16: 3 x 10 s left 2x); after two rows the
+# threshold is max(15 s, 3 x the median step time), which is also how long the hang takes to be detected.
 OVERRIDES = ["trainer.total_steps=6", "checkpoint.save_every=2", "debug.inject.hang_at_step=4",
-             "watchdog.min_heartbeat_s=10", "watchdog.heartbeat_factor=3", "watchdog.interval_s=1"]
+             "watchdog.min_heartbeat_s=15", "watchdog.heartbeat_factor=3", "watchdog.interval_s=1"]
 
 
 def _processes_of(run_dir) -> list[int]:
@@ -79,7 +80,7 @@ def test_a_hung_local_run_is_detected_recorded_and_restarted(tmp_path, random_ti
     hang = next(e for e in recorded if e["kind"] == "hang")
     # Rank 0 hangs at the start of step 4: the last row of attempt 1 is step 3.
     assert (hang["step"], hang["attempt"], hang["action"]) == (3, 0, "restart")
-    assert hang["seconds_since_row"] >= hang["threshold_s"] >= 10.0
+    assert hang["seconds_since_row"] >= hang["threshold_s"] >= 15.0
     restarted = next(e for e in recorded if e["kind"] == "monitor.restarted")
     assert restarted["new_job_id"] == str(attempts[1]["job_id"])
     assert not any(e["kind"] == "trainer_dead" for e in recorded)
@@ -96,10 +97,7 @@ def test_a_hung_local_run_is_detected_recorded_and_restarted(tmp_path, random_ti
     # One monitor per attempt, each gone by now; no rank of either attempt left behind.
     logs = sorted(p.parent.name for p in run.logs.rglob("watchdog.log"))
     assert logs == sorted(f"attempt-local-{a['job_id']}" for a in attempts)
-    deadline = time.monotonic() + 15
-    while _processes_of(run.path) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _processes_of(run.path) == []
+    assert _no_process_left(run.path, within_s=60), _processes_of(run.path)
 
 
 @pytest.mark.slow
