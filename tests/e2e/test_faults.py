@@ -122,7 +122,11 @@ class Fault:
 
 KILLED = -signal.SIGKILL
 FAULTS = {
-    "kill_every_rank_mid_step": Fault(during=_when_rows(4, _kill_all), codes=lambda c: c == [KILLED, KILLED]),
+    # Rank 0 stops at the start of step 5 (debug.inject.hang_at_step) until it is killed: the kill lands after row 4
+    # and before checkpoint 6 however late the test sees row 4 (on a busy box a slow poll could let steps 5 and 6
+    # finish first: then checkpoint 6 is the one resumed from, or the ranks exit 0).
+    "kill_every_rank_mid_step": Fault(overrides=("debug.inject.hang_at_step=5",), during=_when_rows(4, _kill_all),
+                                      codes=lambda c: c == [KILLED, KILLED]),
     "kill_one_rank_mid_step": Fault(
         overrides=("debug.inject.kill_rank_at_step=5", "debug.inject.kill_rank=1"),
         codes=lambda c: c[1] == KILLED and c[0] not in (0, KILLED), log="rank 1 kills itself at step 5"),
@@ -136,12 +140,15 @@ FAULTS = {
     "full_disk_during_a_checkpoint": Fault(codes=lambda c: all(x not in (0, KILLED) for x in c),
                                            between=_exit_record_explains_the_full_disk,
                                            log="no space left on that file system"),
-    "preemption_signal": Fault(during=_when_rows(4, _preempt), codes=lambda c: c == [exitcodes.REQUEUE] * 2,
-                               between=_exit_record_says_requeue, resumed_from=(4, 5, 6), event="preempted"),
-    "pause_request": Fault(during=_when_rows(4, _pause), codes=lambda c: c == [exitcodes.PAUSED] * 2,
-                           between=_clear_pause, resumed_from=(4, 5, 6), event="paused"),
-    "newest_checkpoint_corrupt": Fault(
-        overrides=("checkpoint.save_every=2",), during=_when_rows(5, _kill_all),
+    # Acted on after row 1, seen at a step boundary: the stop (usually after step 2, off the save_every = 3 steps, so
+    # the stop writes its own checkpoint) leaves five steps for the test to see row 1 and act before the run would
+    # end by itself; acting on row 4 left two, which a busy box (slow polls) can use up.
+    "preemption_signal": Fault(during=_when_rows(1, _preempt), codes=lambda c: c == [exitcodes.REQUEUE] * 2,
+                               between=_exit_record_says_requeue, resumed_from=(1, 2, 3, 4, 5, 6), event="preempted"),
+    "pause_request": Fault(during=_when_rows(1, _pause), codes=lambda c: c == [exitcodes.PAUSED] * 2,
+                           between=_clear_pause, resumed_from=(1, 2, 3, 4, 5, 6), event="paused"),
+    "newest_checkpoint_corrupt": Fault(  # held at step 6, as above: checkpoint 4 stays the newest
+        overrides=("checkpoint.save_every=2", "debug.inject.hang_at_step=6"), during=_when_rows(5, _kill_all),
         codes=lambda c: c == [KILLED, KILLED], between=_corrupt_newest, resumed_from=(2,), event="checkpoint.corrupt"),
 }
 

@@ -27,10 +27,15 @@ def test_a_time_limit_stop_is_timeout_and_two_resumes_start_one_job(random_tiny,
     job = jobs.submit_run(crun)
     st = status.wait_for(run, poll_s=1.0, timeout_s=150)
     assert st.state == "TIMEOUT", (st, logs_of(run.path))
-    ckpt = st.latest_checkpoint
-    assert ckpt is not None and ckpt > 0 and st.exit_record == 75 and st.resumable
+    assert st.exit_record == 75 and st.resumable
     assert (run.control / f"exit-code.local-{job}").read_text().strip() == "75"
-    assert st.reason == f"time limit 00:01:00: checkpointed before it; resumable, checkpoint {ckpt}"
+    # USR2 comes 30 s into the job (submit.LOCAL_SIGNAL_DELAY_S), whatever the box is doing: loading took 16 s at
+    # load 8, so on a busier one it can come before step 1, with nothing to checkpoint yet (as on Slurm, where
+    # test_status_slurm accepts both). On a quiet box there are several steps and the checkpoint of the last.
+    ckpt = st.latest_checkpoint
+    where = f"checkpoint {ckpt}" if ckpt is not None else "no checkpoint yet: starts over"
+    assert ckpt is None or ckpt > 0, ckpt
+    assert st.reason == f"time limit 00:01:00: checkpointed before it; resumable, {where}"
     assert run.read_record()["attempts"][-1]["state"] == "TIMEOUT"
     assert 30 <= st.elapsed_s < 60  # the warning 30 s before the limit, not the kill at it
 
@@ -54,4 +59,4 @@ def test_a_time_limit_stop_is_timeout_and_two_resumes_start_one_job(random_tiny,
     while (st := status.run_status(run)).state == "RUNNING" and time.monotonic() < deadline:
         time.sleep(0.5)
     assert st.state == "CANCELLED" and st.resumable, (st, logs_of(run.path))
-    assert st.reason.startswith("cancel requested at ") and "resumable, checkpoint" in st.reason
+    assert st.reason.startswith("cancel requested at ") and "; resumable, " in st.reason, st

@@ -17,10 +17,11 @@ from hpcppo.rundir import events
 
 from _harness import logs_of, write_spec
 
-# min_heartbeat_s = 10: the startup allowance (3 x 10 s) must cover importing torch and building the model on a
-# busy 2-core box; after two rows the threshold is max(10 s, 3 x the median step time).
+# min_heartbeat_s = 15: the startup allowance (3 x 15 s) must cover importing torch and building the model on a
+# busy 2-core box (measured 9-15 s at load 7-12 and over 15 s at load 12-16: 3 x 10 s left 2x); after two rows the
+# threshold is max(15 s, 3 x the median step time), which is also how long the hang takes to be detected.
 OVERRIDES = ["trainer.total_steps=6", "checkpoint.save_every=2", "debug.inject.hang_at_step=4",
-             "watchdog.min_heartbeat_s=10", "watchdog.heartbeat_factor=3", "watchdog.interval_s=1"]
+             "watchdog.min_heartbeat_s=15", "watchdog.heartbeat_factor=3", "watchdog.interval_s=1"]
 
 
 def _processes_of(run_dir) -> list[int]:
@@ -36,6 +37,16 @@ def _processes_of(run_dir) -> list[int]:
             if needle in args and any(b"hpcppo" in a for a in args):
                 pids.append(int(entry.name))
     return pids
+
+
+def _no_process_left(run_dir, *, within_s: float) -> bool:
+    """Waits until no process of the run is left (True), or ``within_s`` passed with some still there (False)."""
+    deadline = time.monotonic() + within_s
+    while _processes_of(run_dir):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def _last_row_time(path) -> float:
@@ -69,7 +80,7 @@ def test_a_hung_local_run_is_detected_recorded_and_restarted(tmp_path, random_ti
     hang = next(e for e in recorded if e["kind"] == "hang")
     # Rank 0 hangs at the start of step 4: the last row of attempt 1 is step 3.
     assert (hang["step"], hang["attempt"], hang["action"]) == (3, 0, "restart")
-    assert hang["seconds_since_row"] >= hang["threshold_s"] >= 10.0
+    assert hang["seconds_since_row"] >= hang["threshold_s"] >= 15.0
     restarted = next(e for e in recorded if e["kind"] == "monitor.restarted")
     assert restarted["new_job_id"] == str(attempts[1]["job_id"])
     assert not any(e["kind"] == "trainer_dead" for e in recorded)
@@ -86,10 +97,7 @@ def test_a_hung_local_run_is_detected_recorded_and_restarted(tmp_path, random_ti
     # One monitor per attempt, each gone by now; no rank of either attempt left behind.
     logs = sorted(p.parent.name for p in run.logs.rglob("watchdog.log"))
     assert logs == sorted(f"attempt-local-{a['job_id']}" for a in attempts)
-    deadline = time.monotonic() + 15
-    while _processes_of(run.path) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _processes_of(run.path) == []
+    assert _no_process_left(run.path, within_s=60), _processes_of(run.path)
 
 
 @pytest.mark.slow
@@ -97,12 +105,18 @@ def test_no_monitor_outlives_an_attempt_that_failed_at_start(tmp_path, random_ti
     """Issue 25: the monitor of an attempt that failed at start stayed alive, took the next attempt's metric file
     for its own and, once the run had COMPLETED, recorded a false hang and tried to restart it. Here attempt 0 fails
     at start (its model is not there yet), attempt 1 completes: each monitor ends with its attempt, nothing false is
-    recorded, and no process of the run is left."""
+    recorded, and no process of the run is left.
+
+    What catches a lingering monitor is the process table, not the clock: once no process of the run is left (both
+    monitors included), nothing can append an event any more, so the events read then are final. The hang
+    threshold is generous on purpose: the startup allowance (3 x min_heartbeat_s) must cover importing torch,
+    loading the model and the first two steps on a busy 2-core box (a 15 s one was exceeded there, and the
+    attempt's own monitor rightly restarted it); this test is about monitors that outlive their attempt."""
     import shutil
 
     model = tmp_path / "model-later"
     spec = write_spec(tmp_path / "exp.toml", {**random_tiny, "model": model}, name="failstart")
-    overrides = ["trainer.total_steps=3", "checkpoint.save_every=3", "watchdog.min_heartbeat_s=5",
+    overrides = ["trainer.total_steps=3", "checkpoint.save_every=3", "watchdog.min_heartbeat_s=60",
                  "watchdog.heartbeat_factor=3", "watchdog.interval_s=0.5"]
     crun = jobs.compile_run(spec, "local", overrides, runs_root=str(tmp_path / "runs"), check_paths=False)
     run = crun.run
@@ -111,11 +125,9 @@ def test_no_monitor_outlives_an_attempt_that_failed_at_start(tmp_path, random_ti
     while (st := status.run_status(run)).state not in status.FINAL_STATES and time.monotonic() < deadline:
         time.sleep(0.5)
     assert st.state == "FAILED", (st, logs_of(run.path))
-    first = str(run.read_record()["attempts"][0]["job_id"])
-    deadline = time.monotonic() + 15  # the first monitor ends within seconds of its attempt
-    while _processes_of(run.path) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _processes_of(run.path) == [], "a process of the failed attempt outlived it"
+    # The first monitor ends at its next look after the controller is gone, or DEAD_GRACE_S after its trainers;
+    # 60 s is for a busy box. One that misses its attempt's end (issue 25: trainers it never saw) stays longer.
+    assert _no_process_left(run.path, within_s=60), "a process of the failed attempt outlived it"
 
     shutil.copytree(random_tiny["model"], model)
     jobs.resume_run(run)
@@ -123,13 +135,14 @@ def test_no_monitor_outlives_an_attempt_that_failed_at_start(tmp_path, random_ti
     while (st := status.run_status(run)).state not in status.FINAL_STATES and time.monotonic() < deadline:
         time.sleep(1)
     assert st.state == "COMPLETED", (st, logs_of(run.path))
-    time.sleep(3 * 5 + 2)  # past the startup allowance (3 x min_heartbeat_s): a lingering monitor would call a hang
+    # Every monitor (the second ends at the exit record of its attempt) and every rank is gone: from here on nothing
+    # can record anything, so what events.jsonl holds now is all there will ever be.
+    assert _no_process_left(run.path, within_s=60), "a process of the run outlived it"
     kinds = [e["kind"] for e in events.read_events(run.path)]
     assert not {"hang", "monitor.error", "monitor.restarted"} & set(kinds), events.read_events(run.path)
     assert len(run.read_record()["attempts"]) == 2 and status.run_status(run).state == "COMPLETED"
-    watchdog_log = (run.logs / f"attempt-local-{first}" / "watchdog.log").read_text()
+    # The second monitor ended at its attempt's exit record (or last checkpoint) and said so. (The first one's last
+    # line depends on whether it saw the controller or its trainers gone first: the process table above is the proof.)
+    second = run.read_record()["attempts"][1]["job_id"]
+    watchdog_log = (run.logs / f"attempt-local-{second}" / "watchdog.log").read_text()
     assert "bye" in watchdog_log, watchdog_log
-    deadline = time.monotonic() + 15
-    while _processes_of(run.path) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _processes_of(run.path) == []
