@@ -28,11 +28,12 @@ from hpcppo.watchdog.monitor import (LogFollower, Monitor, Settings, TrainerProc
 COLUMNS = ["reward/mean", "kl/actor_ref"]
 
 
-# ----------------------------------------------------------------------------- arithmetic
 # The most a monitor's reaction may lag its threshold here: far below the thresholds a wrong rule would wait for
 # (the defaults' minutes, the 30 s heartbeat of the dead-trainer test), far above what a loaded 2-core machine adds.
 SLACK_S = 20.0
 
+
+# ----------------------------------------------------------------------------- arithmetic
 
 def test_startup_allowance_until_two_rows_give_a_step_time():
     assert startup_allowance_s(600.0) == 1800.0
