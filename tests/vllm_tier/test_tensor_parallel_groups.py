@@ -46,7 +46,8 @@ def _worker(rank: int, world: int, model_dir: str, data_dir: str) -> dict:
     data = PromptDataset(read_prompts([str(Path(data_dir) / "train.parquet")]), tok, max_prompt_length=48)
     plan = SimpleNamespace(tensor_parallel_size=2, dp_size=world // 2, prompts_per_step=8)
     sampler, groups = build_sampler(len(data), plan, env, seed=3, shuffle=True)
-    c = SimpleNamespace(engine=engine, sampler=sampler, groups=groups, device=torch.device("cpu"), actor=actor,
+    c = SimpleNamespace(engine=engine, sampler=sampler, groups=groups, device=torch.device("cpu"),
+                        actor=SimpleNamespace(model=actor),  # the trainer streams c.actor.model (a ModelSet's)
                         train_data=data, sampling=greedy(n=2, temperature=1.0))
     trainer = Trainer.__new__(Trainer)  # the rollout phase only, as the trainer runs it
     trainer.c, trainer.cfg, trainer.env = c, SimpleNamespace(seed=5), env
