@@ -10,6 +10,9 @@ Conventions every engine follows (the trainer and ``hpcppo.models`` rely on them
   use :meth:`RolloutBatch.pad_responses_to` when a fixed width is needed.
 * **``response_mask`` is 1 up to and including the EOS token**, 0 on the padding after it. A response cut by
   ``max_new_tokens`` has no EOS and is all ones up to its length.
+* **Two masks** (docs/rollout-phase.md): ``response_attention_mask`` is 1 on every real response token (the model's
+  and, in a multi-turn trajectory, the tools'); ``response_mask`` is the loss mask, 1 only on tokens the model
+  sampled. An engine's single-turn output has them equal; they differ only in a trajectory with tool turns.
 * **``rollout_log_probs`` are ``log_softmax(logits / temperature)`` of the sampled tokens**, computed in float32
   on the model's *unfiltered* logits (no top-k/top-p truncation). That is exactly what verl's actor recomputes
   (``dp_actor._forward_micro_batch``: ``logits.div_(temperature)`` then ``logprobs_from_logits``) and what
@@ -138,13 +141,19 @@ class RolloutBatch:
         prompt_ids: ``[B, P]`` long, left padded with the pad id.
         prompt_mask: ``[B, P]`` long, 1 on prompt tokens.
         response_ids: ``[B, R]`` long, right padded with the pad id.
-        response_mask: ``[B, R]`` long, 1 up to and including EOS.
+        response_mask: ``[B, R]`` long, the loss mask: 1 on the tokens the model sampled (single turn: up to and
+            including EOS).
+        response_attention_mask: ``[B, R]`` long, 1 on every real response token (model and tool turns); equal to
+            ``response_mask`` for a single turn.
         input_ids: ``[B, P+R]`` = ``cat(prompt_ids, response_ids)``.
-        attention_mask: ``[B, P+R]`` = ``cat(prompt_mask, response_mask)``.
+        attention_mask: ``[B, P+R]`` = ``cat(prompt_mask, response_attention_mask)``.
         position_ids: ``[B, P+R]`` = ``clamp(cumsum(attention_mask) - 1, min=0)``.
-        rollout_log_probs: ``[B, R]`` float32, the engine's ``log_softmax(logits / T)`` of each sampled token.
+        rollout_log_probs: ``[B, R]`` float32, the engine's ``log_softmax(logits / T)`` of each sampled token
+            (0 outside ``response_mask``).
         prompt_index: ``[B]`` long, the prompt (0..num_prompts-1) each row came from.
-        response_lengths: ``[B]`` long, ``response_mask.sum(-1)``.
+        response_lengths: ``[B]`` long, ``response_attention_mask.sum(-1)`` (the whole continuation).
+        policy_version: ``[B, R]`` long, the actor version whose weights produced each response token; -1 on
+            padding, and everywhere until a rollout source stamps the batch (:meth:`stamped`).
     """
 
     prompt_ids: torch.Tensor
@@ -157,6 +166,8 @@ class RolloutBatch:
     rollout_log_probs: torch.Tensor
     prompt_index: torch.Tensor
     response_lengths: torch.Tensor
+    response_attention_mask: torch.Tensor
+    policy_version: torch.Tensor
 
     @property
     def num_samples(self) -> int:
@@ -174,6 +185,11 @@ class RolloutBatch:
         """A copy with every tensor on ``device``."""
         return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)})
 
+    def stamped(self, version: int) -> RolloutBatch:
+        """The same batch with ``policy_version`` = ``version`` on every real response token (-1 on padding)."""
+        stamp = torch.where(self.response_attention_mask.bool(), int(version), -1)
+        return replace(self, policy_version=stamp.long())
+
     def pad_responses_to(self, width: int, pad_token_id: int) -> RolloutBatch:
         """The same batch with response columns right padded to ``width`` (>= the current width)."""
         extra = width - self.response_width
@@ -189,6 +205,7 @@ class RolloutBatch:
             prompt_ids=self.prompt_ids, prompt_mask=self.prompt_mask,
             response_ids=pad(self.response_ids, pad_token_id), response_mask=pad(self.response_mask, 0),
             rollout_log_probs=pad(self.rollout_log_probs, 0.0), prompt_index=self.prompt_index,
+            response_attention_mask=pad(self.response_attention_mask, 0), policy_version=pad(self.policy_version, -1),
         )
 
 
@@ -200,10 +217,19 @@ def assemble_batch(
     response_mask: torch.Tensor,
     rollout_log_probs: torch.Tensor,
     prompt_index: torch.Tensor,
+    response_attention_mask: torch.Tensor | None = None,
+    policy_version: torch.Tensor | None = None,
 ) -> RolloutBatch:
-    """Build a :class:`RolloutBatch` from its prompt and response halves (all ``[B, *]``, same device)."""
+    """Build a :class:`RolloutBatch` from its prompt and response halves (all ``[B, *]``, same device).
+
+    ``response_mask`` is the loss mask; ``response_attention_mask`` (every real response token) defaults to it, as
+    in a single-turn rollout; ``policy_version`` defaults to -1 (not stamped)."""
     response_mask = response_mask.long()
-    attention_mask = torch.cat([prompt_mask.long(), response_mask], dim=1)
+    attend = response_mask if response_attention_mask is None else response_attention_mask.long()
+    if attend.shape != response_mask.shape or bool((response_mask > attend).any()):
+        raise ValueError("response_mask (the loss mask) must lie inside response_attention_mask, of the same shape")
+    attention_mask = torch.cat([prompt_mask.long(), attend], dim=1)
+    version = torch.full_like(response_mask, -1) if policy_version is None else policy_version.long()
     return RolloutBatch(
         prompt_ids=prompt_ids.long(),
         prompt_mask=prompt_mask.long(),
@@ -214,7 +240,9 @@ def assemble_batch(
         position_ids=position_ids_from_mask(attention_mask),
         rollout_log_probs=(rollout_log_probs.float() * response_mask),
         prompt_index=prompt_index.long(),
-        response_lengths=response_mask.sum(dim=-1),
+        response_lengths=attend.sum(dim=-1),
+        response_attention_mask=attend,
+        policy_version=version,
     )
 
 

@@ -115,7 +115,7 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
     t["decode_s"], t["prefill_s"] = generation(plan.prompts_per_rank * exp.rollout.n)
     t["generate_s"] = t["decode_s"] + t["prefill_s"]
     t["generated_tokens_per_s"] = plan.samples_per_step * R / t["generate_s"]
-    # ReMax's baseline: one greedy response per prompt, a second engine call (hpcppo.train.trainer.greedy_baselines).
+    # ReMax's baseline: one greedy response per prompt, a second engine call (hpcppo.rollout.source.ColocatedSource.collect).
     t["baseline_generate_s"] = sum(generation(plan.prompts_per_rank)) if needs_greedy_baseline(
         exp.algorithm.adv_estimator) else 0.0
 

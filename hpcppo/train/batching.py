@@ -25,8 +25,14 @@ def to_training_batch(out: Any, prompts: Sequence[Any], device: torch.device) ->
     """A rollout (``RolloutBatch``) and its prompts -> the trainer's batch on ``device``.
 
     Keys: ``input_ids``/``attention_mask``/``position_ids`` ``[b, P+R]`` (prompt then response),
-    ``responses``/``response_mask``/``rollout_log_probs`` ``[b, R]``, ``prompt_index`` ``[b]`` (dataset index of
-    the prompt: GRPO/RLOO groups), ``prompt_len``/``seq_tokens`` ``[b]``, ``records`` (one per sample).
+    ``responses``/``response_mask``/``response_attention_mask``/``rollout_log_probs``/``policy_version`` ``[b, R]``,
+    ``prompt_index`` ``[b]`` (dataset index of the prompt: GRPO/RLOO groups), ``prompt_len``/``seq_tokens`` ``[b]``,
+    ``records`` (one per sample).
+
+    The two masks (docs/rollout-phase.md, "Which consumer takes which mask"): ``response_attention_mask`` (every
+    real response token; the response half of ``attention_mask``) is what the forwards, the packing, the position
+    ids, the scoring (text, length, where the score lands) and the length metrics read; ``response_mask`` is the
+    loss mask: losses, token-mean denominators, the KL penalty, advantages and whitening, the log-prob gap.
     """
     which = out.prompt_index.tolist()
     batch: dict[str, Any] = {
@@ -35,7 +41,9 @@ def to_training_batch(out: Any, prompts: Sequence[Any], device: torch.device) ->
         "position_ids": out.position_ids.to(device),
         "responses": out.response_ids.to(device),
         "response_mask": out.response_mask.to(device),
+        "response_attention_mask": out.response_attention_mask.to(device),
         "rollout_log_probs": out.rollout_log_probs.to(device).float(),
+        "policy_version": out.policy_version.to(device),
         "prompt_index": torch.tensor([prompts[i].index for i in which], dtype=torch.long, device=device),
         "prompt_len": out.prompt_mask.sum(-1).to(device),
         "records": [prompts[i].record for i in which],
@@ -60,12 +68,14 @@ def tp_share(batch: Mapping[str, Any], tp_rank: int, tp_size: int) -> dict[str, 
     return {k: v[tp_rank * share: (tp_rank + 1) * share] for k, v in batch.items()}
 
 
-def place_scores(scores: Sequence[float], response_mask: torch.Tensor) -> torch.Tensor:
-    """``[b, R]`` token-level scores: each sequence's score on its last response token (verl's convention)."""
-    out = torch.zeros(response_mask.shape, dtype=torch.float32, device=response_mask.device)
-    last = (response_mask.sum(-1) - 1).clamp(min=0).long()
+def place_scores(scores: Sequence[float], attention: torch.Tensor) -> torch.Tensor:
+    """``[b, R]`` token-level scores: each sequence's score on its last response token, counted on the response
+    attention mask (verl's reward managers: ``valid_response_length`` from ``attention_mask``, the score at
+    ``valid_response_length - 1``)."""
+    out = torch.zeros(attention.shape, dtype=torch.float32, device=attention.device)
+    last = (attention.sum(-1) - 1).clamp(min=0).long()
     out[torch.arange(len(scores), device=out.device), last] = torch.tensor(scores, dtype=torch.float32, device=out.device)
-    return out * (response_mask.sum(-1, keepdim=True) > 0)
+    return out * (attention.sum(-1, keepdim=True) > 0)
 
 
 def split(batch: Mapping[str, Any], size: int) -> Iterator[dict[str, Any]]:
@@ -319,11 +329,12 @@ def mean_across_ranks(values: Mapping[str, Sequence[float]]) -> dict[str, float]
 
 
 def batch_metrics(full: Mapping[str, torch.Tensor], *, kl_coef: float, max_response_length: int) -> dict[str, float]:
-    """Batch-level metrics from the gathered batch (identical on every rank)."""
+    """Batch-level metrics from the gathered batch (identical on every rank). Lengths count the whole continuation
+    (``response_attention_mask``, as verl's ``response_length``); the rest reads the loss mask."""
     mask = full["response_mask"]
     score = full["token_level_scores"].sum(-1).float()
     reward = full["token_level_rewards"].sum(-1).float()
-    lengths = mask.sum(-1).float()
+    lengths = full["response_attention_mask"].sum(-1).float()
     m: dict[str, float | torch.Tensor] = {
         "score/mean": score.mean(),
         "score/std": score.std(unbiased=False),

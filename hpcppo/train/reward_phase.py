@@ -53,10 +53,11 @@ class RewardModelScorer:
     max_tokens: int = 0  # a token budget per forward instead of micro_batch_size rows
 
     def score(self, actor_tokenizer: Any, records: Sequence[Any], responses: torch.Tensor,
-              response_mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        """``[b]`` scores of this rank's samples and the batch's ``reward_model/*`` metrics (all ranks).
+              attention: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """``[b]`` scores of this rank's samples and the batch's ``reward_model/*`` metrics (all ranks); the
+        model reads each whole continuation (``attention``: the response attention mask, tool turns included).
         Collective: every rank calls it with as many rows as the others."""
-        lengths = response_mask.sum(-1).tolist()
+        lengths = attention.sum(-1).tolist()
         valid = [row[: int(n)] for row, n in zip(responses.tolist(), lengths)]
         ids, cut = reward_model_ids(self.tokenizer, actor_tokenizer, [r.prompt for r in records], valid,
                                     self.max_length)

@@ -36,16 +36,16 @@ from hpcppo.distributed.env import all_reduce_host, broadcast_object
 from hpcppo.errors import WeightSyncError
 from hpcppo.models import compute_log_probs, compute_values
 from hpcppo.rollout.base import derive_seed
+from hpcppo.rollout.source import RolloutSource, StepContext
 from hpcppo.config import sync_guard
 from hpcppo.config.convert import converter
 from hpcppo.config.plan import VALIDATION_PROMPTS_PER_CALL
 from hpcppo.config.reward import overlong_buffer_on
 from hpcppo.metrics import trackers
 from hpcppo.rundir import control, events, exitcodes, metric_names
-from hpcppo.train import batching, reward_phase, rollout_correction, validation
+from hpcppo.train import batching, reward_phase, rollout_correction, rollout_phase, validation
 from hpcppo.train.build import Components, build_components, freeze_long_lived_objects
 from hpcppo.train.inject import FaultInjector
-from hpcppo.train.lora import actor_weights
 from hpcppo.train.recovery import Recovery
 from hpcppo.train.update import UpdateSettings, actor_loss, critic_loss, run_update
 from hpcppo.watchdog import Decision, TrainingState, decide, history_keep, respond
@@ -63,6 +63,11 @@ class PhaseTimer:
 
     def __init__(self) -> None:
         self.times: dict[str, float] = defaultdict(float)
+
+    def add(self, times: dict[str, float]) -> None:
+        """Phase times measured elsewhere (the rollout source's)."""
+        for phase, seconds in times.items():
+            self.times[phase] += seconds
 
     @contextlib.contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
@@ -83,9 +88,8 @@ class Trainer:
         self.env = c.env
         self.state = TrainingState(kl_coef=c.kl_ctrl.initial)  # the run's progress: replaced, never edited
         self.timer = PhaseTimer()  # this step's phase times
-        # The engine holds the actor's weights of version `engine_version`; -1 = not known to match.
-        self.engine_version = -1
         self.greedy_baseline = estimators.needs_greedy_baseline(self.cfg.algorithm.adv_estimator)  # ReMax
+        self.source: RolloutSource = rollout_phase.colocated_source(c, greedy_baseline=self.greedy_baseline)
         self.rules = list(self.cfg.watchdog.rules) if self.cfg.watchdog.enable else []
         self.rules_by_name = {r.name: r for r in self.rules}
         self.keep = history_keep(self.rules)  # the recent rows the rules look back on
@@ -174,52 +178,22 @@ class Trainer:
 
     # ------------------------------------------------------------------ phases
     def rollout(self) -> Batch:
-        """Sync the actor's weights into the engine and sample ``n`` responses for this rank's prompts."""
+        """This rank's share of the step's samples from the rollout source, as a training batch (with ReMax's
+        greedy baseline scores)."""
         c = self.c
-        with self.timer("weight_sync"):
-            c.engine.wake_up()
-            self.sync_engine()
-        indices = c.sampler.next_batch()  # this rollout group's prompts (the same on every rank of the group)
-        prompts = [c.train_data[i] for i in indices]
         # A per-(seed, step, rollout group, branch) seed: a resumed run samples exactly what an uninterrupted run
         # would, and the ranks of one tensor-parallel group sample alike (with tp = 1 the group is the rank).
         seed = derive_seed(self.cfg.seed, self.step, c.groups.dp_rank, self.state.branch)
-        with self.timer("generate"):
-            out = c.engine.generate([p.input_ids for p in prompts], dataclasses.replace(c.sampling, seed=seed))
-            baselines = self.greedy_baselines(prompts, seed) if self.greedy_baseline else None
-            c.engine.sleep()
-        batch = batching.to_training_batch(out, prompts, c.device)
-        if baselines is not None:  # one per prompt -> one per sample (rows are prompt-major)
-            batch["reward_baselines"] = baselines.to(c.device)[out.prompt_index.to(c.device)]
+        got = self.source.collect(StepContext(step=self.step, branch=self.state.branch,
+                                              actor_version=self.state.actor_version, seed=seed))
+        self.timer.add(got.times)
+        batch = batching.to_training_batch(got.batch, got.prompts, c.device)
+        if got.greedy is not None:  # one per prompt -> one per sample (rows are prompt-major)
+            with self.timer("reward"):
+                baselines = rollout_phase.greedy_baseline_scores(c, got.prompts, got.greedy)
+            batch["reward_baselines"] = baselines.to(c.device)[got.batch.prompt_index.to(c.device)]
         # The update is data parallel over all ranks: each rank of the group trains on its own share.
         return batching.tp_share(batch, c.groups.tp_rank, c.groups.tp_size)
-
-    def greedy_baselines(self, prompts: list[Any], seed: int) -> torch.Tensor:
-        """ReMax's baseline: the score of one greedy response per prompt (``[len(prompts)]``), as verl's trainer
-        decodes it with ``do_sample=False`` before the rollout's batch is repeated n times (verl b178a3c,
-        ``verl/trainer/ppo/ray_trainer.py``, ``fit``, the ``AdvantageEstimator.REMAX`` branch)."""
-        c = self.c
-        greedy = dataclasses.replace(c.sampling, n=1, temperature=0.0, top_p=1.0, top_k=-1, seed=seed)  # no draw
-        out = c.engine.generate([p.input_ids for p in prompts], greedy)
-        with self.timer("reward"):
-            records = [p.record for p in prompts]
-            if c.reward_model is not None:  # verl scores the baseline with the reward model too (rm_scores)
-                return c.reward_model.score(c.tokenizer, records, out.response_ids, out.response_mask)[0].cpu()
-            texts = c.tokenizer.batch_decode(out.response_ids * out.response_mask, skip_special_tokens=True)
-            scores = c.score_fn([r.data_source for r in records], texts, [r.ground_truth for r in records],
-                                [r.extra_info for r in records], lengths=out.response_mask.sum(-1).tolist())
-        return torch.tensor(scores, dtype=torch.float32)
-
-    def sync_engine(self) -> None:
-        """Stream the actor's weights into the rollout engine unless it already has this version
-        (e.g. during critic warm-up the actor does not change). Collective: every rank decides alike."""
-        engine = self.c.engine
-        # An engine that discards its weights while asleep (vLLM, sleep level 2) needs them again every step.
-        if self.engine_version != self.state.actor_version or engine.weights_dropped:
-            # Gathered in the engine's dtype where it has one (bf16 traffic for vLLM); the HF engine takes fp32, and
-            # offers its parameters to be gathered into in place (no buffer, no copy).
-            engine.sync_weights(actor_weights(self.c.actor.model, dtype=engine.sync_dtype, into=engine.sync_targets))
-            self.engine_version = self.state.actor_version
 
     def check_sync(self, metrics: dict[str, float]) -> None:
         """The weight-sync guard: stop before the update when the engine's log-probs of this step's samples are not
@@ -246,17 +220,17 @@ class Trainer:
         c = self.c
         with self.timer("reward"):
             records = batch["records"]
+            attend = batch["response_attention_mask"]  # the whole continuation: its text, its length, its end
             if c.reward_model is not None:
-                scores, metrics = c.reward_model.score(c.tokenizer, records, batch["responses"], batch["response_mask"])
-                return {"token_level_scores": batching.place_scores(scores.tolist(), batch["response_mask"])}, metrics
-            texts = c.tokenizer.batch_decode(batch["responses"] * batch["response_mask"], skip_special_tokens=True)
+                scores, metrics = c.reward_model.score(c.tokenizer, records, batch["responses"], attend)
+                return {"token_level_scores": batching.place_scores(scores.tolist(), attend)}, metrics
+            texts = c.tokenizer.batch_decode(batch["responses"] * attend, skip_special_tokens=True)
             penalties: list[float] = []
             rule = c.score_fn([r.data_source for r in records], texts, [r.ground_truth for r in records],
-                              [r.extra_info for r in records], lengths=batch["response_mask"].sum(-1).tolist(),
-                              penalties=penalties)
+                              [r.extra_info for r in records], lengths=attend.sum(-1).tolist(), penalties=penalties)
             log_overlong = self.cfg.reward_manager.overlong_buffer.log and self.cfg.reward_manager.name == "dapo"
             metrics = reward_phase.overlong_metrics(penalties) if log_overlong else {}
-            return {"token_level_scores": batching.place_scores(rule, batch["response_mask"])}, metrics
+            return {"token_level_scores": batching.place_scores(rule, attend)}, metrics
 
     @torch.no_grad()
     def old_log_probs_ref_and_values(self, batch: Batch) -> Batch:
@@ -285,6 +259,8 @@ class Trainer:
                                                              packed=packed)
         if c.critic is not None:
             with self.timer("values"):
+                # The forward attends over every token; values are kept where the loss mask is (GAE, the value
+                # loss and the critic's metrics read no others), as verl's critic masks them with response_mask.
                 out["values"] = compute_values(c.critic.model, *args, response_mask=batch["response_mask"],
                                                micro_batch_size=rows, micro_batches=groups, packed=packed)
         return out
@@ -298,7 +274,8 @@ class Trainer:
         """
         c, cfg = self.c, self.cfg
         with self.timer("adv"):
-            keys = ["token_level_scores", "old_log_probs", "response_mask", "seq_tokens", "prompt_len", "prompt_index"]
+            keys = ["token_level_scores", "old_log_probs", "response_mask", "response_attention_mask", "seq_tokens",
+                    "prompt_len", "prompt_index"]
             keys += [k for k in ("ref_log_probs", "values", "rollout_log_probs", "reward_baselines") if k in batch]
             full = batching.gather_rows({k: batch[k] for k in keys})
             mask = full["response_mask"]
@@ -377,8 +354,6 @@ class Trainer:
         if c.val_data is None or (c.reward_model is not None and c.val_data.records
                                    and c.val_data.records[0].reward_style == "model"):
             return {}  # verl's _validate: "we only do validation on rule-based rm"
-        c.engine.wake_up()
-        self.sync_engine()
         g = c.groups
         n = c.val_sampling.n
         stats = metric_names.validation_stats(n)
@@ -394,23 +369,25 @@ class Trainer:
         # Sampled validation (val_temperature > 0) draws from its own seeded stream, never the global RNG.
         sampling = dataclasses.replace(c.val_sampling, seed=derive_seed(self.cfg.seed, self.step, g.dp_rank,
                                                                         self.state.branch) ^ VALIDATION_SEED_SALT)
-        for start in range(0, len(mine), VALIDATION_PROMPTS_PER_CALL):
-            prompts = [c.val_data[i] for i in mine[start : start + VALIDATION_PROMPTS_PER_CALL]]
-            out = c.engine.generate([p.input_ids for p in prompts], sampling)
-            texts = c.tokenizer.batch_decode(out.response_ids * out.response_mask, skip_special_tokens=True)
-            records = [prompts[int(j)].record for j in out.prompt_index]  # n rows per prompt, prompt-major
-            preds: list[Any] = []
-            penalties: list[float] = []
-            scores = c.score_fn([r.data_source for r in records], texts, [r.ground_truth for r in records],
-                                [r.extra_info for r in records], preds=preds, lengths=out.response_mask.sum(-1).tolist(),
-                                penalties=penalties)
-            if not g.is_tp_leader:
-                continue
-            rows = [sums[c.val_sources.index(p.record.data_source)] for p in prompts]
-            validation.accumulate(rows, scores, preds, n, stats)
-            if acc:
-                validation.accumulate(rows, [s - q for s, q in zip(scores, penalties)], preds, n, stats, offset=width)
-        c.engine.sleep()
+        with self.source.serving(self.state.actor_version) as loop:
+            for start in range(0, len(mine), VALIDATION_PROMPTS_PER_CALL):
+                prompts = [c.val_data[i] for i in mine[start : start + VALIDATION_PROMPTS_PER_CALL]]
+                out = loop.run([p.input_ids for p in prompts], sampling)
+                attend = out.response_attention_mask  # the whole continuation is scored, as in training
+                texts = c.tokenizer.batch_decode(out.response_ids * attend, skip_special_tokens=True)
+                records = [prompts[int(j)].record for j in out.prompt_index]  # n rows per prompt, prompt-major
+                preds: list[Any] = []
+                penalties: list[float] = []
+                scores = c.score_fn([r.data_source for r in records], texts, [r.ground_truth for r in records],
+                                    [r.extra_info for r in records], preds=preds, lengths=attend.sum(-1).tolist(),
+                                    penalties=penalties)
+                if not g.is_tp_leader:
+                    continue
+                rows = [sums[c.val_sources.index(p.record.data_source)] for p in prompts]
+                validation.accumulate(rows, scores, preds, n, stats)
+                if acc:
+                    validation.accumulate(rows, [s - q for s, q in zip(scores, penalties)], preds, n, stats,
+                                          offset=width)
         flat = all_reduce_host([x for row in sums for x in row], "sum")
         totals = [flat[i * len(row) : (i + 1) * len(row)] for i, row in enumerate(sums)]
         metrics = validation.source_metrics(metric_names.VALIDATION_PREFIX, c.val_sources,

@@ -36,6 +36,7 @@ def _worker(rank: int, world: int, tp: int) -> dict:
     from hpcppo.distributed.env import detect_env
     from hpcppo.rollout import SamplingParams
     from hpcppo.train.build import build_sampler
+    from hpcppo.train.rollout_phase import colocated_source
     from hpcppo.train.trainer import PhaseTimer, Trainer
     from hpcppo.watchdog import TrainingState
 
@@ -64,8 +65,8 @@ def _worker(rank: int, world: int, tp: int) -> dict:
     )
     trainer = Trainer.__new__(Trainer)  # only the phases under test: rollout and validate
     trainer.c, trainer.cfg, trainer.env = c, SimpleNamespace(seed=5, reward_manager=RewardManagerSection()), env
-    trainer.state, trainer.timer, trainer.engine_version = TrainingState(step=1, kl_coef=0.0), PhaseTimer(), -1
-    trainer.greedy_baseline = False  # no ReMax baseline rollout
+    trainer.state, trainer.timer = TrainingState(step=1, kl_coef=0.0), PhaseTimer()
+    trainer.source = colocated_source(c, greedy_baseline=False)  # the engine's weights: version -1, stale
     batch = trainer.rollout()
     val = trainer.validate()
     calls = recording_vllm.CALLS

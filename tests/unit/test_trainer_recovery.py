@@ -63,6 +63,7 @@ def make_trainer(tmp_path: Path, rules: list[Rule]) -> Trainer:
         kl_ctrl=AdaptiveKLController(0.01, target_kl=0.1, horizon=100), sampler=Cursor(),
         ckpt=CheckpointManager(RunPaths(tmp_path).checkpoints, keep_last=10), metrics=None, attempt=0,
         preempt=SimpleNamespace(local=False),
+        engine=None, sampling=None,  # the rollout source is built, never asked: these tests run no rollout
     )
     return Trainer(c)  # type: ignore[arg-type]
 

@@ -26,6 +26,7 @@ def _worker(rank: int, world: int, model_dir: str, data_dir: str) -> dict:
     from hpcppo.distributed.mesh import build_mesh
     from hpcppo.distributed.weights import iter_full_params
     from hpcppo.train.build import build_sampler
+    from hpcppo.train.rollout_phase import colocated_source
     from hpcppo.train.trainer import PhaseTimer, Trainer
     from hpcppo.watchdog import TrainingState
     from transformers import PreTrainedTokenizerFast
@@ -44,8 +45,8 @@ def _worker(rank: int, world: int, model_dir: str, data_dir: str) -> dict:
                         train_data=data, sampling=sampled)
     trainer = Trainer.__new__(Trainer)  # the rollout phase only, as the trainer runs it
     trainer.c, trainer.cfg, trainer.env = c, SimpleNamespace(seed=5), env
-    trainer.state, trainer.timer, trainer.engine_version = TrainingState(step=1, kl_coef=0.0), PhaseTimer(), -1
-    trainer.greedy_baseline = False  # no ReMax baseline rollout
+    trainer.state, trainer.timer = TrainingState(step=1, kl_coef=0.0), PhaseTimer()
+    trainer.source = colocated_source(c, greedy_baseline=False)  # the engine's weights: version -1, stale
     share = trainer.rollout()  # sync (engine_version -1 -> 0), generate with the step's seed, this rank's half
 
     ids = prompts(Path(data_dir))

@@ -32,6 +32,7 @@ def _worker(rank: int, world: int, model_dir: str, data_dir: str) -> dict:
     from hpcppo.distributed.fsdp import apply_fsdp
     from hpcppo.distributed.mesh import build_mesh
     from hpcppo.train.build import build_sampler
+    from hpcppo.train.rollout_phase import colocated_source
     from hpcppo.train.trainer import PhaseTimer, Trainer
     from hpcppo.watchdog import TrainingState
 
@@ -45,12 +46,13 @@ def _worker(rank: int, world: int, model_dir: str, data_dir: str) -> dict:
     data = PromptDataset(read_prompts([str(Path(data_dir) / "train.parquet")]), tok, max_prompt_length=48)
     plan = SimpleNamespace(tensor_parallel_size=2, dp_size=world // 2, prompts_per_step=8)
     sampler, groups = build_sampler(len(data), plan, env, seed=3, shuffle=True)
-    c = SimpleNamespace(engine=engine, sampler=sampler, groups=groups, device=torch.device("cpu"), actor=actor,
+    c = SimpleNamespace(engine=engine, sampler=sampler, groups=groups, device=torch.device("cpu"),
+                        actor=SimpleNamespace(model=actor),  # the trainer streams c.actor.model (a ModelSet's)
                         train_data=data, sampling=greedy(n=2, temperature=1.0))
     trainer = Trainer.__new__(Trainer)  # the rollout phase only, as the trainer runs it
     trainer.c, trainer.cfg, trainer.env = c, SimpleNamespace(seed=5), env
-    trainer.state, trainer.timer, trainer.engine_version = TrainingState(step=1, kl_coef=0.0), PhaseTimer(), -1
-    trainer.greedy_baseline = False
+    trainer.state, trainer.timer = TrainingState(step=1, kl_coef=0.0), PhaseTimer()
+    trainer.source = colocated_source(c, greedy_baseline=False)  # the engine's weights: version -1, stale
     share = trainer.rollout()  # sync, generate this group's prompts with the step's seed, this rank's half
     cache = engine.llm.llm_engine.vllm_config.cache_config
     return {
