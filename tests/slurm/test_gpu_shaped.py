@@ -159,8 +159,9 @@ def test_two_by_eight_preflight_through_the_gpu_sites_srun_line(slurm_cluster, t
     # Every task sees the node's 8 allocated GPUs (no --gpu-bind): ranks pick cuda:<local rank> among them.
     assert {r["gpus"]["CUDA_VISIBLE_DEVICES"] for r in report["ranks"]} == {"0,1,2,3,4,5,6,7"}
     assert report["master"] == f"g1:{jobenv.PORT_BASE + int(job_id) % jobenv.PORT_SPAN}"
+    # one log per rank, and the versions the attempt ran with (rank 0 records them: hpcppo.train.versions)
     assert sorted(p.name for p in (run.logs / f"attempt-{job_id}.0").iterdir()) == sorted(
-        f"rank-{r}.log" for r in range(16))
+        [f"rank-{r}.log" for r in range(16)] + [run.versions(f"{job_id}.0").name])
 
 
 def _logs(run: RunDir) -> str:
