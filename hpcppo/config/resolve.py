@@ -303,7 +303,7 @@ def resolve(site: Site, experiment: Experiment) -> RunPlan:
     hsdp = exp.resources.hsdp == "on" or (exp.resources.hsdp == "auto" and nodes > 1)
     mesh_shape, mesh_names = ([nodes, ranks_per_node], ["replicate", "shard"]) if hsdp else ([world], ["shard"])
     model_dtype = exp.model.dtype
-    # The engine computes in model.dtype (hpcppo.train.build._engine_kwargs), the trainer in the actor's param_dtype.
+    # The engine computes in model.dtype (hpcppo.train.build._engine_settings), the trainer in the actor's param_dtype.
     ro = exp.rollout
     gap_max, gap_from = sync_guard.logprob_gap_max(ro.logprob_gap_max, model_dtype, a.fsdp.param_dtype or model_dtype,
                                                    engine=ro.engine, top_p=ro.top_p, top_k=ro.top_k)

@@ -5,7 +5,7 @@ Hugging Face engine, ``vllm_engine`` the colocated vLLM engine (lazy import; GPU
 samples, ``source`` where and when (the colocated source: wake, sync, loop, sleep; docs/rollout-phase.md).
 """
 
-from hpcppo.rollout.base import RolloutBatch, RolloutEngine, SamplingParams, derive_seed
+from hpcppo.rollout.base import EngineSettings, RolloutBatch, RolloutEngine, SamplingParams, derive_seed
 from hpcppo.rollout.factory import ENGINE_KINDS, build_engine
 
-__all__ = ["ENGINE_KINDS", "RolloutBatch", "RolloutEngine", "SamplingParams", "build_engine", "derive_seed"]
+__all__ = ["ENGINE_KINDS", "EngineSettings", "RolloutBatch", "RolloutEngine", "SamplingParams", "build_engine", "derive_seed"]

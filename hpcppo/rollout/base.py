@@ -95,6 +95,42 @@ class SamplingParams:
         return 1.0 if self.greedy else float(self.temperature)
 
 
+@dataclass(frozen=True, kw_only=True)
+class EngineSettings:
+    """Everything a rollout engine of any kind is built from, filled once from the run's config (``train.build``);
+    each engine's ``from_settings`` takes what it uses, so a new engine kind adds its builder and reads these.
+
+    Attributes:
+        model_path: the local Hugging Face directory of the actor's weights.
+        dtype: the engine's compute dtype (a name, e.g. ``"bfloat16"``; the HF engine also takes ``"auto"``).
+        device: the HF engine's device (None: the current CUDA device, else CPU); vLLM places itself.
+        trust_remote_code: load the model's own code.
+        attn_implementation: transformers' attention implementation (the HF engine; vLLM picks its own backend).
+        seed: the engine's base seed (vLLM).
+        max_model_len: prompt + response positions (vLLM's KV cache is sized for it).
+        tensor_parallel_size: ranks per engine (vLLM).
+        gpu_memory_utilization: vLLM's share of the GPU.
+        enforce_eager: no CUDA graphs (vLLM).
+        enable_sleep_mode: vLLM's sleep mode (``rollout.free_cache_engine``).
+        kv_cache_memory_bytes: a fixed KV cache instead of the share (vLLM; 0: the share decides).
+        dist_env: the job's distributed environment, exported for vLLM's external launcher.
+    """
+
+    model_path: Any
+    dtype: str = "float32"
+    device: Any = None
+    trust_remote_code: bool = False
+    attn_implementation: str | None = None
+    seed: int = 0
+    max_model_len: int | None = None
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5
+    enforce_eager: bool = False
+    enable_sleep_mode: bool = True
+    kv_cache_memory_bytes: int = 0
+    dist_env: Any = None
+
+
 def stop_token_ids(*sources: Any) -> tuple[int, ...]:
     """Every end-of-sequence id named by ``sources`` (each an id, a list of ids, or None), first-seen order.
 

@@ -4,26 +4,26 @@ read) has its builder here; the engines import their heavy libraries only when b
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from hpcppo import engines
-from hpcppo.rollout.base import RolloutEngine
+from hpcppo.rollout.base import EngineSettings, RolloutEngine
 from hpcppo.rollout.hf import HFRolloutEngine
 from hpcppo.rollout.vllm_engine import VLLMRolloutEngine
 
 ENGINE_KINDS = engines.names()
 
 #: One builder per engine kind (a test checks they are the registry's kinds).
-BUILDERS: dict[str, Callable[..., RolloutEngine]] = {
-    "hf": HFRolloutEngine.from_pretrained,
-    "vllm": VLLMRolloutEngine,
+BUILDERS: dict[str, Callable[[EngineSettings], RolloutEngine]] = {
+    "hf": HFRolloutEngine.from_settings,
+    "vllm": VLLMRolloutEngine.from_settings,
 }
 
 
-def build_engine(kind: str, **kwargs: Any) -> RolloutEngine:
-    """Construct an engine by name: ``"hf"`` -> :class:`~hpcppo.rollout.hf.HFRolloutEngine.from_pretrained`,
-    ``"vllm"`` -> :class:`~hpcppo.rollout.vllm_engine.VLLMRolloutEngine`. Keyword arguments go to that constructor.
+def build_engine(kind: str, settings: EngineSettings) -> RolloutEngine:
+    """Construct an engine by name from the run's :class:`~hpcppo.rollout.base.EngineSettings`: each kind's
+    ``from_settings`` takes what it uses (``"hf"`` -> :class:`~hpcppo.rollout.hf.HFRolloutEngine`, ``"vllm"`` ->
+    :class:`~hpcppo.rollout.vllm_engine.VLLMRolloutEngine`).
 
     Raises ``ValueError`` naming the known kinds for anything else.
     """
-    return BUILDERS[engines.lookup(kind).name](**kwargs)
+    return BUILDERS[engines.lookup(kind).name](settings)

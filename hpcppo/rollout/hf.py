@@ -23,7 +23,8 @@ from torch import nn
 
 from hpcppo.distributed.weights import clean_name
 from hpcppo.models import load_causal_lm, position_ids_from_mask
-from hpcppo.rollout.base import PromptInput, RolloutBatch, SamplingParams, assemble_batch, left_pad, prompt_lists
+from hpcppo.rollout.base import (EngineSettings, PromptInput, RolloutBatch, SamplingParams, assemble_batch, left_pad,
+                                 prompt_lists)
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -104,6 +105,13 @@ class HFRolloutEngine:
         model = load_causal_lm(model_path, dtype=dtype, trust_remote_code=trust_remote_code,
                                attn_implementation=attn_implementation)
         return cls(model, device=device)
+
+    @classmethod
+    def from_settings(cls, s: EngineSettings) -> HFRolloutEngine:
+        """The engine of a run (:class:`~hpcppo.rollout.base.EngineSettings`): :meth:`from_pretrained` with its model,
+        dtype, device, attention implementation and remote-code flag."""
+        return cls.from_pretrained(s.model_path, dtype=s.dtype, device=s.device, trust_remote_code=s.trust_remote_code,
+                                   attn_implementation=s.attn_implementation)
 
     @property
     def model(self) -> nn.Module:

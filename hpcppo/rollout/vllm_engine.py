@@ -64,7 +64,8 @@ from hpcppo.distributed.weights import clean_name
 from hpcppo.models import as_torch_dtype
 from hpcppo.distributed.expert_layout import CheckpointLayout, checkpoint_layout, layout_for
 from hpcppo.rollout.vllm_reload import IncompleteSync, reload_in_place
-from hpcppo.rollout.base import PromptInput, RolloutBatch, SamplingParams, batch_from_lists, prompt_lists
+from hpcppo.rollout.base import (EngineSettings, PromptInput, RolloutBatch, SamplingParams, batch_from_lists,
+                                 prompt_lists)
 
 VLLM_MISSING = ("rollout.engine = \"vllm\" needs vLLM in the job's Python: pip install 'hpcppo[vllm]' on GPU nodes, "
                 "tools/setup.sh --vllm for vLLM's CPU backend (.venv-vllm)")
@@ -277,6 +278,16 @@ class VLLMRolloutEngine:
             # Built awake, the engine's dummy weights and KV cache would sit under everything the trainer does before
             # its first rollout (the model build, DCP's optimizer-state load on resume). They are worthless: level 2.
             self.sleep(level=2)
+
+    @classmethod
+    def from_settings(cls, s: EngineSettings) -> VLLMRolloutEngine:
+        """The engine of a run (:class:`~hpcppo.rollout.base.EngineSettings`); a fixed KV cache
+        (``kv_cache_memory_bytes``) only when one is set, else vLLM sizes it from ``gpu_memory_utilization``."""
+        fixed_kv: dict[str, Any] = {"kv_cache_memory_bytes": s.kv_cache_memory_bytes} if s.kv_cache_memory_bytes else {}
+        return cls(s.model_path, dtype=s.dtype, trust_remote_code=s.trust_remote_code,
+                   tensor_parallel_size=s.tensor_parallel_size, gpu_memory_utilization=s.gpu_memory_utilization,
+                   enforce_eager=s.enforce_eager, enable_sleep_mode=s.enable_sleep_mode, seed=s.seed,
+                   max_model_len=s.max_model_len, dist_env=s.dist_env, **fixed_kv)
 
     @property
     def llm(self) -> Any:

@@ -36,7 +36,7 @@ from hpcppo.metrics import MetricsWriter
 from hpcppo.config.rollout_corr import metric_columns as rollout_corr_columns
 from hpcppo.metrics.schema import trainer_columns
 from hpcppo.models.reward_model import STRIP as REWARD_MODEL_STRIP, build_reward_model
-from hpcppo.rollout import RolloutEngine, SamplingParams, build_engine
+from hpcppo.rollout import EngineSettings, RolloutEngine, SamplingParams, build_engine
 from hpcppo.rollout.base import generation_config_eos, stop_token_ids
 from hpcppo.rundir import RunPaths
 from hpcppo.train.reward_phase import RewardModelScorer
@@ -330,7 +330,7 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
     critic = _build_critic(cfg, plan, mesh, device, total_steps) if plan.needs_critic else None
     reward_model = _build_reward_model(cfg, plan, mesh, device) if cfg.reward_model.enable else None
     ro = cfg.rollout
-    engine = build_engine(ro.engine, **_engine_kwargs(cfg, plan, device, env))
+    engine = build_engine(ro.engine, _engine_settings(cfg, device, env))
     sampling, val_sampling = _sampling_params(cfg, tokenizer)
     kl_ctrl = _kl_controller(cfg.algorithm.kl_ctrl)
 
@@ -437,18 +437,14 @@ def _offloads_optimizer(fsdp: FsdpSection) -> bool:
     return fsdp.optimizer_offload and not fsdp.param_offload
 
 
-def _engine_kwargs(cfg: Experiment, plan: RunPlan, device: torch.device, env: DistEnv) -> dict[str, Any]:
+def _engine_settings(cfg: Experiment, device: torch.device, env: DistEnv) -> EngineSettings:
+    """The rollout engine's settings from the run's config, for any kind (each takes what it uses)."""
     ro = cfg.rollout
-    if ro.engine == "hf":
-        return dict(model_path=cfg.model.path, dtype=cfg.model.dtype, device=device,
-                    trust_remote_code=cfg.model.trust_remote_code, attn_implementation=cfg.model.attn_implementation)
-    kwargs: dict[str, Any] = dict(
-        model_path=cfg.model.path, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code,
-        tensor_parallel_size=ro.tensor_parallel_size,
-        gpu_memory_utilization=ro.gpu_memory_utilization, enforce_eager=ro.enforce_eager,
-        enable_sleep_mode=ro.free_cache_engine, seed=cfg.seed,
+    return EngineSettings(
+        model_path=cfg.model.path, dtype=cfg.model.dtype, device=device, trust_remote_code=cfg.model.trust_remote_code,
+        attn_implementation=cfg.model.attn_implementation, seed=cfg.seed,
         max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+        tensor_parallel_size=ro.tensor_parallel_size, gpu_memory_utilization=ro.gpu_memory_utilization,
+        enforce_eager=ro.enforce_eager, enable_sleep_mode=ro.free_cache_engine,
+        kv_cache_memory_bytes=ro.kv_cache_memory_mb * 2**20,
         dist_env=env)  # exported as RANK/LOCAL_RANK/... before vLLM's external launcher reads them
-    if ro.kv_cache_memory_mb:
-        kwargs["kv_cache_memory_bytes"] = ro.kv_cache_memory_mb * 2**20
-    return kwargs

@@ -59,8 +59,8 @@ def main(argv: list[str]) -> int:
 
     real = build.build_engine
 
-    def build_engine(kind: str, **kwargs: Any) -> Any:
-        return DroppingSyncEngine(real(kind, **kwargs), drop)
+    def build_engine(kind: str, settings: Any) -> Any:
+        return DroppingSyncEngine(real(kind, settings), drop)
 
     build.build_engine = build_engine  # type: ignore[assignment]
     entry._exit(entry.main([run_dir]))  # as the entry point leaves (no interpreter teardown)

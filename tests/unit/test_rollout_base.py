@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hpcppo.rollout import SamplingParams, build_engine, derive_seed
+from hpcppo.rollout import EngineSettings, SamplingParams, build_engine, derive_seed
 from hpcppo.models import position_ids_from_mask
 from hpcppo.rollout.base import batch_from_lists, prompt_lists
 
@@ -90,7 +90,7 @@ def test_position_ids_from_mask():
 
 def test_build_engine_unknown_kind_lists_known():
     with pytest.raises(ValueError, match=r"unknown rollout engine 'sglang'; known engines: hf, vllm"):
-        build_engine("sglang")
+        build_engine("sglang", EngineSettings(model_path="m"))
 
 
 def test_the_factory_builds_every_kind_of_the_registry():

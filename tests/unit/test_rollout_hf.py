@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hpcppo.rollout import SamplingParams, build_engine
+from hpcppo.rollout import EngineSettings, SamplingParams, build_engine
 from hpcppo.rollout.hf import HFRolloutEngine, filter_top_k_top_p
 
 VOCAB = 64
@@ -233,11 +233,11 @@ def test_sync_changes_generation_and_close(engine):
 def test_build_engine_hf_from_a_directory(tmp_path):
     model = tiny_model(seed=4)
     model.save_pretrained(tmp_path)
-    engine = build_engine("hf", model_path=tmp_path, dtype="float32", device="cpu")
+    engine = build_engine("hf", EngineSettings(model_path=tmp_path, dtype="float32", device="cpu"))
     sp = sampling(temperature=0.0, max_new_tokens=4)
     expected = HFRolloutEngine(model).generate(PROMPTS, sp).response_ids
     assert torch.equal(engine.generate(PROMPTS, sp).response_ids, expected)
     from hpcppo.errors import PathError
 
     with pytest.raises(PathError, match="not a Hugging Face model directory"):
-        build_engine("hf", model_path=tmp_path / "missing")
+        build_engine("hf", EngineSettings(model_path=tmp_path / "missing"))

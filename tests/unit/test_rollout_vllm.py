@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from hpcppo.rollout import build_engine
+from hpcppo.rollout import EngineSettings, build_engine
 from hpcppo.rollout.vllm_engine import VLLMRolloutEngine, _to_rollout_batch
 
 
@@ -20,7 +20,7 @@ def test_missing_vllm_raises_the_install_hint(monkeypatch):
         VLLMRolloutEngine("/nonexistent/model")
     assert str(info.value).startswith(expected)
     with pytest.raises(ImportError, match="pip install 'hpcppo\\[vllm\\]'"):
-        build_engine("vllm", model_path="/nonexistent/model")
+        build_engine("vllm", EngineSettings(model_path="/nonexistent/model"))
 
 
 # Stand-ins with the attributes of vllm.outputs.RequestOutput / CompletionOutput and vllm.sequence.Logprob.
