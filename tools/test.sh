@@ -14,7 +14,7 @@ else
 fi
 tools/slurm-dev-cluster.sh start
 status=0
-# Types ([tool.mypy] in pyproject.toml: strict on config, launch, rundir and algos; no errors anywhere in hpcppo/),
+# Types ([tool.mypy] in pyproject.toml: strict on config, launch, rundir, algos, verl, agent, engines, rule_actions and rollout_corr; no errors anywhere in hpcppo/),
 # before the tests: quick (~45 s). HPCPPO_MYPY=0 skips it.
 if [ "${HPCPPO_MYPY:-1}" = 1 ]; then
     echo "test.sh: mypy"
