@@ -72,5 +72,5 @@ def check_multi_turn(section: MultiTurnSection, *, file: str | None = None) -> N
     """Refuse what the trainer cannot do yet, in one line (never accepted silently)."""
     if section.enable:
         raise ConfigError("multi-turn rollouts are not available yet (the tool interface, sandbox and parsing are; "
-                          "the rollout loop is issue 34's next step); set enable = false",
+                          "the multi-turn rollout loop is not built yet); set enable = false",
                           file=file, key="rollout.multi_turn.enable")
