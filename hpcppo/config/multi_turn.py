@@ -60,6 +60,9 @@ class MultiTurnSection:
                                                     "tool_schema}]), added to tools; \"\" = none.")
     call_timeout_s: float = opt(60.0, gt=0.0, help="A tool call not answered in this many seconds costs its worker "
                                                    "(restarted) and gives an error observation.")
+    expected_tool_s: float = opt(1.0, ge=0.0, help="Seconds one tool call is expected to take, for `hpcppo plan`'s "
+                                                   "step time only (calls per trajectory: the turn limit, or 4 when "
+                                                   "unlimited; a rank's tool worker runs one call at a time).")
     interaction_config_path: str = opt("", help="verl's simulated user turns: not supported yet; refused at compile.")
 
     def __attrs_post_init__(self) -> None:

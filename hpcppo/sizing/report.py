@@ -9,6 +9,7 @@ from rich.text import Text
 
 from hpcppo.sizing.catalog import GIB, ModelShape
 from hpcppo.sizing.estimate import Budget
+from hpcppo.sizing.steptime import UNLIMITED_TOOL_TURNS
 
 __all__ = ["render", "as_json"]
 
@@ -124,12 +125,19 @@ def _time_table(budget: Budget) -> list[Any]:
     out: list[Any] = []
     t = budget.time
     if t:
-        out.append(Text("one step, worst case (every response max_response_length long)", style="bold"))
+        out.append(Text("one step, worst case (every response max_response_length long"
+                        + (", all turns together" if "tool_calls_per_trajectory" in t else "") + ")", style="bold"))
         table = _table("phase", "estimate")
         table.add_row("generation (prefill + decode)", _duration(t["generate_s"]))
         table.add_row("  generated tokens/s (whole job)", f"{t['generated_tokens_per_s']:,.0f}")
         if t.get("baseline_generate_s"):
             table.add_row("ReMax greedy baselines (one response per prompt)", _duration(t["baseline_generate_s"]))
+        if "tool_calls_per_trajectory" in t:
+            calls = int(t["tool_calls_per_trajectory"])
+            turns = (f"{UNLIMITED_TOOL_TURNS} tool turns assumed: no turn limit is set" if t["tool_turns_assumed"]
+                     else "the turn limit")
+            table.add_row(f"tool calls ({calls} per trajectory, {turns}; x rollout.multi_turn.expected_tool_s, one "
+                          f"call at a time per rank)", _duration(t["tool_s"]))
         table.add_row("forwards + updates at MFU", _duration(t["forward_and_update_s"]))
         table.add_row("  FLOPs", f"{t['update_flops']:.3g}")
         table.add_row(f"weight sync ({t['weight_sync_bytes'] / 1e9:,.1f} GB all-gathered)", _duration(t["weight_sync_s"]))

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from hpcppo import engines
 from hpcppo.config.experiment import Experiment
+from hpcppo.config.multi_turn import MultiTurnSection
 from hpcppo.config.plan import VALIDATION_PROMPTS_PER_CALL, RunPlan
 from hpcppo.estimators import needs_greedy_baseline
 from hpcppo.sizing.accumulation import micro_batches_per_optimizer_step, reduce_scatter_bytes
@@ -15,7 +16,19 @@ from hpcppo.sizing.budget import ADAM_BYTES, MASTER_BYTES, Budget, dtype_bytes
 from hpcppo.sizing.catalog import ASSUMPTIONS, GpuSpec, ModelShape
 from hpcppo.sizing.lora import adapter_params, loads_reference
 
-__all__ = ["step_time"]
+__all__ = ["step_time", "tool_calls_per_trajectory", "UNLIMITED_TOOL_TURNS"]
+
+#: Tool turns per trajectory the plan assumes when neither turn limit is set (only the response budget limits them).
+UNLIMITED_TOOL_TURNS = 4
+
+
+def tool_calls_per_trajectory(mt: MultiTurnSection) -> tuple[int, bool]:
+    """(tool calls one trajectory makes at most, whether the turn count is assumed): a tool turn follows every
+    assistant turn but the last and runs up to ``max_parallel_calls`` calls; the turn limit is the smaller of
+    ``max_user_turns`` and ``max_assistant_turns`` that is set, else :data:`UNLIMITED_TOOL_TURNS` assumed."""
+    limits = [n for n in (mt.max_user_turns, mt.max_assistant_turns) if n > 0]
+    turns = min(limits) if limits else UNLIMITED_TOOL_TURNS
+    return turns * mt.max_parallel_calls, not limits
 
 
 def _replica_grad_sync_bytes(exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape, shard: int) -> float:
@@ -141,8 +154,9 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
     host = _offload_bytes(exp, plan, m, cm, shard, rm)
     t["offload_bytes_per_gpu"] = host
     t["offload_s"] = host / gpu.pcie_bytes_s
-    t["step_s"] = (t["generate_s"] + t["baseline_generate_s"] + t["forward_and_update_s"] + t["weight_sync_s"]
-                   + t["grad_reduce_scatter_s"] + t["replica_grad_sync_s"] + t["offload_s"])
+    _tool_time(t, exp, plan)
+    t["step_s"] = (t["generate_s"] + t["baseline_generate_s"] + t["tool_s"] + t["forward_and_update_s"]
+                   + t["weight_sync_s"] + t["grad_reduce_scatter_s"] + t["replica_grad_sync_s"] + t["offload_s"])
     _validation_time(t, exp, plan, val_prompts, generation)
 
     # A checkpoint: fp32 weights and AdamW moments of actor and critic, written once (DCP deduplicates replicas).
@@ -158,6 +172,21 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
         exp, 100, before=False)) * world / 3600
     budget.time = t
     _check_signal_lead(budget, exp, plan, t)
+
+
+def _tool_time(t: dict[str, float], exp: Experiment, plan: RunPlan) -> None:
+    """``t["tool_s"]``: the tool calls of a multi-turn step. Each rank's tool worker (hpcppo.agent.worker) answers one
+    call at a time, so a rank's trajectories wait for each other's calls: samples per rank x calls per trajectory x
+    ``expected_tool_s``. The tool turns' tokens are inside the response budget (``data.max_response_length`` covers
+    every turn), which the generation and the forwards above already count as decoded, worst case."""
+    mt = exp.rollout.multi_turn
+    if not mt.enable:
+        t["tool_s"] = 0.0
+        return
+    calls, assumed = tool_calls_per_trajectory(mt)
+    t["tool_calls_per_trajectory"] = calls
+    t["tool_turns_assumed"] = float(assumed)
+    t["tool_s"] = plan.samples_per_rank * calls * mt.expected_tool_s
 
 
 def _update_flops(exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape, rm: ModelShape | None) -> float:
