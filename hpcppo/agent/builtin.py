@@ -1,12 +1,14 @@
-"""The two built-in tools: ``Calculator`` (a safe arithmetic evaluator: ``ast``, never ``eval``) and ``PythonRunner``
-(code run through :mod:`hpcppo.agent.sandbox`). Their import paths are ``hpcppo.agent.builtin.Calculator`` and
-``hpcppo.agent.builtin.PythonRunner``."""
+"""The built-in tools: ``Calculator`` (a safe arithmetic evaluator: ``ast``, never ``eval``), ``PythonRunner``
+(code run through :mod:`hpcppo.agent.sandbox`) and ``Gsm8kAnswer`` (verl's GSM8K answer checker, what
+``import-verl`` makes of ``verl.tools.gsm8k_tool.Gsm8kTool``). Their import paths are
+``hpcppo.agent.builtin.<Class>``."""
 
 from __future__ import annotations
 
 import ast
 import math
 import operator
+import re
 import sys
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -14,7 +16,7 @@ from typing import Any, ClassVar
 from hpcppo.agent.sandbox import SandboxLimits, isolation, run_sandboxed
 from hpcppo.agent.tool import Tool
 
-__all__ = ["Calculator", "PythonRunner", "evaluate", "CalcError"]
+__all__ = ["Calculator", "PythonRunner", "Gsm8kAnswer", "evaluate", "CalcError", "gsm8k_flexible_score"]
 
 MAX_EXPRESSION_CHARS = 512
 MAX_INT_BITS = 4096  # about 1,233 decimal digits
@@ -161,3 +163,55 @@ class PythonRunner(Tool):
         tail = "\n".join(result.stderr.strip().splitlines()[-3:])
         text = f"error: {result.status} ({result.detail})" + (f"\n{tail}" if tail else "")
         return (result.stdout + "\n" + text if result.stdout else text), 0.0, metrics
+
+
+#: verl's gsm8k scorer reads only the last characters of a solution (verl/utils/reward_score/gsm8k.py at b178a3c).
+GSM8K_TAIL_CHARS = 300
+_NUMBER_LIKE = re.compile(r"-?[0-9.,]+")
+
+
+def gsm8k_flexible_score(solution: str, ground_truth: Any) -> float:
+    """verl's ``gsm8k.compute_score(solution, ground_truth, method="flexible", format_score=0.0, score=1.0)``: the
+    last run of digits, dots and commas (not "" or ".") in the last 300 characters, compared as text with the ground
+    truth: 1.0 when equal, else 0.0 (commas are kept, as verl keeps them in this method)."""
+    candidates = [c for c in _NUMBER_LIKE.findall(solution[-GSM8K_TAIL_CHARS:]) if c not in ("", ".")]
+    return 1.0 if candidates and candidates[-1] == ground_truth else 0.0
+
+
+class Gsm8kAnswer(Tool):
+    """verl's ``Gsm8kTool`` (verl/tools/gsm8k_tool.py at b178a3c), synchronous: the model submits its answer
+    (``calc_gsm8k_reward(answer)``) and hears back whether it is right.
+
+    ``create(ground_truth=...)`` (or verl's ``create_kwargs={"ground_truth": ...}``, as a row's
+    ``extra_info.tools_kwargs.calc_gsm8k_reward.create_kwargs`` gives it) holds the row's answer. ``execute`` scores
+    ``"#### " + answer`` with :func:`gsm8k_flexible_score`; its step reward is 0.0 when the score rose above the
+    trajectory's best so far, else -0.05 (verl's penalty for an answer that does not improve); the observation is
+    ``Current parsed answer='...' reward=...``. ``calc_reward`` is the score of the last answer submitted.
+    """
+
+    default_schema: ClassVar[dict[str, Any] | None] = {
+        "type": "function",
+        "function": {"name": "calc_gsm8k_reward",
+                     "description": "Check an answer to the GSM8K problem: 1.0 if it is correct, else 0.0.",
+                     "parameters": {"type": "object", "properties": {"answer": {
+                         "type": "string", "description": "The answer, digits only."}}, "required": ["answer"]}}}
+    NO_IMPROVEMENT_PENALTY = -0.05
+
+    def create(self, instance_id: str | None = None, **create_kwargs: Any) -> str:
+        instance_id = super().create(instance_id)
+        truth = create_kwargs.get("ground_truth", (create_kwargs.get("create_kwargs") or {}).get("ground_truth"))
+        self._instances[instance_id] = {"response": "", "ground_truth": truth, "reward": 0.0}
+        return instance_id
+
+    def execute(self, instance_id: str, parameters: dict[str, Any]) -> tuple[str, float, dict[str, float]]:
+        state = self._instances[instance_id]
+        answer = str(parameters.get("answer", ""))
+        state["response"] = answer if answer.startswith("#### ") else "#### " + answer
+        reward = self.calc_reward(instance_id)
+        step_reward = 0.0 if reward > state["reward"] else self.NO_IMPROVEMENT_PENALTY
+        state["reward"] = reward
+        return f"Current parsed answer={answer!r} reward={reward!r}", step_reward, {"gsm8k/correct": reward}
+
+    def calc_reward(self, instance_id: str) -> float:
+        state = self._instances[instance_id]
+        return gsm8k_flexible_score(state["response"], state["ground_truth"])

@@ -29,6 +29,7 @@ from hpcppo.config.experiment import Experiment
 from hpcppo.config.rollout_corr import VERL_DOC as ROLLOUT_CORRECTION_DOC
 from hpcppo.config.load import _check_leaf, experiment_from_data, leaf_keys, lookup_field
 from hpcppo.verl.lex import UnterminatedQuoteError
+from hpcppo.verl.tools import translate_tool_config
 from hpcppo.verl.read import (VERL_BASE_CONFIGS, VERL_OTHER_CONFIGS, YAML_MAX_DEPTH, YAML_MAX_VALUES, Read,
                                      Setting, locate_config, read_command_line, read_input_text, read_yaml,
                                      read_yaml_config, show)
@@ -183,6 +184,10 @@ def _apply(imp: Imported, s: Setting, ctx: dict[str, Any], cwd: Path, out_dir: P
         imp.skip("unsupported", s, str(exc))
         return
     target = e.hpcppo
+    if target == TOOLS_KEY:
+        value = _tools(imp, s, value, cwd)
+        if value is None:
+            return
     if s.environ_names and target in _PATH_KEYS and s.portable is not None:
         value = verl.translate(e, s.portable, ctx)  # ${NAME} kept: compile expands it where it runs
     elif s.environ_names:
@@ -212,6 +217,39 @@ def _apply(imp: Imported, s: Setting, ctx: dict[str, Any], cwd: Path, out_dir: P
     imp.values[target] = value
     imp.comments[target] = [origin]
     imp.sources[target] = s
+
+
+TOOLS_KEY = "rollout.multi_turn.tools"
+
+
+def _tools(imp: Imported, s: Setting, value: Any, cwd: Path) -> list[dict[str, Any]] | None:
+    """verl's tool config YAML (relative to verl's working directory, as verl opens it) as the tool entries; what
+    cannot be translated is reported in one line. None when nothing is written."""
+    if not isinstance(value, str) or not value or "$" in value or value.startswith("~"):
+        if value not in (None, ""):
+            imp.skip("unresolved", s, "the tool config's path cannot be known here; translate its tools by hand "
+                                      "([[rollout.multi_turn.tools]], docs/tools.md)")
+        return None
+    path = Path(value) if os.path.isabs(value) else cwd / value
+    if not path.is_file():
+        imp.skip("unresolved", s, f"the tool config {path} was not found; import from verl's working directory, or "
+                                  f"translate its tools by hand ([[rollout.multi_turn.tools]], docs/tools.md)")
+        return None
+    done = translate_tool_config(path)
+    for problem in done.problems:
+        imp.skip("unsupported", s, problem)
+    for verl_class, ours in done.replaced.items():
+        imp.notes.append(f"{s.key}: verl's {verl_class} is {ours} here (the same answer check and rewards)")
+    return done.tools or None
+
+
+def refuse_interaction(settings: list[Setting], label: str) -> None:
+    """``ConfigError`` in one line for a run with verl's simulated user turns (``interaction_config_path``): hpcppo's
+    multi-turn rollouts have tool turns only, and the run without its user turns would train something else."""
+    for s in settings:
+        if s.key.lstrip("+") == verl.R + "multi_turn.interaction_config_path" and s.value not in (None, "", "null"):
+            raise ConfigError(f"{s.text}: interaction turns (verl's simulated user) are not supported in hpcppo, whose "
+                              f"multi-turn rollouts have tool turns only; the run is not imported", file=label)
 
 
 def _gather_reward_kwargs(settings: list[Setting]) -> list[Setting]:
@@ -504,6 +542,7 @@ def import_verl(source: str, out: Path, *, force: bool = False, name: str | None
         raise ConfigError("no verl settings found (expected `python3 -m verl.trainer.main_ppo key=value ...` or a "
                           "verl YAML config)", file=label)
     refuse_vision_language(settings, label)
+    refuse_interaction(settings, label)
     out_dir = out.resolve().parent
     imp = translate(settings, name=name, default_name=stem, cwd=cwd, out_dir=out_dir, watchdog=watchdog)
     imp.report[:0] = read.reports

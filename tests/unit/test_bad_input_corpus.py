@@ -157,6 +157,15 @@ CASES: dict[str, Case] = {
                                   files={"run.sh": (VERL + "'/x data.train_batch_size=8\n").encode()}),
     "verl-unbalanced-double-quote": Case(["import-verl", "{cwd}/run.sh", "-o", "{cwd}/exp.toml"], "never closed",
                                          files={"run.sh": (VERL + ' trainer.project_name="p\n').encode()}),
+    # issue 34: verl's simulated user turns; a tool config that is none
+    "verl-interaction-turns": Case(["import-verl", "{cwd}/run.sh", "-o", "{cwd}/exp.toml"], "interaction turns",
+                                   files={"run.sh": (VERL + " actor_rollout_ref.rollout.multi_turn.interaction_config_"
+                                                            "path=i.yaml\n").encode()}),
+    "verl-tool-config-without-tools": Case(["import-verl", "{cwd}/run.sh", "-o", "{cwd}/exp.toml"],
+                                           "not a verl tool config",
+                                           files={"run.sh": (VERL + " actor_rollout_ref.rollout.multi_turn.tool_config_"
+                                                                    "path=t.yaml\n").encode(),
+                                                  "t.yaml": b"tool:\n  - class_name: x.Y\n"}),
     "verl-yaml-duplicate-key": Case(["import-verl", "{cwd}/c.yaml", "-o", "{cwd}/exp.toml"], "appears twice",
                                     files={"c.yaml": b"data:\n  train_files: d.parquet\nactor_rollout_ref:\n  model:\n"
                                                      b"    path: /m\ndata:\n  train_batch_size: 8\n"}),

@@ -129,6 +129,19 @@ def per_gpu(value: Any, ctx: Mapping[str, Any]) -> Any:
     return value // world
 
 
+def null_is_unlimited(value: Any, ctx: Mapping[str, Any]) -> Any:
+    # verl's tool agent loop stops on a turn limit only when it is set (tool_agent_loop.py, ToolAgentLoop:
+    # `if self.max_assistant_turns and ...`): null is no limit, hpcppo's 0.
+    return 0 if value is None else value
+
+
+def tool_format(value: Any, ctx: Mapping[str, Any]) -> Any:
+    # verl's tool parsers (experimental/agent_loop/tool_parser.py): hermes, gpt-oss; hpcppo has hermes and compact.
+    if value == "hermes":
+        return value
+    raise Untranslatable(f"tool-call format {value!r}: hpcppo parses hermes (and its own compact format)")
+
+
 def none_is_default(value: Any, ctx: Mapping[str, Any]) -> Any:
     if value is None:
         raise Ignored("null: hpcppo's default applies")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hpcppo.verl.names.convert import (A, ACTOR_TOKENS, ARR, CRITIC_TOKENS, MODEL, NOT_VERL, R, REF, REWARD_KWARGS,
                                         Entry, clip_ratio, ign, m, uns, critic_warmup, dtype, dynamic_bsz, engine, files, freq, hsdp,
                                         keep, logger, lora_modules, lora_setting, none_is_default, without_lora, per_gpu, project_name, resume, reward_kwargs,
-                                        reward_name, reward_path, run_name, schedule, token_budget, top_k, total_steps, warmup,
+                                        null_is_unlimited, reward_name, reward_path, tool_format, run_name, schedule, token_budget, top_k, total_steps, warmup,
                                         warmup_ratio)
 
 from hpcppo.verl.names.moe import moe_entries
@@ -199,9 +199,41 @@ def _data_entries() -> list[Entry]:
     uns("data.datagen.path", "no dynamic data generation in hpcppo", ok=(None,)),
     ign("data.datagen.name", "only with data.datagen.path"),
     uns("data.apply_chat_template_kwargs", "hpcppo calls the chat template without extra arguments", ok=({},)),
-    uns("data.tool_config_path", "no tool calling in hpcppo", ok=(None,)),
+    ign("data.tool_config_path", "verl's dataset adds the tool schemas to the chat template when it filters "
+                                 "overlong prompts; the tools are actor_rollout_ref.rollout.multi_turn.tool_config_path"),
     # model
     *_model(MODEL, actor=True),
+    ]
+
+
+MT = R + "multi_turn."
+
+
+def _multi_turn_entries() -> list[Entry]:
+    """actor_rollout_ref.rollout.multi_turn (verl/trainer/config/rollout/rollout.yaml): [rollout.multi_turn]."""
+    return [
+        m(MT + "enable", "rollout.multi_turn.enable"),
+        m(MT + "max_assistant_turns", "rollout.multi_turn.max_assistant_turns", "null (no limit) -> 0",
+          null_is_unlimited),
+        m(MT + "max_user_turns", "rollout.multi_turn.max_user_turns", "tool turns; null (no limit) -> 0",
+          null_is_unlimited),
+        m(MT + "max_tool_response_length", "rollout.multi_turn.max_tool_response_length",
+          "verl counts characters, hpcppo tokens: the number is kept (at most as many tokens as characters)"),
+        m(MT + "tool_response_truncate_side", "rollout.multi_turn.tool_response_truncate_side"),
+        m(MT + "max_parallel_calls", "rollout.multi_turn.max_parallel_calls",
+          "calls past it get an error observation (verl drops them)"),
+        m(MT + "format", "rollout.multi_turn.format", "hermes", tool_format),
+        m(MT + "tool_config_path", "rollout.multi_turn.tools", "the YAML's tools, written as [[rollout.multi_turn."
+          "tools]]: verl.tools.gsm8k_tool.Gsm8kTool -> hpcppo.agent.builtin.Gsm8kAnswer; other verl classes are "
+          "named, to rewrite (docs/tools.md)"),
+        uns(MT + "interaction_config_path", "verl's simulated user turns: not in hpcppo (tool turns only); "
+                                            "import-verl refuses such a run", ok=(None, "")),
+        uns(MT + "num_repeat_rollouts", "only with interaction_config_path", ok=(None,)),
+        uns(MT + "use_inference_chat_template", "hpcppo trains on the token ids sampled and appended (token in, "
+                                                "token out), verl's false", ok=(False,)),
+        ign(MT + "tokenization_sanity_check_mode", "hpcppo never re-tokenises the history (token in, token out): "
+                                                   "nothing to check"),
+        ign(MT + "_target_", "Hydra's class to build; not a setting"),
     ]
 
 
@@ -326,9 +358,9 @@ def _rollout_entries() -> list[Entry]:
     ign(R + "val_kwargs._target_", "Hydra's class to build; not a setting"),
     uns(R + "do_sample", "hpcppo's training rollouts always sample", ok=(True,)),
     uns(R + "ignore_eos", "hpcppo stops at the end-of-sequence token", ok=(False,)),
-    uns(R + "multi_turn.enable", "no multi-turn rollouts in hpcppo", ok=(False,)),
-    ign(R + "multi_turn", "only with multi_turn.enable", prefix=True),
-    ign(R + "agent", "verl's agent loop: hpcppo generates single-turn", prefix=True),
+    *_multi_turn_entries(),
+    ign(R + "agent", "verl's agent-loop workers and custom loops: hpcppo runs its own (single-turn, or the "
+                     "tool loop with multi_turn.enable)", prefix=True),
     ign(R + "mode", "hpcppo generates synchronously, colocated with training"),
     uns(R + "data_parallel_size", "hpcppo derives it (GPUs / tensor_model_parallel_size)", ok=(1,)),
     uns(R + "pipeline_model_parallel_size", "no pipeline parallelism in hpcppo", ok=(1,)),
