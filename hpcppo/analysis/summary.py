@@ -194,7 +194,8 @@ def summarize_target(target: Target, *, metrics: Sequence[str] = (), locking: bo
     total = total_steps(data)
     shown = metric_names.headline("summary")
     wanted = [(h.name, h.better) for h in shown if h.name in columns]
-    wanted += [(n, None) for n in metrics if n not in {h.name for h in shown}]
+    wanted += [(n, None) for n in metric_names.tool_columns_in(columns)]  # a multi-turn run's tool metrics
+    wanted += [(n, None) for n in metrics if n not in {name for name, _ in wanted}]
     stats = metric_stats(current, [n for n, _ in wanted], [g for _, g in wanted])
     times = current["time"].to_numpy()
     ev = load_run_events(target.path, locking=locking)

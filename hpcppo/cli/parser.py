@@ -138,6 +138,14 @@ def _add_seeing_commands(sub: Any) -> None:
     add_runs_root_args(p)
     p.set_defaults(func="seeing:cmd_follow")
 
+    p = sub.add_parser("samples", help="a step's sample trajectories (trainer.log_samples rows per step): the prompt, "
+                                       "then each turn, tool turns marked")
+    p.add_argument("run", help="run id (or run directory)")
+    p.add_argument("--step", type=int, metavar="N", help="the step (default: the newest with samples)")
+    p.add_argument("--json", action="store_true", help="machine-readable output (one object: run, step, samples)")
+    add_runs_root_args(p)
+    p.set_defaults(func="seeing:cmd_samples")
+
     p = sub.add_parser("logs", help="print a run's job log: the batch log, one rank's or the watchdog's (-f follows it "
                                     "live)")
     p.add_argument("run", help="run id (or run directory)")

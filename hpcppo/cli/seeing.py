@@ -16,6 +16,7 @@ from hpcppo.analysis.compare import compare
 from hpcppo.analysis.compare import render as render_comparison
 from hpcppo.analysis.export import export_metrics, export_tensorboard
 from hpcppo.analysis.follow import follow
+from hpcppo.analysis.samples import format_samples, load_samples
 from hpcppo.analysis.summary import render as render_summary
 from hpcppo.analysis.summary import summarize_target
 from hpcppo.analysis.targets import Target, damage_reported_by_caller, resolve_targets
@@ -154,6 +155,16 @@ def cmd_logs(args: argparse.Namespace) -> int:
                              done=lambda: status.run_status(run).final)
     except KeyboardInterrupt:
         print(f"# stopped following; the job goes on (hpcppo status {run.run_id})", file=sys.stderr)
+    return 0
+
+
+def cmd_samples(args: argparse.Namespace) -> int:
+    run = logs.open_run(args.run, lambda: runs_root(args))
+    step, found = load_samples(run, args.step)
+    if args.json:
+        print(json.dumps(_json_safe({"run": run.run_id, "step": step, "samples": found}), indent=2, allow_nan=False))
+    else:
+        print(format_samples(run.run_id, step, found))
     return 0
 
 

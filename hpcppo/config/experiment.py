@@ -407,6 +407,9 @@ class TrainerSection:
                                         "its default and means never).")
     val_before_train: bool = opt(False, help="Validate once before the first step.")
     log_every: int = opt(1, ge=1, help="Print a progress line every N steps (metrics are recorded every step).")
+    log_samples: int = opt(2, ge=0, help="Sample trajectories written each step to RUN/samples/step-N.jsonl (prompt, "
+                                         "each turn's text marked model or tool, reward; `hpcppo samples RUN`); "
+                                         "0 = none.")
     deterministic: bool = opt(False, help="Deterministic algorithms (torch.use_deterministic_algorithms); slower. On "
                                           "CUDA refused with ReMax and with the hf engine's top_p < 1 (a float "
                                           "cumsum raises there); docs/gpu.md says what it costs.")

@@ -76,6 +76,26 @@ OPTIONAL_COLUMNS: tuple[str, ...] = (
     "reward_manager/overlong_reward_mean",
     "reward_manager/overlong_frac",
 )
+#: Multi-turn, tool-using rollouts (issue 34; ``[rollout.multi_turn] enable``): turns and tool calls per trajectory,
+#: failed and timed-out calls, the step's time in tools; with :data:`TOOL_PREFIXES` + the tool's name, per tool.
+#: ``hpcppo metrics summary`` shows those a run logged.
+TOOL_COLUMNS: tuple[str, ...] = (
+    "rollout/turns_mean",
+    "rollout/turns_max",
+    "rollout/tool_calls_mean",
+    "rollout/tool_errors",
+    "rollout/tool_timeouts",
+    "time/tool_s",
+)
+TOOL_PREFIXES: tuple[str, ...] = ("rollout/tool_calls/", "rollout/tool_failures/")
+
+
+def tool_columns_in(columns: Sequence[str]) -> list[str]:
+    """The tool metrics among ``columns``: :data:`TOOL_COLUMNS` in their order, then the per-tool ones sorted."""
+    fixed = [c for c in TOOL_COLUMNS if c in columns]
+    return fixed + sorted(c for c in columns if c.startswith(TOOL_PREFIXES) and c not in TOOL_COLUMNS)
+
+
 #: Per-data-source validation scores: ``val/score/<data_source>``; with ``rollout.val_n`` > 1 also
 #: ``val/score/<data_source>/<stat>`` for each of :func:`validation_stats` (verl's metric names).
 VALIDATION_PREFIX = "val/score/"

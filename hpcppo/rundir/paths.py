@@ -24,6 +24,8 @@ PREFLIGHT = "preflight.json"  # the report of a preflight job
 METRICS, CHECKPOINTS, CONTROL, LOGS = "metrics", "checkpoints", "control", "logs"
 SUBMITIT = "submitit"  # submitit's folder (submission files, logs and result pickles of its jobs)
 TENSORBOARD = "tensorboard"  # TensorBoard event files (trainer.logger "tensorboard"; hpcppo.metrics.trackers)
+SAMPLES = "samples"  # samples/step-<N>.jsonl: a few trajectories of each step (trainer.log_samples; hpcppo samples)
+SAMPLE_FILE_RE = re.compile(r"^step-(\d+)\.jsonl$")
 WANDB = "wandb"  # wandb's offline runs (trainer.logger "wandb"): wandb names this folder itself, under the run dir
 SUBDIRS = (METRICS, CHECKPOINTS, CONTROL, LOGS)
 
@@ -119,6 +121,7 @@ class RunPaths:
     submitit = _Under(SUBMITIT)
     tensorboard = _Under(TENSORBOARD)
     wandb = _Under(WANDB)
+    samples = _Under(SAMPLES)
 
     # control/
     pause_request = _Under(CONTROL, PAUSE)
@@ -155,6 +158,18 @@ class RunPaths:
     def attempt_files(self) -> dict[int, Path]:
         """The metric files present, ``{attempt: path}`` in attempt order."""
         return attempt_files_in(self.metrics)
+
+    # samples/
+    def sample_file(self, step: int) -> Path:
+        """``samples/step-<N>.jsonl``: the sample trajectories of step N (a redone step replaces it)."""
+        return self.samples / f"step-{step}.jsonl"
+
+    def sample_files(self) -> dict[int, Path]:
+        """Step -> its sample file, for the steps that have one."""
+        if not self.samples.is_dir():
+            return {}
+        found = ((SAMPLE_FILE_RE.match(p.name), p) for p in self.samples.iterdir())
+        return dict(sorted((int(m.group(1)), p) for m, p in found if m and p.is_file()))
 
     # logs/
     def log_dir(self, attempt_key: str) -> Path:

@@ -43,7 +43,7 @@ from hpcppo.config.plan import VALIDATION_PROMPTS_PER_CALL
 from hpcppo.config.reward import overlong_buffer_on
 from hpcppo.metrics import trackers
 from hpcppo.rundir import control, events, exitcodes, metric_names
-from hpcppo.train import batching, reward_phase, rollout_correction, rollout_phase, validation
+from hpcppo.train import batching, reward_phase, rollout_correction, rollout_phase, samples, validation
 from hpcppo.train.build import Components, build_components, freeze_long_lived_objects
 from hpcppo.train.inject import FaultInjector
 from hpcppo.train.recovery import Recovery
@@ -157,6 +157,8 @@ class Trainer:
         batch = self.rollout()
         scored, reward_metrics = self.score(batch)
         batch |= scored
+        if self.env.rank == 0:  # a few trajectories for people to read (hpcppo samples)
+            samples.write_samples(c.run_dir, self.step, batch, c.tokenizer, self.cfg.trainer.log_samples)
         batch |= self.old_log_probs_ref_and_values(batch)
         advantages, metrics, tokens = self.compute_advantages(batch)
         self.check_sync(metrics)

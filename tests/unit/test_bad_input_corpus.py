@@ -182,6 +182,12 @@ CASES: dict[str, Case] = {
                                  "{cwd}/runs"], "--follow would have no job"),
     "status-of-a-root-with-a-fifo": Case(["status", "--runs-root", "{fifo_root}"], "(a FIFO)"),
     "runs-of-a-root-with-a-file": Case(["runs", "--runs-root", "{fifo_root}"], "(a file)"),
+    # ------------------------------------------------------------------ hpcppo samples (issue 34)
+    "samples-none-yet": Case(["samples", "{cwd}/r"], "no samples yet", files={"r/metrics/.keep": b""}),
+    "samples-step-without-samples": Case(["samples", "{cwd}/r", "--step", "9"], "steps with samples: 3",
+                                         files={"r/metrics/.keep": b"", "r/samples/step-3.jsonl": b'{"turns": []}\n'}),
+    "samples-damaged-file": Case(["samples", "{cwd}/r"], "line 1 is not JSON",
+                                 files={"r/metrics/.keep": b"", "r/samples/step-3.jsonl": b"{oops\n"}),
     # ------------------------------------------------------------------ faults that mislead
     "status-flags-a-damaged-checkpoint": Case(["status", "{run}"], "damaged committed checkpoint: step 20 (extra.pt",
                                               warn=True),

@@ -138,6 +138,9 @@ def test_seeing_runs_commands_do_not_import_torch(setup):
         w.log_event(5, "paused", "stopping at a step boundary")
     (run.logs / "attempt-local-1").mkdir(parents=True)
     (run.logs / "attempt-local-1" / "rank-0.log").write_text("step 5/30\n")
+    run.samples.mkdir()  # as hpcppo.train.samples writes them (issue 34)
+    run.sample_file(5).write_text(json.dumps({"step": 5, "row": 0, "prompt": "1+2=", "reward": 1.0, "turns": [
+        {"role": "model", "text": "<call>calculator(1+2)</call>"}, {"role": "tool", "text": "3"}]}) + "\n")
     root = ["--runs-root", str(runs)]
     commands = [
         (["runs", *root], (0,)),
@@ -147,6 +150,8 @@ def test_seeing_runs_commands_do_not_import_torch(setup):
         (["plot", run_id, "-o", str(tmp / "plot.png"), *root], (0,)),
         (["plot", run_id, "-m", "reward/mean", "-x", "tokens", "--smooth", "ema:0.9", "-o", str(tmp / "plot.svg"), *root],
          (0,)),
+        (["samples", run_id, *root], (0,)),
+        (["samples", run_id, "--step", "5", "--json", *root], (0,)),
         (["follow", run_id, *root], (0, 1)),  # job 1 is no local job: it ended, in some final state
         # refused in one line since issue 33 (a dry run has no job to follow), still without torch
         (["submit", str(ARITH), "--site", "local", "--no-check-paths", "--dry-run", "--follow", "-q", *root], (2,)),
