@@ -10,7 +10,7 @@ from hpcppo.agent.parse import compact_problems
 from hpcppo.agent.schema import schema_problems, tool_name
 from hpcppo.agent.tool import ToolLoadError, ToolSpec, load_tool_class, read_tool_config
 
-__all__ = ["tool_problems", "collect_specs"]
+__all__ = ["tool_problems", "collect_specs", "tool_names"]
 
 
 def collect_specs(entries: Sequence[tuple[str, dict[str, Any], dict[str, Any]]],
@@ -52,3 +52,12 @@ def tool_problems(specs: Sequence[ToolSpec], fmt: str = "hermes") -> list[str]:
             problems.append(f"{where}: tool name {name!r} is also tools[{names[name]}]'s; names must be unique")
         names[name] = i
     return problems
+
+
+def tool_names(specs: Sequence[ToolSpec]) -> list[str]:
+    """The configured tools' names (their schemas' ``function.name``), for specs :func:`tool_problems` passed."""
+    names = []
+    for spec in specs:
+        schema = spec.tool_schema if spec.tool_schema is not None else load_tool_class(spec.class_name).default_schema
+        names.append(tool_name(schema or {}))
+    return names

@@ -18,8 +18,10 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
+from hpcppo.data.dataset import write_prompts_parquet
 from test_analysis_summary import compiled_run, story
 
 REPO = Path(__file__).resolve().parents[2]
@@ -182,6 +184,8 @@ CASES: dict[str, Case] = {
                                  "{cwd}/runs"], "--follow would have no job"),
     "status-of-a-root-with-a-fifo": Case(["status", "--runs-root", "{fifo_root}"], "(a FIFO)"),
     "runs-of-a-root-with-a-file": Case(["runs", "--runs-root", "{fifo_root}"], "(a file)"),
+    "tools-kwargs-names-an-unconfigured-tool": Case(["compile", "{tools_spec}", "-q", "--runs-root", "{cwd}/runs"],
+                                                    "row 5: extra_info.tools_kwargs names tool 'search'"),
     # ------------------------------------------------------------------ hpcppo samples (issue 34)
     "samples-none-yet": Case(["samples", "{cwd}/r"], "no samples yet", files={"r/metrics/.keep": b""}),
     "samples-step-without-samples": Case(["samples", "{cwd}/r", "--step", "9"], "steps with samples: 3",
@@ -218,10 +222,17 @@ def shared(tmp_path_factory, random_tiny, random_tiny_rm) -> dict[str, str]:
     text = Path(ARITH).read_text().replace("../artifacts/tiny-arith/model", str(random_tiny["model"]))
     text = text.replace("../artifacts/tiny-arith/data/train.parquet", str(random_tiny["train"]))
     spec.write_text(text.replace("../artifacts/tiny-arith/data/val.parquet", str(random_tiny["val"])))
+    # issue 34: a row whose extra_info.tools_kwargs names a tool the spec does not configure
+    rows = pq.read_table(random_tiny["train"]).to_pylist()
+    rows[5]["extra_info"] = {"tools_kwargs": {"search": {"create_kwargs": {"q": "x"}}}}
+    write_prompts_parquet(rows, root / "tools-kwargs.parquet")
+    tools_spec = root / "tools.toml"
+    tools_spec.write_text(spec.read_text().replace(str(random_tiny["train"]), str(root / "tools-kwargs.parquet"))
+                          + '\n[[rollout.multi_turn.tools]]\nclass_name = "hpcppo.agent.builtin.Calculator"\n')
     bad_rm = root / "bad-rm"
     shutil.copytree(random_tiny_rm, bad_rm)
     (bad_rm / "model.safetensors").write_bytes(os.urandom(4096))
-    return {"runs": str(runs), "run": run.name, "tiny_spec": str(spec), "bad_rm": str(bad_rm),
+    return {"runs": str(runs), "run": run.name, "tiny_spec": str(spec), "bad_rm": str(bad_rm), "tools_spec": str(tools_spec),
             "fifo_root": str(fifo_root)}
 
 
