@@ -26,7 +26,7 @@ from hpcppo.config.idle import warn_idle_settings
 from hpcppo.config.load import (expand_path_text, experiment_from_data, load_experiment_with_provenance,
                                 load_site_with_provenance, parse_overrides)
 from hpcppo.config.resolve import resolve
-from hpcppo.config.experiment import Experiment
+from hpcppo.config.experiment import DataSection
 from hpcppo.config.multi_turn import MultiTurnSection, check_multi_turn
 from hpcppo.config.reward import check_reward_combination
 from hpcppo.config.reward_check import check_reward_model
@@ -69,7 +69,7 @@ def compile_config(spec: str | os.PathLike[str], site: str | os.PathLike[str] = 
         check_experiment_data(experiment)  # schema, data sources, reward_fn, prompt lengths, rows per batch
         check_engine_installed(site_obj, experiment)
         check_trackers_installed(site_obj, experiment)
-        _check_tools(experiment.rollout.multi_turn, str(spec_path), _data_files(experiment))
+        _check_tools(experiment.rollout.multi_turn, str(spec_path), experiment.data)
     check_multi_turn(experiment.rollout.multi_turn, file=str(spec_path))
     check_rule_metrics(experiment.watchdog, file=str(spec_path),
                        extra=tuple(rollout_corr_columns(experiment.algorithm.rollout_correction)))
@@ -85,7 +85,7 @@ def compile_config(spec: str | os.PathLike[str], site: str | os.PathLike[str] = 
                     spec_text=spec_text)
 
 
-def _check_tools(section: MultiTurnSection, file: str, data_files: Iterable[tuple[str, Path]]) -> None:
+def _check_tools(section: MultiTurnSection, file: str, data: DataSection) -> None:
     """The tools of [rollout.multi_turn] import and have valid schemas (no torch, no tool constructed). With the
     paths: a tool module, like a reward function's, may exist only where the job runs (`compile --no-check-paths`)."""
     try:
@@ -98,28 +98,18 @@ def _check_tools(section: MultiTurnSection, file: str, data_files: Iterable[tupl
         key = "rollout.multi_turn.tools"
         raise ConfigError(f"\n{file}: {key}: ".join(problems), file=file, key=key)
     if section.enable or specs:
-        _check_tools_kwargs(data_files, tool_names(specs))
+        _check_tools_kwargs(data, tool_names(specs))
 
 
-def _check_tools_kwargs(files: Iterable[tuple[str, Path]], tools: list[str]) -> None:
+def _check_tools_kwargs(data: DataSection, tools: list[str]) -> None:
     """Each row's ``extra_info.tools_kwargs`` names only configured tools and known phases (hpcppo.agent.kwargs):
     the first problem, one line naming the file and the row."""
-    from hpcppo.data.dataset import iter_extra_info_field  # pyarrow: only when the data is checked
+    from hpcppo.data.check import extra_info_values  # pyarrow: only when the data is checked
 
-    for key, path in files:
-        for row, value in iter_extra_info_field(path, TOOLS_KWARGS_KEY):
-            problems = tools_kwargs_problems(value, tools)
-            if problems:
-                raise ConfigError(f"row {row}: {problems[0]}", file=str(path), key=key)
-
-
-def _data_files(experiment: Experiment) -> list[tuple[str, Path]]:
-    """(config key, file) of every training and validation Parquet file (directories expanded)."""
-    from hpcppo.data.dataset import expand_paths
-
-    data = experiment.data
-    return [(key, path) for key, paths in (("data.train_files", data.train_files), ("data.val_files", data.val_files))
-            if paths for path in expand_paths(paths, key=key)]
+    for key, path, row, value in extra_info_values(data, TOOLS_KWARGS_KEY):
+        problems = tools_kwargs_problems(value, tools)
+        if problems:
+            raise ConfigError(f"row {row}: {problems[0]}", file=str(path), key=key)
 
 
 def _merge_prov(exp_prov: dict[str, str], site_prov: dict[str, str]) -> dict[str, str]:

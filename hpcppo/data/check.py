@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -347,3 +347,33 @@ class PromptLengths:
         overhead = np.array([self._template_bytes(tuple(s.split("\x1f")) if s else ())
                              for s in encoded.dictionary.to_pylist()], dtype=np.int64)
         return content_bytes, signatures, overhead
+
+
+def iter_extra_info_field(path: Path, name: str, batch_rows: int = 4096) -> Iterable[tuple[int, Any]]:
+    """``(row, extra_info[name])`` of every row of one Parquet file whose ``extra_info`` has a non-null ``name``
+    (e.g. verl's ``tools_kwargs``), reading that column only; nothing when the file's ``extra_info`` struct has no
+    such field."""
+    schema = read_schema(path)
+    index = schema.get_field_index("extra_info")
+    if index < 0 or not pa.types.is_struct(schema.field(index).type):
+        return
+    struct_type = schema.field(index).type
+    child = struct_type.get_field_index(name)
+    if child < 0:
+        return
+    row = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows, columns=["extra_info"]):
+        values = batch.column(0).flatten()[child].to_pylist()  # flatten: a null extra_info row gives None
+        for i, value in enumerate(values):
+            if value is not None:
+                yield row + i, value
+        row += len(values)
+
+
+def extra_info_values(data: Any, name: str) -> Iterator[tuple[str, Path, int, Any]]:
+    """``(config key, file, row, value)`` of every row of the training and validation files (a
+    :class:`~hpcppo.config.experiment.DataSection`) whose ``extra_info.<name>`` is not null."""
+    for key, paths in (("data.train_files", data.train_files), ("data.val_files", data.val_files)):
+        for path in expand_paths(paths, key=key) if paths else []:
+            for row, value in iter_extra_info_field(path, name):
+                yield key, path, row, value

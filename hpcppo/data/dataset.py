@@ -277,27 +277,6 @@ def read_schema(path: Path) -> pa.Schema:
         raise PathError(f"{path}: not a readable Parquet file ({exc})") from exc
 
 
-def iter_extra_info_field(path: Path, name: str, batch_rows: int = 4096) -> Iterable[tuple[int, Any]]:
-    """``(row, extra_info[name])`` of every row of one Parquet file whose ``extra_info`` has a non-null ``name``
-    (e.g. verl's ``tools_kwargs``), reading that column only; nothing when the file's ``extra_info`` struct has no
-    such field."""
-    schema = read_schema(path)
-    index = schema.get_field_index("extra_info")
-    if index < 0 or not pa.types.is_struct(schema.field(index).type):
-        return
-    struct_type = schema.field(index).type
-    child = struct_type.get_field_index(name)
-    if child < 0:
-        return
-    row = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows, columns=["extra_info"]):
-        values = batch.column(0).flatten()[child].to_pylist()  # flatten: a null extra_info row gives None
-        for i, value in enumerate(values):
-            if value is not None:
-                yield row + i, value
-        row += len(values)
-
-
 def _record_from_row(values: dict[str, Any], prompt_key: str, file: str, row: int) -> PromptRecord:
     where = f"row {row}"
     if not values["data_source"]:

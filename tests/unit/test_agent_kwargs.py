@@ -11,7 +11,8 @@ import pytest
 
 from hpcppo.agent.kwargs import PHASES, ToolKwargs, row_tool_kwargs, tools_kwargs_problems
 from hpcppo.compiler import compile_config
-from hpcppo.data.dataset import iter_extra_info_field, write_prompts_parquet
+from hpcppo.data.check import iter_extra_info_field
+from hpcppo.data.dataset import write_prompts_parquet
 from hpcppo.errors import ConfigError
 
 from test_agent_config import _base
