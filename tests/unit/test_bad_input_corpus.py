@@ -184,6 +184,8 @@ CASES: dict[str, Case] = {
                                  "{cwd}/runs"], "--follow would have no job"),
     "status-of-a-root-with-a-fifo": Case(["status", "--runs-root", "{fifo_root}"], "(a FIFO)"),
     "runs-of-a-root-with-a-file": Case(["runs", "--runs-root", "{fifo_root}"], "(a file)"),
+    "multi-turn-settings-while-off": Case(compile_("-o", "rollout.multi_turn.max_assistant_turns=3"),
+                                          "rollout.multi_turn.enable is false", warn=True),
     "tools-kwargs-names-an-unconfigured-tool": Case(["compile", "{tools_spec}", "-q", "--runs-root", "{cwd}/runs"],
                                                     "row 5: extra_info.tools_kwargs names tool 'search'"),
     # ------------------------------------------------------------------ hpcppo samples (issue 34)

@@ -67,7 +67,7 @@ def test_multi_turn_keys_and_the_tool_config_are_translated(tmp_path):
 
 
 def test_a_format_hpcppo_lacks_is_reported_and_typos_get_a_did_you_mean(tmp_path):
-    data, report, _ = _import(tmp_path, f"{MT}format=gpt-oss {MT}max_parallel_cals=2")
+    data, report, _ = _import(tmp_path, f"{MT}enable=True {MT}format=gpt-oss {MT}max_parallel_cals=2")
     reasons = {text: why for _, text, why in report}
     assert "hermes" in reasons[f"{MT}format=gpt-oss"]
     assert f"did you mean {MT}max_parallel_calls?" in reasons[f"{MT}max_parallel_cals=2"]
@@ -112,3 +112,12 @@ def test_gsm8k_answer_rewards_as_verls_gsm8k_tool():
     ("no number", "1", 0.0), ("#### -4", "-4", 1.0), ("x" * 400 + " 7", "7", 1.0), ("7 " + "x" * 400, "7", 0.0)])
 def test_flexible_score_as_verls(solution, truth, score):
     assert gsm8k_flexible_score(solution, truth) == score
+
+
+def test_without_enable_the_other_multi_turn_keys_are_reported_not_written(tmp_path):
+    # a composed verl YAML lists every multi_turn key with enable false: none of them acts in verl then
+    data, report, problem = _import(tmp_path, f"{MT}enable=False {MT}max_assistant_turns=5 {MT}tool_config_path=tools.yaml")
+    assert problem is None and data["rollout"]["multi_turn"] == {"enable": False}
+    reasons = {text: why for _, text, why in report}
+    assert "only with multi_turn.enable=true" in reasons[f"{MT}max_assistant_turns=5"]
+    assert "only with multi_turn.enable=true" in reasons[f"{MT}tool_config_path=tools.yaml"]

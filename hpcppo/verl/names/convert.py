@@ -135,6 +135,20 @@ def null_is_unlimited(value: Any, ctx: Mapping[str, Any]) -> Any:
     return 0 if value is None else value
 
 
+MULTI_TURN_ENABLE = "actor_rollout_ref.rollout.multi_turn.enable"
+
+
+def with_multi_turn(inner: Convert | None = None) -> Convert:
+    """A multi_turn.* key that acts only with ``multi_turn.enable`` true (verl builds its tool agent loop only then):
+    in an import where enable is not true it is ignored, not written (a composed verl YAML lists them all). A lone
+    ``-o`` (no context) is translated as it is."""
+    def convert(value: Any, ctx: Mapping[str, Any]) -> Any:
+        if ctx and ctx.get(MULTI_TURN_ENABLE) is not True:
+            raise Ignored("only with multi_turn.enable=true, which the input does not set")
+        return inner(value, ctx) if inner else value
+    return convert
+
+
 def tool_format(value: Any, ctx: Mapping[str, Any]) -> Any:
     # verl's tool parsers (experimental/agent_loop/tool_parser.py): hermes, gpt-oss; hpcppo has hermes and compact.
     if value == "hermes":

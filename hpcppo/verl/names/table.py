@@ -7,7 +7,7 @@ from __future__ import annotations
 from hpcppo.verl.names.convert import (A, ACTOR_TOKENS, ARR, CRITIC_TOKENS, MODEL, NOT_VERL, R, REF, REWARD_KWARGS,
                                         Entry, clip_ratio, ign, m, uns, critic_warmup, dtype, dynamic_bsz, engine, files, freq, hsdp,
                                         keep, logger, lora_modules, lora_setting, none_is_default, without_lora, per_gpu, project_name, resume, reward_kwargs,
-                                        null_is_unlimited, reward_name, reward_path, tool_format, run_name, schedule, token_budget, top_k, total_steps, warmup,
+                                        null_is_unlimited, reward_name, reward_path, tool_format, with_multi_turn, run_name, schedule, token_budget, top_k, total_steps, warmup,
                                         warmup_ratio)
 
 from hpcppo.verl.names.moe import moe_entries
@@ -210,22 +210,25 @@ MT = R + "multi_turn."
 
 
 def _multi_turn_entries() -> list[Entry]:
-    """actor_rollout_ref.rollout.multi_turn (verl/trainer/config/rollout/rollout.yaml): [rollout.multi_turn]."""
+    """actor_rollout_ref.rollout.multi_turn (verl/trainer/config/rollout/rollout.yaml): [rollout.multi_turn]; the
+    settings other than enable are written only with enable true (with_multi_turn)."""
     return [
         m(MT + "enable", "rollout.multi_turn.enable"),
         m(MT + "max_assistant_turns", "rollout.multi_turn.max_assistant_turns", "null (no limit) -> 0",
-          null_is_unlimited),
+          with_multi_turn(null_is_unlimited)),
         m(MT + "max_user_turns", "rollout.multi_turn.max_user_turns", "tool turns; null (no limit) -> 0",
-          null_is_unlimited),
+          with_multi_turn(null_is_unlimited)),
         m(MT + "max_tool_response_length", "rollout.multi_turn.max_tool_response_length",
-          "verl counts characters, hpcppo tokens: the number is kept (at most as many tokens as characters)"),
-        m(MT + "tool_response_truncate_side", "rollout.multi_turn.tool_response_truncate_side"),
+          "verl counts characters, hpcppo tokens: the number is kept (at most as many tokens as characters)",
+          with_multi_turn()),
+        m(MT + "tool_response_truncate_side", "rollout.multi_turn.tool_response_truncate_side", "",
+          with_multi_turn()),
         m(MT + "max_parallel_calls", "rollout.multi_turn.max_parallel_calls",
-          "calls past it get an error observation (verl drops them)"),
-        m(MT + "format", "rollout.multi_turn.format", "hermes", tool_format),
+          "calls past it get an error observation (verl drops them)", with_multi_turn()),
+        m(MT + "format", "rollout.multi_turn.format", "hermes", with_multi_turn(tool_format)),
         m(MT + "tool_config_path", "rollout.multi_turn.tools", "the YAML's tools, written as [[rollout.multi_turn."
           "tools]]: verl.tools.gsm8k_tool.Gsm8kTool -> hpcppo.agent.builtin.Gsm8kAnswer; other verl classes are "
-          "named, to rewrite (docs/tools.md)"),
+          "named, to rewrite (docs/tools.md)", with_multi_turn()),
         uns(MT + "interaction_config_path", "verl's simulated user turns: not in hpcppo (tool turns only); "
                                             "import-verl refuses such a run", ok=(None, "")),
         uns(MT + "num_repeat_rollouts", "only with interaction_config_path", ok=(None,)),
