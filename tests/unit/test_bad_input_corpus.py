@@ -165,7 +165,8 @@ CASES: dict[str, Case] = {
                                                             "path=i.yaml\n").encode()}),
     "verl-tool-config-without-tools": Case(["import-verl", "{cwd}/run.sh", "-o", "{cwd}/exp.toml"],
                                            "not a verl tool config",
-                                           files={"run.sh": (VERL + " actor_rollout_ref.rollout.multi_turn.tool_config_"
+                                           files={"run.sh": (VERL + " actor_rollout_ref.rollout.multi_turn.enable=true actor_"
+                                                                    "rollout_ref.rollout.multi_turn.tool_config_"
                                                                     "path=t.yaml\n").encode(),
                                                   "t.yaml": b"tool:\n  - class_name: x.Y\n"}),
     "verl-yaml-duplicate-key": Case(["import-verl", "{cwd}/c.yaml", "-o", "{cwd}/exp.toml"], "appears twice",
