@@ -12,6 +12,9 @@ For every train and val file (a directory stands for its ``*.parquet``):
   fixes it (an error with ``truncation = "error"``, a warning when they will be dropped or cut);
 - the training rows left (after ``filter_overlong_prompts``) fill at least one ``trainer.train_batch_size``.
 
+:func:`extra_info_values` reads one field of ``extra_info`` from every row (the compiler checks verl's
+``tools_kwargs`` with it, against the configured tools: ``hpcppo.agent.kwargs``).
+
 No torch and no transformers here (login node): the tokenizer is the ``tokenizers`` library on
 ``tokenizer.json``, and the chat template is rendered with jinja2 the way transformers renders it
 (transformers/utils/chat_template_utils.py, 5.x: a sandboxed environment with ``trim_blocks``, ``lstrip_blocks``,
