@@ -497,7 +497,8 @@ def _trainer_entries() -> list[Entry]:
     m("trainer.logger", "trainer.logger", "console, tensorboard, wandb (offline); beside the HDF5 log. Unset: "
                                           "console only (verl's default adds wandb)", logger),
     ign("trainer.log_val_generations", LOGGING),
-    uns("trainer.rollout_data_dir", "hpcppo does not dump rollouts", ok=(None,)),
+    uns("trainer.rollout_data_dir", "hpcppo does not dump every rollout; it writes trainer.log_samples rows of "
+                                    "each step to RUN/samples/step-N.jsonl (hpcppo samples)", ok=(None,)),
     uns("trainer.validation_data_dir", "hpcppo does not dump validation generations", ok=(None,)),
     ign("trainer.default_local_dir", "checkpoints live in the run directory (the site's runs root)"),
     uns("trainer.default_hdfs_dir", "no HDFS copies in hpcppo", ok=(None,)),
