@@ -63,9 +63,13 @@ def _token_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: f
     logits = logits.float()
     if temperature != 1.0:
         logits = logits.div_(temperature)  # in place (as verl does): one [B, r, V] float32 tensor fewer
-    # gather - logsumexp: the same value as log_softmax().gather() without a second [B, r, V] tensor.
+    # gather - logsumexp: the same value as log_softmax().gather() without a second [B, r, V] tensor. The gather
+    # comes first: autograd runs the later node's backward first, so logsumexp's backward is done with its
+    # [B, r, V] temporaries before the gather's [B, r, V] gradient is made; the other order keeps one more float32
+    # [B, r, V] tensor alive at the backward's peak (tests/unit/test_plan_activations.py measures it).
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     lse = torch.logsumexp(logits, dim=-1)
-    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    log_probs = picked - lse
     entropy = None
     if with_entropy:
         entropy = entropy_from_logits(logits) if entropy_grad else entropy_metric(logits)
