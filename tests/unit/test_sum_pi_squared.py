@@ -135,3 +135,20 @@ def test_asking_for_it_costs_no_tensor_of_the_logits_size(chunk_positions, packe
     chunk_bytes = rows * positions * vocab * 4
     print(f"peak bytes: without {without}, with {with_it}, one float32 logits chunk {chunk_bytes}")
     assert with_it - without <= 64 * rows * RESPONSE, (without, with_it, chunk_bytes)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_with_the_entropy_both_come_from_the_same_chunks(packed, monkeypatch):
+    """The sum overwrites the chunk's logits: the entropy, read from them too, is taken before."""
+    model, (ids, mask, pos) = qwen2(), batch()
+    monkeypatch.setattr(models.forward, "LOGITS_CHUNK_ELEMENTS", SMALL)
+    groups = [torch.tensor([0, 1]), torch.tensor([2, 3])]
+    both = compute_log_prob_outputs(model, ids, mask, pos, RESPONSE, temperature=0.6, micro_batch_size=2,
+                                    micro_batches=groups, packed=packed, with_entropy=True, with_sum_pi_squared=True)
+    alone = compute_log_prob_outputs(model, ids, mask, pos, RESPONSE, temperature=0.6, micro_batch_size=2,
+                                     micro_batches=groups, packed=packed, with_entropy=True)
+    assert both.entropy is not None and alone.entropy is not None and both.sum_pi_squared is not None
+    assert torch.equal(both.entropy, alone.entropy) and torch.equal(both.log_probs, alone.log_probs)
+    response = mask[:, -RESPONSE:].bool()
+    want = direct(model, ids, mask, pos, 0.6)
+    torch.testing.assert_close(both.sum_pi_squared.double()[response], want[response], rtol=1e-5, atol=0)
