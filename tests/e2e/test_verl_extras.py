@@ -1,6 +1,7 @@
-"""What verl users reach for, end to end on the arithmetic task (issue 23), in two short runs sharing the checks:
+"""What verl users reach for, end to end on the arithmetic task (issue 23), in short runs sharing the checks:
 validation at n responses per prompt (verl's mean@n, best@k, worst@k, maj@k per data source) with the clip_cov loss,
-ReMax's greedy baseline and both trackers (TensorBoard, wandb offline); the gspo loss with the GPG estimator."""
+ReMax's greedy baseline and both trackers (TensorBoard, wandb offline); the gspo loss with the GPG estimator; the
+optimal token baseline with its sum_pi_squared (issue 33)."""
 
 from __future__ import annotations
 
