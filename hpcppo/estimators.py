@@ -28,7 +28,9 @@ class EstimatorNeeds:
     """The score of a greedy response to each prompt (ReMax): the trainer decodes one per prompt every step."""
     needs_sum_pi_squared: bool = False
     """The actor's ``sum_v pi_v^2`` per token (verl's ``actor.calculate_sum_pi_squared``) and the old log-probs:
-    the optimal token baselines. hpcppo's trainer does not compute it yet (the config refuses these estimators)."""
+    the optimal token baselines. The trainer's old-log-prob pass computes it only for these estimators
+    (``hpcppo.models.compute_log_prob_outputs``); the config refuses them with rollout correction's bypass mode,
+    which skips that pass."""
 
 
 ESTIMATORS: dict[str, EstimatorNeeds] = {}

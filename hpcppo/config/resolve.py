@@ -202,12 +202,13 @@ def _check_trainer(exp: Experiment, needs_critic: bool) -> None:
     if exp.critic.lora.enabled and not needs_critic:
         raise ResolveError(f"critic.lora.rank={exp.critic.lora.rank} but algorithm.adv_estimator="
                            f"{exp.algorithm.adv_estimator!r} trains no critic; use 0")
-    if estimators.lookup(exp.algorithm.adv_estimator).needs_sum_pi_squared:
-        raise ResolveError(f"algorithm.adv_estimator={exp.algorithm.adv_estimator!r} needs the actor's sum of squared "
-                           f"token probabilities (verl's actor_rollout_ref.actor.calculate_sum_pi_squared), which hpcppo's "
-                           f"trainer does "
-                           f"not compute; its function is hpcppo.algos.{exp.algorithm.adv_estimator}_advantage")
     rc = exp.algorithm.rollout_correction
+    if estimators.lookup(exp.algorithm.adv_estimator).needs_sum_pi_squared and rc.bypass_mode:
+        # verl: bypass mode skips the old-log-prob pass that gives sum_pi_squared (ray_trainer.fit), and
+        # compute_advantage then asserts it is in the batch
+        raise ResolveError(f"algorithm.adv_estimator={exp.algorithm.adv_estimator!r} needs the old-log-prob pass's "
+                           f"sum_pi_squared, which algorithm.rollout_correction.bypass_mode=true skips; use "
+                           f"bypass_mode = false or another estimator")
     if rc.bypass_mode and exp.actor.policy_loss.loss_mode != "vanilla":
         # verl's apply_bypass_mode replaces the loss mode by its own "bypass_mode" (ppo_clip or reinforce)
         raise ResolveError(f"algorithm.rollout_correction.bypass_mode=true uses its own loss (loss_type="

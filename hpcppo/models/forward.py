@@ -6,6 +6,8 @@ grouped under a token budget and trimmed of padding. The position conventions ar
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -54,29 +56,66 @@ def _chunkable_head(model: nn.Module) -> nn.Linear | None:
 
 
 def _token_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool,
-                     entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``[B, r, V]`` logits in any dtype, ``[B, r]`` targets -> float32 ``[B, r]`` log-probs (and entropies)."""
+                     entropy_grad: bool, with_sum_pi_squared: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """``[B, r, V]`` logits in any dtype, ``[B, r]`` targets -> float32 ``[B, r]`` log-probs (and entropies, and
+    ``sum_v pi_v^2``: :func:`_sum_pi_squared_in_place`, which consumes the float32 logits, so it comes last)."""
     logits = logits.float()
     if temperature != 1.0:
         logits = logits.div_(temperature)  # in place (as verl does): one [B, r, V] float32 tensor fewer
-    # gather - logsumexp: the same value as log_softmax().gather() without a second [B, r, V] tensor.
-    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    # gather - logsumexp: the same value as log_softmax().gather() without a second [B, r, V] tensor. The gather
+    # comes first: autograd runs the later node's backward first, so logsumexp's backward is done with its
+    # [B, r, V] temporaries before the gather's [B, r, V] gradient is made; the other order keeps one more float32
+    # [B, r, V] tensor alive at the backward's peak (tests/unit/test_plan_activations.py measures it).
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    lse = torch.logsumexp(logits, dim=-1)
+    log_probs = picked - lse
     entropy = None
     if with_entropy:
         entropy = entropy_from_logits(logits) if entropy_grad else entropy_metric(logits)
-    return log_probs, entropy
+    sum_pi_squared = _sum_pi_squared_in_place(logits, lse) if with_sum_pi_squared else None
+    return log_probs, entropy, sum_pi_squared
 
+
+def _sum_pi_squared_in_place(z: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """``sum_v softmax(z)_v^2`` per position of float32 ``z`` ``[..., V]`` (the logits over the temperature) whose
+    ``logsumexp`` is ``lse``: ``exp(logsumexp(2z) - 2 logsumexp(z))``, verl's ``calculate_sum_pi_squared_from_logits``
+    (verl/utils/torch_functional.py), with ``logsumexp(2z) = 2m + log sum exp(2(z - m))`` for the row maximum ``m``
+    taken in ``z``'s own storage: no tensor of ``z``'s size is allocated (``torch.logsumexp`` would make two), and
+    ``z`` is overwritten. No autograd: the value is an input of the advantage estimator, not of a loss."""
+    if z.requires_grad:
+        raise ValueError("sum_pi_squared is computed without autograd (the old-log-prob pass), and it overwrites "
+                         "the logits it is given")
+    m = z.amax(dim=-1, keepdim=True)
+    z.sub_(m).mul_(2.0).exp_()  # every entry in (0, 1], the maximum's exactly 1: no overflow, no underflow to 0 sum
+    log_sum_sq = z.sum(dim=-1).log_() + 2.0 * m.squeeze(-1)
+    return (log_sum_sq - 2.0 * lse).exp_()
 
 def _chunk_positions(batch: int, response_len: int, vocab: int, chunk_elements: int) -> int:
     """Response positions per chunk: ``batch x positions x vocab`` within ``chunk_elements``, at least one."""
     return max(1, chunk_elements // max(1, batch * vocab))
 
 
+Outputs = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]
+"""``(log_probs, entropy, sum_pi_squared)``, each ``[B, R]`` float32; the last two None when not asked for."""
+
+
+def _stack(outputs: Outputs) -> torch.Tensor:
+    """One ``[B, r, k]`` tensor of the outputs asked for, in :data:`Outputs`' order (:func:`_unstack` reverses it)."""
+    return torch.stack([t for t in outputs if t is not None], dim=-1)
+
+
+def _unstack(out: torch.Tensor, with_entropy: bool, with_sum_pi_squared: bool) -> Outputs:
+    entropy = out[..., 1] if with_entropy else None
+    return out[..., 0], entropy, (out[..., 1 + with_entropy] if with_sum_pi_squared else None)
+
+
 class _LogProbHead(nn.Module):
     """Stands in for a model's LM head during one forward of :func:`forward_log_probs`.
 
-    It receives what the head would (the hidden states of the last ``R + 1`` positions) and returns ``[B, R, 1]``
-    log-probs, or ``[B, R, 2]`` log-probs and entropies, computed chunk by chunk of positions; the model's forward
+    It receives what the head would (the hidden states of the last ``R + 1`` positions) and returns ``[B, R, k]``:
+    the log-probs, then the entropies and ``sum_pi_squared`` when asked for (:func:`_stack`), computed chunk by chunk
+    of positions; the model's forward
     returns that as its ``logits``. Running inside the model's own forward matters under FSDP2: the root unit's
     parameters (the head's weight among them) are gathered there, and its backward hooks are put on that output.
 
@@ -88,18 +127,18 @@ class _LogProbHead(nn.Module):
     head: nn.Linear  # set with object.__setattr__ below: declared here, as nn.Module's attribute lookup cannot type it
 
     def __init__(self, head: nn.Linear, targets: torch.Tensor, *, temperature: float, with_entropy: bool,
-                 entropy_grad: bool, chunk_elements: int):
+                 entropy_grad: bool, chunk_elements: int, with_sum_pi_squared: bool = False):
         super().__init__()
         object.__setattr__(self, "head", head)  # not a child: the model's parameter names stay as they are
         self.targets, self.temperature = targets, temperature
         self.with_entropy, self.entropy_grad, self.chunk_elements = with_entropy, entropy_grad, chunk_elements
+        self.with_sum_pi_squared = with_sum_pi_squared
         self.output: torch.Tensor | None = None
 
     def _chunk(self, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                targets: torch.Tensor) -> torch.Tensor:
-        lp, ent = _token_log_probs(nn.functional.linear(hidden, weight, bias), targets, self.temperature,
-                                   self.with_entropy, self.entropy_grad)
-        return lp.unsqueeze(-1) if ent is None else torch.stack((lp, ent), dim=-1)
+        return _stack(_token_log_probs(nn.functional.linear(hidden, weight, bias), targets, self.temperature,
+                                       self.with_entropy, self.entropy_grad, self.with_sum_pi_squared))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         targets = self.targets
@@ -107,9 +146,9 @@ class _LogProbHead(nn.Module):
         weight, bias = self.head.weight, self.head.bias
         step = _chunk_positions(batch, response_len, weight.shape[0], self.chunk_elements)
         if step >= response_len:  # one chunk: the LM head over the R + 1 positions, exactly as the whole forward
-            lp, ent = _token_log_probs(nn.functional.linear(hidden, weight, bias)[:, :-1], targets, self.temperature,
-                                       self.with_entropy, self.entropy_grad)
-            self.output = lp.unsqueeze(-1) if ent is None else torch.stack((lp, ent), dim=-1)
+            self.output = _stack(_token_log_probs(nn.functional.linear(hidden, weight, bias)[:, :-1], targets,
+                                                  self.temperature, self.with_entropy, self.entropy_grad,
+                                                  self.with_sum_pi_squared))
             return self.output
         grad = torch.is_grad_enabled()
         parts = []
@@ -151,6 +190,16 @@ def forward_log_probs(
         (``_LogProbHead``); for a model whose forward transforms the head's output (``_LOGIT_TRANSFORMS``) or that
         has no ``lm_head``, from the whole ``R + 1`` last positions' logits (``logits_to_keep``).
     """
+    lp, ent, _ = _outputs_padded(model, input_ids, attention_mask, position_ids, response_len,
+                                 temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad,
+                                 with_sum_pi_squared=False, chunk_elements=chunk_elements)
+    return lp, ent
+
+
+def _outputs_padded(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    position_ids: torch.Tensor, response_len: int, *, temperature: float, with_entropy: bool,
+                    entropy_grad: bool, with_sum_pi_squared: bool, chunk_elements: int | None) -> Outputs:
+    """:func:`forward_log_probs`, with ``sum_pi_squared`` too when asked for."""
     _check_inputs(input_ids, attention_mask, position_ids, response_len)
     targets = input_ids[:, -response_len:]
     kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
@@ -158,19 +207,26 @@ def forward_log_probs(
     if head is None:
         extra = {"logits_to_keep": response_len + 1} if _accepts_logits_to_keep(model) else {}
         logits = model(**kwargs, **extra).logits[:, -response_len - 1:-1, :]
-        return _token_log_probs(logits, targets, temperature, with_entropy, entropy_grad)
+        return _token_log_probs(logits, targets, temperature, with_entropy, entropy_grad, with_sum_pi_squared)
     stand_in = _LogProbHead(head, targets, temperature=temperature, with_entropy=with_entropy,
-                            entropy_grad=entropy_grad,
+                            entropy_grad=entropy_grad, with_sum_pi_squared=with_sum_pi_squared,
                             chunk_elements=LOGITS_CHUNK_ELEMENTS if chunk_elements is None else chunk_elements)
+    return _unstack(_run_with_stand_in(model, head, stand_in, kwargs, response_len + 1), with_entropy,
+                    with_sum_pi_squared)
+
+
+def _run_with_stand_in(model: nn.Module, head: nn.Linear, stand_in: _LogProbHead, kwargs: dict[str, Any],
+                       logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+    """The model's forward with ``stand_in`` as its LM head: what the stand-in returned, ``[B, r, k]``."""
     model.lm_head = stand_in
     try:
-        out: torch.Tensor = model(**kwargs, logits_to_keep=response_len + 1).logits
+        out: torch.Tensor = model(**kwargs, logits_to_keep=logits_to_keep).logits
     finally:
         model.lm_head = head
     if out is not stand_in.output:  # the forward transformed what the head returned: these are not log-probs
         raise RuntimeError(f"{type(model).__name__}'s forward changed its LM head's output; add the config attribute "
                            "that makes it do so to hpcppo.models.forward._LOGIT_TRANSFORMS")
-    return out[..., 0], (out[..., 1] if with_entropy else None)
+    return out
 
 
 def forward_values(
@@ -221,6 +277,16 @@ def forward_log_probs_packed(
     tests/unit/test_packed_rows.py). Only the packed positions that score a response token reach the LM head
     (``logits_to_keep`` as indices), in chunks as in :func:`forward_log_probs`.
     """
+    lp, ent, _ = _outputs_packed(model, input_ids, attention_mask, position_ids, response_len,
+                                 temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad,
+                                 with_sum_pi_squared=False, chunk_elements=chunk_elements)
+    return lp, ent
+
+
+def _outputs_packed(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    position_ids: torch.Tensor, response_len: int, *, temperature: float, with_entropy: bool,
+                    entropy_grad: bool, with_sum_pi_squared: bool, chunk_elements: int | None) -> Outputs:
+    """:func:`forward_log_probs_packed`, with ``sum_pi_squared`` too when asked for."""
     _check_inputs(input_ids, attention_mask, position_ids, response_len)
     ids, positions, scored, where, targets = _pack(input_ids, attention_mask, position_ids, response_len)
     # A micro-batch without a response token still runs its forward (every rank runs as many as the others): it
@@ -237,22 +303,16 @@ def forward_log_probs_packed(
         if not _accepts_logits_to_keep(model):
             raise ValueError(f"{type(model).__name__} takes no logits_to_keep: its log-probs cannot be packed")
         logits = model(**kwargs, logits_to_keep=keep).logits[:, :-1, :]
-        lp, ent = _token_log_probs(logits, targets[None], temperature, with_entropy, entropy_grad)
+        packed = _token_log_probs(logits, targets[None], temperature, with_entropy, entropy_grad, with_sum_pi_squared)
     else:
         stand_in = _LogProbHead(head, targets[None], temperature=temperature, with_entropy=with_entropy,
-                                entropy_grad=entropy_grad,
+                                entropy_grad=entropy_grad, with_sum_pi_squared=with_sum_pi_squared,
                                 chunk_elements=LOGITS_CHUNK_ELEMENTS if chunk_elements is None else chunk_elements)
-        model.lm_head = stand_in
-        try:
-            out: torch.Tensor = model(**kwargs, logits_to_keep=keep).logits
-        finally:
-            model.lm_head = head
-        if out is not stand_in.output:
-            raise RuntimeError(f"{type(model).__name__}'s forward changed its LM head's output; add the config "
-                               "attribute that makes it do so to hpcppo.models.forward._LOGIT_TRANSFORMS")
-        lp, ent = out[..., 0], (out[..., 1] if with_entropy else None)
-    return _unpack(lp[0], where, input_ids.shape[0], response_len, empty), \
-        (None if ent is None else _unpack(ent[0], where, input_ids.shape[0], response_len, empty))
+        packed = _unstack(_run_with_stand_in(model, head, stand_in, kwargs, keep), with_entropy, with_sum_pi_squared)
+    lp, ent, spi = (None if t is None else _unpack(t[0], where, input_ids.shape[0], response_len, empty)
+                    for t in packed)
+    assert lp is not None
+    return lp, ent, spi
 
 
 def _unpack(packed: torch.Tensor, where: tuple[torch.Tensor, ...], rows: int, response_len: int,
@@ -336,6 +396,43 @@ def compute_log_probs(
     micro_batches: Sequence[torch.Tensor] | None = None,
     packed: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """:func:`forward_log_probs` over the whole ``[B, T]`` batch in micro-batches, without autograd
+    (:func:`compute_log_prob_outputs`, which also gives ``sum_pi_squared``).
+
+    Returns ``log_probs [B, R]`` float32, or ``(log_probs, entropy)`` with ``with_entropy``.
+    """
+    out = compute_log_prob_outputs(model, input_ids, attention_mask, position_ids, response_len,
+                                   temperature=temperature, micro_batch_size=micro_batch_size,
+                                   with_entropy=with_entropy, micro_batches=micro_batches, packed=packed)
+    return (out.log_probs, out.entropy) if out.entropy is not None else out.log_probs
+
+
+@dataclass(frozen=True)
+class LogProbOutputs:
+    """What one pass of :func:`compute_log_prob_outputs` gives, each ``[B, R]`` float32."""
+
+    log_probs: torch.Tensor
+    entropy: torch.Tensor | None = None
+    sum_pi_squared: torch.Tensor | None = None
+    """``sum_v pi_v^2`` of each response position's next-token distribution at the temperature (verl's
+    ``sum_pi_squared``, from ``actor.calculate_sum_pi_squared``): the optimal token baselines' input."""
+
+
+@torch.no_grad()
+def compute_log_prob_outputs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_len: int,
+    *,
+    temperature: float = 1.0,
+    micro_batch_size: int,
+    with_entropy: bool = False,
+    with_sum_pi_squared: bool = False,
+    micro_batches: Sequence[torch.Tensor] | None = None,
+    packed: bool = False,
+) -> LogProbOutputs:
     """:func:`forward_log_probs` over the whole ``[B, T]`` batch in micro-batches, without autograd.
 
     ``micro_batches`` (row indices, each row once; ``hpcppo.train.batching.token_budget_groups``) replaces the
@@ -346,31 +443,36 @@ def compute_log_probs(
     ``packed``: each micro-batch's rows run packed into one sequence, without padding
     (:func:`forward_log_probs_packed`).
 
-    Returns ``log_probs [B, R]`` float32, or ``(log_probs, entropy)`` with ``with_entropy``. The model's
-    train/eval mode is left as it is (dropout is off in the models we build either way).
+    ``with_sum_pi_squared``: also ``sum_v pi_v^2`` per response position, from the same logits chunks as the
+    log-probs and in their storage (no further ``[positions, vocab]`` tensor; ``_sum_pi_squared_in_place``).
+
+    The model's train/eval mode is left as it is (dropout is off in the models we build either way).
     """
-    forward = forward_log_probs_packed if packed else forward_log_probs
+    forward = _outputs_packed if packed else _outputs_padded
+    asked = (True, with_entropy, with_sum_pi_squared)
+
+    def run(ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, width: int) -> Outputs:
+        return forward(model, ids, mask, pos, width, temperature=temperature, with_entropy=with_entropy,
+                       entropy_grad=False, with_sum_pi_squared=with_sum_pi_squared, chunk_elements=None)
+
     if micro_batches is None:
-        lps, ents = [], []
-        for sl in _micro_batches(input_ids.shape[0], micro_batch_size):
-            lp, ent = forward(model, input_ids[sl], attention_mask[sl], position_ids[sl], response_len,
-                              temperature=temperature, with_entropy=with_entropy, entropy_grad=False)
-            lps.append(lp)
-            if ent is not None:
-                ents.append(ent)
-        log_probs = torch.cat(lps, dim=0)
-        return (log_probs, torch.cat(ents, dim=0)) if with_entropy else log_probs
-    shape = (input_ids.shape[0], response_len)
-    log_probs = torch.zeros(shape, dtype=torch.float32, device=input_ids.device)
-    entropy = torch.zeros_like(log_probs) if with_entropy else None
-    for rows in _row_groups(input_ids.shape[0], micro_batch_size, micro_batches):
-        cols, width = trimmed_columns(attention_mask[rows], response_len)
-        lp, ent = forward(model, input_ids[rows][:, cols], attention_mask[rows][:, cols], position_ids[rows][:, cols],
-                          width, temperature=temperature, with_entropy=with_entropy, entropy_grad=False)
-        log_probs[rows, :width] = lp
-        if entropy is not None and ent is not None:
-            entropy[rows, :width] = ent
-    return (log_probs, entropy) if entropy is not None else log_probs
+        parts = [run(input_ids[sl], attention_mask[sl], position_ids[sl], response_len)
+                 for sl in _micro_batches(input_ids.shape[0], micro_batch_size)]
+        whole: list[torch.Tensor | None] = [
+            torch.cat([t for p in parts if (t := p[i]) is not None], dim=0) if on else None
+            for i, on in enumerate(asked)]
+    else:
+        shape = (input_ids.shape[0], response_len)
+        whole = [torch.zeros(shape, dtype=torch.float32, device=input_ids.device) if on else None for on in asked]
+        for rows in _row_groups(input_ids.shape[0], micro_batch_size, micro_batches):
+            cols, width = trimmed_columns(attention_mask[rows], response_len)
+            got = run(input_ids[rows][:, cols], attention_mask[rows][:, cols], position_ids[rows][:, cols], width)
+            for dest, part in zip(whole, got):
+                if dest is not None and part is not None:
+                    dest[rows, :width] = part
+    log_probs, entropy, sum_pi_squared = whole
+    assert log_probs is not None
+    return LogProbOutputs(log_probs, entropy, sum_pi_squared)
 
 
 @torch.no_grad()

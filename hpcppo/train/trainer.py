@@ -34,7 +34,7 @@ import torch
 from hpcppo import algos, estimators
 from hpcppo.distributed.env import all_reduce_host, broadcast_object
 from hpcppo.errors import WeightSyncError
-from hpcppo.models import compute_log_probs, compute_values
+from hpcppo.models import compute_log_prob_outputs, compute_log_probs, compute_values
 from hpcppo.rollout.base import derive_seed
 from hpcppo.rollout.source import RolloutSource, StepContext
 from hpcppo.config import sync_guard
@@ -250,9 +250,16 @@ class Trainer:
         if rollout_correction.bypass(self.cfg.algorithm.rollout_correction):  # verl's apply_bypass_mode: no pass
             out["old_log_probs"] = batch["rollout_log_probs"]
         else:
+            # The optimal token baselines' sum_v pi_v^2 comes from the same pass (verl: dp_actor's
+            # _forward_micro_batch with actor.calculate_sum_pi_squared), only for the estimators that read it.
+            with_spi = estimators.lookup(self.cfg.algorithm.adv_estimator).needs_sum_pi_squared
             with self.timer("old_logprob"):
-                out["old_log_probs"] = compute_log_probs(c.actor.model, *args, temperature=temperature,
-                                                         micro_batch_size=rows, micro_batches=groups, packed=packed)
+                old = compute_log_prob_outputs(c.actor.model, *args, temperature=temperature,
+                                               with_sum_pi_squared=with_spi, micro_batch_size=rows,
+                                               micro_batches=groups, packed=packed)
+            out["old_log_probs"] = old.log_probs
+            if old.sum_pi_squared is not None:
+                out["sum_pi_squared"] = old.sum_pi_squared
         with c.reference_policy() as reference:
             if reference is not None:
                 with self.timer("ref"):
@@ -278,7 +285,8 @@ class Trainer:
         with self.timer("adv"):
             keys = ["token_level_scores", "old_log_probs", "response_mask", "response_attention_mask", "seq_tokens",
                     "prompt_len", "prompt_index"]
-            keys += [k for k in ("ref_log_probs", "values", "rollout_log_probs", "reward_baselines") if k in batch]
+            keys += [k for k in ("ref_log_probs", "values", "rollout_log_probs", "reward_baselines", "sum_pi_squared")
+                     if k in batch]
             full = batching.gather_rows({k: batch[k] for k in keys})
             mask = full["response_mask"]
             kl_coef = self.state.kl_coef  # the coefficient this step's penalty uses (the next one is set after)
@@ -298,6 +306,9 @@ class Trainer:
                 values=full.get("values"),
                 index=full["prompt_index"], gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
                 norm_adv_by_std=cfg.algorithm.norm_adv_by_std_in_grpo, reward_baselines=full.get("reward_baselines"),
+                # the optimal token baselines' (verl's compute_advantage: sum_pi_squared, rollout_is_weights)
+                old_log_probs=full["old_log_probs"], sum_pi_squared=full.get("sum_pi_squared"),
+                rollout_is_weights=corrected.get("rollout_is_weights"),
             )
             advantages, returns = algos.compute_advantage(cfg.algorithm.adv_estimator, inputs)
             full |= {"token_level_rewards": rewards, "advantages": advantages, "returns": returns}

@@ -606,6 +606,10 @@ ReMax's baseline (`adv_estimator=remax`) is the score of a greedy response per p
 asks (`do_sample=False`) and its synchronous rollouts do; verl's default agent loop (`rollout.mode=async`) does not
 read `do_sample` and samples that response at the rollout's temperature. `clip_cov` draws its tokens from a generator
 seeded per step and rank (verl: `torch.randperm` on the global generator): as many tokens, among the same candidates.
+The optimal token baselines (`optimal_token_baseline`, `tir_optimal_token_baseline`) read the actor's
+`sum_pi_squared`, which hpcppo's old-log-prob pass computes whenever the estimator needs it, with or without verl's
+`actor.calculate_sum_pi_squared`; verl b178a3c's `compute_advantage` (ray_trainer.py) passes these functions `config`
+and no `old_log_probs`, which their signatures do not take: hpcppo passes the old log-probs, as their docstrings mean.
 
 **A reward model** (`reward_model.enable`): at this commit verl's default is its reward loop (`use_reward_loop=True`,
 dp_reward_loop.yaml: the model served by vLLM's classify endpoint, `RewardLoopWorker.compute_score_disrm`);

@@ -1,6 +1,7 @@
-"""What verl users reach for, end to end on the arithmetic task (issue 23), in two short runs sharing the checks:
+"""What verl users reach for, end to end on the arithmetic task (issue 23), in short runs sharing the checks:
 validation at n responses per prompt (verl's mean@n, best@k, worst@k, maj@k per data source) with the clip_cov loss,
-ReMax's greedy baseline and both trackers (TensorBoard, wandb offline); the gspo loss with the GPG estimator."""
+ReMax's greedy baseline and both trackers (TensorBoard, wandb offline); the gspo loss with the GPG estimator; the
+optimal token baseline with its sum_pi_squared (issue 33)."""
 
 from __future__ import annotations
 
@@ -68,3 +69,24 @@ def test_gspo_with_the_gpg_estimator(tmp_path, warm_tiny):
     assert df["actor/pg_loss"].notna().all() and (df["actor/pg_clipfrac_lower"] == 0).all()
     # GSPO's clip range is per sequence and tiny: after the first mini-batch the sequence ratios leave it.
     assert (df["actor/pg_clipfrac"] > 0).any()
+
+
+@pytest.mark.slow
+def test_the_optimal_token_baseline_trains(tmp_path, warm_tiny):
+    """verl's optimal_token_baseline: the old-log-prob pass (here packed, under a token budget) gives sum_pi_squared,
+    the estimator reads it with the rollout's IS weights (decoupled correction), and the actor trains on non-zero
+    advantages."""
+    root, _ = warm_tiny  # rewards vary within a group, so the advantages are not all 0
+    spec = write_spec(tmp_path / "exp.toml", {"model": root / "model", "train": root / "data" / "train.parquet",
+                                              "val": root / "data" / "val.parquet"})
+    run = compile_run(spec, tmp_path / "runs", [
+        "algorithm.adv_estimator=optimal_token_baseline", "algorithm.rollout_correction.rollout_is=token",
+        "model.remove_padding=true", "rollout.max_tokens_per_micro_batch=56", "rollout.temperature=0.8",
+        "trainer.total_steps=2", "checkpoint.save_every=0",
+    ])
+    assert wait_all(launch_ranks(run, 2, "a0")) == [0, 0], logs_of(run)
+    df = hmetrics.load(run).set_index("step")
+    for col in ("actor/pg_loss", "actor/grad_norm", "advantages/mean", "advantages/std", "rollout_corr/kl"):
+        assert df[col].map(math.isfinite).all(), (col, df[col].tolist())
+    assert (df["advantages/std"] > 0).all() and (df["actor/grad_norm"] > 0).all()
+    assert df["critic/vf_loss"].isna().all()  # no critic

@@ -83,11 +83,14 @@ def test_bypass_mode_replaces_the_loss_mode_so_another_one_is_refused(tmp_path):
     _compile(tmp_path, K + "bypass_mode=true", K + "loss_type=reinforce")
 
 
-def test_new_group_estimators_compile_and_the_token_baselines_are_refused_with_the_reason(tmp_path):
-    for name in ("opo", "grpo_passk"):
+def test_new_group_estimators_compile_and_the_token_baselines_only_without_bypass_mode(tmp_path):
+    for name in ("opo", "grpo_passk", "optimal_token_baseline", "tir_optimal_token_baseline"):
         _compile(tmp_path, f"algorithm.adv_estimator={name}")
-    with pytest.raises(HpcppoError, match="needs the actor's sum of squared token probabilities"):
-        _compile(tmp_path, "algorithm.adv_estimator=tir_optimal_token_baseline")
+    _compile(tmp_path, "algorithm.adv_estimator=optimal_token_baseline", K + "rollout_is=token")  # decoupled: IS
+    for name in ("optimal_token_baseline", "tir_optimal_token_baseline"):  # verl: no pass, no sum_pi_squared
+        with pytest.raises(HpcppoError, match=f"adv_estimator='{name}' needs the old-log-prob pass's sum_pi_squared, "
+                                              "which algorithm.rollout_correction.bypass_mode=true skips"):
+            _compile(tmp_path, f"algorithm.adv_estimator={name}", K + "bypass_mode=true")
 
 
 def test_a_watchdog_rule_may_watch_the_corrections_columns_when_it_is_on(tmp_path):

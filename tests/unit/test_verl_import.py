@@ -381,3 +381,16 @@ def test_a_spec_that_does_not_load_is_written_and_the_problem_named(tmp_path):
     assert r.returncode == 0 and (tmp_path / "exp.toml").is_file()
     last = r.stderr.splitlines()[-1]
     assert last.startswith("hpcppo: error: ") and "does not load yet" in last and "train_files" in last
+
+
+def test_verls_optimal_token_baseline_example_imports_with_nothing_unsupported(tmp_path):
+    """verl's examples/otb_trainer/run_qwen2_5-7b.sh asks for calculate_sum_pi_squared: hpcppo computes it for the
+    estimator anyway (issue 33), so the key is reported as ignored, not refused."""
+    imp = _translated("algorithm.adv_estimator=optimal_token_baseline", "actor_rollout_ref.rollout.n=8",
+                      "actor_rollout_ref.actor.calculate_sum_pi_squared=True",
+                      "actor_rollout_ref.actor.sum_pi_squared_checkpointing=True", cwd=tmp_path)
+    assert imp.values["algorithm.adv_estimator"] == "optimal_token_baseline"
+    kinds = {text.split("=")[0]: kind for kind, text, _ in imp.report}
+    assert kinds["actor_rollout_ref.actor.calculate_sum_pi_squared"] == "ignored"
+    assert kinds["actor_rollout_ref.actor.sum_pi_squared_checkpointing"] == "ignored"
+    assert "unsupported" not in kinds.values()

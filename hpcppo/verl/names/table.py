@@ -294,8 +294,11 @@ def _actor_entries() -> list[Entry]:
     ign(A + "entropy_checkpointing", "a memory optimisation of verl's entropy; same values"),
     ign(A + "calculate_entropy", "hpcppo always logs the entropy"),
     uns(A + "use_prefix_grouper", "not in hpcppo", ok=(False,)),
-    uns(A + "calculate_sum_pi_squared", "not in hpcppo", ok=(False,)),
-    ign(A + "sum_pi_squared_checkpointing", "only with calculate_sum_pi_squared"),
+    ign(A + "calculate_sum_pi_squared", "the old-log-prob pass computes sum_pi_squared whenever "
+        "algorithm.adv_estimator reads it (optimal_token_baseline, tir_optimal_token_baseline, which verl runs only "
+        "with true); verl's variance-proxy metrics from it are not logged"),
+    ign(A + "sum_pi_squared_checkpointing", "a memory saver of verl's autograd; hpcppo computes sum_pi_squared "
+        "without autograd, in the logits chunk's own storage"),
     ign(A + "freeze_vision_tower", "hpcppo trains text models"),
     ign(A + "rollout_n", "verl copies rollout.n here"),
     ign(A + "_target_", "Hydra's class to build; not a setting"),
