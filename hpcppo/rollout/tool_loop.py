@@ -4,8 +4,9 @@ tool turn as token ids, continue (docs/tools.md, "The rollout loop").
 Per trajectory, as verl's ``ToolAgentLoop`` (verl b178a3c, verl/experimental/agent_loop/tool_agent_loop.py,
 ``_handle_generating_state`` / ``_handle_processing_tools_state``):
 
-- an assistant turn is sampled until EOS or the call format's closing token (``</tool_call>``, ``</call>``: a stop
-  token when the tokenizer has it as one token), at most the response budget left;
+- an assistant turn is sampled until EOS or, with ``max_parallel_calls = 1``, the call format's closing token
+  (``</tool_call>``, ``</call>``: a stop token when the tokenizer has it as one token), at most the response budget
+  left;
 - its calls are parsed (:mod:`hpcppo.agent.parse`; malformed, unknown, badly typed and surplus calls become error
   observations) and run one by one in the tool worker; a trajectory with no call ends;
 - the answers become one tool turn (:class:`~hpcppo.rollout.tool_turns.ToolTurns`), appended with loss mask 0 and
@@ -47,7 +48,8 @@ from hpcppo.rollout.agent_loop import Trajectory, batch_from_trajectories
 from hpcppo.rollout.base import PromptInput, RolloutBatch, RolloutEngine, SamplingParams, prompt_lists
 from hpcppo.rollout.tool_turns import ToolTurns
 
-__all__ = ["ToolLoop", "ToolLoopSettings", "LoopStats", "check_failures", "turn_seed"]
+__all__ = ["ToolLoop", "ToolLoopSettings", "LoopStats", "check_failures", "turn_seed", "closing_stop_ids",
+           "stats_vector", "stats_metrics"]
 
 _CLOSERS = {"hermes": HERMES_END, "compact": COMPACT_END}
 
@@ -83,6 +85,18 @@ class LoopStats:
     tool_s: float = 0.0
     calls: Counter[str] = field(default_factory=Counter)
     failures: Counter[str] = field(default_factory=Counter)
+
+
+def closing_stop_ids(tokenizer: Any, fmt: str, max_parallel_calls: int) -> tuple[int, ...]:
+    """The call format's closing token as a stop id, when the tokenizer has it as one token and a turn holds at
+    most one call (``max_parallel_calls`` = 1); else none: the turn runs to EOS and its calls are parsed then, as
+    verl always does (a model writes several calls in one turn)."""
+    if max_parallel_calls != 1:
+        return ()
+    closer = tokenizer.convert_tokens_to_ids(_CLOSERS[fmt])
+    if not isinstance(closer, int) or closer == tokenizer.unk_token_id:
+        return ()
+    return (closer,)
 
 
 def turn_seed(seed: int | None, turn: int) -> int | None:
@@ -138,11 +152,7 @@ class ToolLoop:
         self.settings = settings
         self.turns = ToolTurns(tokenizer, max_tool_response_length=settings.max_tool_response_length,
                                truncate_side=settings.tool_response_truncate_side)
-        closer = tokenizer.convert_tokens_to_ids(_CLOSERS[settings.format])
-        # The closing token stops a turn when the tokenizer has it as one token; else a turn runs to EOS and its
-        # calls are parsed then (verl generates to EOS always).
-        self.stop_ids: tuple[int, ...] = (int(closer),) if isinstance(closer, int) and \
-            closer != tokenizer.unk_token_id and closer is not None else ()
+        self.stop_ids = closing_stop_ids(tokenizer, settings.format, settings.max_parallel_calls)
         self.stats = LoopStats()
         self.tool_rewards: list[list[float]] = []  # per row of the last run's batch
 
