@@ -25,7 +25,7 @@ TOOL_TOKENS = ("<call>", "</call>", "<|tool|>")
 ECHO_HEAD = '{"name": "echo", "arguments": {"n": '
 ECHO_TAIL = "}}"
 HERMES_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>")
-HERMES_CHARS = "0123456789abcdefghijklmnopqrstuvwxyz :\n{}\",_-()=+*"
+HERMES_CHARS = "0123456789abcdefghijklmnopqrstuvwxyz :\n{}\",_-()=+*.'"
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message['role'] == 'tool' %}"
