@@ -67,9 +67,10 @@ def hermes_tokenizer() -> Any:
     return tok
 
 
-def script(model: Any, tokenizer: Any, table: dict[str, list[str]], *, strength: float = 6.0) -> Any:
+def script(model: Any, tokenizer: Any, table: dict[str, Any], *, strength: float = 6.0) -> Any:
     """Set a Qwen2 or Llama model's weights (hidden size = vocab size, untied) so that its next token follows
-    ``table`` (see the module docstring); returns it."""
+    ``table`` (see the module docstring; a successor given as ``{token: strength}`` gets that logit weight instead
+    of ``strength``); returns it."""
     vocab = len(tokenizer)
     eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
     with torch.no_grad():
@@ -86,12 +87,13 @@ def script(model: Any, tokenizer: Any, table: dict[str, list[str]], *, strength:
         for current, nexts in table.items():
             c = tokenizer.convert_tokens_to_ids(current)
             head[eos, c] = 0.0
-            for n in nexts:
-                head[tokenizer.convert_tokens_to_ids(n), c] = strength
+            weights = nexts if isinstance(nexts, dict) else dict.fromkeys(nexts, strength)
+            for n, w in weights.items():
+                head[tokenizer.convert_tokens_to_ids(n), c] = w
     return model
 
 
-def scripted_engine(tokenizer: Any, table: dict[str, list[str]]) -> HFRolloutEngine:
+def scripted_engine(tokenizer: Any, table: dict[str, Any]) -> HFRolloutEngine:
     """The HF engine over a one-layer Qwen2 whose next token follows ``table`` (see the module docstring)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -102,7 +104,7 @@ def scripted_engine(tokenizer: Any, table: dict[str, list[str]]) -> HFRolloutEng
     return HFRolloutEngine(script(model, tokenizer, table).eval())
 
 
-def scripted_model_dir(path: Any, tokenizer: Any, table: dict[str, list[str]]) -> Any:
+def scripted_model_dir(path: Any, tokenizer: Any, table: dict[str, Any]) -> Any:
     """A one-layer Llama (the tiny model's family) scripted by ``table``, saved with ``tokenizer`` for a run."""
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
