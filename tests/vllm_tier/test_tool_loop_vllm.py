@@ -5,6 +5,7 @@ within 1e-4; the call's closing token stops vLLM's turn (stop_token_ids) and sta
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -28,7 +29,7 @@ def _both_engines(rank: int, world: int, model_dir: str) -> dict:
     """On a spawned rank (vLLM's external launcher needs one): the tool loop over each engine."""
     from hpcppo.agent.tool import ToolSpec
     from hpcppo.agent.worker import ToolWorker
-    from hpcppo.rollout.base import SamplingParams
+    from hpcppo.rollout.base import RequestEngine, SamplingParams
     from hpcppo.rollout.hf import HFRolloutEngine
     from hpcppo.rollout.tool_loop import ToolLoop, ToolLoopSettings
     from hpcppo.rollout.vllm_engine import VLLMRolloutEngine
@@ -51,7 +52,14 @@ def _both_engines(rank: int, world: int, model_dir: str) -> dict:
             out[name] = {"ids": batch.response_ids, "loss": batch.response_mask,
                          "attend": batch.response_attention_mask, "lp": batch.rollout_log_probs,
                          "calls": stats.tool_calls, "turns": stats.turns,
-                         "text": tok.decode(batch.response_ids[0], skip_special_tokens=False)}
+                         "text": tok.decode(batch.response_ids[0], skip_special_tokens=False),
+                         "requests": isinstance(engine, RequestEngine)}
+        # sampled, each continuation its own seeded request: the same seed gives the same trajectories
+        loop = ToolLoop(engines["vllm"], worker, tok, {"mul": SCHEMA}, settings)
+        hot = dataclasses.replace(sampling, temperature=1.0, seed=3)
+        runs = [loop.run([prompt] * 3, hot).response_ids for _ in range(2)]
+        out["sampled_alike"] = torch.equal(runs[0], runs[1])
+        out["sampled_varied"] = len({tuple(r.tolist()) for r in runs[0]}) > 1
     engines["vllm"].close()
     return out
 
@@ -60,6 +68,8 @@ def test_vllm_and_hf_give_the_same_multi_turn_trajectories(tmp_path):
     model_dir = scripted_model_dir(tmp_path / "model", compact_tokenizer(), TABLE)
     [out] = run_distributed(_both_engines, 1, str(model_dir))
     hf, vl = out["hf"], out["vllm"]
+    assert vl["requests"] and not hf["requests"]  # vLLM: each continuation its own request; HF: turn by turn
+    assert out["sampled_alike"] and out["sampled_varied"]
     assert hf["calls"] == vl["calls"] == 8 and hf["turns"] == vl["turns"] == 12
     for key in ("ids", "loss", "attend"):
         assert torch.equal(hf[key], vl[key]), key
