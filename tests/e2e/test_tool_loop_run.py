@@ -6,11 +6,13 @@ the HDF5 log; the tool worker and its scratch directory end with the run."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
 
 from hpcppo import metrics as hmetrics
+from hpcppo.cli import main
 from hpcppo.data import synthetic
 
 from _harness import compile_run, launch_ranks, logs_of, wait_all, write_spec
@@ -49,7 +51,7 @@ def _workers_of(pid: int) -> list[int]:
     return found
 
 
-def test_a_multi_turn_run_logs_its_tool_metrics_and_leaves_nothing_behind(tmp_path, monkeypatch):
+def test_a_multi_turn_run_logs_its_tool_metrics_and_leaves_nothing_behind(tmp_path, monkeypatch, capsys):
     from hpcppo.agent.tool import ToolSpec
     from hpcppo.agent.worker import ToolWorker
 
@@ -79,3 +81,8 @@ def test_a_multi_turn_run_logs_its_tool_metrics_and_leaves_nothing_behind(tmp_pa
         assert row["rollout/tool_errors"] == 0 and row["rollout/tool_failures/mul"] == 0
         assert row["rollout/tool_timeouts"] == 0 and row["time/tool_s"] > 0
         assert row["response/length_mean"] > 24  # two calls and the tool turn between them
+    # `hpcppo metrics summary` shows the tool loop's headline metrics of a multi-turn run
+    assert main(["metrics", "summary", str(run), "--json"]) == 0
+    [summary] = json.loads(capsys.readouterr().out)
+    assert summary["metrics"]["rollout/tool_calls_mean"]["last"] == 1.0
+    assert {"rollout/turns_mean", "rollout/tool_errors", "rollout/tool_timeouts"} <= set(summary["metrics"])
