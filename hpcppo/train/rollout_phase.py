@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from hpcppo.distributed.env import all_reduce_host
+from hpcppo.errors import ConfigError
 from hpcppo.rollout.agent_loop import AgentLoop, SingleTurnLoop
 from hpcppo.rollout.base import RolloutBatch
 from hpcppo.rollout.source import ColocatedSource, Collected
@@ -31,7 +32,10 @@ def agent_loop(c: Any) -> AgentLoop:
         max_parallel_calls=mt.max_parallel_calls, max_tool_response_length=mt.max_tool_response_length,
         tool_response_truncate_side=mt.tool_response_truncate_side,
         max_tool_failures_per_step=mt.max_tool_failures_per_step)
-    return ToolLoop(c.engine, c.tools.worker, c.tokenizer, c.tools.schemas, settings)
+    try:
+        return ToolLoop(c.engine, c.tools.worker, c.tokenizer, c.tools.schemas, settings)
+    except ValueError as exc:  # a tokenizer whose chat template cannot render a tool turn: one line, at job start
+        raise ConfigError(f"{exc} ({c.cfg.model.path})", key="rollout.multi_turn.enable") from None
 
 
 def tool_metrics(c: Any, got: Collected) -> dict[str, float]:

@@ -289,3 +289,42 @@ def test_with_a_request_engine_a_trajectory_at_its_tool_holds_up_no_other(tok, w
     assert len(timed.calls) == 6
     # the engine stepped other trajectories while a tool ran
     assert any(start < step < end for start, end in timed.calls for step in requests.steps)
+
+
+def test_a_hanging_tool_times_out_into_an_observation_and_a_metric(tok):
+    with ToolWorker([ToolSpec("agent_tools_fixture.Hangs")], call_timeout_s=1.0) as w:
+        schemas = tool_schemas([ToolSpec("agent_tools_fixture.Hangs")])
+        lp = ToolLoop(scripted_engine(tok, calls("hangs")), w, tok, schemas,
+                      ToolLoopSettings(max_response_length=128, format="compact", max_assistant_turns=2))
+        ids, mask, _ = rows(lp.run([prompt(tok)], sampling(tok, n=1)))[0]
+        stats = lp.take_stats()
+        assert w.counts["hangs"]["timeouts"] == 1 and w.counts["hangs"]["restarts"] == 1
+    assert stats.tool_timeouts == 1 and stats.tool_errors == 1 and stats.failures == {"hangs": 1}
+    want = ToolTurns(tok, max_tool_response_length=256).ids(["error: tool 'hangs' failed: no answer within 1 s"],
+                                                            after=tok.convert_tokens_to_ids("</call>"))
+    assert [t for t, m in zip(ids, mask) if m == 0] == want
+
+
+def test_agent_loop_of_a_run(tok, worker):
+    from hpcppo.config.multi_turn import MultiTurnSection, ToolEntry
+    from hpcppo.errors import ConfigError
+    from hpcppo.rollout.agent_loop import SingleTurnLoop
+    from hpcppo.train.rollout_phase import agent_loop
+
+    section = MultiTurnSection(enable=True, format="compact", max_assistant_turns=4,
+                               tools=[ToolEntry(class_name="agent_tools_fixture.Counter")])
+    engine = scripted_engine(tok, calls("counter"))
+    c = SimpleNamespace(engine=engine, tokenizer=tok, tools=SimpleNamespace(worker=worker, schemas=worker.test_schemas),
+                        cfg=SimpleNamespace(rollout=SimpleNamespace(multi_turn=section), model=SimpleNamespace(path="m"),
+                                            data=SimpleNamespace(max_response_length=48)))
+    loop = agent_loop(c)
+    assert isinstance(loop, ToolLoop) and loop.settings.max_assistant_turns == 4
+    assert loop.settings.max_response_length == 48 and loop.settings.format == "compact"
+    c.cfg.rollout.multi_turn = MultiTurnSection()
+    assert isinstance(agent_loop(c), SingleTurnLoop)
+    c.cfg.rollout.multi_turn, c.tokenizer = section, hermes_tokenizer()
+    c.tokenizer.chat_template = None
+    with pytest.raises(ConfigError) as err:
+        agent_loop(c)
+    assert str(err.value) == ("rollout.multi_turn.enable: the tool loop needs a tokenizer with a chat template (it "
+                              "renders the tool turns) (m)")
