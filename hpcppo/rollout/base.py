@@ -378,6 +378,12 @@ class RequestEngine(Protocol):
     """An engine that also takes requests one at a time (vLLM): the tool loop submits each continuation on its own,
     so that a trajectory waiting on a tool holds up no other."""
 
+    @property
+    def takes_requests(self) -> bool:
+        """Whether requests may come one at a time in an order of this rank's own: not when ranks of a
+        tensor-parallel group must give one engine the same inputs at the same steps."""
+        ...
+
     def submit(self, key: str, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         """Queue one sample's request under ``key`` (``sampling.seed`` its own)."""
         ...

@@ -19,8 +19,9 @@ Scheduling. With the HF engine the live trajectories of a step generate one turn
 per turn, each trajectory its own row with ``n = 1``), seeded from the step's seed and the turn number. With an
 engine that takes requests one at a time (:class:`~hpcppo.rollout.base.RequestEngine`: vLLM), each continuation is
 its own request, seeded from the step's seed, the turn and the trajectory, and a finished turn's tools run on one
-thread beside the engine: while a trajectory waits on its tool, the engine keeps stepping the others. Either way a
-step's rollout is a function of its seed (bit-exact resume). A tool turn is appended as ids: the history is never decoded and tokenised
+thread beside the engine: while a trajectory waits on its tool, the engine keeps stepping the others (with one
+rank per engine: a tensor-parallel group's ranks must feed their engine alike, so they batch turn by turn). Either
+way a step's rollout is a function of its seed (bit-exact resume). A tool turn is appended as ids: the history is never decoded and tokenised
 again (each turn's own tokens are decoded to parse its calls only).
 
 Tool failures (the tool raised, crashed its worker or did not answer) are counted per tool; the step's count is
@@ -174,7 +175,7 @@ class ToolLoop:
                 for i in range(len(rows)) for k in range(sampling.n)]
         self.stats = LoopStats(trajectories=len(live))
         try:
-            if isinstance(self.engine, RequestEngine):
+            if isinstance(self.engine, RequestEngine) and self.engine.takes_requests:
                 self._run_requests(self.engine, live, sampling)
             else:
                 self._run_batched(live, sampling)

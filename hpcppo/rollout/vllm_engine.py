@@ -266,6 +266,7 @@ class VLLMRolloutEngine:
         self._llm: Any = vllm.LLM(**kwargs)
         _unlink_cpu_shm_segments()
         self._sleep_mode = enable_sleep_mode
+        self._tensor_parallel_size = tensor_parallel_size
         self._sleep_level = sleep_level
         self._bucket_bytes = int(sync_bucket_bytes)
         self._dtype = dtype
@@ -355,6 +356,12 @@ class VLLMRolloutEngine:
                                  pad_token_id=sampling.pad_token_id)
 
     # -- one request at a time (the tool loop: each continuation its own request) ------------------------------
+
+    @property
+    def takes_requests(self) -> bool:
+        """One rank per engine only: the ranks of a tensor-parallel group drive one engine in lockstep, and the
+        order in which tool answers come back is each rank's own (the tool loop batches turn by turn there)."""
+        return self._tensor_parallel_size == 1
 
     def submit(self, key: str, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         """Queue one request of one sample (``sampling.n`` is ignored; ``sampling.seed`` is the request's own) under

@@ -236,6 +236,8 @@ class OneRequestPerStep:
     """The HF engine behind the request interface (what vLLM offers): each step finishes the oldest pending
     request, so a test sees the loop step some trajectories while others are at their tools."""
 
+    takes_requests = True
+
     def __init__(self, engine):
         self.engine, self.pending, self.steps = engine, [], []
 
