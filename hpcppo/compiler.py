@@ -27,7 +27,7 @@ from hpcppo.config.load import (expand_path_text, experiment_from_data, load_exp
                                 load_site_with_provenance, parse_overrides)
 from hpcppo.config.resolve import resolve
 from hpcppo.config.experiment import DataSection
-from hpcppo.config.multi_turn import MultiTurnSection, check_multi_turn
+from hpcppo.config.multi_turn import MultiTurnSection
 from hpcppo.config.reward import check_reward_combination
 from hpcppo.config.reward_check import check_reward_model
 from hpcppo.config.rollout_corr import metric_columns as rollout_corr_columns
@@ -70,7 +70,6 @@ def compile_config(spec: str | os.PathLike[str], site: str | os.PathLike[str] = 
         check_engine_installed(site_obj, experiment)
         check_trackers_installed(site_obj, experiment)
         _check_tools(experiment.rollout.multi_turn, str(spec_path), experiment.data)
-    check_multi_turn(experiment.rollout.multi_turn, file=str(spec_path))
     check_rule_metrics(experiment.watchdog, file=str(spec_path),
                        extra=tuple(rollout_corr_columns(experiment.algorithm.rollout_correction)))
     check_reward_combination(experiment.reward_model, experiment.reward_manager, experiment.data.max_response_length,
