@@ -324,7 +324,7 @@ class VLLMRolloutEngine:
             max_tokens=sampling.max_new_tokens,
             logprobs=0,  # the sampled token's log-prob only
             seed=seed,
-            stop_token_ids=list(sampling.eos_ids),
+            stop_token_ids=list(sampling.end_ids),  # EOS, then a tool call's closing token (the tool loop)
             detokenize=False,  # the trainer decodes what it needs; skipping it saves CPU time per step
         )
 
@@ -350,7 +350,7 @@ class VLLMRolloutEngine:
         # two copies of one prompt in a batch (sampling with replacement) would get identical samples.
         params = [self._sampling_params(sampling, prompt_seed(sampling.seed, i, sampling.n)) for i in range(len(rows))]
         outputs = self.llm.generate([{"prompt_token_ids": r} for r in rows], params, use_tqdm=False)
-        return _to_rollout_batch(outputs, n=sampling.n, eos_token_ids=sampling.eos_ids,
+        return _to_rollout_batch(outputs, n=sampling.n, eos_token_ids=sampling.end_ids,
                                  pad_token_id=sampling.pad_token_id)
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:

@@ -9,15 +9,49 @@ from typing import Any
 
 import torch
 
-from hpcppo.rollout.agent_loop import SingleTurnLoop
+from hpcppo.distributed.env import all_reduce_host
+from hpcppo.rollout.agent_loop import AgentLoop, SingleTurnLoop
 from hpcppo.rollout.base import RolloutBatch
-from hpcppo.rollout.source import ColocatedSource
+from hpcppo.rollout.source import ColocatedSource, Collected
+from hpcppo.rollout.tool_loop import ToolLoop, ToolLoopSettings, check_failures, stats_metrics, stats_vector
 from hpcppo.train.lora import actor_weights
 
 
+def agent_loop(c: Any) -> AgentLoop:
+    """The run's agent loop over ``c.engine``: the tool loop with the rank's tool worker (``c.tools``, started and
+    closed with the components) when ``rollout.multi_turn.enable``, else the single-turn loop."""
+    mt = c.cfg.rollout.multi_turn
+    if not mt.enable:
+        return SingleTurnLoop(c.engine)
+    if c.tools is None or c.tools.worker is None:
+        raise RuntimeError("rollout.multi_turn.enable is set but the components have no started tool worker")
+    settings = ToolLoopSettings(
+        max_response_length=c.cfg.data.max_response_length, format=mt.format,
+        max_assistant_turns=mt.max_assistant_turns, max_user_turns=mt.max_user_turns,
+        max_parallel_calls=mt.max_parallel_calls, max_tool_response_length=mt.max_tool_response_length,
+        tool_response_truncate_side=mt.tool_response_truncate_side,
+        max_tool_failures_per_step=mt.max_tool_failures_per_step)
+    return ToolLoop(c.engine, c.tools.worker, c.tokenizer, c.tools.schemas, settings)
+
+
+def tool_metrics(c: Any, got: Collected) -> dict[str, float]:
+    """The tool loop's metrics of the step, summed (and maxed) over the ranks, identical on every rank; raises
+    :class:`~hpcppo.errors.ToolFailureError` on every rank together when a tool failed more often than
+    ``rollout.multi_turn.max_tool_failures_per_step``. Empty (and no collective) for the single-turn loop."""
+    if got.tool_stats is None:
+        return {}
+    names = list(c.tools.schemas)
+    sums, maxima = stats_vector(got.tool_stats, names)
+    sums, maxima = all_reduce_host(sums, "sum"), all_reduce_host(maxima, "max")
+    metrics = stats_metrics(sums, maxima, names)
+    check_failures({n: metrics[f"rollout/tool_failures/{n}"] for n in names},
+                   c.cfg.rollout.multi_turn.max_tool_failures_per_step)
+    return metrics
+
+
 def colocated_source(c: Any, *, greedy_baseline: bool) -> ColocatedSource:
-    """The engine on the trainer's ranks with the single-turn loop. The actor, the sampler and the data are looked
-    up at each call, so whatever a resume or a rollback put in ``c`` is what the source reads."""
+    """The engine on the trainer's ranks with the run's agent loop (:func:`agent_loop`). The actor, the sampler and
+    the data are looked up at each call, so whatever a resume or a rollback put in ``c`` is what the source reads."""
 
     def weights(**kwargs: Any) -> Any:
         return actor_weights(c.actor.model, **kwargs)
@@ -25,7 +59,7 @@ def colocated_source(c: Any, *, greedy_baseline: bool) -> ColocatedSource:
     def prompts() -> list[Any]:
         return [c.train_data[i] for i in c.sampler.next_batch()]  # this rollout group's prompts
 
-    return ColocatedSource(c.engine, SingleTurnLoop(c.engine), weights=weights, prompts=prompts,
+    return ColocatedSource(c.engine, agent_loop(c), weights=weights, prompts=prompts,
                            sampling=c.sampling, greedy_baseline=greedy_baseline)
 
 
