@@ -374,6 +374,29 @@ def batch_from_lists(
 
 
 @runtime_checkable
+class RequestEngine(Protocol):
+    """An engine that also takes requests one at a time (vLLM): the tool loop submits each continuation on its own,
+    so that a trajectory waiting on a tool holds up no other."""
+
+    def submit(self, key: str, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
+        """Queue one sample's request under ``key`` (``sampling.seed`` its own)."""
+        ...
+
+    def busy(self) -> bool:
+        """Whether submitted requests are still running."""
+        ...
+
+    def step_finished(self) -> list[tuple[str, list[int], list[float]]]:
+        """Run the engine one step; the requests that finished: ``(key, tokens, log-probs)``, the end id that
+        stopped one included."""
+        ...
+
+    def abort(self, keys: Sequence[str]) -> None:
+        """Drop these requests where they still run (a failed step's)."""
+        ...
+
+
+@runtime_checkable
 class RolloutEngine(Protocol):
     """What the trainer needs from a generator (one engine per rank; it does not communicate).
 

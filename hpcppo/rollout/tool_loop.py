@@ -15,9 +15,12 @@ Per trajectory, as verl's ``ToolAgentLoop`` (verl b178a3c, verl/experimental/age
   (``data.max_response_length``) is spent, or when the next tool turn would not leave room for one more token
   (verl ends there too, without appending it). The response never exceeds the budget.
 
-Scheduling: the live trajectories of a step generate one turn together (one ``engine.generate`` per turn, each
-trajectory its own row with ``n = 1``), seeded from the step's seed and the turn number, so a step's rollout is a
-function of its seed (bit-exact resume). A tool turn is appended as ids: the history is never decoded and tokenised
+Scheduling. With the HF engine the live trajectories of a step generate one turn together (one ``engine.generate``
+per turn, each trajectory its own row with ``n = 1``), seeded from the step's seed and the turn number. With an
+engine that takes requests one at a time (:class:`~hpcppo.rollout.base.RequestEngine`: vLLM), each continuation is
+its own request, seeded from the step's seed, the turn and the trajectory, and a finished turn's tools run on one
+thread beside the engine: while a trajectory waits on its tool, the engine keeps stepping the others. Either way a
+step's rollout is a function of its seed (bit-exact resume). A tool turn is appended as ids: the history is never decoded and tokenised
 again (each turn's own tokens are decoded to parse its calls only).
 
 Tool failures (the tool raised, crashed its worker or did not answer) are counted per tool; the step's count is
@@ -33,8 +36,10 @@ carries them by itself.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
+import queue
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -45,7 +50,8 @@ from hpcppo.agent.parse import COMPACT_END, HERMES_END, parse_calls
 from hpcppo.agent.worker import ToolWorker
 from hpcppo.errors import ToolFailureError
 from hpcppo.rollout.agent_loop import Trajectory, batch_from_trajectories
-from hpcppo.rollout.base import PromptInput, RolloutBatch, RolloutEngine, SamplingParams, prompt_lists
+from hpcppo.rollout.base import (PromptInput, RequestEngine, RolloutBatch, RolloutEngine, SamplingParams,
+                                 prompt_lists)
 from hpcppo.rollout.tool_turns import ToolTurns
 
 __all__ = ["ToolLoop", "ToolLoopSettings", "LoopStats", "check_failures", "turn_seed", "closing_stop_ids",
@@ -155,6 +161,7 @@ class ToolLoop:
         self.stop_ids = closing_stop_ids(tokenizer, settings.format, settings.max_parallel_calls)
         self.stats = LoopStats()
         self.tool_rewards: list[list[float]] = []  # per row of the last run's batch
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None  # the tool thread (request engines)
 
     def take_stats(self) -> LoopStats:
         """The last :meth:`run`'s counts (and forget them)."""
@@ -166,24 +173,11 @@ class ToolLoop:
         live = [_Live(row=i * sampling.n + k, prompt_index=i, prompt=rows[i])
                 for i in range(len(rows)) for k in range(sampling.n)]
         self.stats = LoopStats(trajectories=len(live))
-        budget = self.settings.max_response_length
-        turn = 0
         try:
-            while True:
-                active = [t for t in live if not t.done]
-                if not active:
-                    break
-                room = max(budget - len(t.response) for t in active)
-                turn_sampling = dataclasses.replace(sampling, n=1, max_new_tokens=max(1, room),
-                                                    seed=turn_seed(sampling.seed, turn),
-                                                    stop_token_ids=tuple(sampling.stop_token_ids) + self.stop_ids)
-                out = self.engine.generate([t.prompt + t.response for t in active], turn_sampling)
-                lengths = out.response_attention_mask.sum(-1).tolist()
-                for j, t in enumerate(active):
-                    n = min(int(lengths[j]), budget - len(t.response))
-                    self._assistant_turn(t, out.response_ids[j, :n].tolist(), out.rollout_log_probs[j, :n].tolist(),
-                                         sampling)
-                turn += 1
+            if isinstance(self.engine, RequestEngine):
+                self._run_requests(self.engine, live, sampling)
+            else:
+                self._run_batched(live, sampling)
         finally:
             for t in live:
                 for instance in t.instances.values():
@@ -196,6 +190,90 @@ class ToolLoop:
                                    rollout_log_probs=t.log_probs, policy_version=[-1] * len(t.response),
                                    prompt_index=t.prompt_index) for t in live]
         return batch_from_trajectories(trajectories, sampling.pad_token_id)
+
+    def _turn_sampling(self, sampling: SamplingParams, room: int, seed: int | None) -> SamplingParams:
+        return dataclasses.replace(sampling, n=1, max_new_tokens=max(1, room), seed=seed,
+                                   stop_token_ids=tuple(sampling.stop_token_ids) + self.stop_ids)
+
+    def _run_batched(self, live: list[_Live], sampling: SamplingParams) -> None:
+        """Every live trajectory's next turn in one ``generate`` (the HF engine)."""
+        budget = self.settings.max_response_length
+        turn = 0
+        while True:
+                active = [t for t in live if not t.done]
+                if not active:
+                    break
+                room = max(budget - len(t.response) for t in active)
+                turn_sampling = self._turn_sampling(sampling, room, turn_seed(sampling.seed, turn))
+                out = self.engine.generate([t.prompt + t.response for t in active], turn_sampling)
+                lengths = out.response_attention_mask.sum(-1).tolist()
+                for j, t in enumerate(active):
+                    n = min(int(lengths[j]), budget - len(t.response))
+                    self._assistant_turn(t, out.response_ids[j, :n].tolist(), out.rollout_log_probs[j, :n].tolist(),
+                                         sampling)
+                turn += 1
+
+    def _run_requests(self, engine: RequestEngine, live: list[_Live], sampling: SamplingParams) -> None:
+        """Each continuation its own request; a finished turn goes to the tool thread, which appends it, runs its
+        calls and hands the trajectory back; the engine steps the others meanwhile."""
+        budget = self.settings.max_response_length
+        by_key = {f"tool-loop-{t.row}": t for t in live}
+        back: queue.Queue[tuple[_Live, BaseException | None]] = queue.Queue()
+
+        def submit(key: str, t: _Live) -> None:
+            seed = turn_seed(sampling.seed, t.assistant_turns)
+            seed = None if seed is None else (seed + t.row) % (2**63 - 1)
+            engine.submit(key, t.prompt + t.response, self._turn_sampling(sampling, budget - len(t.response), seed))
+
+        def turn_then_back(t: _Live, ids: list[int], lps: list[float]) -> None:
+            try:
+                self._assistant_turn(t, ids, lps, sampling)
+                back.put((t, None))
+            except BaseException as exc:  # noqa: BLE001 - re-raised on the loop's thread
+                back.put((t, exc))
+
+        def handle(t: _Live, exc: BaseException | None) -> int:
+            if exc is not None:
+                raise exc
+            if t.done:
+                return 1
+            submit(f"tool-loop-{t.row}", t)
+            return 0
+
+        if self._pool is None:
+            # One thread for the loop's life, not one per step: a tool worker restarted from it (after a crash or
+            # a hang) gets its death signal tied to this thread (PR_SET_PDEATHSIG follows the starting thread).
+            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpcppo-tools")
+        pool = self._pool
+        try:
+            for key, t in by_key.items():
+                submit(key, t)
+            open_, at_tools = len(live), 0
+            while open_:
+                while True:  # trajectories back from their tools: continue them or count them done
+                    try:
+                        t, exc = back.get_nowait()
+                    except queue.Empty:
+                        break
+                    at_tools -= 1
+                    open_ -= handle(t, exc)
+                if not open_:
+                    break
+                if engine.busy():
+                    for key, ids, lps in engine.step_finished():
+                        t = by_key[key]
+                        n = min(len(ids), budget - len(t.response))
+                        at_tools += 1
+                        pool.submit(turn_then_back, t, ids[:n], lps[:n])
+                elif at_tools:  # nothing to generate until a tool answers
+                    t, exc = back.get()
+                    at_tools -= 1
+                    open_ -= handle(t, exc)
+                else:
+                    raise RuntimeError("the tool loop has open trajectories but no request or tool call in flight")
+        except BaseException:
+            engine.abort(list(by_key))  # none of this step's requests may run into the next generate
+            raise
 
     def _assistant_turn(self, t: _Live, ids: list[int], log_probs: list[float], sampling: SamplingParams) -> None:
         s = self.settings

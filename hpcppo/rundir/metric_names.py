@@ -188,6 +188,11 @@ HEADLINE: tuple[Headline, ...] = (
     _h("critic/grad_norm", None, "summary"),
     _h("perf/tokens_per_s", "max", "summary compare follow"),
     _h("perf/step_time_s", "min", "log summary compare"),
+    # multi-turn runs only (the columns exist there): the tool loop's turns, calls and errors
+    _h("rollout/turns_mean", None, "summary"),
+    _h("rollout/tool_calls_mean", None, "summary compare"),
+    _h("rollout/tool_errors", "min", "summary"),
+    _h("rollout/tool_timeouts", "min", "summary"),
 )
 
 

@@ -5,7 +5,9 @@ state, the sum of its arguments) with a random digit, as often as it is let."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -228,3 +230,62 @@ def test_hermes_calls_through_the_loop():
     assert text.startswith(call + tool) and text[len(call + tool):].startswith("<tool_call>")
     n_tool = len(tok.encode(tool, add_special_tokens=False))
     assert mask == [1] * 5 + [0] * n_tool + [1] * 5
+
+
+class OneRequestPerStep:
+    """The HF engine behind the request interface (what vLLM offers): each step finishes the oldest pending
+    request, so a test sees the loop step some trajectories while others are at their tools."""
+
+    def __init__(self, engine):
+        self.engine, self.pending, self.steps = engine, [], []
+
+    def submit(self, key, prompt_ids, sampling):
+        self.pending.append((key, list(prompt_ids), sampling))
+
+    def busy(self):
+        return bool(self.pending)
+
+    def step_finished(self):
+        key, ids, sampling = self.pending.pop(0)
+        out = self.engine.generate([ids], sampling)
+        n = int(out.response_attention_mask[0].sum())
+        self.steps.append(time.monotonic())
+        return [(key, out.response_ids[0, :n].tolist(), out.rollout_log_probs[0, :n].tolist())]
+
+    def abort(self, keys):
+        self.pending = [p for p in self.pending if p[0] not in keys]
+
+
+class TimedWorker:
+    """The real worker, each execute's start and end recorded."""
+
+    def __init__(self, worker):
+        self.worker, self.calls = worker, []
+
+    def __getattr__(self, name):
+        return getattr(self.worker, name)
+
+    def execute(self, instance, arguments):
+        start = time.monotonic()
+        time.sleep(0.3)  # a slow tool
+        out = self.worker.execute(instance, arguments)
+        self.calls.append((start, time.monotonic()))
+        return out
+
+
+def test_with_a_request_engine_a_trajectory_at_its_tool_holds_up_no_other(tok, worker):
+    table = calls("counter")
+    table["("] = {"4": 6.0, "5": 5.0}  # greedy takes 4, at a log-prob that is not 0
+    settings = ToolLoopSettings(max_response_length=128, format="compact", max_assistant_turns=3)
+    greedy = dataclasses.replace(sampling(tok, n=3), temperature=0.0)
+    timed = TimedWorker(worker)
+    requests = OneRequestPerStep(scripted_engine(tok, table))
+    by_request = ToolLoop(requests, timed, tok, worker.test_schemas, settings).run([prompt(tok)], greedy)
+    batched = ToolLoop(scripted_engine(tok, table), worker, tok, worker.test_schemas, settings).run([prompt(tok)],
+                                                                                                    greedy)
+    for key in ("response_ids", "response_mask", "response_attention_mask"):
+        assert torch.equal(getattr(by_request, key), getattr(batched, key)), key
+    assert torch.allclose(by_request.rollout_log_probs, batched.rollout_log_probs, atol=1e-6)
+    assert len(timed.calls) == 6
+    # the engine stepped other trajectories while a tool ran
+    assert any(start < step < end for start, end in timed.calls for step in requests.steps)

@@ -67,14 +67,11 @@ def hermes_tokenizer() -> Any:
     return tok
 
 
-def scripted_engine(tokenizer: Any, table: dict[str, list[str]], *, strength: float = 6.0) -> HFRolloutEngine:
-    """The HF engine over a one-layer Qwen2 whose next token follows ``table`` (see the module docstring)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
+def script(model: Any, tokenizer: Any, table: dict[str, Any], *, strength: float = 6.0) -> Any:
+    """Set a Qwen2 or Llama model's weights (hidden size = vocab size, untied) so that its next token follows
+    ``table`` (see the module docstring; a successor given as ``{token: strength}`` gets that logit weight instead
+    of ``strength``); returns it."""
     vocab = len(tokenizer)
-    model = Qwen2ForCausalLM(Qwen2Config(hidden_size=vocab, num_hidden_layers=1, num_attention_heads=2,
-                                         num_key_value_heads=1, intermediate_size=8, vocab_size=vocab,
-                                         max_position_embeddings=512, tie_word_embeddings=False))
     eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
     with torch.no_grad():
         for p in model.parameters():
@@ -90,6 +87,34 @@ def scripted_engine(tokenizer: Any, table: dict[str, list[str]], *, strength: fl
         for current, nexts in table.items():
             c = tokenizer.convert_tokens_to_ids(current)
             head[eos, c] = 0.0
-            for n in nexts:
-                head[tokenizer.convert_tokens_to_ids(n), c] = strength
-    return HFRolloutEngine(model.eval())
+            weights = nexts if isinstance(nexts, dict) else dict.fromkeys(nexts, strength)
+            for n, w in weights.items():
+                head[tokenizer.convert_tokens_to_ids(n), c] = w
+    return model
+
+
+def scripted_engine(tokenizer: Any, table: dict[str, Any]) -> HFRolloutEngine:
+    """The HF engine over a one-layer Qwen2 whose next token follows ``table`` (see the module docstring)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    vocab = len(tokenizer)
+    model = Qwen2ForCausalLM(Qwen2Config(hidden_size=vocab, num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=1, intermediate_size=8, vocab_size=vocab,
+                                         max_position_embeddings=512, tie_word_embeddings=False))
+    return HFRolloutEngine(script(model, tokenizer, table).eval())
+
+
+def scripted_model_dir(path: Any, tokenizer: Any, table: dict[str, Any]) -> Any:
+    """A one-layer Llama (the tiny model's family) scripted by ``table``, saved with ``tokenizer`` for a run."""
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    vocab = len(tokenizer)
+    ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+               pad_token_id=tokenizer.pad_token_id)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=vocab, num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=1, intermediate_size=8, vocab_size=vocab,
+                                         max_position_embeddings=256, tie_word_embeddings=False, **ids))
+    model.generation_config = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, **ids)
+    script(model, tokenizer, table).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
