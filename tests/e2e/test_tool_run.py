@@ -44,7 +44,7 @@ def test_the_tool_example_learns_rolls_back_and_resumes_bit_exactly(tmp_path, to
     ws = info["warm_start"]
     # The warm start calls the tool about half the time and copies well: RL has headroom and a signal.
     assert 0.15 <= ws["train_sampled_accuracy"] <= 0.6, ws
-    assert ws["train_greedy_accuracy"] >= ws["train_sampled_accuracy"] + 0.2, ws
+    assert ws["task_stage"]["reached_target"], ws
     assert ws["train_sampled_accuracy_without_tool"] == 0.0  # it cannot multiply in its head
 
     common = [f"model.path={root / 'model'}", f"data.train_files=['{root / 'data' / 'train.parquet'}']",
