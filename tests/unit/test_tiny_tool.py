@@ -118,3 +118,14 @@ def test_cli_refuses_a_reward_model_for_the_tool_variant(tmp_path, capsys) -> No
     assert capsys.readouterr().err == ("hpcppo: error: --reward-out: the tiny reward model scores the arith task only; "
                                        "leave it out with --variant tool\n")
     assert not list(tmp_path.iterdir())
+
+
+def test_cli_checks_every_output_path_before_building_the_tool_model(tmp_path, capsys) -> None:
+    from hpcppo.cli import main
+
+    same = tmp_path / "both"
+    argv = ["tools", "make-model", "--variant", "tool", "--out", str(same), "--data-out", str(same)]
+    assert main(argv) != 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--out" in err and "--data-out" in err, err
+    assert not list(tmp_path.iterdir())
