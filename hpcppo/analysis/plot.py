@@ -221,8 +221,11 @@ def _x_label(x: str, scale: float, unit: str) -> str:
 
 
 def _draw_metric(ax: Any, s: Series, name: str, color: str, smooth: Smoothing, scale: float, first: bool) -> bool:
-    """Draw one run's ``name`` on ``ax``; True when an abandoned branch was drawn."""
-    rows = s.rows[s.rows[name].notna()] if name in s.rows else s.rows.iloc[:0]
+    """Draw one run's ``name`` on ``ax``; True when an abandoned branch was drawn. A run without the metric (another
+    run of the figure has it: a run without tools has no tool metrics) draws nothing there."""
+    if name not in s.rows:
+        return False
+    rows = s.rows[s.rows[name].notna()]
     cur = rows[rows["current"]]
     sparse = len(cur) <= 1 or len(rows) < 0.4 * len(s.rows)  # validation every N steps: points, not only a line
     xs, ys = cur["x"].to_numpy() / scale, cur[name].to_numpy(dtype=float)

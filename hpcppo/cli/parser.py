@@ -255,14 +255,20 @@ def _add_tool_commands(sub: Any) -> None:
     tsub = p.add_subparsers(dest="tools_command", required=True, metavar="TOOL")
     q = tsub.add_parser("make-model", help="build the tiny offline model, tokenizer and arithmetic data (idempotent: "
                                            "returns at once when the outputs hold a build with the same settings)")
-    q.add_argument("--out", default="artifacts/tiny-arith/model",
-                   help="model directory, Hugging Face layout (default: %(default)s)")
-    q.add_argument("--data-out", default="artifacts/tiny-arith/data",
-                   help="directory of train.parquet and val.parquet, '' for none (default: %(default)s)")
+    q.add_argument("--out", default=None,
+                   help="model directory, Hugging Face layout (default: artifacts/tiny-arith/model, with --variant "
+                        "tool artifacts/tiny-tool/model)")
+    q.add_argument("--data-out", default=None,
+                   help="directory of train.parquet and val.parquet, '' for none (default: artifacts/tiny-arith/data, "
+                        "with --variant tool artifacts/tiny-tool/data)")
     q.add_argument("--seed", type=int, default=0, help="seed of the model, its warm start and the data (default: 0)")
     q.add_argument("--train-size", type=int, default=4096, help="rows of train.parquet (default: 4096)")
     q.add_argument("--val-size", type=int, default=512, help="rows of val.parquet (default: 512)")
     q.add_argument("--max-operand", type=int, default=None, help="task difficulty (default: the library's)")
+    q.add_argument("--variant", choices=("arith", "tool"), default="arith",
+                   help="arith: a+b answered in one turn; tool: 3-digit a*b answered with a calculator call in the "
+                        "compact format (<call>calculator(A*B)</call>), the tokenizer's tool tokens, 256 positions "
+                        "(examples/arith-tool.toml) (default: %(default)s)")
     q.add_argument("--moe", action="store_true",
                    help="a mixture-of-experts model instead of the dense Llama: Qwen3-MoE, every layer's MLP "
                         "--experts experts of which --top-k are routed per token (norm_topk_prob, as Qwen3-30B-A3B)")

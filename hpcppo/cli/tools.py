@@ -14,14 +14,23 @@ from hpcppo.tiny.reward_model import build_tiny_reward_model
 
 
 def cmd_make_model(args: argparse.Namespace) -> int:
+    # Each variant has its own default directories: one build never replaces the other's.
+    default_root = Path("artifacts") / f"tiny-{args.variant}"
+    args.out = str(default_root / "model") if args.out is None else args.out
+    args.data_out = str(default_root / "data") if args.data_out is None else args.data_out
     # The library validates every value (ConfigError, exit 2) and refuses a foreign --out (PathError).
     overrides = {} if args.max_operand is None else {"max_operand": args.max_operand}
+    if args.variant != "arith":
+        overrides["variant"] = args.variant
+        if args.reward_out:
+            raise ConfigError("the tiny reward model scores the arith task only; leave it out with --variant tool",
+                              key="--reward-out")
     if args.moe:
         overrides |= {"moe_experts": args.experts, "moe_top_k": args.top_k}
     elif (args.experts, args.top_k) != (4, 2):
         raise ConfigError("needs --moe (the dense model has no experts)", key="--experts" if args.experts != 4 else "--top-k")
     # Every setting and every output path before anything is built (a build takes minutes).
-    TinySettings(seed=args.seed, **overrides)
+    TinySettings.of(seed=args.seed, **overrides)
     check_outputs(args.out, args.data_out or None, args.reward_out or None)
     info = build_tiny_model_and_data(Path(args.out), Path(args.data_out) if args.data_out else None, seed=args.seed,
                                      train_size=args.train_size, val_size=args.val_size, force=args.force, **overrides)

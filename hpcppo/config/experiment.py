@@ -60,7 +60,7 @@ def _check_time(value: str) -> str | None:
 
 
 # The built-in scorers data.reward_fn can name (hpcppo.data.rewards.BUILTINS; a test keeps the two in step).
-REWARD_BUILTINS = ("gsm8k", "math", "math_verify", "math_dapo", "arith")
+REWARD_BUILTINS = ("gsm8k", "math", "math_verify", "math_dapo", "arith", "arith_tool")
 
 
 def _check_reward_fn(value: str) -> str | None:

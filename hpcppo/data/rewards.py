@@ -12,11 +12,11 @@ verl does). :func:`build_reward_fn` turns a spec into such a function:
   rule), ``lighteval/MATH``, ``DigitalLearningGmbH/MATH-lighteval``, ``HuggingFaceH4/MATH-500`` -> ``math`` (verl's
   string-normalising math_reward), ``math_dapo``, ``math``, ``math_dapo_reasoning``, ``aime*`` -> ``math_dapo``
   (verl's Minerva-normalising math_dapo; both in :mod:`hpcppo.data.math_verl`), ``hpcppo/arith`` ->
-  ``hpcppo.data.synthetic:score_with_pred``; each is imported on first use. The sources verl scores with code
+  ``hpcppo.data.synthetic:score_with_pred``, ``hpcppo/arith-tool`` -> ``hpcppo.data.arith_tool:score_with_pred``; each is imported on first use. The sources verl scores with code
   hpcppo does not have (prime_math, sandboxed code, geometry3k, Search-R1) are refused, naming verl's scorer, as is
   an unknown data_source (verl raises NotImplementedError); both name ``data.reward_fn``.
 - a built-in by name for every row: ``"gsm8k"``, ``"math"``, ``"math_verify"`` (verl's math_verify scorer, math-verify
-  equivalence), ``"math_dapo"``, ``"arith"``; options (``data.reward_kwargs``) as keyword arguments.
+  equivalence), ``"math_dapo"``, ``"arith"``, ``"arith_tool"``; options (``data.reward_kwargs``) as keyword arguments.
 - ``"package.module:function"`` or ``"path/to/file.py:function"``: user code, options as keyword arguments. It is
   loaded and its signature checked at build time, so a typo fails before the job spends GPU time.
 
@@ -145,6 +145,7 @@ def gsm8k_compute_score(
 BUILTINS: dict[str, str] = {
     "gsm8k": "hpcppo.data.rewards:gsm8k_compute_score",
     "arith": "hpcppo.data.synthetic:score_with_pred",  # compute_score plus the answer (validation's maj@k)
+    "arith_tool": "hpcppo.data.arith_tool:score_with_pred",  # the final turn's answer (multi-turn tool use)
     "math": "hpcppo.data.math_verl:hendrycks_score",
     "math_verify": "hpcppo.data.math_reward:math_verify_compute_score",
     "math_dapo": "hpcppo.data.math_verl:minerva_score",
@@ -157,6 +158,7 @@ MATH_DAPO_PREFIX = "aime"  # verl: data_source.startswith("aime")
 DATA_SOURCES: dict[str, str] = {
     "openai/gsm8k": "gsm8k",
     "hpcppo/arith": "arith",
+    "hpcppo/arith-tool": "arith_tool",
     **dict.fromkeys(MATH_DATA_SOURCES, "math"),
     **dict.fromkeys(MATH_DAPO_DATA_SOURCES, "math_dapo"),
 }

@@ -28,6 +28,7 @@ from hpcppo.fsutil import require_distinct, require_output_dir
 from hpcppo.tiny.model import accuracy, build_model
 from hpcppo.tiny.settings import FORMAT_VERSION, TinySettings
 from hpcppo.tiny.tokenizer import build_tokenizer
+from hpcppo.tiny.tool_warmstart import tool_accuracy, warm_start_calls
 from hpcppo.tiny.warmstart import add_flaw, warm_start
 
 INFO_FILE = "hpcppo_tiny.json"
@@ -60,7 +61,7 @@ def build_tiny_model_and_data(
             raise ConfigError(f"unknown tiny-model setting; allowed: {', '.join(fields)}", key=key)
     if "operators" in overrides:
         overrides["operators"] = tuple(overrides["operators"])
-    settings = TinySettings(seed=seed, **overrides)
+    settings = TinySettings.of(seed=seed, **overrides)
     for option, size in (("--train-size", train_size), ("--val-size", val_size)):
         if not 1 <= size <= MAX_ROWS:
             # Rows are drawn with repetition from a small pool: more than this only costs time, memory and disk.
@@ -73,6 +74,11 @@ def build_tiny_model_and_data(
     if out_dir.exists() and info is None and any(out_dir.iterdir()):
         raise PathError(f"{out_dir} exists and is not a tiny-model build (no readable {INFO_FILE}); "
                         "choose another --out or remove it")
+
+    built_variant = (info or {}).get("settings", {}).get("variant", "arith")
+    if info is not None and not force and built_variant != settings.variant:
+        raise PathError(f"{out_dir} holds the {built_variant} variant's build, not the {settings.variant} variant's; "
+                        "choose another --out, or --force to replace it")
 
     data_paths: dict[str, str] = {}
     if data_dir is not None:
@@ -109,7 +115,7 @@ def write_task_data(
     meta = {"hpcppo_settings": _data_digest(settings, train_size, val_size)}
     paths = {}
     for split, n in (("train", train_size), ("val", val_size)):
-        rows = synthetic.generate_rows(n, seed=settings.seed, split=split, **settings.task_kwargs())
+        rows = settings.generate_rows(n, seed=settings.seed, split=split)
         paths[split] = str(synthetic.write_split(data_dir / f"{split}.parquet", rows, metadata=meta))
     return paths
 
@@ -124,20 +130,28 @@ def _build_model_dir(out_dir: Path, settings: TinySettings) -> dict[str, Any]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        tokenizer = build_tokenizer()
+        tokenizer = build_tokenizer(settings.variant)
         model = build_model(tokenizer, settings)
-        stage1 = warm_start(model, tokenizer, settings)
-        stage2 = add_flaw(model, tokenizer, settings)
+        held_out = settings.generate_rows(512, seed=settings.seed + 2_000_003, split="val")
+        seen = settings.generate_rows(512, seed=settings.seed + 4_000_037, split="train")
+        if settings.variant == "tool":
+            stages = {"task_stage": warm_start_calls(model, tokenizer, settings)}
+            measure: Any = tool_accuracy
+        else:
+            stages = {"task_stage": warm_start(model, tokenizer, settings),
+                      "flaw_stage": add_flaw(model, tokenizer, settings)}
+            measure = accuracy
         kw = {"seed": settings.seed, "max_new_tokens": settings.max_new_tokens}
-        held_out = synthetic.generate_rows(512, seed=settings.seed + 2_000_003, split="val", **settings.task_kwargs())
-        seen = synthetic.generate_rows(512, seed=settings.seed + 4_000_037, split="train", **settings.task_kwargs())
         measured = {
-            "greedy_accuracy": accuracy(model, tokenizer, held_out, greedy=True, **kw),
-            "sampled_accuracy": accuracy(model, tokenizer, held_out, greedy=False, **kw),
+            "greedy_accuracy": measure(model, tokenizer, held_out, greedy=True, **kw),
+            "sampled_accuracy": measure(model, tokenizer, held_out, greedy=False, **kw),
             # training-pool prompts, as in train.parquet: where PPO's reward starts
-            "train_greedy_accuracy": accuracy(model, tokenizer, seen, greedy=True, **kw),
-            "train_sampled_accuracy": accuracy(model, tokenizer, seen, greedy=False, **kw),
+            "train_greedy_accuracy": measure(model, tokenizer, seen, greedy=True, **kw),
+            "train_sampled_accuracy": measure(model, tokenizer, seen, greedy=False, **kw),
         }
+        if settings.variant == "tool":  # the same model with the tool disabled: what it knows without it
+            measured["train_sampled_accuracy_without_tool"] = tool_accuracy(model, tokenizer, seen, greedy=False,
+                                                                            use_tool=False, **kw)
     finally:
         torch.set_num_threads(threads)
     info = {
@@ -145,11 +159,11 @@ def _build_model_dir(out_dir: Path, settings: TinySettings) -> dict[str, Any]:
         "settings_hash": settings.digest(),
         "settings": dataclasses.asdict(settings),
         "seed": settings.seed,
-        "task": {"data_source": synthetic.DATA_SOURCE, **settings.task_kwargs()},
+        "task": {"data_source": settings.data_source, **settings.task_kwargs()},
         "architecture": settings.architecture,
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "vocab_size": len(tokenizer),
-        "warm_start": {**measured, "eval_prompts": len(held_out), "task_stage": stage1, "flaw_stage": stage2},
+        "warm_start": {**measured, "eval_prompts": len(held_out), **stages},
         "build_seconds": round(time.perf_counter() - t0, 2),
     }
     text = json.dumps(info, indent=2, sort_keys=True) + "\n"
@@ -232,6 +246,8 @@ def settings_of(info: dict[str, Any]) -> TinySettings:
 
 def _data_digest(settings: TinySettings, train_size: int, val_size: int) -> str:
     payload = {"format": FORMAT_VERSION, "seed": settings.seed, "train": train_size, "val": val_size, **settings.task_kwargs()}
+    if settings.variant != "arith":
+        payload["variant"] = settings.variant
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -7,13 +7,20 @@ import hashlib
 import json
 from typing import Any
 
-from hpcppo.data import synthetic
+from hpcppo.data import arith_tool, synthetic
 from hpcppo.errors import ConfigError
 
-from hpcppo.tiny.tokenizer import CHARS, SPECIAL_TOKENS, VOCAB_SIZE
+from hpcppo.tiny.tokenizer import CHARS, SPECIAL_TOKENS, TOOL_TOKENS, VARIANTS, VOCAB_SIZE
 
 MAX_SEED = 2**32 - 1 - 10_000_000  # the build derives seeds up to seed + 4,000,037
 FORMAT_VERSION = 2  # 2: both warm-start stages run a fixed schedule to convergence
+#: The tool variant's defaults (``TinySettings.of``): 3-digit multiplication (hpcppo.data.arith_tool), 256
+#: positions for the multi-turn response, one warm-start stage on the call format (hpcppo.tiny.tool_warmstart).
+TOOL_DEFAULTS: dict[str, Any] = {"min_operand": 100, "max_operand": 999, "max_position_embeddings": 256,
+                                 "max_new_tokens": 24, "steps": 300, "eval_every": 50, "target_sampled_accuracy": 0.2}
+#: The name of the tool the tool variant calls, and its call's opening (hpcppo.agent.builtin.Calculator's schema;
+#: a test keeps them equal): the warm start's call is ``<call>calculator(A*B)</call>``.
+CALCULATOR_NAME = "calculator"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,19 +61,40 @@ class TinySettings:
     flaw_steps: int = 150
     flaw_warmup_steps: int = 10
     max_new_tokens: int = 8
+    # "arith": a+b (hpcppo.data.synthetic), two warm-start stages; "tool": a*b with a calculator call
+    # (hpcppo.data.arith_tool), the tokenizer's TOOL_TOKENS, one warm-start stage on the call format
+    variant: str = "arith"
+    min_operand: int = 0  # the tool variant's smallest operand (the arith task's is 0)
+    # the tool variant's warm start: this fraction of its trajectories call the calculator, the others answer at once
+    # (wrongly: the model cannot multiply), so that RL has the choice to learn (rollout/tool_calls_mean rises)
+    call_fraction: float = 0.5
+
+    @classmethod
+    def of(cls, *, variant: str = "arith", **fields: Any) -> TinySettings:
+        """The settings of ``variant``: its defaults (:data:`TOOL_DEFAULTS` for "tool"), then ``fields``."""
+        if variant not in VARIANTS:
+            raise ConfigError(f"unknown variant {variant!r}; allowed: {', '.join(VARIANTS)}", key="--variant")
+        return cls(variant=variant, **{**(TOOL_DEFAULTS if variant == "tool" else {}), **fields})
 
     def __post_init__(self) -> None:
-        if len(SPECIAL_TOKENS) + len(CHARS) > VOCAB_SIZE:
+        if len(SPECIAL_TOKENS) + len(CHARS) + len(TOOL_TOKENS) > VOCAB_SIZE:
             raise AssertionError("the tokenizer's alphabet outgrew VOCAB_SIZE")
+        if self.variant not in VARIANTS:
+            raise ConfigError(f"unknown variant {self.variant!r}; allowed: {', '.join(VARIANTS)}", key="--variant")
+        if self.variant == "arith" and self.min_operand:
+            raise ConfigError(f"applies to the tool variant only (the arith task's operands start at 0), got "
+                              f"{self.min_operand!r}", key="min_operand")
+        if self.variant == "arith" and self.call_fraction != 0.5:
+            raise ConfigError(f"applies to the tool variant only, got {self.call_fraction!r}", key="call_fraction")
         try:
-            synthetic.generate_rows(0, seed=self.seed, **self.task_kwargs())
+            self.generate_rows(0, seed=self.seed, split="train")
         except ValueError as exc:
             raise ConfigError(str(exc), key="tiny-model task") from None
         if not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"must be in 0 to {MAX_SEED:,} (numpy's and the data's seeds), got {self.seed!r}",
                               key="seed")
         self._check_answer_fits()
-        for name in ("target_greedy_accuracy", "target_sampled_accuracy", "flaw_rate"):
+        for name in ("target_greedy_accuracy", "target_sampled_accuracy", "flaw_rate", "call_fraction"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"must be in [0, 1], got {getattr(self, name)!r}", key=name)
         for name in ("batch_size", "steps", "flaw_steps", "eval_every", "eval_size", "max_new_tokens"):
@@ -82,8 +110,17 @@ class TinySettings:
                 raise ConfigError(f"must be >= 0, got {getattr(self, name)!r}", key=name)
 
     def _check_answer_fits(self) -> None:
-        """The longest answer (its digits, a sign, the end token) must fit ``max_new_tokens``: a task whose answers
-        the model cannot finish writing cannot be learnt, and its build would spend minutes for nothing."""
+        """The longest answer (its digits, a sign, the end token), or the tool variant's call turn, must fit
+        ``max_new_tokens``: a task whose answers the model cannot finish writing cannot be learnt, and its build
+        would spend minutes for nothing."""
+        if self.variant == "tool":
+            # the longer turn: <call>calculator(A*B)</call><eos>
+            longest = 1 + len(CALCULATOR_NAME) + 1 + 2 * len(str(self.max_operand)) + 1 + 1 + 1 + 1
+            if longest > self.max_new_tokens:
+                raise ConfigError(f"{self.max_new_tokens!r} new tokens cannot hold the call "
+                                  f"<call>{CALCULATOR_NAME}(A*B)</call> and the end token ({longest} tokens with "
+                                  f"max_operand {self.max_operand}); allowed: >= {longest}", key="max_new_tokens")
+            return
         longest = len(str(self.max_operand * self.num_operands)) + ("-" in self.operators) + 1
         if self.max_new_tokens >= 1 and longest > self.max_new_tokens:
             top = int("9" * max(self.max_new_tokens - 1 - ("-" in self.operators), 1)) // self.num_operands
@@ -91,7 +128,19 @@ class TinySettings:
                               f"model's {self.max_new_tokens} new tokens hold with the end token; allowed: 1 to {top:,}",
                               key="max_operand")
 
+    @property
+    def data_source(self) -> str:
+        return arith_tool.DATA_SOURCE if self.variant == "tool" else synthetic.DATA_SOURCE
+
+    def generate_rows(self, n: int, *, seed: int, split: str) -> list[dict[str, Any]]:
+        """``n`` rows of the task (verl's schema): the arith or the tool variant's generator."""
+        if self.variant == "tool":
+            return arith_tool.generate_rows(n, seed=seed, split=split, **self.task_kwargs())
+        return synthetic.generate_rows(n, seed=seed, split=split, **self.task_kwargs())
+
     def task_kwargs(self) -> dict[str, Any]:
+        if self.variant == "tool":
+            return {"min_operand": self.min_operand, "max_operand": self.max_operand, "val_fraction": self.val_fraction}
         return {
             "max_operand": self.max_operand,
             "num_operands": self.num_operands,
@@ -101,9 +150,13 @@ class TinySettings:
 
     def distinct_problems(self) -> int:
         """How many different problems the task can pose (both splits together)."""
+        if self.variant == "tool":
+            return (self.max_operand - self.min_operand + 1) ** 2
         return (self.max_operand + 1) ** self.num_operands * len(set(self.operators)) ** (self.num_operands - 1)
 
     def describe_task(self) -> str:
+        if self.variant == "tool":
+            return f"variant=tool, operands {self.min_operand} to {self.max_operand}, operators=*"
         return (f"max_operand={self.max_operand}, num_operands={self.num_operands}, "
                 f"operators={''.join(self.operators)}")
 
@@ -115,5 +168,7 @@ class TinySettings:
         fields = dataclasses.asdict(self)
         if not self.moe_experts:  # a dense build keeps the hash it had before the MoE fields existed
             del fields["moe_experts"], fields["moe_top_k"]
+        if self.variant == "arith":  # ... and the arith variant the hash it had before the tool variant existed
+            del fields["variant"], fields["min_operand"], fields["call_fraction"]
         payload = json.dumps({"format": FORMAT_VERSION, **fields}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]

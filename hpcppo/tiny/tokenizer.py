@@ -16,6 +16,15 @@ if TYPE_CHECKING:
 VOCAB_SIZE = 64
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
 CHARS = "0123456789abcdefghijklmnopqrstuvwxyz +-*/=?.,:()\n"
+#: The tool variant's extra tokens, in three of the padding slots (so every other id is the base tokenizer's): the
+#: tool turn's role marker and the compact call format's delimiters (hpcppo.agent.parse.COMPACT_START/END; a test
+#: keeps them equal). The calls themselves need only CHARS: ``<call>calculator(123*456)</call>``.
+TOOL_TOKENS = ("<|tool|>", "<call>", "</call>")
+#: The tokens the tool variant keeps special (skipped when decoding): its role markers and the call delimiters are
+#: text, so that the reward sees the turns of a multi-turn response (hpcppo.data.arith_tool), as Qwen's role names
+#: survive ``skip_special_tokens`` after ``<|im_start|>``.
+TOOL_SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>")
+VARIANTS = ("arith", "tool")
 # <bos><|role|>content ... then <|assistant|>; an assistant turn ends with <eos>, which is also what
 # the policy emits to stop. bos comes from the template (no post-processor) so that a trainer that
 # renders the template to text and tokenizes it again does not get two of them.
@@ -29,19 +38,28 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """The character-level tokenizer, its vocab padded to ``VOCAB_SIZE`` (= the model's vocab)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+def build_tokenizer(variant: str = "arith") -> PreTrainedTokenizerFast:
+    """The character-level tokenizer, its vocab padded to ``VOCAB_SIZE`` (= the model's vocab); ``variant`` "tool"
+    adds :data:`TOOL_TOKENS` and keeps only :data:`TOOL_SPECIAL_TOKENS` special."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    tokens = list(SPECIAL_TOKENS) + list(CHARS)
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown tokenizer variant {variant!r}; allowed: {', '.join(VARIANTS)}")
+    tokens = list(SPECIAL_TOKENS) + list(CHARS) + (list(TOOL_TOKENS) if variant == "tool" else [])
     # Pad to the model's vocab so every id the model can emit decodes to something.
     tokens += [f"<extra_{i}>" for i in range(VOCAB_SIZE - len(tokens))]
     vocab = {tok: i for i, tok in enumerate(tokens)}
     core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     core.decoder = decoders.Fuse()
-    core.add_special_tokens(list(SPECIAL_TOKENS))
+    if variant == "tool":
+        core.add_special_tokens(list(TOOL_SPECIAL_TOKENS))
+        # Markers that are text: still one token each (added tokens are matched before the split into characters).
+        core.add_tokens([AddedToken(t, special=False, normalized=False)
+                         for t in (*SPECIAL_TOKENS, *TOOL_TOKENS) if t not in TOOL_SPECIAL_TOKENS])
+    else:
+        core.add_special_tokens(list(SPECIAL_TOKENS))
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core,
         bos_token="<bos>",

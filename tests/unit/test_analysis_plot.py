@@ -121,6 +121,20 @@ def test_runs_are_overlaid_and_found_by_id(tmp_path, capsys):
     assert out.exists() and "of 2 runs over time" in capsys.readouterr().out
 
 
+def test_a_metric_only_one_run_has_is_drawn_for_that_run(tmp_path):
+    """A run with tools beside the same spec without them (tools/bench_tool_use.py): rollout/tool_calls_mean is in one
+    log only; the figure draws it for that run and leaves the other's panel empty (it raised KeyError)."""
+    with_tool, without = tmp_path / "tool", tmp_path / "off"
+    for path in (with_tool, without):
+        (path / "metrics").mkdir(parents=True)
+        write_run(path, rollback_at=None, steps=4)
+    with MetricsWriter(with_tool, [*STANDARD_COLUMNS, "rollout/tool_calls_mean"], attempt=1, swmr=False) as w:
+        w.log(5, {"reward/mean": 0.9, "rollout/tool_calls_mean": 0.8})
+    out = plot.plot_runs([target("tool", with_tool), target("off", without)], ["reward/mean", "rollout/tool_calls_mean"],
+                         tmp_path / "both.png")
+    assert out.stat().st_size > 1000
+
+
 # ----------------------------------------------------------------------------- bad input: one line, non-zero
 def _one_line_error(capsys, argv):
     rc = main(argv)

@@ -16,7 +16,8 @@ from hpcppo.resources import resource_dir
 
 EXAMPLES = resource_dir("examples")
 CASES = [("arith-tiny.toml", "local", []), ("arith-tiny.toml", "local-slurm", ["resources.nodes=2"]),
-         ("gsm8k-qwen2.5-7b.toml", "a100-cluster", []), ("gsm8k-qwen2.5-7b.toml", "h100-cluster", ["actor.clip_ratio_high=0.28"])]
+         ("gsm8k-qwen2.5-7b.toml", "a100-cluster", []), ("gsm8k-qwen2.5-7b.toml", "h100-cluster", ["actor.clip_ratio_high=0.28"]),
+         ("arith-tool.toml", "local", [])]
 
 
 @pytest.mark.parametrize(("example", "site", "overrides"), CASES)

@@ -357,7 +357,8 @@ def test_cpu_sites_are_not_judged(tmp_path):
 
 @pytest.mark.parametrize("example,site", [("gsm8k-qwen2.5-7b.toml", "a100-cluster"),
                                           ("gsm8k-qwen2.5-7b.toml", "h100-cluster"),
-                                          ("arith-tiny.toml", "local"), ("arith-tiny.toml", "local-slurm")])
+                                          ("arith-tiny.toml", "local"), ("arith-tiny.toml", "local-slurm"),
+                                          ("arith-tool.toml", "local")])
 def test_the_examples_still_compile_on_their_sites(example, site):
     c = compile_config(REPO / "examples" / example, site, check_paths=False)
     if c.site.device == "cuda":
