@@ -20,6 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 ARITH = REPO / "examples" / "arith-tiny.toml"
 VERL_LINE = "python3 -m verl.trainer.main_ppo data.train_files=d.parquet actor_rollout_ref.model.path=/m\n"
 
+#: A refusal must come, not hang (a FIFO, /dev/zero): bounded generously, as the machine may be busy.
+HANG_S = 60
+
 
 @pytest.fixture()
 def runs(tmp_path: Path) -> Path:
@@ -86,13 +89,13 @@ def test_a_fifo_spec_is_refused_at_once(tmp_path, runs, capsys):
     os.mkfifo(fifo)  # no writer: reading it would wait forever
     rc, err, seconds = compile_(capsys, runs, fifo)
     assert_one_line(rc, err, ConfigError.exit_code, str(fifo), "is a FIFO", "a regular file", runs=runs)
-    assert seconds < 5
+    assert seconds < HANG_S
 
 
 def test_a_device_spec_is_refused_at_once(runs, capsys):
     rc, err, seconds = compile_(capsys, runs, "/dev/zero")
     assert_one_line(rc, err, ConfigError.exit_code, "/dev/zero", "is a device", "a regular file", runs=runs)
-    assert seconds < 5
+    assert seconds < HANG_S
 
 
 def test_a_spec_past_the_size_limit_is_refused(tmp_path, runs, capsys):
@@ -108,7 +111,7 @@ def test_a_fifo_site_is_refused_at_once(tmp_path, runs, capsys):
     os.mkfifo(fifo)
     rc, err, seconds = compile_(capsys, runs, ARITH, "--site", str(fifo))
     assert_one_line(rc, err, ConfigError.exit_code, str(fifo), runs=runs)
-    assert seconds < 5
+    assert seconds < HANG_S
 
 
 @pytest.mark.parametrize(("where", "text"), [
@@ -155,7 +158,7 @@ def test_import_verl_refuses_devices_and_fifos_at_once(tmp_path, capsys):
     for source, kind in ((Path("/dev/zero"), "is a device"), (fifo, "is a FIFO")):
         rc, err, seconds = import_verl(capsys, tmp_path, source)
         assert_one_line(rc, err, ConfigError.exit_code, str(source), kind)
-        assert seconds < 5
+        assert seconds < HANG_S
     assert not (tmp_path / "out.toml").exists()
 
 
@@ -164,7 +167,7 @@ def test_import_verl_refuses_a_line_of_200k_settings(tmp_path, capsys):
     script.write_text("python3 -m verl.trainer.main_ppo " + " ".join(f"data.x{i}={i}" for i in range(200_000)))
     rc, err, seconds = import_verl(capsys, tmp_path, script)
     assert_one_line(rc, err, ConfigError.exit_code, str(script), f"larger than {MAX_INPUT_BYTES // 1024} KiB")
-    assert seconds < 5
+    assert seconds < HANG_S
 
 
 def test_import_verl_refuses_more_settings_than_a_run_has(tmp_path, capsys):
@@ -172,7 +175,7 @@ def test_import_verl_refuses_more_settings_than_a_run_has(tmp_path, capsys):
     script.write_text("python3 -m verl.trainer.main_ppo " + " ".join(f"data.x{i}={i}" for i in range(50_000)))
     rc, err, seconds = import_verl(capsys, tmp_path, script)
     assert_one_line(rc, err, ConfigError.exit_code, str(script), "50,000 settings", f"at most {MAX_SETTINGS:,}")
-    assert seconds < 5
+    assert seconds < HANG_S
 
 
 def _laughs(levels: int) -> str:
@@ -192,7 +195,7 @@ def test_import_verl_bounds_yaml_expansion_and_depth(text, needle, tmp_path, cap
     path.write_text(text)
     rc, err, seconds = import_verl(capsys, tmp_path, path)
     assert_one_line(rc, err, ConfigError.exit_code, str(path), needle)
-    assert seconds < 5 and not (tmp_path / "out.toml").exists()
+    assert seconds < HANG_S and not (tmp_path / "out.toml").exists()
 
 
 def test_import_verl_yaml_with_a_few_aliases_still_imports(tmp_path, capsys):

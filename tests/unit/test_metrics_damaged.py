@@ -78,7 +78,7 @@ def test_a_truncated_file_gives_its_intact_rows_marked_as_damaged(sources, tmp_p
 
     with caplog.at_level(logging.WARNING, logger="hpcppo.metrics.reader"):
         df, seconds = timed(load, tmp_path)
-    assert seconds < 5.0
+    assert seconds < 60.0  # a hang, not slowness: the machine may be busy
     assert_prefix(df, whole)
     if len(df) < ROWS:
         assert list(df.attrs["damaged"]) == [str(target)]
@@ -93,7 +93,7 @@ def test_a_truncated_file_gives_its_intact_rows_marked_as_damaged(sources, tmp_p
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="hpcppo.metrics.reader"):
         events, seconds = timed(load_events, tmp_path)
-    assert seconds < 5.0
+    assert seconds < 60.0  # a hang, not slowness: the machine may be busy
     assert_prefix(events, whole_events)
     assert (len(events) < len(whole_events)) == bool(events.attrs["damaged"]) == bool(caplog.records)
 
@@ -114,7 +114,7 @@ def test_the_issue_reproduction_truncate_to_38000_bytes(sources, tmp_path):
     target = truncated_copy(sources["default-chunks"], tmp_path, 1.0)
     os.truncate(target, 38000)
     df, seconds = timed(load, tmp_path)
-    assert seconds < 5.0
+    assert seconds < 60.0  # a hang, not slowness: the machine may be busy
     assert df.attrs["damaged"] == {
         str(target): f"0 of its {ROWS} rows kept, the others are lost (truncated: 38000 of its "
                      f"{sources['default-chunks'].stat().st_size} bytes are left)"}  # fmt: skip
@@ -217,7 +217,7 @@ def test_watchdog_replay_of_a_truncated_log_warns_in_one_line(sources, run_dir, 
     kept = len(load(run_dir))
     t0 = time.monotonic()
     proc = hpcppo("watchdog", "replay", run_dir.name, "--runs-root", str(run_dir.parent))
-    assert time.monotonic() - t0 < 10.0  # a fresh interpreter's imports included
+    assert time.monotonic() - t0 < 60.0  # a fresh interpreter's imports included
     assert "Traceback" not in proc.stderr + proc.stdout
     assert f"over {kept} logged steps" in proc.stdout
     lines = proc.stderr.strip().splitlines()

@@ -117,7 +117,7 @@ def test_rebuild_when_up_to_date_is_instant_and_imports_no_torch(built) -> None:
     root, info, _ = built
     t0 = time.perf_counter()
     again = tiny.build_tiny_model_and_data(root / "model", root / "data", seed=0, train_size=300, val_size=40)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.perf_counter() - t0 < 20.0  # a rebuild takes 60+ CPU s; a busy machine slows the check
     assert again["built"] is False
     assert {k: v for k, v in again.items() if k != "built"} == {k: v for k, v in info.items() if k != "built"}
     # the CLI path: a fresh interpreter finds it up to date without importing torch, leaves the files alone

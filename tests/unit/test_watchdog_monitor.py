@@ -147,7 +147,7 @@ def test_a_truncated_file_never_blocks_the_reader(tmp_path, fraction):
     follower = LogFollower(run)
     t0 = time.monotonic()
     st = follower.poll()  # HDF5's default of 100 SWMR metadata retries would sleep ~2^100 ns here
-    assert time.monotonic() - t0 < 5.0
+    assert time.monotonic() - t0 < 60.0  # a hang is ~2^100 ns; a busy machine is merely slow
     # Either an error ("no new row") or rows that are really whole: the zero-filled tail never passes seq[i] == i.
     assert st.error is not None or st.rows <= 200
     assert st.rows == 0 or st.last_step == st.rows
@@ -386,7 +386,7 @@ def test_a_monitor_ends_when_a_newer_attempt_is_recorded(tmp_path, monkeypatch):
     run.add_attempt(job_id="31", scheduler="slurm", state="FAILED", kind="submit")
     run.add_attempt(job_id="32", scheduler="slurm", state="PENDING", kind="resume")
     rc, took = _run_with_trainer(tmp_path, "31.0", _settings(min_heartbeat_s=0.3))
-    assert (rc, acted, read_events(tmp_path)) == (0, [], []) and took < 1.0
+    assert (rc, acted, read_events(tmp_path)) == (0, [], []) and took < 10.0  # loose: a busy machine
 
 
 def test_a_monitor_whose_attempt_is_not_recorded_yet_keeps_watching(tmp_path, monkeypatch):
@@ -408,7 +408,7 @@ def test_a_monitor_never_follows_another_attempts_metric_file(tmp_path, monkeypa
         for step in (1, 2):
             w.log(step, {})
         rc, took = _run_with_trainer(tmp_path, "40.0", _settings(min_heartbeat_s=0.3), first_index=0)
-    assert (rc, acted, read_events(tmp_path)) == (0, [], []) and took < 1.0
+    assert (rc, acted, read_events(tmp_path)) == (0, [], []) and took < 10.0  # loose: a busy machine
     with h5py.File(tmp_path / "metrics" / "attempt-0000.h5", "r") as f:
         assert f.attrs["job_attempt"] == "41.0"
 
@@ -428,7 +428,7 @@ def test_a_monitor_ends_when_another_attempt_completed_the_run(tmp_path, monkeyp
     _exit_record(tmp_path, "50.1", exitcodes.DONE)
     _exit_record(tmp_path, "49.0", exitcodes.REQUEUE)  # an earlier stop says nothing about the run being done
     rc, took = _run_with_trainer(tmp_path, "50.0", _settings(min_heartbeat_s=0.3))
-    assert (rc, acted, read_events(tmp_path)) == (0, [], []) and took < 1.0
+    assert (rc, acted, read_events(tmp_path)) == (0, [], []) and took < 10.0  # loose: a busy machine
 
 
 def test_a_monitor_ends_when_the_last_step_is_committed(tmp_path, monkeypatch):
@@ -439,7 +439,7 @@ def test_a_monitor_ends_when_the_last_step_is_committed(tmp_path, monkeypatch):
     final.mkdir(parents=True)
     checkpoints.write_marker(final, {"step": 6, "files": {}})
     rc, took = _run_with_trainer(tmp_path, "60.0", _settings(min_heartbeat_s=0.3, total_steps=6))
-    assert (rc, acted, read_events(tmp_path)) == (0, [], []) and took < 1.0
+    assert (rc, acted, read_events(tmp_path)) == (0, [], []) and took < 10.0  # loose: a busy machine
     rc, _ = _run_with_trainer(tmp_path, "61.0", _settings(min_heartbeat_s=0.3, total_steps=8))  # not the last step
     assert rc == 0 and acted == [("stop", exitcodes.REQUEUE)]
 
@@ -450,7 +450,7 @@ def test_a_monitor_whose_trainers_never_appear_ends_and_says_so(tmp_path, monkey
     monkeypatch.setattr(monitor, "NEVER_SEEN_S", 0.5)
     t0 = time.monotonic()
     assert Monitor(tmp_path, "70.0", _settings(min_heartbeat_s=30.0)).run() == 0
-    assert time.monotonic() - t0 < 2.0 and acted == []
+    assert time.monotonic() - t0 < 10.0 and acted == []
     (dead,) = read_events(tmp_path)
     assert dead["kind"] == "trainer_dead" and "no trainer process of attempt 70.0 appeared" in dead["message"]
 
@@ -474,7 +474,7 @@ def test_a_local_monitor_ends_when_its_controller_is_gone(tmp_path, monkeypatch)
         controller.kill()
         controller.wait()
         t0 = time.monotonic()
-        assert mon.run() == 0 and time.monotonic() - t0 < 1.0
+        assert mon.run() == 0 and time.monotonic() - t0 < 10.0
     finally:
         for p in (controller, trainer):
             p.kill()
