@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from hpcppo.compiler import compile_config
-from hpcppo.config.multi_turn import MultiTurnSection
+from hpcppo.config.multi_turn import MultiTurnSection, ToolEntry
 from hpcppo.sizing import report
 from hpcppo.sizing.estimate import estimate
 from hpcppo.sizing.steptime import UNLIMITED_TOOL_TURNS, tool_calls_per_trajectory
@@ -26,6 +26,8 @@ def compiled():
 
 
 def _budget(compiled, **multi_turn):
+    if multi_turn.get("enable"):  # a multi-turn run needs a tool
+        multi_turn.setdefault("tools", [ToolEntry(class_name="hpcppo.agent.builtin.Calculator")])
     rollout = attrs.evolve(compiled.experiment.rollout, multi_turn=MultiTurnSection(**multi_turn))
     exp = attrs.evolve(compiled.experiment, rollout=rollout)
     return estimate(compiled.site, exp, compiled.plan)
