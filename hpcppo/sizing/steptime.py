@@ -46,7 +46,7 @@ def _grad_reduce_scatters(t: dict[str, float], exp: Experiment, plan: RunPlan, m
     the backward compute of the same micro-batches (``(train_factor - 2) N`` FLOPs per token at the assumed MFU)."""
     A = {k: c.value for k, c in ASSUMPTIONS.items()}
     L, tokens = plan.max_sequence_length, plan.samples_per_step * plan.max_sequence_length
-    link = gpu.nvlink_bytes_s if (plan.hsdp or plan.nodes == 1) else gpu.network_bytes_s
+    link = gpu.nvlink_bytes_s if (plan.hsdp or placement_of(exp, plan).trainer_nodes == 1) else gpu.network_bytes_s
     count, sent, link_s, exposed = 0, 0.0, 0.0, 0.0
     a, c = exp.actor, exp.critic
     # (gradients reduce-scattered, active parameters, token budget, reduce dtype, samples per optimizer step and rank,
@@ -135,7 +135,8 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
     # Weight sync: every rank all-gathers the actor in the engine dtype over the FSDP shard group. Split: the trainers
     # gather the full parameters (iter_full_params) and trainer rank 0 broadcasts them to the rollout ranks over the
     # bridge: each link of the broadcast carries the model once, across nodes unless the job has one.
-    link = gpu.nvlink_bytes_s if (plan.hsdp or plan.nodes == 1) else gpu.network_bytes_s
+    trainer_nodes = placement_of(exp, plan).trainer_nodes  # the nodes the FSDP shard groups span
+    link = gpu.nvlink_bytes_s if (plan.hsdp or trainer_nodes == 1) else gpu.network_bytes_s
     sync_bytes = m.params * mbytes
     t["weight_sync_bytes"] = sync_bytes
     gather_s = sync_bytes * (shard - 1) / shard / (link * A["collective efficiency"])
@@ -172,7 +173,7 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
     # A checkpoint: fp32 weights and AdamW moments of actor and critic, written once (DCP deduplicates replicas).
     state = 12 * m.params + (12 * cm.critic_params if plan.needs_critic else 0)
     t["checkpoint_bytes"] = state
-    t["checkpoint_s"] = state / (plan.nodes * A["checkpoint write per node"] * 1e9)
+    t["checkpoint_s"] = state / (trainer_nodes * A["checkpoint write per node"] * 1e9)  # the trainers write
     if plan.total_steps:
         t["total_steps"] = plan.total_steps
         validations = t.get("validation_s", 0.0) * _validations(exp, plan.total_steps)
@@ -305,7 +306,7 @@ def compare_placements(budget: Budget, site: Site, exp: Experiment, plan: RunPla
     best = min(others, key=lambda r: (not r["fits"], r["step_s"]))
     budget.placements.append(best)
     budget.placement_verdict = _verdict(this, best) + ("" if best["fits"] else
-                                                       f" (the {what} placement does not fit the GPUs' memory)")
+                                                       f" The {what} placement does not fit the GPUs' memory.")
     if best["placement"] == "split" and best["gpu_memory_utilization"] != exp.rollout.gpu_memory_utilization:
         budget.placement_verdict += (f" Split counted with rollout.gpu_memory_utilization = "
                                      f"{best['gpu_memory_utilization']}: its rollout ranks hold nothing but the engine.")
