@@ -24,6 +24,7 @@ from test_analysis_summary import compiled_run, story
 
 REPO = Path(__file__).resolve().parents[2]
 ARITH = str(REPO / "examples" / "arith-tiny.toml")
+GSM8K = str(REPO / "examples" / "gsm8k-qwen2.5-7b.toml")  # a GPU site's split: 2 x 8 H100, vLLM TP 2
 TIMEOUT_S = 60  # a fresh interpreter on a loaded 2-core machine; each case takes ~1-3 s
 LONG = "a" * 300
 # What stands for /dev/null: a FIFO of the case's own. A command that replaced its output file atomically turned
@@ -133,6 +134,14 @@ CASES: dict[str, Case] = {
                                     "only rollout.placement = \"split\" does"),
     "placement-unknown": Case(compile_("-o", 'rollout.placement="async"'), "allowed values: \"colocated\", \"split\""),
     "staleness-negative": Case(compile_("-o", "rollout.max_staleness=-1"), "must be >= 0"),
+    "split-tp-not-dividing-rollout-ranks": Case(
+        ["compile", GSM8K, "--site", "h100-cluster", "--no-check-paths", "-q", "--runs-root", "{cwd}/runs", "-o",
+         'rollout.placement="split"', "-o", "resources.rollout_ranks_per_node=3"],
+        "does not divide resources.rollout_ranks_per_node=3"),
+    "split-mini-batch-over-trainer-ranks": Case(
+        ["compile", GSM8K, "--site", "h100-cluster", "--no-check-paths", "-q", "--runs-root", "{cwd}/runs", "-o",
+         'rollout.placement="split"', "-o", "resources.rollout_ranks_per_node=2"],
+        "is not divisible by data-parallel size 12"),
     "staleness-colocated": Case(compile_("-o", "rollout.max_staleness=2"), "colocated runs are on-policy", warn=True),
     "kv-cache-with-hf": Case(compile_("-o", "rollout.kv_cache_memory_mb=512"), "only the vLLM engine", warn=True),
     "vllm-keys-with-hf": Case(compile_("-o", "rollout.enforce_eager=true", "-o", "rollout.gpu_memory_utilization=0.3"),
