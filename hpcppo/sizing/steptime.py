@@ -263,11 +263,12 @@ def _candidates(exp: Experiment, plan: RunPlan) -> list[list[Experiment]]:
             variants.append(attrs.evolve(colocated, rollout=attrs.evolve(colocated.rollout,
                                                                          gpu_memory_utilization=COLOCATED_SHARE)))
         return [variants]
-    tp = plan.tensor_parallel_size
-    split = attrs.evolve(ro, placement="split", gpu_memory_utilization=max(SPLIT_SHARE, ro.gpu_memory_utilization)
+    # a rollout rank runs a whole engine on its own GPU (config.resolve refuses tensor parallelism in split)
+    split = attrs.evolve(ro, placement="split", tensor_parallel_size=1,
+                         gpu_memory_utilization=max(SPLIT_SHARE, ro.gpu_memory_utilization)
                          if vllm_share else ro.gpu_memory_utilization)
     return ([[attrs.evolve(exp, rollout=split, resources=attrs.evolve(res, rollout_ranks_per_node=k))]
-             for k in range(tp, plan.ranks_per_node, tp)]
+             for k in range(1, plan.ranks_per_node)]
             + [[attrs.evolve(exp, rollout=split, resources=attrs.evolve(res, rollout_nodes=k))]
                for k in range(1, plan.nodes)])
 
@@ -276,7 +277,8 @@ def _row(exp: Experiment, plan: RunPlan, budget: Budget) -> dict[str, Any]:
     p, t = placement_of(exp, plan), budget.time
     return {"placement": p.kind, "layout": p.describe(), "rollout_gpus": len(p.rollout_ranks) or plan.world_size,
             "trainer_gpus": plan.train_dp_size, "max_staleness": exp.rollout.max_staleness,
-            "gpu_memory_utilization": exp.rollout.gpu_memory_utilization, "fits": not budget.problems,
+            "gpu_memory_utilization": exp.rollout.gpu_memory_utilization,
+            "tensor_parallel_size": exp.rollout.tensor_parallel_size, "fits": not budget.problems,
             **{k: t[k] for k in ("step_s", "rollout_side_s", "trainer_side_s", "weight_sync_s",
                                  "gpu_hours_per_100_steps")}}
 
@@ -307,9 +309,11 @@ def compare_placements(budget: Budget, site: Site, exp: Experiment, plan: RunPla
     budget.placements.append(best)
     budget.placement_verdict = _verdict(this, best) + ("" if best["fits"] else
                                                        f" The {what} placement does not fit the GPUs' memory.")
-    if best["placement"] == "split" and best["gpu_memory_utilization"] != exp.rollout.gpu_memory_utilization:
-        budget.placement_verdict += (f" Split counted with rollout.gpu_memory_utilization = "
-                                     f"{best['gpu_memory_utilization']}: its rollout ranks hold nothing but the engine.")
+    changed = [f"{key} = {best[key]}" for key in ("gpu_memory_utilization", "tensor_parallel_size")
+               if best[key] != getattr(exp.rollout, key)]
+    if best["placement"] == "split" and changed:
+        budget.placement_verdict += (f" Split counted with rollout.{' and rollout.'.join(changed)}: a rollout rank "
+                                     f"holds one whole engine and nothing else.")
 
 
 def _side(row: dict[str, Any]) -> str:

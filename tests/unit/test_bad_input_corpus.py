@@ -138,10 +138,13 @@ CASES: dict[str, Case] = {
         ["compile", GSM8K, "--site", "h100-cluster", "--no-check-paths", "-q", "--runs-root", "{cwd}/runs", "-o",
          'rollout.placement="split"', "-o", "resources.rollout_ranks_per_node=3"],
         "does not divide resources.rollout_ranks_per_node=3"),
-    "split-mini-batch-over-trainer-ranks": Case(
+    "split-prompts-over-trainer-ranks": Case(
         ["compile", GSM8K, "--site", "h100-cluster", "--no-check-paths", "-q", "--runs-root", "{cwd}/runs", "-o",
-         'rollout.placement="split"', "-o", "resources.rollout_ranks_per_node=2"],
-        "is not divisible by data-parallel size 12"),
+         'rollout.placement="split"', "-o", "resources.rollout_ranks_per_node=2", "-o",
+         "rollout.tensor_parallel_size=1"], "cannot be split over the 12 trainer ranks"),
+    "split-tensor-parallel-rollout-ranks": Case(
+        ["compile", GSM8K, "--site", "h100-cluster", "--no-check-paths", "-q", "--runs-root", "{cwd}/runs", "-o",
+         'rollout.placement="split"', "-o", "resources.rollout_nodes=1"], "each rollout rank runs a whole engine"),
     "staleness-colocated": Case(compile_("-o", "rollout.max_staleness=2"), "colocated runs are on-policy", warn=True),
     "kv-cache-with-hf": Case(compile_("-o", "rollout.kv_cache_memory_mb=512"), "only the vLLM engine", warn=True),
     "vllm-keys-with-hf": Case(compile_("-o", "rollout.enforce_eager=true", "-o", "rollout.gpu_memory_utilization=0.3"),

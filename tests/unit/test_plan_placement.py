@@ -15,7 +15,7 @@ from hpcppo.sizing.steptime import _verdict
 
 REPO = Path(__file__).resolve().parents[2]
 GSM8K = REPO / "examples" / "gsm8k-qwen2.5-7b.toml"  # Qwen2.5-7B (the planner's table), 2 x 8 GPUs, vLLM TP 2
-SPLIT = ['rollout.placement="split"', "resources.rollout_nodes=1"]
+SPLIT = ['rollout.placement="split"', "resources.rollout_nodes=1", "rollout.tensor_parallel_size=1"]
 
 
 def _budget(overrides=(), site="h100-cluster"):
@@ -38,13 +38,14 @@ def test_rollout_ranks_hold_the_engine_and_trainer_ranks_no_engine():
     colocated, _ = _budget()
     assert any("vLLM" in what for p in colocated.phases[1:] for what in _items(p))  # asleep during the updates
     # 4 trainer ranks a node shard the actor's state over 4 GPUs, where the colocated job's (HSDP) shards over 8
-    quarter, _ = _budget(['rollout.placement="split"', "resources.rollout_ranks_per_node=4"])
+    quarter, _ = _budget(['rollout.placement="split"', "resources.rollout_ranks_per_node=4",
+                          "rollout.tensor_parallel_size=1"])
     assert _items(quarter.phases[1])["actor params (fp32 shard)"] == 2 * _items(colocated.phases[1])[
         "actor params (fp32 shard)"] == 2 * _items(split.phases[1])["actor params (fp32 shard)"]
 
 
 def test_an_hf_rollout_rank_holds_the_weights_and_its_batchs_cache():
-    budget, c = _budget(SPLIT + ['rollout.engine="hf"', "rollout.tensor_parallel_size=1"])
+    budget, c = _budget(SPLIT + ['rollout.engine="hf"'])
     rollout = _items(budget.phases[0])
     m = budget.model
     assert rollout["engine weights (model.dtype)"] == m.params * 2
@@ -78,7 +79,9 @@ def test_plan_compares_both_placements_of_the_same_gpus():
     assert "each side on fewer GPUs takes longer than the overlap saves" in colocated.placement_verdict
     split, _ = _budget(SPLIT)
     assert [r["placement"] for r in split.placements] == ["split", "colocated"]
-    assert split.placements[1]["step_s"] == pytest.approx(this["step_s"])  # the same job, placed the other way
+    tp1, _ = _budget(["rollout.tensor_parallel_size=1"])  # the same job placed the other way: colocated, TP 1
+    assert split.placements[1]["step_s"] == pytest.approx(tp1.placements[0]["step_s"])
+    assert other["tensor_parallel_size"] == 1 and "rollout.tensor_parallel_size = 1" in colocated.placement_verdict
 
 
 def test_the_verdict_says_why_split_wins():
@@ -99,6 +102,6 @@ def test_plan_json_and_table_carry_the_comparison(capsys):
     out = json.loads(capsys.readouterr().out)
     assert [r["placement"] for r in out["placements"]] == ["colocated", "split"]
     assert out["placement_verdict"].startswith("colocated is faster")
-    assert main(["plan", str(GSM8K), "--site", "h100-cluster", "-o", SPLIT[0], "-o", SPLIT[1]]) == 0
+    assert main(["plan", str(GSM8K), "--site", "h100-cluster", "-o", SPLIT[0], "-o", SPLIT[1], "-o", SPLIT[2]]) == 0
     text = capsys.readouterr().out
     assert "placements (one step, worst case)" in text and "rollout rank (vLLM, never sleeps)" in text
