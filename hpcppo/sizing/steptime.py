@@ -121,11 +121,16 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
         return (waves * R * step_bytes / (gpu.hbm_bytes_s * A["decode bandwidth use"]),
                 2 * m.active_params * seqs * P / (tp * peak * A["prefill MFU"]))
 
-    t["decode_s"], t["prefill_s"] = generation(plan.prompts_per_rank * exp.rollout.n)
+    # Colocated: one engine call per step of the group's prompts. Split: the busiest rollout rank's engine calls, one
+    # per trainer share of the step's prompts it is dealt (hpcppo.rollout.worker generates share by share).
+    share = plan.prompts_per_step // plan.train_dp_size if split else plan.prompts_per_rank
+    calls = plan.prompts_per_rank // share
+    decode_s, prefill_s = generation(share * exp.rollout.n)
+    t["decode_s"], t["prefill_s"] = calls * decode_s, calls * prefill_s
     t["generate_s"] = t["decode_s"] + t["prefill_s"]
     t["generated_tokens_per_s"] = plan.samples_per_step * R / t["generate_s"]
     # ReMax's baseline: one greedy response per prompt, a second engine call (hpcppo.rollout.source.ColocatedSource.collect).
-    t["baseline_generate_s"] = sum(generation(plan.prompts_per_rank)) if needs_greedy_baseline(
+    t["baseline_generate_s"] = calls * sum(generation(share)) if needs_greedy_baseline(
         exp.algorithm.adv_estimator) else 0.0
 
     flops = _update_flops(exp, plan, m, cm, rm)

@@ -105,3 +105,13 @@ def test_plan_json_and_table_carry_the_comparison(capsys):
     assert main(["plan", str(GSM8K), "--site", "h100-cluster", "-o", SPLIT[0], "-o", SPLIT[1], "-o", SPLIT[2]]) == 0
     text = capsys.readouterr().out
     assert "placements (one step, worst case)" in text and "rollout rank (vLLM, never sleeps)" in text
+
+
+def test_a_rollout_rank_generates_share_by_share():
+    """A rollout rank generates the trainer shares it is dealt one engine call each (hpcppo.rollout.worker): 16 trainer
+    shares of 64 prompts on 8 rollout ranks are two calls of 64 x n sequences, twice one such call."""
+    one, c1 = _budget(SPLIT + ["trainer.train_batch_size=512"])  # 8 trainers, 8 rollout ranks: one share each
+    two, c2 = _budget(SPLIT + ["resources.nodes=3"])  # 16 trainers, 8 rollout ranks: two shares each
+    assert c1.plan.prompts_per_step // c1.plan.train_dp_size == c2.plan.prompts_per_step // c2.plan.train_dp_size == 64
+    assert (c1.plan.prompts_per_rank, c2.plan.prompts_per_rank) == (64, 128)
+    assert two.time["generate_s"] == pytest.approx(2 * one.time["generate_s"])
