@@ -51,9 +51,22 @@ def idle_settings(exp: Experiment, provenance: Mapping[str, str]) -> list[str]:
     if turns and not exp.rollout.multi_turn.enable:
         out.append(f"{_shown(turns)}: rollout.multi_turn.enable is false, so no multi-turn key has an effect (the "
                    "tools are still checked at compile)")
+    out += _idle_placement(exp, provenance)
     out += _idle_validation(exp, provenance)
     out += _idle_overlong(exp, provenance)
     return out
+
+
+def _idle_placement(exp: Experiment, provenance: Mapping[str, str]) -> list[str]:
+    """rollout.max_staleness bounds the queue of a split run; rollout ranks never sleep (hpcppo.placement)."""
+    if exp.rollout.placement != "split":
+        return (["rollout.max_staleness: only rollout.placement = \"split\" has rollout ranks that generate ahead of "
+                 "the trainers; colocated runs are on-policy"] if _set_by_user(provenance, "rollout.max_staleness")
+                else [])
+    if exp.rollout.engine == "vllm" and _set_by_user(provenance, "rollout.free_cache_engine"):
+        return ["rollout.free_cache_engine: rollout ranks never sleep in rollout.placement = \"split\" (no training "
+                "shares their memory), so it has no effect"]
+    return []
 
 
 def _idle_validation(exp: Experiment, provenance: Mapping[str, str]) -> list[str]:
