@@ -8,15 +8,17 @@ times the rounds (a barrier before, the slowest rank's time after) and holds the
 rounds, the order of the two sides swapped every round:
 
   bridge       ``Bridge.broadcast_weights`` of a model-shaped set of tensors (``--mb`` MB of fp32 and bf16 tensors of
-               many sizes, some larger than a bucket) from process 0 to processes 1 and 2 (a bridge of three), each
-               receiver loading every tensor into its own copy as an engine does (``copy_``), against ``plain``: one
-               ``dist.broadcast`` of a flat tensor of the same bytes on a group of the same three ranks, received
-               in place (no load): the transport's bound;
+               many sizes, some larger than a bucket) from process 0 to processes 1 and 2 (a bridge of three), the
+               receivers dropping the views (the bridge alone), and again loading every tensor into their own copy
+               as an engine does (``into`` for the large ones, ``copy_`` out of the buckets for the rest), against
+               ``plain``: one ``dist.broadcast`` of a flat tensor of the same bytes on a group of the same three
+               ranks, received in place: the transport's bound;
   full sync    the split placement's sync: processes 0 and 1 are the trainer (FSDP2 over a group of the two),
                ``iter_full_params`` on both gathers the full weights in buckets, process 0 feeds them to a bridge
                of two (process 0 and process 2, the rollout rank, outside the trainer's group), which loads them
-               into its model (``load_into``); against one ``dist.broadcast`` of the same bytes on a group of
-               processes 0 and 2.
+               into its model (``into`` its parameters, then ``load_into``); against one ``dist.broadcast`` of the
+               same bytes on a group of processes 0 and 2; and ``iter_full_params`` alone on the trainers (the
+               gather, the other half of a sync).
 
 Each figure is bytes per second of the slowest rank (bytes / max over ranks of its seconds), median [min-max]; the
 ratio is bridge / plain of the same round (1.0: the bridge costs nothing over the transport).
@@ -99,15 +101,20 @@ def _worker(rank: int, args: argparse.Namespace, ports: dict, out: str) -> None:
     if rank < 2:
         apply_fsdp(model, DeviceMesh.from_group(trainer, "cpu"), param_dtype=None, reduce_dtype=None,
                    cpu_offload=False, reshard_after_forward=True)
+    targets = dict(model.named_parameters())  # the rollout rank's engine tensors (rank 2's model is unsharded)
     model_flat = torch.ones(model_bytes, dtype=torch.uint8) if rank == 0 else torch.empty(model_bytes, dtype=torch.uint8)
 
-    def bridge_side(b: int) -> None:
+    def bridge_side(b: int, load: bool) -> None:
         if rank == 0:
             bridges[b].broadcast_weights(iter(tensors), version=1)
+        elif load:  # as an engine loads: the large tensors straight into its own, the others copied out of buckets
+            _, it = bridges[b].receive_weights(into=mine)
+            for n, t in it:
+                mine[n].copy_(t)  # a no-op for a tensor received into mine[n] itself
         else:
             _, it = bridges[b].receive_weights()
-            for n, t in it:
-                mine[n].copy_(t)
+            for _ in it:
+                pass
 
     def plain_side() -> None:
         dist.broadcast(flat, src=0, group=all3)
@@ -119,8 +126,13 @@ def _worker(rank: int, args: argparse.Namespace, ports: dict, out: str) -> None:
             for _ in iter_full_params(model):  # a trainer rank outside the bridge: its part of the gathers
                 pass
         else:
-            _, it = two[b].receive_weights()
+            _, it = two[b].receive_weights(into=targets)
             load_into(model, it)
+
+    def gather_only() -> None:
+        if rank < 2:
+            for _ in iter_full_params(model):
+                pass
 
     def sync_plain() -> None:
         if rank != 1:
@@ -134,8 +146,10 @@ def _worker(rank: int, args: argparse.Namespace, ports: dict, out: str) -> None:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t.item())
 
-    sides = {**{f"bridge-{b}": (lambda b=b: bridge_side(b)) for b in buckets}, "plain": plain_side,
-             **{f"sync-{b}": (lambda b=b: sync_side(b)) for b in buckets}, "sync-plain": sync_plain}
+    sides = {**{f"bridge-{b}": (lambda b=b: bridge_side(b, False)) for b in buckets},
+             **{f"load-{b}": (lambda b=b: bridge_side(b, True)) for b in buckets}, "plain": plain_side,
+             **{f"sync-{b}": (lambda b=b: sync_side(b)) for b in buckets}, "sync-plain": sync_plain,
+             "gather": gather_only}
     rec: dict[str, list[float]] = {k: [] for k in sides}
     order = list(sides)
     for r in range(args.rounds + args.warmup):
@@ -160,27 +174,34 @@ def spread(v: list[float]) -> str:
 
 def report(r: dict) -> dict:
     sec, out = r["seconds"], {"rounds": r["seconds"], "bytes": r["bytes"], "model_bytes": r["model_bytes"]}
-    gbps = {k: [(r["model_bytes"] if k.startswith("sync") else r["bytes"]) / s / 1e9 for s in v] for k, v in sec.items()}
-    print(f"\n== bridge of 3 (1 sender, 2 receivers loading every tensor) vs one dist.broadcast of the same "
-          f"{r['bytes'] / 1e6:.1f} MB ({r['tensors']} tensors, fp32 and bf16) on a group of the same 3 ranks")
-    print(f"  {'plain broadcast':28s} {spread(gbps['plain'])} GB/s")
+    model_sides = ("sync", "gather")
+    gbps = {k: [(r["model_bytes"] if k.startswith(model_sides) else r["bytes"]) / s / 1e9 for s in v]
+            for k, v in sec.items()}
+    print(f"\n== bridge of 3 (1 sender, 2 receivers) vs one dist.broadcast of the same {r['bytes'] / 1e6:.1f} MB "
+          f"({r['tensors']} tensors, fp32 and bf16) on a group of the same 3 ranks")
+    print(f"  {'plain broadcast':34s} {spread(gbps['plain'])} GB/s")
     ratios: dict[str, dict] = {}
-    for b in r["buckets"]:
-        per = [p / q for p, q in zip(sec["plain"], sec[f"bridge-{b}"])]
-        ratios[f"bridge-{b}"] = {"median": statistics.median(per), "min": min(per), "max": max(per)}
-        print(f"  {'bridge, ' + format(b / (1 << 20), 'g') + ' MB buckets':28s} {spread(gbps[f'bridge-{b}'])} GB/s   "
-              f"bridge / plain {statistics.median(per):.2f}x [{min(per):.2f}-{max(per):.2f}]")
+    for kind, label in (("bridge", "bridge"), ("load", "bridge + load")):
+        for b in r["buckets"]:
+            per = [p / q for p, q in zip(sec["plain"], sec[f"{kind}-{b}"])]
+            ratios[f"{kind}-{b}"] = {"median": statistics.median(per), "min": min(per), "max": max(per)}
+            print(f"  {label + ', ' + format(b / (1 << 20), 'g') + ' MB buckets':34s} {spread(gbps[f'{kind}-{b}'])} "
+                  f"GB/s   bridge / plain {statistics.median(per):.2f}x [{min(per):.2f}-{max(per):.2f}]")
     print(f"\n== full sync: 2 FSDP2 trainer ranks -> iter_full_params -> bridge -> 1 rollout rank (load_into), "
           f"{r['params'] / 1e6:.1f}M params, {r['model_bytes'] / 1e6:.1f} MB fp32, vs one dist.broadcast of the same "
           f"bytes on a group of the bridge's 2 ranks")
-    print(f"  {'plain broadcast':28s} {spread(gbps['sync-plain'])} GB/s")
+    print(f"  {'plain broadcast':34s} {spread(gbps['sync-plain'])} GB/s")
+    per = [p / q for p, q in zip(sec["sync-plain"], sec["gather"])]
+    ratios["gather"] = {"median": statistics.median(per), "min": min(per), "max": max(per)}
+    print(f"  {'iter_full_params alone (trainers)':34s} {spread(gbps['gather'])} GB/s   "
+          f"gather / plain {statistics.median(per):.2f}x [{min(per):.2f}-{max(per):.2f}]")
     for b in r["buckets"]:
         per = [p / q for p, q in zip(sec["sync-plain"], sec[f"sync-{b}"])]
         ratios[f"sync-{b}"] = {"median": statistics.median(per), "min": min(per), "max": max(per)}
-        print(f"  {'full sync, ' + format(b / (1 << 20), 'g') + ' MB buckets':28s} {spread(gbps[f'sync-{b}'])} GB/s   "
+        print(f"  {'full sync, ' + format(b / (1 << 20), 'g') + ' MB buckets':34s} {spread(gbps[f'sync-{b}'])} GB/s   "
               f"sync / plain {statistics.median(per):.2f}x [{min(per):.2f}-{max(per):.2f}]")
-    print("  (GB/s of the slowest rank, median [min-max]; a ratio is the plain broadcast's time over the bridge's "
-          "in the same round)")
+    print("  (GB/s of the slowest rank, median [min-max]; a ratio is the plain broadcast's time over the other "
+          "side's in the same round)")
     out.update(gbps=gbps, ratios=ratios)
     return out
 

@@ -23,10 +23,11 @@ def test_bench_weight_broadcast_tiny_run_reports_both_comparisons(tmp_path: Path
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())
-    sides = {f"{kind}-{b}" for kind in ("bridge", "sync") for b in (1 << 19, 2 << 20)} | {"plain", "sync-plain"}
+    sides = ({f"{kind}-{b}" for kind in ("bridge", "load", "sync") for b in (1 << 19, 2 << 20)}
+             | {"plain", "sync-plain", "gather"})
     assert set(r["rounds"]) == sides and all(len(v) == 2 and min(v) > 0 for v in r["rounds"].values())
     for name, ratio in r["ratios"].items():
-        plain = r["rounds"]["sync-plain" if name.startswith("sync") else "plain"]
+        plain = r["rounds"]["sync-plain" if name.startswith(("sync", "gather")) else "plain"]
         per = [p / q for p, q in zip(plain, r["rounds"][name])]
         assert ratio["median"] == pytest.approx(statistics.median(per)) and ratio["min"] == pytest.approx(min(per))
     assert "bridge / plain" in proc.stdout and "sync / plain" in proc.stdout
