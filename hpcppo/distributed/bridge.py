@@ -214,7 +214,7 @@ class Bridge:
                                    f"within {timeout:g} s")
         self._forget(n - 1)
         self._seq = n
-        in_flight: deque[tuple[Any, torch.Tensor]] = deque()
+        in_flight: deque[tuple[Any, torch.Tensor, int]] = deque()  # (work, its buffer, bucket index)
         opened: dict[torch.dtype, OpenBucket] = {}
         tensors = sent = 0
         buckets = 0
@@ -222,12 +222,13 @@ class Bridge:
         def send(head: BucketHead, flat: torch.Tensor) -> None:
             nonlocal buckets, sent
             while len(in_flight) >= _IN_FLIGHT:
-                work, _ = in_flight.popleft()
-                self._wait(work, timeout, f"weights version {version}: rollout ranks did not receive bucket")
+                work, _, k = in_flight.popleft()
+                self._wait(work, timeout, f"{_peers(receivers)} did not all receive bucket {k} of weights version "
+                                          f"{version}")
             _set(store, f"w/{n}/b/{buckets}", head)
             if head.numel:
                 work = self._broadcast(flat[:head.numel])
-                in_flight.append((work, flat))
+                in_flight.append((work, flat, buckets))
                 if not head.single:
                     self._pools[flat.dtype][self._turn[flat.dtype]] = (flat, work)
             buckets += 1
@@ -251,8 +252,9 @@ class Bridge:
         _set(store, f"w/{n}/b/{buckets}", None)  # the end of the manifest
         self._last_buckets = buckets + 1
         while in_flight:
-            work, _ = in_flight.popleft()
-            self._wait(work, timeout, f"weights version {version}: rollout ranks did not receive the last buckets")
+            work, _, k = in_flight.popleft()
+            self._wait(work, timeout, f"{_peers(receivers)} did not all receive bucket {k} of weights version "
+                                      f"{version}")
         return BroadcastStats(version=int(version), tensors=tensors, bytes=sent, buckets=buckets,
                               seconds=time.perf_counter() - start)
 

@@ -238,11 +238,23 @@ def _missing(rank: int, world: int, ports: list[int]) -> dict:
         dist.barrier()
         dist.barrier()
     bridge.close(wait_s=5)
+    # a rollout rank that said it is ready but never takes the bytes: the collective's wait ends, naming it
+    bridge = Bridge.connect("127.0.0.1", ports[2], rank, 2, timeout_s=TIMEOUT_S)
+    if rank == 0:
+        try:
+            bridge.broadcast_weights([("huge", torch.zeros(64 << 20, dtype=torch.uint8))], version=9, timeout_s=2)
+        except BridgeTimeout as exc:
+            out["stalled"] = str(exc)
+        dist.barrier()
+    else:
+        version, _it = bridge.receive_weights(timeout_s=TIMEOUT_S)  # ready, and then never iterated
+        dist.barrier()
+    bridge.close(wait_s=5)
     return out
 
 
 def test_every_wait_ends_in_one_line_naming_the_missing_peer():
-    ports = [free_port(), free_port()]
+    ports = [free_port(), free_port(), free_port()]
     sender, receiver = run_distributed(_missing, 2, ports)
     assert "rollout rank 2 did not join within 2 s" in sender["join"]
     assert "rollout rank 2 did not join within 2 s" in receiver["join"]
@@ -250,5 +262,6 @@ def test_every_wait_ends_in_one_line_naming_the_missing_peer():
     assert "rollout rank 1 did not take weights version 5 within 1 s" in sender["broadcast"]
     assert "rank 0 (the trainer) sent no weights within 1 s" in receiver["receive"]
     assert "rank 0 (the trainer) posted no notice within 1 s" in receiver["notice"]
+    assert "rollout rank 1 did not all receive bucket 0 of weights version 9 within 2 s" in sender["stalled"]
     for line in [*sender.values(), *receiver.values()]:
         assert "\n" not in line and line.startswith("bridge 127.0.0.1:"), line
