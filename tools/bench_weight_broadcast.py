@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import multiprocessing
 import os
 import statistics
 import sys
@@ -223,7 +224,12 @@ def main(argv: list[str] | None = None) -> int:
              **{f"two-{b}": free_port() for b in buckets}}
     with tempfile.TemporaryDirectory(prefix="bench-bridge-") as tmp:
         out = str(Path(tmp) / "rank0.json")
-        mp.start_processes(_worker, args=(args, ports, out), nprocs=WORLD, join=True, start_method="spawn")
+        # the ranks fork from one server that imported these once (as tests/dist/_spawn.py does): three imports of
+        # torch and transformers on a busy 2-core machine cost more than the measurement
+        multiprocessing.set_forkserver_preload(["torch", "torch.distributed.fsdp", "transformers",
+                                                "transformers.models.qwen2.modeling_qwen2",
+                                                "hpcppo.distributed.bridge", "hpcppo.distributed.weights"])
+        mp.start_processes(_worker, args=(args, ports, out), nprocs=WORLD, join=True, start_method="forkserver")
         result = report(json.loads(Path(out).read_text()))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

@@ -18,14 +18,14 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_bench_weight_broadcast_tiny_run_reports_both_comparisons(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     proc = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_weight_broadcast.py"), "--mb", "3",
-                           "--bucket-mb", "0.5,2", "--hidden", "64", "--layers", "1", "--vocab", "256", "--rounds",
-                           "2", "--warmup", "0", "--timeout", "120", "--json", str(out)],
+                           "--bucket-mb", "0.5", "--hidden", "64", "--layers", "1", "--vocab", "256", "--rounds",
+                           "1", "--warmup", "0", "--timeout", "120", "--json", str(out)],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())
-    sides = ({f"{kind}-{b}" for kind in ("bridge", "load", "sync") for b in (1 << 19, 2 << 20)}
+    sides = ({f"{kind}-{b}" for kind in ("bridge", "load", "sync") for b in (1 << 19,)}
              | {"plain", "sync-plain", "gather"})
-    assert set(r["rounds"]) == sides and all(len(v) == 2 and min(v) > 0 for v in r["rounds"].values())
+    assert set(r["rounds"]) == sides and all(len(v) == 1 and min(v) > 0 for v in r["rounds"].values())
     for name, ratio in r["ratios"].items():
         plain = r["rounds"]["sync-plain" if name.startswith(("sync", "gather")) else "plain"]
         per = [p / q for p, q in zip(plain, r["rounds"][name])]
