@@ -126,7 +126,9 @@ class Bridge:
                 timeout_s: float = DEFAULT_TIMEOUT_S, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Bridge:
         """Join the bridge at ``addr:port`` as ``rank`` of ``size`` (rank 0, the trainer's rank 0, hosts the store
         there; ranks 1..size-1 are the rollout ranks). Returns once all ``size`` members have joined and the process
-        group is up; a member missing after ``timeout_s`` fails every other with :class:`BridgeTimeout` naming it."""
+        group is up; a member missing after ``timeout_s`` fails every other with :class:`BridgeTimeout` naming it.
+        ``backend="nccl"``: set the rank's CUDA device first (the buffers and the communicator use the current one).
+        A bridge that raised :class:`BridgeTimeout` is out of step with its peers: close it."""
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"bridge backend {backend!r}: allowed 'gloo', 'nccl'")
         if size < 2 or not 0 <= rank < size:
