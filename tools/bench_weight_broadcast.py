@@ -93,7 +93,8 @@ def _worker(rank: int, args: argparse.Namespace, ports: dict, out: str) -> None:
     mine = {n: torch.empty_like(t) for n, t in tensors}  # the receivers' engine copies
     flat = torch.ones(nbytes, dtype=torch.uint8) if rank == 0 else torch.empty(nbytes, dtype=torch.uint8)
 
-    cfg = Qwen2Config(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=max(1, args.hidden // 64),
+    cfg = Qwen2Config(hidden_size=args.hidden, num_hidden_layers=args.layers,
+                      num_attention_heads=max(1, args.hidden // 64),
                       num_key_value_heads=max(1, args.hidden // 256), intermediate_size=args.hidden * 8 // 3,
                       vocab_size=args.vocab, tie_word_embeddings=False, max_position_embeddings=256)
     torch.manual_seed(0)
@@ -103,7 +104,7 @@ def _worker(rank: int, args: argparse.Namespace, ports: dict, out: str) -> None:
         apply_fsdp(model, DeviceMesh.from_group(trainer, "cpu"), param_dtype=None, reduce_dtype=None,
                    cpu_offload=False, reshard_after_forward=True)
     targets = dict(model.named_parameters())  # the rollout rank's engine tensors (rank 2's model is unsharded)
-    model_flat = torch.ones(model_bytes, dtype=torch.uint8) if rank == 0 else torch.empty(model_bytes, dtype=torch.uint8)
+    model_flat = (torch.ones if rank == 0 else torch.empty)(model_bytes, dtype=torch.uint8)
 
     def bridge_side(b: int, load: bool) -> None:
         if rank == 0:

@@ -19,9 +19,9 @@ What goes over it:
 
 - weights, rank 0 to all (:meth:`Bridge.broadcast_weights` / :meth:`Bridge.receive_weights`): bucketed per dtype
   (:mod:`hpcppo.distributed.bridge_buckets`), each bucket's manifest (names, shapes, dtype, offsets) written to the
-  store before its bytes are broadcast; the receiver yields views of its buffers that an engine loads in place, and a
-  tensor larger than a bucket straight into the engine's own tensor when one is offered (``into``). Every broadcast
-  carries a policy version.
+  store before its bytes are broadcast; the receiver yields views of buffers it never reuses, which an engine loads
+  in place, and a tensor larger than a bucket straight into the engine's own tensor when one is offered (``into``).
+  Every broadcast carries a policy version.
 - small objects, over the store only (never the collective path): :meth:`Bridge.send_obj` from a rollout rank to
   rank 0 (:meth:`Bridge.poll_obj`, :meth:`Bridge.recv_any`), :meth:`Bridge.notify_all` from rank 0 to every rollout
   rank (:meth:`Bridge.poll_notice`). A value is pickled and cut into pieces under the store's payload limit.
@@ -266,16 +266,18 @@ class Bridge:
         key = f"w/{self._seq + 1}/head"
         return _get(store, key)["version"] if store.check([key]) else None
 
-    def receive_weights(self, *, timeout_s: float | None = None,
-                        into: Mapping[str, torch.Tensor] | None = None) -> tuple[int, Iterator[tuple[str, torch.Tensor]]]:
+    def receive_weights(
+        self, *, timeout_s: float | None = None, into: Mapping[str, torch.Tensor] | None = None,
+    ) -> tuple[int, Iterator[tuple[str, torch.Tensor]]]:
         """Take rank 0's next weight broadcast (rollout ranks): ``(version, iterator of (name, tensor))``, waiting up
         to ``timeout_s`` for it to start. Every tensor comes once, with its name, shape and dtype as sent, on this
-        bridge's device; it is a view of a receive buffer, valid until the iterator is advanced (copy or load it
-        first: ``engine.sync_weights`` / ``load_into`` do). A tensor larger than a bucket whose entry in ``into``
-        (e.g. the engine's own parameters) is contiguous, of its shape, dtype and device is received straight into
-        that entry, which is what is yielded. Consume the iterator to the end: the broadcast is a collective; an
-        iterator dropped early (or never started) takes the rest of the broadcast when closed, or at the next
-        call."""
+        bridge's device: a view of its bucket's buffer, which is never reused (it lives as long as a view of it
+        does), so a consumer may hold several before loading them (vLLM's engine groups them in buckets) and a
+        load in place (``engine.sync_weights``, ``load_into``) copies each once. A tensor larger than a bucket whose
+        entry in ``into`` (e.g. the engine's own parameters) is contiguous, of its shape, dtype and device is
+        received straight into that entry, which is what is yielded. Consume the iterator to the end: the broadcast
+        is a collective; an iterator dropped early (or never started) takes the rest of the broadcast when closed,
+        or at the next call."""
         store = self._need(sender=False)
         if self._open_receive is not None:  # the previous broadcast left unconsumed: take its rest, in step
             for _ in self._open_receive:
@@ -326,8 +328,8 @@ class Bridge:
                     flat = target.view(-1)
                 else:
                     flat = torch.empty(head.numel, dtype=dtype, device=self.device)
-            else:
-                flat = self._take_buffer(dtype, head.numel, timeout)[:head.numel]
+            else:  # a buffer of its own, alive as long as a view of it is: nothing yielded is ever overwritten
+                flat = torch.empty(head.numel, dtype=dtype, device=self.device)
             return head, flat, self._broadcast(flat) if head.numel else None
 
         k = 0
@@ -411,8 +413,8 @@ class Bridge:
             raise BridgeTimeout(f"{self._where()}: {what} within {timeout:g} s ({_first_line(exc)})") from None
 
     def _take_buffer(self, dtype: torch.dtype, numel: int, timeout: float) -> torch.Tensor:
-        """The next of this dtype's two bucket buffers (kept from one broadcast to the next), after the collective
-        last run on it is done; grown to ``numel`` elements if a bucket needs more."""
+        """The sender's next bucket buffer of this dtype (two per dtype, kept from one broadcast to the next), after
+        the collective last run on it is done; grown to ``numel`` elements if a bucket needs more."""
         pool = self._pools.setdefault(dtype, [])
         turn = self._turn[dtype] = (self._turn.get(dtype, 1) + 1) % 2
         if len(pool) <= turn:

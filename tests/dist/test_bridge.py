@@ -65,7 +65,9 @@ def _three(rank: int, world: int, port: int) -> dict:
         out["polled_again"] = bridge.poll_obj()
     else:
         version, it = bridge.receive_weights(timeout_s=TIMEOUT_S)
-        out["first"] = (version, [(n, t.dtype, tuple(t.shape), _bits(t)) for n, t in it])
+        held = list(it)  # all held before any is read, as vLLM's engine groups them: none may be overwritten
+        out["first"] = (version, [(n, t.dtype, tuple(t.shape), _bits(t)) for n, t in held])
+        del held
         out["notices_early"] = bridge.poll_notice()  # rank 0 posts only once both hellos are in
         bridge.send_obj(("hello", rank))
         out["first_notice"] = bridge.wait_notice(TIMEOUT_S)  # posted once both hellos are in
