@@ -267,10 +267,10 @@ class TimedWorker:
     def __getattr__(self, name):
         return getattr(self.worker, name)
 
-    def execute(self, instance, arguments):
+    def execute(self, instance, arguments, kwargs=None):
         start = time.monotonic()
         time.sleep(0.3)  # a slow tool
-        out = self.worker.execute(instance, arguments)
+        out = self.worker.execute(instance, arguments, kwargs)
         self.calls.append((start, time.monotonic()))
         return out
 
