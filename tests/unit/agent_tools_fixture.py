@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -52,6 +53,36 @@ class Counter(Tool):
 
     def calc_reward(self, instance_id: str) -> float:
         return float(self._instances[instance_id]["sum"])
+
+
+class Recorder(Tool):
+    """Writes each phase's keyword arguments, with the instance, as a JSON line to ``config["log"]``; its
+    ``calc_reward`` is the ``bonus`` calc_reward argument (0 without) plus the instance's calls."""
+
+    default_schema = _schema("kw")
+
+    def _log(self, phase: str, instance_id: str, kwargs: dict[str, Any]) -> None:
+        with open(self.config["log"], "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"phase": phase, "instance": instance_id, "kwargs": kwargs}) + "\n")
+
+    def create(self, instance_id: str | None = None, **kw: Any) -> str:
+        iid = super().create(instance_id)
+        self._instances[iid]["calls"] = 0
+        self._log("create", iid, kw)
+        return iid
+
+    def execute(self, instance_id: str, parameters: dict[str, Any], **kw: Any) -> tuple[str, float, dict[str, float]]:
+        self._log("execute", instance_id, kw)
+        self._instances[instance_id]["calls"] += 1
+        return f"calls={self._instances[instance_id]['calls']}", 0.0, {}
+
+    def calc_reward(self, instance_id: str, **kw: Any) -> float:
+        self._log("calc_reward", instance_id, kw)
+        return float(kw.get("bonus", 0.0)) + self._instances[instance_id]["calls"]
+
+    def release(self, instance_id: str, **kw: Any) -> None:
+        self._log("release", instance_id, kw)
+        super().release(instance_id)
 
 
 class Echo(Tool):
