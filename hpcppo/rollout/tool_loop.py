@@ -70,7 +70,7 @@ from hpcppo.rollout.base import (PromptInput, RequestEngine, RolloutBatch, Rollo
 from hpcppo.rollout.tool_turns import ToolTurns
 
 __all__ = ["ToolLoop", "ToolLoopSettings", "LoopStats", "check_failures", "turn_seed", "closing_stop_ids",
-           "stats_vector", "stats_metrics", "run_kwargs"]
+           "stats_vector", "stats_metrics", "run_kwargs", "with_tool_results"]
 
 _CLOSERS = {"hermes": HERMES_END, "compact": COMPACT_END}
 
@@ -387,6 +387,18 @@ def run_kwargs(loop: object, prompts: Sequence[Any]) -> dict[str, Any]:
     if not isinstance(loop, ToolLoop):
         return {}
     return {"tools_kwargs": [loop.row_kwargs(p.record.extra_info) for p in prompts]}
+
+
+def with_tool_results(extra_infos: Sequence[Mapping[str, Any] | None], tool_rewards: Sequence[Sequence[float]],
+                      reward_scores: Sequence[Mapping[str, float]] | None = None) -> list[dict[str, Any]]:
+    """Each row's ``extra_info`` for the reward function with the tool loop's results added, under verl's reward
+    managers' names: ``tool_rewards`` (the per-call step rewards) and ``rollout_reward_scores`` (the tools'
+    ``calc_reward`` at the end)."""
+    out = [dict(e or {}, tool_rewards=list(tr)) for e, tr in zip(extra_infos, tool_rewards, strict=True)]
+    if reward_scores is not None:
+        for e, sc in zip(out, reward_scores, strict=True):
+            e["rollout_reward_scores"] = dict(sc)
+    return out
 
 
 def stats_vector(stats: LoopStats, tools: Sequence[str]) -> tuple[list[float], list[float]]:

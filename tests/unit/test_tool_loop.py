@@ -427,3 +427,43 @@ def test_the_source_gives_the_sampled_and_the_greedy_rows_their_tools_kwargs(tok
     creates = [kw["secret"] for phases in _log_by_instance(log).values() for p, kw in phases if p == "create"]
     assert sorted(creates) == ["x"] * 4 + ["y"] * 4  # 3 sampled + 1 greedy trajectory per prompt
     assert got.tool_scores == [{"kw": 2.0}] * 3 + [{"kw": 3.0}] * 3  # the sampled run's, not the greedy one's
+
+
+def test_validation_gives_the_tool_loop_its_rows_tools_kwargs(tok):
+    """Trainer.validate with the tool loop: each validation row's ground truth reaches the GSM8K tool, and the
+    tool's results reach the reward function's extra_info as in training."""
+    import contextlib
+
+    from hpcppo.config.reward import RewardManagerSection
+    from hpcppo.train.trainer import Trainer
+
+    schema = {"type": "function", "function": {"name": "gsm", "description": "check an answer", "parameters": {
+        "type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}}
+    specs = [ToolSpec("hpcppo.agent.builtin.Gsm8kAnswer", {}, schema)]
+    table = calls("gsm")
+    table["("] = ["7"]
+    table["7"] = [")"]
+    records = [SimpleNamespace(data_source="d", ground_truth=t, reward_style="rule",
+                               extra_info={"tools_kwargs": {"gsm": {"create_kwargs": {"ground_truth": t}}}})
+               for t in ("7", "3")]
+    items = [SimpleNamespace(input_ids=prompt(tok), record=r) for r in records]
+    extras: list = []
+
+    def score_fn(sources, texts, truths, extra, preds=None, lengths=None, penalties=None):
+        extras.extend(extra)
+        return [e["rollout_reward_scores"]["gsm"] for e in extra]
+
+    settings = ToolLoopSettings(max_response_length=128, format="compact", max_assistant_turns=2)
+    with ToolWorker(specs, call_timeout_s=30) as w:
+        lp = ToolLoop(scripted_engine(tok, table), w, tok, tool_schemas(specs), settings)
+        trainer = Trainer.__new__(Trainer)
+        trainer.c = SimpleNamespace(val_data=items, reward_model=None, tokenizer=tok, score_fn=score_fn,
+                                    val_sources=["d"], val_sampling=sampling(tok, n=1),
+                                    groups=SimpleNamespace(dp_rank=0, dp_size=1, is_tp_leader=True))
+        trainer.cfg = SimpleNamespace(seed=0, reward_manager=RewardManagerSection())
+        trainer.state = SimpleNamespace(step=1, branch=0, actor_version=0)
+        trainer.source = SimpleNamespace(serving=lambda version: contextlib.nullcontext(lp))
+        metrics = trainer.validate()
+    assert [e["rollout_reward_scores"] for e in extras] == [{"gsm": 1.0}, {"gsm": 0.0}]
+    assert [e["tool_rewards"] for e in extras] == [[0.0], [Gsm8kAnswer.NO_IMPROVEMENT_PENALTY]]
+    assert metrics["val/score"] == 0.5
