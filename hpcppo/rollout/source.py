@@ -52,6 +52,7 @@ class Collected:
         tool_rewards: the tool loop's per-call step rewards, one list per row of ``batch`` (None: single turn).
         tool_scores: the tool loop's end-of-trajectory ``calc_reward`` per tool, one mapping per row of ``batch``
             (None: single turn).
+        greedy_tool_rewards, greedy_tool_scores: the same for the rows of ``greedy``.
     """
 
     batch: RolloutBatch
@@ -61,6 +62,8 @@ class Collected:
     tool_stats: LoopStats | None = None
     tool_rewards: list[list[float]] | None = None
     tool_scores: list[dict[str, float]] | None = None
+    greedy_tool_rewards: list[list[float]] | None = None
+    greedy_tool_scores: list[dict[str, float]] | None = None
 
 
 class RolloutSource(Protocol):
@@ -121,13 +124,16 @@ class ColocatedSource:
             tool_stats = tools.take_stats() if tools is not None else None  # before the greedy run's
             tool_rewards = tools.tool_rewards if tools is not None else None
             tool_scores = tools.reward_scores if tools is not None else None
-            greedy = None
+            greedy, greedy_rewards, greedy_scores = None, None, None
             if self.greedy_baseline:  # verl decodes it with do_sample=False: no draw, the seed changes nothing
                 greedy = self.loop.run(inputs, dataclasses.replace(self.sampling, n=1, temperature=0.0, top_p=1.0,
                                                                    top_k=-1, seed=ctx.seed), **rows)
+                if tools is not None:
+                    greedy_rewards, greedy_scores = tools.tool_rewards, tools.reward_scores
             self.engine.sleep()
         return Collected(batch=batch.stamped(self.engine_version), prompts=prompts, greedy=greedy, times=times,
-                         tool_stats=tool_stats, tool_rewards=tool_rewards, tool_scores=tool_scores)
+                         tool_stats=tool_stats, tool_rewards=tool_rewards, tool_scores=tool_scores,
+                         greedy_tool_rewards=greedy_rewards, greedy_tool_scores=greedy_scores)
 
     @contextlib.contextmanager
     def serving(self, actor_version: int) -> Iterator[AgentLoop]:

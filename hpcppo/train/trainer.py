@@ -200,7 +200,8 @@ class Trainer:
             batch["tool_scores"] = got.tool_scores
         if got.greedy is not None:  # one per prompt -> one per sample (rows are prompt-major)
             with self.timer("reward"):
-                baselines = rollout_phase.greedy_baseline_scores(c, got.prompts, got.greedy)
+                baselines = rollout_phase.greedy_baseline_scores(c, got.prompts, got.greedy, got.greedy_tool_rewards,
+                                                                 got.greedy_tool_scores)
             batch["reward_baselines"] = baselines.to(c.device)[got.batch.prompt_index.to(c.device)]
         # The update is data parallel over all ranks: each rank of the group trains on its own share.
         return batching.tp_share(batch, c.groups.tp_rank, c.groups.tp_size)

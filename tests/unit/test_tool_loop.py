@@ -413,8 +413,10 @@ def test_the_source_gives_the_sampled_and_the_greedy_rows_their_tools_kwargs(tok
     specs = [ToolSpec("agent_tools_fixture.Recorder", {"log": str(log)})]
     table = calls("kw")
     table["("] = {"4": 6.0, "5": 5.0}
-    prompts = [SimpleNamespace(input_ids=prompt(tok), record=_record(
-        {"kw": {"create_kwargs": {"secret": s}, "calc_reward_kwargs": {"bonus": b}}})) for s, b in (("x", 1), ("y", 2))]
+    prompts = [SimpleNamespace(input_ids=prompt(tok), record=SimpleNamespace(
+        data_source="d", ground_truth="", extra_info={"tools_kwargs": {
+            "kw": {"create_kwargs": {"secret": s}, "calc_reward_kwargs": {"bonus": b}}}}))
+        for s, b in (("x", 1), ("y", 2))]
     settings = ToolLoopSettings(max_response_length=128, format="compact", max_assistant_turns=2)
     with ToolWorker(specs, call_timeout_s=30) as w:
         engine = scripted_engine(tok, table)
@@ -427,6 +429,16 @@ def test_the_source_gives_the_sampled_and_the_greedy_rows_their_tools_kwargs(tok
     creates = [kw["secret"] for phases in _log_by_instance(log).values() for p, kw in phases if p == "create"]
     assert sorted(creates) == ["x"] * 4 + ["y"] * 4  # 3 sampled + 1 greedy trajectory per prompt
     assert got.tool_scores == [{"kw": 2.0}] * 3 + [{"kw": 3.0}] * 3  # the sampled run's, not the greedy one's
+    assert got.greedy_tool_scores == [{"kw": 2.0}, {"kw": 3.0}] and got.greedy_tool_rewards == [[0.0], [0.0]]
+    # ReMax's baseline: the greedy rows are scored with their tool results, as the sampled rows are
+    from hpcppo.train.rollout_phase import greedy_baseline_scores
+
+    def score_fn(sources, texts, truths, extra, lengths=None):
+        return [e["rollout_reward_scores"]["kw"] + len(e["tool_rewards"]) for e in extra]
+
+    c = SimpleNamespace(reward_model=None, tokenizer=tok, score_fn=score_fn)
+    baselines = greedy_baseline_scores(c, prompts, got.greedy, got.greedy_tool_rewards, got.greedy_tool_scores)
+    assert baselines.tolist() == [3.0, 4.0]
 
 
 def test_validation_gives_the_tool_loop_its_rows_tools_kwargs(tok):
