@@ -7,6 +7,7 @@ import os
 import time
 from typing import Any
 
+from hpcppo.agent.builtin import Calculator
 from hpcppo.agent.tool import Tool
 
 
@@ -79,6 +80,34 @@ class Recorder(Tool):
     def calc_reward(self, instance_id: str, **kw: Any) -> float:
         self._log("calc_reward", instance_id, kw)
         return float(kw.get("bonus", 0.0)) + self._instances[instance_id]["calls"]
+
+    def release(self, instance_id: str, **kw: Any) -> None:
+        self._log("release", instance_id, kw)
+        super().release(instance_id)
+
+
+class LoggedCalculator(Calculator):
+    """The built-in calculator, writing each phase's keyword arguments as :class:`Recorder` does, to
+    ``config["log"]`` + ``.<pid>`` (one file per tool worker)."""
+
+    def __init__(self, config: dict[str, Any], tool_schema: dict[str, Any] | None):
+        super().__init__(config, tool_schema)
+        self.config["log"] = f"{config['log']}.{os.getpid()}"
+
+    _log = Recorder._log
+
+    def create(self, instance_id: str | None = None, **kw: Any) -> str:
+        iid = super().create(instance_id)
+        self._log("create", iid, kw)
+        return iid
+
+    def execute(self, instance_id: str, parameters: dict[str, Any], **kw: Any) -> tuple[str, float, dict[str, float]]:
+        self._log("execute", instance_id, kw)
+        return super().execute(instance_id, parameters)
+
+    def calc_reward(self, instance_id: str, **kw: Any) -> float:
+        self._log("calc_reward", instance_id, kw)
+        return 0.0
 
     def release(self, instance_id: str, **kw: Any) -> None:
         self._log("release", instance_id, kw)
