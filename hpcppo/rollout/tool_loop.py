@@ -208,8 +208,10 @@ class ToolLoop:
                 self._run_requests(self.engine, live, sampling)
             else:
                 self._run_batched(live, sampling)
+            start = time.perf_counter()
             for t in live:
                 self._calc_rewards(t)
+            self.stats.tool_s += time.perf_counter() - start
         finally:
             for t in live:
                 for name, instance in t.instances.items():
@@ -365,7 +367,6 @@ class ToolLoop:
         else:
             t.tool_rewards.append(outcome.reward)
         return outcome.text
-
 
     def _calc_rewards(self, t: _Live) -> None:
         """Each tool the trajectory created: its ``calc_reward`` with the row's ``calc_reward_kwargs``. One that
