@@ -15,7 +15,7 @@ from pathlib import Path
 
 import tomli_w
 
-from hpcppo.agent.check import collect_specs, tool_names, tool_problems
+from hpcppo.agent.check import collect_specs, tool_classes, tool_problems
 from hpcppo.agent.kwargs import TOOLS_KWARGS_KEY, tools_kwargs_problems
 from hpcppo.agent.tool import ToolLoadError
 from hpcppo.config.attention import settle_attention
@@ -97,16 +97,17 @@ def _check_tools(section: MultiTurnSection, file: str, data: DataSection) -> Non
         key = "rollout.multi_turn.tools"
         raise ConfigError(f"\n{file}: {key}: ".join(problems), file=file, key=key)
     if section.enable or specs:
-        _check_tools_kwargs(data, tool_names(specs))
+        _check_tools_kwargs(data, tool_classes(specs))
 
 
-def _check_tools_kwargs(data: DataSection, tools: list[str]) -> None:
-    """Each row's ``extra_info.tools_kwargs`` names only configured tools and known phases (hpcppo.agent.kwargs):
-    the first problem, one line naming the file and the row."""
+def _check_tools_kwargs(data: DataSection, tools: dict[str, type]) -> None:
+    """Each row's ``extra_info.tools_kwargs`` names only configured tools and known phases, with arguments their
+    methods take (hpcppo.agent.kwargs; ``tools``: the classes by name): the first problem, one line naming the
+    file and the row."""
     from hpcppo.data.check import extra_info_values  # pyarrow: only when the data is checked
 
     for key, path, row, value in extra_info_values(data, TOOLS_KWARGS_KEY):
-        problems = tools_kwargs_problems(value, tools)
+        problems = tools_kwargs_problems(value, tools, tools)
         if problems:
             raise ConfigError(f"row {row}: {problems[0]}", file=str(path), key=key)
 

@@ -99,7 +99,8 @@ class Calculator(Tool):
                      "parameters": {"type": "object", "properties": {"expression": {
                          "type": "string", "description": "e.g. (12 + 3) * 45"}}, "required": ["expression"]}}}
 
-    def execute(self, instance_id: str, parameters: dict[str, Any]) -> tuple[str, float, dict[str, float]]:
+    def execute(self, instance_id: str, parameters: dict[str, Any],
+                **execute_kwargs: Any) -> tuple[str, float, dict[str, float]]:
         try:
             return _fmt(evaluate(str(parameters.get("expression", "")))), 0.0, {"calc_error": 0.0}
         except CalcError as exc:
@@ -154,7 +155,8 @@ class PythonRunner(Tool):
                                     user=str(c.get("user", "nobody")))
         self.python = str(c.get("python", "")) or ("/usr/bin/python3" if isolation().as_root else sys.executable)
 
-    def execute(self, instance_id: str, parameters: dict[str, Any]) -> tuple[str, float, dict[str, float]]:
+    def execute(self, instance_id: str, parameters: dict[str, Any],
+                **execute_kwargs: Any) -> tuple[str, float, dict[str, float]]:
         result = run_sandboxed([self.python, "-I", "main.py"], self.limits,
                                files={"main.py": str(parameters.get("code", ""))})
         metrics = {f"sandbox/{result.status}": 1.0, "sandbox/wall_s": result.wall_s}
@@ -203,7 +205,8 @@ class Gsm8kAnswer(Tool):
         self._instances[instance_id] = {"response": "", "ground_truth": truth, "reward": 0.0}
         return instance_id
 
-    def execute(self, instance_id: str, parameters: dict[str, Any]) -> tuple[str, float, dict[str, float]]:
+    def execute(self, instance_id: str, parameters: dict[str, Any],
+                **execute_kwargs: Any) -> tuple[str, float, dict[str, float]]:
         state = self._instances[instance_id]
         answer = str(parameters.get("answer", ""))
         state["response"] = answer if answer.startswith("#### ") else "#### " + answer
@@ -212,6 +215,6 @@ class Gsm8kAnswer(Tool):
         state["reward"] = reward
         return f"Current parsed answer={answer!r} reward={reward!r}", step_reward, {"gsm8k/correct": reward}
 
-    def calc_reward(self, instance_id: str) -> float:
+    def calc_reward(self, instance_id: str, **calc_reward_kwargs: Any) -> float:
         state = self._instances[instance_id]
         return gsm8k_flexible_score(state["response"], state["ground_truth"])

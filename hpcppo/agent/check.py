@@ -8,9 +8,9 @@ from typing import Any
 
 from hpcppo.agent.parse import compact_problems
 from hpcppo.agent.schema import schema_problems, tool_name
-from hpcppo.agent.tool import ToolLoadError, ToolSpec, load_tool_class, read_tool_config
+from hpcppo.agent.tool import Tool, ToolLoadError, ToolSpec, load_tool_class, read_tool_config
 
-__all__ = ["tool_problems", "collect_specs", "tool_names", "tool_schemas"]
+__all__ = ["tool_problems", "collect_specs", "tool_names", "tool_schemas", "tool_classes"]
 
 
 def collect_specs(entries: Sequence[tuple[str, dict[str, Any], dict[str, Any]]],
@@ -70,3 +70,8 @@ def tool_schemas(specs: Sequence[ToolSpec]) -> dict[str, dict[str, Any]]:
 def tool_names(specs: Sequence[ToolSpec]) -> list[str]:
     """The configured tools' names (their schemas' ``function.name``), in config order."""
     return list(tool_schemas(specs))
+
+
+def tool_classes(specs: Sequence[ToolSpec]) -> dict[str, type[Tool]]:
+    """Each tool's class by its name (imported, not constructed); assumes :func:`tool_problems` found nothing."""
+    return {name: load_tool_class(spec.class_name) for name, spec in zip(tool_schemas(specs), specs)}

@@ -4,9 +4,13 @@ the tool worker process (:mod:`hpcppo.agent.worker`) calls it, one call at a tim
 - ``__init__(config, tool_schema)``: the tool's ``config`` table and its OpenAI function schema (``None``: the
   class's own ``default_schema``, as verl's ``tool_schema or self.get_openai_tool_schema()``).
 - ``create(instance_id=None, **create_kwargs) -> instance_id``: state for one trajectory.
-- ``execute(instance_id, parameters) -> (text, step_reward, metrics)``: one call; verl returns a ``ToolResponse``,
-  here the text (tools are text-only).
-- ``calc_reward(instance_id) -> float`` and ``release(instance_id)``.
+- ``execute(instance_id, parameters, **execute_kwargs) -> (text, step_reward, metrics)``: one call; verl returns a
+  ``ToolResponse``, here the text (tools are text-only).
+- ``calc_reward(instance_id, **calc_reward_kwargs) -> float`` and ``release(instance_id, **release_kwargs)``.
+
+The keyword arguments of each phase are a row's ``extra_info.tools_kwargs.<tool>.<phase>_kwargs``
+(:mod:`hpcppo.agent.kwargs`), passed flat as verl's ``BaseTool`` methods take ``**kwargs``; a tool that takes none
+keeps the two- and one-argument forms (a row that gives it none passes nothing).
 
 Tools are loaded by import path (``package.module.ClassName``, as verl's ``get_tool_class`` in
 verl/tools/utils/tool_registry.py) from a TOML list or verl's ``tool_config_path`` YAML (``tools: [{class_name,
@@ -57,13 +61,14 @@ class Tool:
         self._instances[instance_id] = dict(create_kwargs)
         return instance_id
 
-    def execute(self, instance_id: str, parameters: dict[str, Any]) -> tuple[str, float, dict[str, float]]:
+    def execute(self, instance_id: str, parameters: dict[str, Any],
+                **execute_kwargs: Any) -> tuple[str, float, dict[str, float]]:
         raise NotImplementedError(f"{type(self).__name__}.execute")
 
-    def calc_reward(self, instance_id: str) -> float:
+    def calc_reward(self, instance_id: str, **calc_reward_kwargs: Any) -> float:
         return 0.0
 
-    def release(self, instance_id: str) -> None:
+    def release(self, instance_id: str, **release_kwargs: Any) -> None:
         self._instances.pop(instance_id, None)
 
 

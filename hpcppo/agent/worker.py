@@ -27,6 +27,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,15 +104,17 @@ def _handle(tools: dict[str, Tool], request: tuple[Any, ...]) -> tuple[Any, ...]
     if tool is None:
         return ("raised", f"unknown tool {name!r}; known: {', '.join(sorted(tools))}")
     try:
+        # Each operation's last argument is the row's keyword arguments of that phase (hpcppo.agent.kwargs), passed
+        # flat, as verl's BaseTool methods take **kwargs.
         if op == "create":
             return ("ok", tool.create(args[0], **args[1]))
         if op == "execute":
-            text, reward, metrics = tool.execute(args[0], args[1])
+            text, reward, metrics = tool.execute(args[0], args[1], **args[2])
             return ("ok", (str(text), float(reward), {str(k): float(v) for k, v in (metrics or {}).items()}))
         if op == "calc_reward":
-            return ("ok", float(tool.calc_reward(args[0])))
+            return ("ok", float(tool.calc_reward(args[0], **args[1])))
         if op == "release":
-            tool.release(args[0])
+            tool.release(args[0], **args[1])
             return ("ok", None)
         return ("raised", f"unknown operation {op!r}")
     except Exception as exc:  # noqa: BLE001 - a bug in the user's tool becomes an error observation
@@ -209,22 +212,26 @@ class ToolWorker:
         self._restart()
         return kind, msg
 
-    def create(self, tool: str, **create_kwargs: Any) -> str:
+    def create(self, tool: str, kwargs: Mapping[str, Any] | None = None) -> str:
+        """A new instance of ``tool`` for one trajectory: ``Tool.create(instance_id, **kwargs)`` in the worker (a
+        row's ``create_kwargs``); ToolWorkerError when it fails."""
         instance_id = uuid.uuid4().hex
-        kind, value = self._call(("create", tool, instance_id, create_kwargs))
+        kind, value = self._call(("create", tool, instance_id, dict(kwargs or {})))
         if kind != "ok":
             raise ToolWorkerError(f"tool {tool!r}: create failed: {value}")
         self._instances[instance_id] = (tool, self.generation)
         return instance_id
 
-    def execute(self, instance_id: str, parameters: dict[str, Any]) -> ToolOutcome:
-        """One call; never raises for what the tool does."""
+    def execute(self, instance_id: str, parameters: dict[str, Any],
+                kwargs: Mapping[str, Any] | None = None) -> ToolOutcome:
+        """One call, ``Tool.execute(instance_id, parameters, **kwargs)`` (a row's ``execute_kwargs``); never raises
+        for what the tool does."""
         tool, generation = self._instances[instance_id]
         self._count(tool, "calls")
         if generation != self.generation:
             self._count(tool, "lost_state")
             return ToolOutcome(f"error: tool {tool!r} lost its state (its worker was restarted)", error="lost_state")
-        kind, value = self._call(("execute", tool, instance_id, parameters))
+        kind, value = self._call(("execute", tool, instance_id, parameters, dict(kwargs or {})))
         if kind == "ok":
             text, reward, metrics = value
             return ToolOutcome(text, reward, metrics)
@@ -232,17 +239,27 @@ class ToolWorker:
             self._count(tool, "errors")
         return ToolOutcome(f"error: tool {tool!r} failed: {value}", error=kind)
 
-    def calc_reward(self, instance_id: str) -> float:
+    def alive(self, instance_id: str) -> bool:
+        """Whether the instance lives in the current worker (not lost with a restarted one)."""
+        return self._instances[instance_id][1] == self.generation
+
+    def calc_reward(self, instance_id: str, kwargs: Mapping[str, Any] | None = None) -> float | None:
+        """``Tool.calc_reward(instance_id, **kwargs)`` (a row's ``calc_reward_kwargs``); None when the tool raised,
+        crashed or hung (counted), or its instance was lost with a restarted worker."""
         tool, generation = self._instances[instance_id]
         if generation != self.generation:
-            return 0.0
-        kind, value = self._call(("calc_reward", tool, instance_id))
-        return float(value) if kind == "ok" else 0.0
+            return None
+        kind, value = self._call(("calc_reward", tool, instance_id, dict(kwargs or {})))
+        if kind == "raised":
+            self._count(tool, "errors")
+        return float(value) if kind == "ok" else None
 
-    def release(self, instance_id: str) -> None:
+    def release(self, instance_id: str, kwargs: Mapping[str, Any] | None = None) -> None:
+        """``Tool.release(instance_id, **kwargs)`` (a row's ``release_kwargs``); what the tool does is not reported
+        (its state is dropped either way)."""
         tool, generation = self._instances.pop(instance_id)
         if generation == self.generation:
-            self._call(("release", tool, instance_id))
+            self._call(("release", tool, instance_id, dict(kwargs or {})))
 
     def _stop(self, *, kill: bool) -> None:
         if self._proc is None:

@@ -9,9 +9,9 @@ the batch then has a loss mask (``response_mask``) narrower than its attention m
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -21,9 +21,11 @@ from hpcppo.rollout.base import PromptInput, RolloutBatch, RolloutEngine, Sampli
 @runtime_checkable
 class AgentLoop(Protocol):
     """Prompts in, one step's samples out: ``sampling.n`` rows per prompt, prompt-major, seeded by
-    ``sampling.seed`` (see :mod:`hpcppo.rollout.base`)."""
+    ``sampling.seed`` (see :mod:`hpcppo.rollout.base`). ``tools_kwargs``: per prompt, its row's tool arguments
+    by tool name (``hpcppo.rollout.tool_loop.run_kwargs`` builds them; a loop without tools ignores them)."""
 
-    def run(self, prompts: PromptInput, sampling: SamplingParams) -> RolloutBatch:
+    def run(self, prompts: PromptInput, sampling: SamplingParams,
+            tools_kwargs: Sequence[Mapping[str, Any]] | None = None) -> RolloutBatch:
         ...
 
 
@@ -33,8 +35,9 @@ class SingleTurnLoop:
 
     engine: RolloutEngine
 
-    def run(self, prompts: PromptInput, sampling: SamplingParams) -> RolloutBatch:
-        return self.engine.generate(prompts, sampling)
+    def run(self, prompts: PromptInput, sampling: SamplingParams,
+            tools_kwargs: Sequence[Mapping[str, Any]] | None = None) -> RolloutBatch:
+        return self.engine.generate(prompts, sampling)  # no tools: tools_kwargs concern none
 
 
 @dataclass(frozen=True)

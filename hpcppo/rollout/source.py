@@ -23,7 +23,7 @@ import torch
 
 from hpcppo.rollout.agent_loop import AgentLoop
 from hpcppo.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
-from hpcppo.rollout.tool_loop import LoopStats, ToolLoop
+from hpcppo.rollout.tool_loop import LoopStats, ToolLoop, run_kwargs
 
 WeightStream = Callable[..., Iterable[tuple[str, torch.Tensor]]]
 """``weights(dtype=..., into=...)``: the actor's full tensors by Hugging Face name (a collective iterator)."""
@@ -50,6 +50,9 @@ class Collected:
         times: seconds spent per phase (``weight_sync``, ``generate``), for the step's ``time/*`` metrics.
         tool_stats: the tool loop's counts of the step on this rank (None: the single-turn loop).
         tool_rewards: the tool loop's per-call step rewards, one list per row of ``batch`` (None: single turn).
+        tool_scores: the tool loop's end-of-trajectory ``calc_reward`` per tool, one mapping per row of ``batch``
+            (None: single turn).
+        greedy_tool_rewards, greedy_tool_scores: the same for the rows of ``greedy``.
     """
 
     batch: RolloutBatch
@@ -58,6 +61,9 @@ class Collected:
     times: dict[str, float] = field(default_factory=dict)
     tool_stats: LoopStats | None = None
     tool_rewards: list[list[float]] | None = None
+    tool_scores: list[dict[str, float]] | None = None
+    greedy_tool_rewards: list[list[float]] | None = None
+    greedy_tool_scores: list[dict[str, float]] | None = None
 
 
 class RolloutSource(Protocol):
@@ -111,18 +117,23 @@ class ColocatedSource:
             self.sync(ctx.actor_version)
         prompts = self.prompts()
         inputs = [p.input_ids for p in prompts]
+        rows = run_kwargs(self.loop, prompts)  # each row's tools_kwargs for the tool loop; none for single turn
         with _timed(times, "generate"):
-            batch = self.loop.run(inputs, dataclasses.replace(self.sampling, seed=ctx.seed))
+            batch = self.loop.run(inputs, dataclasses.replace(self.sampling, seed=ctx.seed), **rows)
             tools = self.loop if isinstance(self.loop, ToolLoop) else None
             tool_stats = tools.take_stats() if tools is not None else None  # before the greedy run's
             tool_rewards = tools.tool_rewards if tools is not None else None
-            greedy = None
+            tool_scores = tools.reward_scores if tools is not None else None
+            greedy, greedy_rewards, greedy_scores = None, None, None
             if self.greedy_baseline:  # verl decodes it with do_sample=False: no draw, the seed changes nothing
                 greedy = self.loop.run(inputs, dataclasses.replace(self.sampling, n=1, temperature=0.0, top_p=1.0,
-                                                                   top_k=-1, seed=ctx.seed))
+                                                                   top_k=-1, seed=ctx.seed), **rows)
+                if tools is not None:
+                    greedy_rewards, greedy_scores = tools.tool_rewards, tools.reward_scores
             self.engine.sleep()
         return Collected(batch=batch.stamped(self.engine_version), prompts=prompts, greedy=greedy, times=times,
-                         tool_stats=tool_stats, tool_rewards=tool_rewards)
+                         tool_stats=tool_stats, tool_rewards=tool_rewards, tool_scores=tool_scores,
+                         greedy_tool_rewards=greedy_rewards, greedy_tool_scores=greedy_scores)
 
     @contextlib.contextmanager
     def serving(self, actor_version: int) -> Iterator[AgentLoop]:

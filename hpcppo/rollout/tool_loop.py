@@ -33,6 +33,19 @@ function as ``extra_info["tool_rewards"]``: verl's tool agent loop returns them 
 (``ToolAgentLoop.run``), its agent loop passes them as ``tool_extra_fields`` and its reward managers merge them into
 the sample's ``extra_info`` (verl/experimental/reward_loop/reward_manager/naive.py, ``run_single``). No token
 carries them by itself.
+
+Per-row tool arguments (a row's ``extra_info.tools_kwargs``, :mod:`hpcppo.agent.kwargs`): :meth:`ToolLoop.run` takes
+them per prompt (``tools_kwargs``, built by :func:`run_kwargs`), and each of the prompt's trajectories gets its own
+tool instances: ``create`` with the row's ``create_kwargs`` at the tool's first call, ``execute`` with its
+``execute_kwargs`` at every call; at the trajectory's end, for each tool it created, ``calc_reward`` with its
+``calc_reward_kwargs`` and ``release`` with its ``release_kwargs``, as verl's SGLang multi-turn rollout did (verl
+before 16039d624, ``SGLangRollout._async_rollout_a_request``: ``tool.create(request_id, **create_kwargs)``,
+``execute(..., **execute_kwargs)``, then ``calc_reward(request_id, **calc_reward_kwargs)`` and ``release``). verl's
+tool agent loop at b178a3c (``ToolAgentLoop._call_tool``) creates and releases an instance around every call, with
+``create(create_kwargs=...)`` only, and never calls ``calc_reward``; here the instance lives for the trajectory. The
+``calc_reward`` scores, ``{tool name: score}`` per row, go to the reward function as
+``extra_info["rollout_reward_scores"]``, where verl b178a3c's reward managers put a sample's ``reward_scores``
+(verl/workers/reward_manager/naive.py, ``__call__``), which that rollout filled with them.
 """
 
 from __future__ import annotations
@@ -47,6 +60,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpcppo.agent.kwargs import ToolKwargs, row_tool_kwargs
 from hpcppo.agent.parse import COMPACT_END, HERMES_END, parse_calls
 from hpcppo.agent.worker import ToolWorker
 from hpcppo.errors import ToolFailureError
@@ -56,7 +70,7 @@ from hpcppo.rollout.base import (PromptInput, RequestEngine, RolloutBatch, Rollo
 from hpcppo.rollout.tool_turns import ToolTurns
 
 __all__ = ["ToolLoop", "ToolLoopSettings", "LoopStats", "check_failures", "turn_seed", "closing_stop_ids",
-           "stats_vector", "stats_metrics"]
+           "stats_vector", "stats_metrics", "run_kwargs", "with_tool_results"]
 
 _CLOSERS = {"hermes": HERMES_END, "compact": COMPACT_END}
 
@@ -81,7 +95,8 @@ class LoopStats:
 
     ``tool_errors``: every error observation (a call that could not run: malformed, unknown tool, bad arguments,
     too many; or a tool that failed); ``tool_timeouts``: calls whose worker did not answer in time;
-    ``failures``: per tool, the calls where the tool raised, crashed its worker or timed out."""
+    ``failures``: per tool, the calls (and the end-of-trajectory ``calc_reward`` calls) where the tool raised,
+    crashed its worker or timed out."""
 
     trajectories: int = 0
     turns: int = 0  # assistant turns, summed
@@ -135,7 +150,9 @@ class _Live:
     assistant_turns: int = 0
     user_turns: int = 0
     instances: dict[str, str] = field(default_factory=dict)
+    kwargs: Mapping[str, ToolKwargs] = field(default_factory=dict)  # the row's tool arguments, by tool name
     tool_rewards: list[float] = field(default_factory=list)
+    reward_scores: dict[str, float] = field(default_factory=dict)  # calc_reward per tool, at the end
     done: bool = False
 
 
@@ -162,6 +179,7 @@ class ToolLoop:
         self.stop_ids = closing_stop_ids(tokenizer, settings.format, settings.max_parallel_calls)
         self.stats = LoopStats()
         self.tool_rewards: list[list[float]] = []  # per row of the last run's batch
+        self.reward_scores: list[dict[str, float]] = []  # per row of the last run's batch: calc_reward per tool
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None  # the tool thread (request engines)
 
     def take_stats(self) -> LoopStats:
@@ -169,9 +187,20 @@ class ToolLoop:
         stats, self.stats = self.stats, LoopStats()
         return stats
 
-    def run(self, prompts: PromptInput, sampling: SamplingParams) -> RolloutBatch:
+    def row_kwargs(self, extra_info: Mapping[str, Any] | None) -> dict[str, ToolKwargs]:
+        """A row's tool arguments (its ``extra_info``) for each configured tool that it gives any."""
+        found = {name: row_tool_kwargs(extra_info, name) for name in self.schemas}
+        return {name: kw for name, kw in found.items() if kw != ToolKwargs()}
+
+    def run(self, prompts: PromptInput, sampling: SamplingParams,
+            tools_kwargs: Sequence[Mapping[str, ToolKwargs]] | None = None) -> RolloutBatch:
+        """The step's trajectories; ``tools_kwargs``: per prompt, its row's tool arguments by tool name
+        (:meth:`row_kwargs`; None or a missing tool: none)."""
         rows = prompt_lists(prompts)
-        live = [_Live(row=i * sampling.n + k, prompt_index=i, prompt=rows[i])
+        if tools_kwargs is not None and len(tools_kwargs) != len(rows):
+            raise ValueError(f"tools_kwargs has {len(tools_kwargs)} entries for {len(rows)} prompts")
+        live = [_Live(row=i * sampling.n + k, prompt_index=i, prompt=rows[i],
+                      kwargs=tools_kwargs[i] if tools_kwargs is not None else {})
                 for i in range(len(rows)) for k in range(sampling.n)]
         self.stats = LoopStats(trajectories=len(live))
         try:
@@ -179,14 +208,19 @@ class ToolLoop:
                 self._run_requests(self.engine, live, sampling)
             else:
                 self._run_batched(live, sampling)
+            start = time.perf_counter()
+            for t in live:
+                self._calc_rewards(t)
+            self.stats.tool_s += time.perf_counter() - start
         finally:
             for t in live:
-                for instance in t.instances.values():
-                    self.worker.release(instance)
+                for name, instance in t.instances.items():
+                    self.worker.release(instance, t.kwargs.get(name, ToolKwargs()).release)
                 t.instances.clear()
         self.stats.turns = sum(t.assistant_turns for t in live)
         self.stats.turns_max = max(t.assistant_turns for t in live)
         self.tool_rewards = [list(t.tool_rewards) for t in live]
+        self.reward_scores = [dict(t.reward_scores) for t in live]
         trajectories = [Trajectory(prompt_ids=t.prompt, response_ids=t.response, loss_mask=t.loss_mask,
                                    rollout_log_probs=t.log_probs, policy_version=[-1] * len(t.response),
                                    prompt_index=t.prompt_index) for t in live]
@@ -319,12 +353,12 @@ class ToolLoop:
         instance = t.instances.get(name)
         try:
             if instance is None:
-                instance = t.instances[name] = self.worker.create(name)
+                instance = t.instances[name] = self.worker.create(name, t.kwargs.get(name, ToolKwargs()).create)
         except Exception as exc:  # noqa: BLE001 - a create that raised or crashed: an observation, counted
             self.stats.tool_errors += 1
             self.stats.failures[name] += 1
             return f"error: {exc}"
-        outcome = self.worker.execute(instance, arguments)
+        outcome = self.worker.execute(instance, arguments, t.kwargs.get(name, ToolKwargs()).execute)
         if outcome.error:
             self.stats.tool_errors += 1
             self.stats.failures[name] += 1
@@ -333,6 +367,39 @@ class ToolLoop:
         else:
             t.tool_rewards.append(outcome.reward)
         return outcome.text
+
+    def _calc_rewards(self, t: _Live) -> None:
+        """Each tool the trajectory created: its ``calc_reward`` with the row's ``calc_reward_kwargs``. One that
+        fails (raised, crashed, hung) gives no score and counts as a failure of the tool; an instance lost with a
+        restarted worker gives none either (the failure that cost it was counted)."""
+        for name, instance in t.instances.items():
+            if not self.worker.alive(instance):
+                continue
+            score = self.worker.calc_reward(instance, t.kwargs.get(name, ToolKwargs()).calc_reward)
+            if score is None:
+                self.stats.failures[name] += 1
+            else:
+                t.reward_scores[name] = score
+
+
+def run_kwargs(loop: object, prompts: Sequence[Any]) -> dict[str, Any]:
+    """``loop.run``'s keyword arguments for ``prompts`` (items with a ``record``: ``PromptItem``): for the tool
+    loop, each row's tool arguments (``tools_kwargs``, from ``record.extra_info``); nothing for another loop."""
+    if not isinstance(loop, ToolLoop):
+        return {}
+    return {"tools_kwargs": [loop.row_kwargs(p.record.extra_info) for p in prompts]}
+
+
+def with_tool_results(extra_infos: Sequence[Mapping[str, Any] | None], tool_rewards: Sequence[Sequence[float]],
+                      reward_scores: Sequence[Mapping[str, float]] | None = None) -> list[dict[str, Any]]:
+    """Each row's ``extra_info`` for the reward function with the tool loop's results added, under verl's reward
+    managers' names: ``tool_rewards`` (the per-call step rewards) and ``rollout_reward_scores`` (the tools'
+    ``calc_reward`` at the end)."""
+    out = [dict(e or {}, tool_rewards=list(tr)) for e, tr in zip(extra_infos, tool_rewards, strict=True)]
+    if reward_scores is not None:
+        for e, sc in zip(out, reward_scores, strict=True):
+            e["rollout_reward_scores"] = dict(sc)
+    return out
 
 
 def stats_vector(stats: LoopStats, tools: Sequence[str]) -> tuple[list[float], list[float]]:

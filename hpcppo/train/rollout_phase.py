@@ -14,7 +14,8 @@ from hpcppo.errors import ConfigError
 from hpcppo.rollout.agent_loop import AgentLoop, SingleTurnLoop
 from hpcppo.rollout.base import RolloutBatch
 from hpcppo.rollout.source import ColocatedSource, Collected
-from hpcppo.rollout.tool_loop import ToolLoop, ToolLoopSettings, check_failures, stats_metrics, stats_vector
+from hpcppo.rollout.tool_loop import (ToolLoop, ToolLoopSettings, check_failures, stats_metrics, stats_vector,
+                                      with_tool_results)
 from hpcppo.train.lora import actor_weights
 
 
@@ -67,16 +68,22 @@ def colocated_source(c: Any, *, greedy_baseline: bool) -> ColocatedSource:
                            sampling=c.sampling, greedy_baseline=greedy_baseline)
 
 
-def greedy_baseline_scores(c: Any, prompts: list[Any], greedy: RolloutBatch) -> torch.Tensor:
+def greedy_baseline_scores(c: Any, prompts: list[Any], greedy: RolloutBatch,
+                           tool_rewards: list[list[float]] | None = None,
+                           tool_scores: list[dict[str, float]] | None = None) -> torch.Tensor:
     """ReMax's baseline: the score of the greedy response of each prompt (``[len(prompts)]``), as verl's trainer
     scores the ``do_sample=False`` batch before the rollout's is repeated n times (verl b178a3c,
     ``verl/trainer/ppo/ray_trainer.py``, ``fit``, the ``AdvantageEstimator.REMAX`` branch). The text and the length
-    are the whole continuation (the attention mask)."""
+    are the whole continuation (the attention mask); the tool loop's results of the greedy rows (``tool_rewards``,
+    ``tool_scores``) reach the reward function as the sampled rows' do (``with_tool_results``)."""
     records = [p.record for p in prompts]
     attend = greedy.response_attention_mask
     if c.reward_model is not None:  # verl scores the baseline with the reward model too (rm_scores)
         return c.reward_model.score(c.tokenizer, records, greedy.response_ids, attend)[0].cpu()
     texts = c.tokenizer.batch_decode(greedy.response_ids * attend, skip_special_tokens=True)
+    extra = [r.extra_info for r in records]
+    if tool_rewards is not None:
+        extra = with_tool_results(extra, tool_rewards, tool_scores)
     scores = c.score_fn([r.data_source for r in records], texts, [r.ground_truth for r in records],
-                        [r.extra_info for r in records], lengths=attend.sum(-1).tolist())
+                        extra, lengths=attend.sum(-1).tolist())
     return torch.tensor(scores, dtype=torch.float32)

@@ -37,6 +37,7 @@ from hpcppo.errors import WeightSyncError
 from hpcppo.models import compute_log_prob_outputs, compute_log_probs, compute_values
 from hpcppo.rollout.base import derive_seed
 from hpcppo.rollout.source import RolloutSource, StepContext
+from hpcppo.rollout.tool_loop import ToolLoop, run_kwargs, with_tool_results
 from hpcppo.config import sync_guard
 from hpcppo.config.convert import converter
 from hpcppo.config.plan import VALIDATION_PROMPTS_PER_CALL
@@ -195,9 +196,12 @@ class Trainer:
         batch = batching.to_training_batch(got.batch, got.prompts, c.device)
         if got.tool_rewards is not None:  # verl's tool_extra_fields: into the reward function's extra_info
             batch["tool_rewards"] = got.tool_rewards
+        if got.tool_scores is not None:  # the tools' calc_reward, as verl's reward_scores: into the same extra_info
+            batch["tool_scores"] = got.tool_scores
         if got.greedy is not None:  # one per prompt -> one per sample (rows are prompt-major)
             with self.timer("reward"):
-                baselines = rollout_phase.greedy_baseline_scores(c, got.prompts, got.greedy)
+                baselines = rollout_phase.greedy_baseline_scores(c, got.prompts, got.greedy, got.greedy_tool_rewards,
+                                                                 got.greedy_tool_scores)
             batch["reward_baselines"] = baselines.to(c.device)[got.batch.prompt_index.to(c.device)]
         # The update is data parallel over all ranks: each rank of the group trains on its own share.
         return batching.tp_share(batch, c.groups.tp_rank, c.groups.tp_size)
@@ -234,8 +238,8 @@ class Trainer:
             texts = c.tokenizer.batch_decode(batch["responses"] * attend, skip_special_tokens=True)
             penalties: list[float] = []
             extra = [r.extra_info for r in records]
-            if "tool_rewards" in batch:  # the tool loop's step rewards, as verl's reward managers pass them
-                extra = [dict(e or {}, tool_rewards=list(tr)) for e, tr in zip(extra, batch["tool_rewards"])]
+            if "tool_rewards" in batch:  # the tool loop's results, as verl's reward managers pass them
+                extra = with_tool_results(extra, batch["tool_rewards"], batch.get("tool_scores"))
             rule = c.score_fn([r.data_source for r in records], texts, [r.ground_truth for r in records],
                               extra, lengths=attend.sum(-1).tolist(), penalties=penalties)
             log_overlong = self.cfg.reward_manager.overlong_buffer.log and self.cfg.reward_manager.name == "dapo"
@@ -393,15 +397,17 @@ class Trainer:
         with self.source.serving(self.state.actor_version) as loop:
             for start in range(0, len(mine), VALIDATION_PROMPTS_PER_CALL):
                 prompts = [c.val_data[i] for i in mine[start : start + VALIDATION_PROMPTS_PER_CALL]]
-                out = loop.run([p.input_ids for p in prompts], sampling)
+                out = loop.run([p.input_ids for p in prompts], sampling, **run_kwargs(loop, prompts))
                 attend = out.response_attention_mask  # the whole continuation is scored, as in training
                 texts = c.tokenizer.batch_decode(out.response_ids * attend, skip_special_tokens=True)
                 records = [prompts[int(j)].record for j in out.prompt_index]  # n rows per prompt, prompt-major
+                extra = [r.extra_info for r in records]
+                if isinstance(loop, ToolLoop):  # its results, as in training (Trainer.score)
+                    extra = with_tool_results(extra, loop.tool_rewards, loop.reward_scores)
                 preds: list[Any] = []
                 penalties: list[float] = []
                 scores = c.score_fn([r.data_source for r in records], texts, [r.ground_truth for r in records],
-                                    [r.extra_info for r in records], preds=preds, lengths=attend.sum(-1).tolist(),
-                                    penalties=penalties)
+                                    extra, preds=preds, lengths=attend.sum(-1).tolist(), penalties=penalties)
                 if not g.is_tp_leader:
                     continue
                 rows = [sums[c.val_sources.index(p.record.data_source)] for p in prompts]

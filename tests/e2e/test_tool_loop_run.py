@@ -2,7 +2,9 @@
 built-in calculator in the compact format. The model is scripted (tests/unit/tool_loop_fixture.py: its next token
 depends on its current token only) to write ``<call>mul(D*D...)</call>`` after each ``<|assistant|>``, so every
 trajectory has two assistant turns and one tool turn (``max_assistant_turns = 2``). The step's tool metrics reach
-the HDF5 log; the tool worker and its scratch directory end with the run."""
+the HDF5 log; the tool worker and its scratch directory end with the run. Each training row gives the tool its
+index in every phase (``extra_info.tools_kwargs``): each trajectory's tool instance gets one row's, in every
+phase."""
 
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from pathlib import Path
 
 from hpcppo import metrics as hmetrics
 from hpcppo.cli import main
+from hpcppo.agent.kwargs import PHASES
 from hpcppo.data import synthetic
+from hpcppo.data.dataset import write_prompts_parquet
 
 from _harness import compile_run, launch_ranks, logs_of, wait_all, write_spec
 
@@ -31,7 +35,8 @@ enable = true
 format = "compact"
 max_assistant_turns = 2
 [[rollout.multi_turn.tools]]
-class_name = "hpcppo.agent.builtin.Calculator"
+class_name = "agent_tools_fixture.LoggedCalculator"
+config = {log = "LOG"}
 tool_schema = {type = "function", function = {name = "mul", description = "arithmetic", parameters = {type = "object", properties = {expression = {type = "string"}}, required = ["expression"]}}}
 """
 
@@ -59,9 +64,15 @@ def test_a_multi_turn_run_logs_its_tool_metrics_and_leaves_nothing_behind(tmp_pa
         assert _workers_of(os.getpid()) == [w.pid]
     tiny = {"model": scripted_model_dir(tmp_path / "model", compact_tokenizer(), TABLE),
             "train": tmp_path / "train.parquet", "val": tmp_path / "val.parquet"}
-    synthetic.write_split(tiny["train"], synthetic.generate_rows(64, seed=1, split="train", max_operand=19))
+    rows = synthetic.generate_rows(64, seed=1, split="train", max_operand=19)
+    for i, row in enumerate(rows):  # the row's index for every phase of its trajectories' tool (verl's tools_kwargs)
+        row["extra_info"] = dict(row["extra_info"], tools_kwargs={"mul": {p: {"row": i} for p in PHASES}})
+    write_prompts_parquet(rows, tiny["train"])
     synthetic.write_split(tiny["val"], synthetic.generate_rows(8, seed=2, split="val", max_operand=19))
-    spec = write_spec(tmp_path / "exp.toml", tiny, extra=EXTRA)
+    log = tmp_path / "phases"
+    spec = write_spec(tmp_path / "exp.toml", tiny, extra=EXTRA.replace("LOG", str(log)))
+    here = str(Path(__file__).resolve().parents[1] / "unit")  # the ranks (and their tool workers) import the tool
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
     run = compile_run(spec, tmp_path / "runs", ["trainer.total_steps=2", "checkpoint.save_every=0",
                                                 "data.max_response_length=64", "trainer.train_batch_size=8",
                                                 "actor.ppo_mini_batch_size=8", "algorithm.adv_estimator=grpo"])
@@ -81,6 +92,17 @@ def test_a_multi_turn_run_logs_its_tool_metrics_and_leaves_nothing_behind(tmp_pa
         assert row["rollout/tool_errors"] == 0 and row["rollout/tool_failures/mul"] == 0
         assert row["rollout/tool_timeouts"] == 0 and row["time/tool_s"] > 0
         assert row["response/length_mean"] > 24  # two calls and the tool turn between them
+    # every trajectory's instance got one training row's arguments in all four phases (validation rows give none)
+    phases: dict[str, list] = {}
+    for path in tmp_path.glob("phases.*"):
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            phases.setdefault(entry["instance"], []).append((entry["phase"], entry["kwargs"]))
+    trained = [p for p in phases.values() if p[0][1]]
+    assert len(trained) == 32  # 2 steps x 8 prompts x n = 2
+    for p in trained:
+        assert [name for name, _ in p] == ["create", "execute", "calc_reward", "release"]
+        assert all(kw == p[0][1] for _, kw in p) and 0 <= p[0][1]["row"] < 64
     # `hpcppo metrics summary` shows the tool loop's headline metrics of a multi-turn run
     assert main(["metrics", "summary", str(run), "--json"]) == 0
     [summary] = json.loads(capsys.readouterr().out)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
 
+from hpcppo.agent.builtin import Calculator
 from hpcppo.agent.tool import Tool
 
 
@@ -52,6 +54,64 @@ class Counter(Tool):
 
     def calc_reward(self, instance_id: str) -> float:
         return float(self._instances[instance_id]["sum"])
+
+
+class Recorder(Tool):
+    """Writes each phase's keyword arguments, with the instance, as a JSON line to ``config["log"]``; its
+    ``calc_reward`` is the ``bonus`` calc_reward argument (0 without) plus the instance's calls."""
+
+    default_schema = _schema("kw")
+
+    def _log(self, phase: str, instance_id: str, kwargs: dict[str, Any]) -> None:
+        with open(self.config["log"], "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"phase": phase, "instance": instance_id, "kwargs": kwargs}) + "\n")
+
+    def create(self, instance_id: str | None = None, **kw: Any) -> str:
+        iid = super().create(instance_id)
+        self._instances[iid]["calls"] = 0
+        self._log("create", iid, kw)
+        return iid
+
+    def execute(self, instance_id: str, parameters: dict[str, Any], **kw: Any) -> tuple[str, float, dict[str, float]]:
+        self._log("execute", instance_id, kw)
+        self._instances[instance_id]["calls"] += 1
+        return f"calls={self._instances[instance_id]['calls']}", 0.0, {}
+
+    def calc_reward(self, instance_id: str, **kw: Any) -> float:
+        self._log("calc_reward", instance_id, kw)
+        return float(kw.get("bonus", 0.0)) + self._instances[instance_id]["calls"]
+
+    def release(self, instance_id: str, **kw: Any) -> None:
+        self._log("release", instance_id, kw)
+        super().release(instance_id)
+
+
+class LoggedCalculator(Calculator):
+    """The built-in calculator, writing each phase's keyword arguments as :class:`Recorder` does, to
+    ``config["log"]`` + ``.<pid>`` (one file per tool worker)."""
+
+    def __init__(self, config: dict[str, Any], tool_schema: dict[str, Any] | None):
+        super().__init__(config, tool_schema)
+        self.config["log"] = f"{config['log']}.{os.getpid()}"
+
+    _log = Recorder._log
+
+    def create(self, instance_id: str | None = None, **kw: Any) -> str:
+        iid = super().create(instance_id)
+        self._log("create", iid, kw)
+        return iid
+
+    def execute(self, instance_id: str, parameters: dict[str, Any], **kw: Any) -> tuple[str, float, dict[str, float]]:
+        self._log("execute", instance_id, kw)
+        return super().execute(instance_id, parameters)
+
+    def calc_reward(self, instance_id: str, **kw: Any) -> float:
+        self._log("calc_reward", instance_id, kw)
+        return 0.0
+
+    def release(self, instance_id: str, **kw: Any) -> None:
+        self._log("release", instance_id, kw)
+        super().release(instance_id)
 
 
 class Echo(Tool):

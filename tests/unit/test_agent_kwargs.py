@@ -70,10 +70,33 @@ def test_rows_are_read_from_the_extra_info_column(tmp_path, random_tiny):
 
 @pytest.mark.parametrize("bad, says", [
     ({"calculater": {"create_kwargs": {"seed": 1}}}, "names tool 'calculater', which is not configured"),
-    ({"calculator": {"create": {"seed": 1}}}, "unknown phase 'create'")])
+    ({"calculator": {"create": {"seed": 1}}}, "unknown phase 'create'"),
+    ({"calculator": {"execute_kwargs": {"parameters": "x"}}},
+     "extra_info.tools_kwargs.calculator.execute_kwargs gives 'parameters', which "
+     "hpcppo.agent.builtin.Calculator.execute does not take as a keyword argument")])
 def test_compile_names_the_file_and_the_row(tmp_path, random_tiny, bad, says):
     data = _data(tmp_path, random_tiny["train"], bad)
     with pytest.raises(ConfigError) as exc:
         compile_config(_spec(tmp_path, random_tiny, data), "local", check_memory=False)
     line = str(exc.value)
     assert "\n" not in line and str(data) in line and "row 7: " in line and says in line
+
+
+def test_arguments_a_tools_method_does_not_take_are_named():
+    """With the classes, each phase's argument names are checked against the method they go to: one without
+    ``**kwargs`` takes its keyword parameters only; none may take the place of ``instance_id`` or ``parameters``."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from agent_tools_fixture import Counter, Recorder
+
+    classes = {"counter": Counter, "kw": Recorder}
+    row = {"counter": {"create_kwargs": {"start": 1}, "calc_reward_kwargs": {"bonus": 2}},
+           "kw": {"execute_kwargs": {"anything": 1}, "release_kwargs": {"instance_id": "x"}}}
+    problems = tools_kwargs_problems(row, classes, classes)
+    assert problems == [
+        "extra_info.tools_kwargs.counter.calc_reward_kwargs gives 'bonus', which "
+        "agent_tools_fixture.Counter.calc_reward does not take as a keyword argument",
+        "extra_info.tools_kwargs.kw.release_kwargs gives 'instance_id', which "
+        "agent_tools_fixture.Recorder.release does not take as a keyword argument"]
+    assert tools_kwargs_problems(row, classes) == []  # without the classes: the shape only

@@ -33,7 +33,7 @@ def _specs(*names: str) -> list[ToolSpec]:
 
 def test_state_lives_in_the_worker_per_trajectory_and_errors_are_counted_per_tool():
     with ToolWorker(_specs("Counter", "Raises"), call_timeout_s=10) as w:
-        a, b = w.create("counter", start=10), w.create("counter")
+        a, b = w.create("counter", {"start": 10}), w.create("counter")
         assert w.execute(a, {"x": 5}).text.startswith("sum=15")
         out = w.execute(b, {"x": 1})
         assert out.text.startswith("sum=1") and out.reward == 0.5 and out.metrics == {"n": 1.0}
@@ -50,7 +50,7 @@ def test_state_lives_in_the_worker_per_trajectory_and_errors_are_counted_per_too
 def test_a_crashing_tool_costs_the_worker_which_is_restarted():
     with ToolWorker(_specs("Crashes", "Counter"), call_timeout_s=10) as w:
         first = w.pid
-        keep = w.create("counter", start=1)
+        keep = w.create("counter", {"start": 1})
         out = w.execute(w.create("crashes"), {})
         assert out.error == "crashed" and "exit code 3" in out.text
         assert w.pid != first and wait_gone(first, 5)
@@ -155,7 +155,7 @@ def test_the_example_tool_in_the_docs_works(tmp_path, monkeypatch):
     (tmp_path / "doc_example_tools.py").write_text(code.group(1))
     monkeypatch.syspath_prepend(str(tmp_path))  # the spawned worker starts with its owner's sys.path
     with ToolWorker([ToolSpec("doc_example_tools.GuessNumber")]) as w:
-        a, b = w.create("guess", secret=7), w.create("guess")
+        a, b = w.create("guess", {"secret": 7}), w.create("guess")
         assert [w.execute(a, {"n": n}).text for n in (3, 9, 7)] == ["higher", "lower", "correct"]
         assert w.execute(a, {"n": 7}).reward == 1.0 and w.execute(b, {"n": 7}).reward == -0.1
         assert (w.calc_reward(a), w.calc_reward(b)) == (1.0, 0.0)

@@ -289,3 +289,23 @@ def test_three_turns_masks_positions_log_probs_and_loss_by_hand():
     mask = out.response_mask.float()
     want = (per_token * mask).sum() / mask.sum()
     assert float(loss.detach()) == pytest.approx(float(want), rel=1e-5)
+
+
+def test_scoring_passes_the_tool_loops_rewards_in_extra_info():
+    """The tool loop's per-call step rewards and its tools' calc_reward scores reach the reward function as
+    ``extra_info["tool_rewards"]`` and ``extra_info["rollout_reward_scores"]`` (verl's reward managers' names)."""
+    trainer, _ = _trainer("grpo")
+    extras: list = []
+
+    def score_fn(sources, decoded, truths, extra, preds=None, lengths=None, penalties=None):
+        extras.append(extra)
+        return [1.0, 0.0]
+
+    trainer.c.score_fn = score_fn
+    batch = training_batch(two_masks())
+    batch["tool_rewards"] = [[0.5], []]
+    batch["tool_scores"] = [{"calc": 1.0}, {}]
+    trainer.score(batch)
+    [got] = extras
+    assert [e["tool_rewards"] for e in got] == [[0.5], []]
+    assert [e["rollout_reward_scores"] for e in got] == [{"calc": 1.0}, {}]

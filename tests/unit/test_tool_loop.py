@@ -14,12 +14,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from hpcppo.agent.builtin import Gsm8kAnswer
 from hpcppo.agent.check import tool_schemas
 from hpcppo.agent.tool import ToolSpec
 from hpcppo.agent.worker import ToolWorker
 from hpcppo.errors import ToolFailureError
 from hpcppo.rollout.base import SamplingParams
-from hpcppo.rollout.tool_loop import ToolLoop, ToolLoopSettings, check_failures, stats_metrics, stats_vector
+from hpcppo.rollout.source import ColocatedSource, StepContext
+from hpcppo.rollout.tool_loop import (ToolLoop, ToolLoopSettings, check_failures, run_kwargs, stats_metrics,
+                                      stats_vector)
 from hpcppo.rollout.tool_turns import ToolTurns
 from hpcppo.train.rollout_phase import tool_metrics
 
@@ -267,10 +270,10 @@ class TimedWorker:
     def __getattr__(self, name):
         return getattr(self.worker, name)
 
-    def execute(self, instance, arguments):
+    def execute(self, instance, arguments, kwargs=None):
         start = time.monotonic()
         time.sleep(0.3)  # a slow tool
-        out = self.worker.execute(instance, arguments)
+        out = self.worker.execute(instance, arguments, kwargs)
         self.calls.append((start, time.monotonic()))
         return out
 
@@ -330,3 +333,149 @@ def test_agent_loop_of_a_run(tok, worker):
         agent_loop(c)
     assert str(err.value) == ("rollout.multi_turn.enable: the tool loop needs a tokenizer with a chat template (it "
                               "renders the tool turns) (m)")
+
+
+# Per-row tool arguments (verl's extra_info.tools_kwargs): each row's reach its trajectories' tools, per phase.
+
+def _record(tools_kwargs):
+    return SimpleNamespace(extra_info={"index": 0, "tools_kwargs": tools_kwargs})
+
+
+def _log_by_instance(path: Path) -> dict[str, list[tuple[str, dict]]]:
+    import json
+
+    out: dict[str, list[tuple[str, dict]]] = {}
+    for line in path.read_text().splitlines():
+        entry = json.loads(line)
+        out.setdefault(entry["instance"], []).append((entry["phase"], entry["kwargs"]))
+    return out
+
+
+@pytest.mark.parametrize("requests", [False, True], ids=["batched", "requests"])
+def test_each_rows_tools_kwargs_reach_its_tools_in_every_phase(tok, tmp_path, requests):
+    log = tmp_path / "phases.jsonl"
+    specs = [ToolSpec("agent_tools_fixture.Recorder", {"log": str(log)})]
+    row_a = {"kw": {"create_kwargs": {"secret": "a"}, "execute_kwargs": {"mode": 1},
+                    "calc_reward_kwargs": {"bonus": 10.0}, "release_kwargs": {"why": "done"}}}
+    row_c = {"kw": {"create_kwargs": {"secret": "c"}, "execute_kwargs": None, "calc_reward_kwargs": None,
+                    "release_kwargs": None}}  # Parquet's nulls: absent
+    prompts = [SimpleNamespace(input_ids=prompt(tok), record=_record(tools_kwargs))
+               for tools_kwargs in (row_a, None, row_c)]
+    settings = ToolLoopSettings(max_response_length=128, format="compact", max_assistant_turns=3)
+    with ToolWorker(specs, call_timeout_s=30) as w:
+        engine = scripted_engine(tok, calls("kw"))
+        lp = ToolLoop(OneRequestPerStep(engine) if requests else engine, w, tok, tool_schemas(specs), settings)
+        batch = lp.run([p.input_ids for p in prompts], sampling(tok, n=2), **run_kwargs(lp, prompts))
+        assert batch.response_ids.shape[0] == 6
+    by_instance = _log_by_instance(log)
+    assert len(by_instance) == 6  # one instance per trajectory, two calls each
+    want = {"a": (row_a["kw"]["execute_kwargs"], {"bonus": 10.0}, {"why": "done"}), None: ({}, {}, {}),
+            "c": ({}, {}, {})}
+    seen = []
+    for phases in by_instance.values():
+        assert [p for p, _ in phases] == ["create", "execute", "execute", "calc_reward", "release"]
+        secret = phases[0][1].get("secret")
+        execute, calc, release = want[secret]
+        assert phases[0][1] == ({"secret": secret} if secret else {})
+        assert phases[1][1] == phases[2][1] == execute
+        assert phases[3][1] == calc and phases[4][1] == release
+        seen.append(secret)
+    assert sorted(seen, key=str) == sorted(["a", "a", None, None, "c", "c"], key=str)
+    # calc_reward's scores, per row (prompt-major): the bonus of row a's calc_reward_kwargs plus the two calls
+    assert lp.reward_scores == [{"kw": 12.0}] * 2 + [{"kw": 2.0}] * 4
+
+
+def test_a_gsm8k_trajectory_is_scored_against_its_rows_ground_truth(tok):
+    """verl's GSM8K tool (hpcppo.agent.builtin.Gsm8kAnswer, named ``gsm`` here: the tiny tokenizer has no ``_``)
+    gets each row's ground truth from its create_kwargs; the model answers 7 to both rows."""
+    schema = {"type": "function", "function": {"name": "gsm", "description": "check an answer", "parameters": {
+        "type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}}
+    specs = [ToolSpec("hpcppo.agent.builtin.Gsm8kAnswer", {}, schema)]
+    table = calls("gsm")
+    table["("] = ["7"]
+    table["7"] = [")"]
+    prompts = [SimpleNamespace(input_ids=prompt(tok), record=_record({"gsm": {"create_kwargs": {"ground_truth": t}}}))
+               for t in ("7", "3")]
+    settings = ToolLoopSettings(max_response_length=128, format="compact", max_assistant_turns=2)
+    with ToolWorker(specs, call_timeout_s=30) as w:
+        lp = ToolLoop(scripted_engine(tok, table), w, tok, tool_schemas(specs), settings)
+        batch = lp.run([p.input_ids for p in prompts], sampling(tok, n=2), **run_kwargs(lp, prompts))
+    texts = [tok.decode(ids, skip_special_tokens=False) for ids, _, _ in rows(batch)]
+    assert all("reward=1.0" in t for t in texts[:2]) and all("reward=0.0" in t for t in texts[2:])
+    assert lp.reward_scores == [{"gsm": 1.0}] * 2 + [{"gsm": 0.0}] * 2
+    assert lp.tool_rewards == [[0.0]] * 2 + [[Gsm8kAnswer.NO_IMPROVEMENT_PENALTY]] * 2
+
+
+def test_the_source_gives_the_sampled_and_the_greedy_rows_their_tools_kwargs(tok, tmp_path):
+    """ColocatedSource: each prompt's record's tools_kwargs reach both the sampled run and ReMax's greedy run; the
+    calc_reward scores come back per sampled row."""
+    log = tmp_path / "phases.jsonl"
+    specs = [ToolSpec("agent_tools_fixture.Recorder", {"log": str(log)})]
+    table = calls("kw")
+    table["("] = {"4": 6.0, "5": 5.0}
+    prompts = [SimpleNamespace(input_ids=prompt(tok), record=SimpleNamespace(
+        data_source="d", ground_truth="", extra_info={"tools_kwargs": {
+            "kw": {"create_kwargs": {"secret": s}, "calc_reward_kwargs": {"bonus": b}}}}))
+        for s, b in (("x", 1), ("y", 2))]
+    settings = ToolLoopSettings(max_response_length=128, format="compact", max_assistant_turns=2)
+    with ToolWorker(specs, call_timeout_s=30) as w:
+        engine = scripted_engine(tok, table)
+        lp = ToolLoop(engine, w, tok, tool_schemas(specs), settings)
+        src = ColocatedSource(engine, lp, weights=lambda **kw: iter(()), prompts=lambda: prompts,
+                              sampling=sampling(tok, n=3), greedy_baseline=True)
+        src.engine_version = 0  # the engine's weights are the actor's: no sync
+        got = src.collect(StepContext(step=1, branch=0, actor_version=0, seed=3))
+    assert got.greedy is not None and got.greedy.response_ids.shape[0] == 2
+    creates = [kw["secret"] for phases in _log_by_instance(log).values() for p, kw in phases if p == "create"]
+    assert sorted(creates) == ["x"] * 4 + ["y"] * 4  # 3 sampled + 1 greedy trajectory per prompt
+    assert got.tool_scores == [{"kw": 2.0}] * 3 + [{"kw": 3.0}] * 3  # the sampled run's, not the greedy one's
+    assert got.greedy_tool_scores == [{"kw": 2.0}, {"kw": 3.0}] and got.greedy_tool_rewards == [[0.0], [0.0]]
+    # ReMax's baseline: the greedy rows are scored with their tool results, as the sampled rows are
+    from hpcppo.train.rollout_phase import greedy_baseline_scores
+
+    def score_fn(sources, texts, truths, extra, lengths=None):
+        return [e["rollout_reward_scores"]["kw"] + len(e["tool_rewards"]) for e in extra]
+
+    c = SimpleNamespace(reward_model=None, tokenizer=tok, score_fn=score_fn)
+    baselines = greedy_baseline_scores(c, prompts, got.greedy, got.greedy_tool_rewards, got.greedy_tool_scores)
+    assert baselines.tolist() == [3.0, 4.0]
+
+
+def test_validation_gives_the_tool_loop_its_rows_tools_kwargs(tok):
+    """Trainer.validate with the tool loop: each validation row's ground truth reaches the GSM8K tool, and the
+    tool's results reach the reward function's extra_info as in training."""
+    import contextlib
+
+    from hpcppo.config.reward import RewardManagerSection
+    from hpcppo.train.trainer import Trainer
+
+    schema = {"type": "function", "function": {"name": "gsm", "description": "check an answer", "parameters": {
+        "type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}}
+    specs = [ToolSpec("hpcppo.agent.builtin.Gsm8kAnswer", {}, schema)]
+    table = calls("gsm")
+    table["("] = ["7"]
+    table["7"] = [")"]
+    records = [SimpleNamespace(data_source="d", ground_truth=t, reward_style="rule",
+                               extra_info={"tools_kwargs": {"gsm": {"create_kwargs": {"ground_truth": t}}}})
+               for t in ("7", "3")]
+    items = [SimpleNamespace(input_ids=prompt(tok), record=r) for r in records]
+    extras: list = []
+
+    def score_fn(sources, texts, truths, extra, preds=None, lengths=None, penalties=None):
+        extras.extend(extra)
+        return [e["rollout_reward_scores"]["gsm"] for e in extra]
+
+    settings = ToolLoopSettings(max_response_length=128, format="compact", max_assistant_turns=2)
+    with ToolWorker(specs, call_timeout_s=30) as w:
+        lp = ToolLoop(scripted_engine(tok, table), w, tok, tool_schemas(specs), settings)
+        trainer = Trainer.__new__(Trainer)
+        trainer.c = SimpleNamespace(val_data=items, reward_model=None, tokenizer=tok, score_fn=score_fn,
+                                    val_sources=["d"], val_sampling=sampling(tok, n=1),
+                                    groups=SimpleNamespace(dp_rank=0, dp_size=1, is_tp_leader=True))
+        trainer.cfg = SimpleNamespace(seed=0, reward_manager=RewardManagerSection())
+        trainer.state = SimpleNamespace(step=1, branch=0, actor_version=0)
+        trainer.source = SimpleNamespace(serving=lambda version: contextlib.nullcontext(lp))
+        metrics = trainer.validate()
+    assert [e["rollout_reward_scores"] for e in extras] == [{"gsm": 1.0}, {"gsm": 0.0}]
+    assert [e["tool_rewards"] for e in extras] == [[0.0], [Gsm8kAnswer.NO_IMPROVEMENT_PENALTY]]
+    assert metrics["val/score"] == 0.5
