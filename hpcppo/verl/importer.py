@@ -385,8 +385,8 @@ def _split_placement(imp: Imported, ctx: Mapping[str, Any], recipe: str) -> None
         how, nodes, gpus, _ = split_layout(ctx)
     except verl.Untranslatable:
         return  # rollout.nnodes / n_gpus_per_node are reported with the reason
-    pools = (f"verl's trainer pool (trainer.nnodes x n_gpus_per_node) and rollout pool (rollout.nnodes x "
-             f"n_gpus_per_node) as one allocation")
+    pools = ("verl's trainer pool (trainer.nnodes x n_gpus_per_node) and rollout pool (rollout.nnodes x "
+             "n_gpus_per_node) as one allocation")
     imp.values["resources.nodes"], imp.values["resources.gpus_per_node"] = nodes, gpus
     if how == "per-node":
         imp.comments["resources.gpus_per_node"] = [f"{pools}: each node holds both pools' GPUs"]

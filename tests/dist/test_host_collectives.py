@@ -58,6 +58,7 @@ def test_collective_device_follows_the_group_backend(tmp_path):
 DEVICE_TENSOR_COLLECTIVES = {
     ("batching.py", "gather_rows"),  # the batch's [b, R] tensors, on the model's device
     ("batching.py", "global_batch_info"),  # counts computed from response_mask, on its device
+    ("rollout_correction.py", "all_reduce_sum"),  # the bypass loss's IS weights, on the model's device
 }
 COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "broadcast", "broadcast_object_list", "reduce",
                "reduce_scatter", "all_to_all", "gather", "scatter", "gather_object", "scatter_object_list"}

@@ -32,6 +32,7 @@ def _worker(rank: int, world: int, tp: int) -> dict:
     recording_vllm.install()
     recording_vllm.reset()
     import hpcppo.rollout.vllm_engine as vllm_engine
+    from hpcppo.config.multi_turn import MultiTurnSection
     from hpcppo.config.reward import RewardManagerSection
     from hpcppo.distributed.env import detect_env
     from hpcppo.rollout import SamplingParams
@@ -62,6 +63,7 @@ def _worker(rank: int, world: int, tp: int) -> dict:
         score_fn=lambda sources, texts, truths, extras, preds=None, lengths=None, penalties=None: [
             float(t) for t in truths],
         reward_model=None,  # rule-based validation
+        cfg=SimpleNamespace(rollout=SimpleNamespace(multi_turn=MultiTurnSection())),  # single turn: agent_loop's pick
     )
     trainer = Trainer.__new__(Trainer)  # only the phases under test: rollout and validate
     trainer.c, trainer.cfg, trainer.env = c, SimpleNamespace(seed=5, reward_manager=RewardManagerSection()), env

@@ -24,7 +24,7 @@ def handlers(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> d
 
 def test_every_command_names_a_function_that_exists():
     found = handlers(build_parser())
-    assert len(found) == 21, sorted(found)
+    assert len(found) == 22, sorted(found)
     for command, handler in found.items():
         module, name = handler.split(":")
         assert callable(getattr(importlib.import_module(f"hpcppo.cli.{module}"), name)), command

@@ -108,7 +108,7 @@ def test_wrong_types_are_not_coerced(tmp_path):
         ('[actor]\nkl_loss_type = "k4"\n', "actor.kl_loss_type: \"k4\" is not allowed"),
         ('[resources]\ntime = "1:2:3:4"\n', "resources.time: '1:2:3:4' is not a Slurm time"),
         ('reward_fn = "nocolon"\n', "data.reward_fn: 'nocolon' must be \"auto\", a built-in (gsm8k, math, "
-                                     "math_verify, math_dapo, arith) or \"module:function\""),
+                                     "math_verify, math_dapo, arith, arith_tool) or \"module:function\""),
         ("[actor]\nbetas = [0.9]\n", "actor.betas: [0.9] must be two numbers in [0, 1)"),
         ('name = "bad name"\n', "name: \"bad name\" does not match"),
         ("[rollout]\ntop_k = 0\n", "rollout.top_k: 0 must be -1 (off) or > 0"),

@@ -197,7 +197,7 @@ def test_every_data_source_needs_a_scorer_unless_reward_fn_is_set(tmp_path):
         check_data(data([path]), train_batch_size=1, tokenizer_dir=None)
     msg = str(err.value)
     assert msg.startswith(f"{path}: data.reward_fn: no built-in reward for data_source 'my/set' "
-                          "(data.reward_fn = \"auto\"); known data sources: openai/gsm8k, hpcppo/arith, lighteval/MATH")
+                          "(data.reward_fn = \"auto\"); known data sources: openai/gsm8k, hpcppo/arith, hpcppo/arith-tool, lighteval/MATH")
     assert err.value.__notes__ == ["2 of the file's rows have this data_source"]
     (tmp_path / "my_scorer.py").write_text(
         "def score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n"

@@ -34,8 +34,9 @@ def fake_vllm(monkeypatch):
     for name, module in recording_vllm.modules().items():
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr(vllm_engine, "_empty_cache", lambda: recording_vllm.CALLS.append(("empty_cache",)))
-    for key in LAUNCHER:
-        monkeypatch.delenv(key, raising=False)
+    for key in LAUNCHER:  # set, then removed: recorded either way, so what the engine exports is undone afterwards
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     recording_vllm.reset()
     yield recording_vllm
