@@ -5,7 +5,6 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-
 from hpcppo.compiler import compile_config
 from hpcppo.errors import SettingWarning
 
