@@ -20,7 +20,7 @@ from hpcppo.agent.check import collect_specs, tool_names, tool_problems
 from hpcppo.agent.kwargs import TOOLS_KWARGS_KEY, tools_kwargs_problems
 from hpcppo.agent.tool import ToolLoadError
 from hpcppo.agent.tokenizer import TokenizerNotLoaded, load_tokenizer
-from hpcppo.agent.tool_turns import ToolTurns, closing_marker_notes, format_problems
+from hpcppo.agent.tool_turns import MARKERS, ToolTurns, closing_marker_notes, format_problems
 from hpcppo.config.attention import settle_attention
 from hpcppo.config.compiled import (Compiled, JobSection, check_engine_installed, check_experiment_paths,
                                     check_trackers_installed, runs_root)
@@ -121,8 +121,10 @@ def _check_tool_tokenizer(experiment: Experiment, file: str) -> None:
         raise ConfigError(f"{exc}; the tool loop renders its tool turns with it", file=file, key=key) from None
     problems = format_problems(tokenizer, section.format)
     if problems:
-        raise ConfigError(f"{problems[0]} ({directory}); allowed: a format whose markers the tokenizer has, or a "
-                          f"tokenizer with them", file=file, key="rollout.multi_turn.format")
+        others = ", ".join(f for f in MARKERS if f != section.format)
+        tiny = " (`hpcppo tools make-model --variant tool` builds the tiny one with them)" * (section.format == "compact")
+        raise ConfigError(f"{problems[0]} ({directory}); allowed: a tokenizer that has them{tiny}, or format {others}",
+                          file=file, key="rollout.multi_turn.format")
     try:
         ToolTurns(tokenizer, max_tool_response_length=section.max_tool_response_length,
                   truncate_side=section.tool_response_truncate_side)

@@ -86,7 +86,8 @@ def test_compact_needs_the_tiny_tool_variants_markers(tmp_path, random_tiny):
     spec = _spec(tmp_path, random_tiny, random_tiny["model"], 'format = "compact"\n')  # the arith tokenizer
     assert _refusal(spec) == (f"{spec}: rollout.multi_turn.format: the compact call format needs <call> and </call> "
                               f"as one token each, and the tokenizer has no such token ({random_tiny['model']}); "
-                              f"allowed: a format whose markers the tokenizer has, or a tokenizer with them")
+                              f"allowed: a tokenizer that has them (`hpcppo tools make-model --variant tool` builds the "
+                              f"tiny one with them), or format hermes")
     compile_config(spec, "local", check_paths=False, check_memory=False)  # not looked at without the paths check
     spec.write_text(spec.read_text().replace("enable = true", "enable = false"))  # nor while enable is false
     assert not _compile(spec)[0].experiment.rollout.multi_turn.enable
@@ -145,3 +146,18 @@ def test_load_tokenizer_refusals(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{oops")
     with pytest.raises(TokenizerNotLoaded, match="cannot be loaded"):
         load_tokenizer(tmp_path)
+
+
+@pytest.mark.parametrize("make", [lambda: tiny.build_tokenizer("tool"), hermes_tokenizer])
+def test_the_login_node_tokenizer_is_the_jobs(tmp_path, make):
+    """What compile loads is what the job's AutoTokenizer loads: the class, the chat template, the ids of a tool
+    turn (and so every check gives the job's answer)."""
+    from transformers import AutoTokenizer
+
+    from hpcppo.agent.tool_turns import ToolTurns
+
+    make().save_pretrained(tmp_path)
+    here, job = load_tokenizer(tmp_path), AutoTokenizer.from_pretrained(tmp_path)
+    assert type(here) is type(job) and here.chat_template == job.chat_template
+    assert (ToolTurns(here, max_tool_response_length=8).ids(["12", "3"])
+            == ToolTurns(job, max_tool_response_length=8).ids(["12", "3"]))
