@@ -10,6 +10,7 @@ none of those imports another's layer. No torch import (the login-node CLI compi
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -18,6 +19,8 @@ import tomli_w
 from hpcppo.agent.check import collect_specs, tool_classes, tool_problems
 from hpcppo.agent.kwargs import TOOLS_KWARGS_KEY, tools_kwargs_problems
 from hpcppo.agent.tool import ToolLoadError
+from hpcppo.agent.tokenizer import TokenizerNotLoaded, load_tokenizer
+from hpcppo.agent.tool_turns import MARKERS, ToolTurns, closing_marker_notes, format_problems
 from hpcppo.config.attention import settle_attention
 from hpcppo.config.compiled import (Compiled, JobSection, check_engine_installed, check_experiment_paths,
                                     check_trackers_installed, runs_root)
@@ -26,13 +29,13 @@ from hpcppo.config.idle import warn_idle_settings
 from hpcppo.config.load import (expand_path_text, experiment_from_data, load_experiment_with_provenance,
                                 load_site_with_provenance, parse_overrides)
 from hpcppo.config.resolve import resolve
-from hpcppo.config.experiment import DataSection
+from hpcppo.config.experiment import DataSection, Experiment
 from hpcppo.config.multi_turn import MultiTurnSection
 from hpcppo.config.reward import check_reward_combination
 from hpcppo.config.reward_check import check_reward_model
 from hpcppo.config.rollout_corr import metric_columns as rollout_corr_columns
 from hpcppo.config.watchdog import check_rule_metrics
-from hpcppo.errors import ConfigError
+from hpcppo.errors import ConfigError, SettingWarning
 from hpcppo.sizing.check import check_colocation
 
 __all__ = ["compile_config", "compile_preflight"]
@@ -70,6 +73,7 @@ def compile_config(spec: str | os.PathLike[str], site: str | os.PathLike[str] = 
         check_engine_installed(site_obj, experiment)
         check_trackers_installed(site_obj, experiment)
         _check_tools(experiment.rollout.multi_turn, str(spec_path), experiment.data)
+        _check_tool_tokenizer(experiment, str(spec_path))
     check_rule_metrics(experiment.watchdog, file=str(spec_path),
                        extra=tuple(rollout_corr_columns(experiment.algorithm.rollout_correction)))
     check_reward_combination(experiment.reward_model, experiment.reward_manager, experiment.data.max_response_length,
@@ -98,6 +102,38 @@ def _check_tools(section: MultiTurnSection, file: str, data: DataSection) -> Non
         raise ConfigError(f"\n{file}: {key}: ".join(problems), file=file, key=key)
     if section.enable or specs:
         _check_tools_kwargs(data, tool_classes(specs))
+
+
+def _check_tool_tokenizer(experiment: Experiment, file: str) -> None:
+    """With ``rollout.multi_turn.enable``: the model's tokenizer can write the tool turns and the calls, the same
+    checks as the job's when it builds the tool loop (hpcppo.agent.tool_turns), with the tokenizer loaded without
+    torch (hpcppo.agent.tokenizer). One line naming the spec, the key and what is missing."""
+    section, m = experiment.rollout.multi_turn, experiment.model
+    if not section.enable:
+        return
+    key, directory = ("model.tokenizer_path", m.tokenizer_path) if m.tokenizer_path else ("model.path", m.path)
+    try:
+        tokenizer = load_tokenizer(directory)
+    except TokenizerNotLoaded as exc:
+        if exc.skipped:
+            warnings.warn(f"{file}: rollout.multi_turn: {exc}", SettingWarning, stacklevel=2)
+            return
+        raise ConfigError(f"{exc}; the tool loop renders its tool turns with it", file=file, key=key) from None
+    problems = format_problems(tokenizer, section.format)
+    if problems:
+        others = ", ".join(f for f in MARKERS if f != section.format)
+        tiny = " (`hpcppo tools make-model --variant tool` builds the tiny one with them)" * (section.format == "compact")
+        raise ConfigError(f"{problems[0]} ({directory}); allowed: a tokenizer that has them{tiny}, or format {others}",
+                          file=file, key="rollout.multi_turn.format")
+    try:
+        ToolTurns(tokenizer, max_tool_response_length=section.max_tool_response_length,
+                  truncate_side=section.tool_response_truncate_side)
+    except ValueError as exc:
+        raise ConfigError(f"{directory}: {exc}; allowed: a tokenizer whose chat template renders 'tool' messages",
+                          file=file, key=key) from None
+    for note in closing_marker_notes(tokenizer, section.format, section.max_parallel_calls):
+        warnings.warn(f"{file}: rollout.multi_turn.max_parallel_calls: {note} ({directory})", SettingWarning,
+                      stacklevel=2)
 
 
 def _check_tools_kwargs(data: DataSection, tools: dict[str, type]) -> None:

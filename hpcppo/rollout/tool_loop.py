@@ -9,7 +9,7 @@ Per trajectory, as verl's ``ToolAgentLoop`` (verl b178a3c, verl/experimental/age
   left;
 - its calls are parsed (:mod:`hpcppo.agent.parse`; malformed, unknown, badly typed and surplus calls become error
   observations) and run one by one in the tool worker; a trajectory with no call ends;
-- the answers become one tool turn (:class:`~hpcppo.rollout.tool_turns.ToolTurns`), appended with loss mask 0 and
+- the answers become one tool turn (:class:`~hpcppo.agent.tool_turns.ToolTurns`), appended with loss mask 0 and
   log-prob 0; the model's tokens have loss mask 1 and their sampled log-probs;
 - it ends at EOS without a call, at ``max_assistant_turns``, at ``max_user_turns``, when the response budget
   (``data.max_response_length``) is spent, or when the next tool turn would not leave room for one more token
@@ -61,19 +61,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpcppo.agent.kwargs import ToolKwargs, row_tool_kwargs
-from hpcppo.agent.parse import COMPACT_END, HERMES_END, parse_calls
+from hpcppo.agent.parse import parse_calls
+from hpcppo.agent.tool_turns import MARKERS, ToolTurns, format_problems, marker_id
 from hpcppo.agent.worker import ToolWorker
 from hpcppo.errors import ToolFailureError
 from hpcppo.rollout.agent_loop import Trajectory, batch_from_trajectories
 from hpcppo.rollout.base import (PromptInput, RequestEngine, RolloutBatch, RolloutEngine, SamplingParams,
                                  prompt_lists)
-from hpcppo.rollout.tool_turns import ToolTurns
 
 __all__ = ["ToolLoop", "ToolLoopSettings", "LoopStats", "check_failures", "turn_seed", "closing_stop_ids",
            "stats_vector", "stats_metrics", "run_kwargs", "with_tool_results"]
-
-_CLOSERS = {"hermes": HERMES_END, "compact": COMPACT_END}
-
 
 @dataclass(frozen=True)
 class ToolLoopSettings:
@@ -115,10 +112,8 @@ def closing_stop_ids(tokenizer: Any, fmt: str, max_parallel_calls: int) -> tuple
     verl always does (a model writes several calls in one turn)."""
     if max_parallel_calls != 1:
         return ()
-    closer = tokenizer.convert_tokens_to_ids(_CLOSERS[fmt])
-    if not isinstance(closer, int) or closer == tokenizer.unk_token_id:
-        return ()
-    return (closer,)
+    closer = marker_id(tokenizer, MARKERS[fmt][1])
+    return () if closer is None else (closer,)
 
 
 def turn_seed(seed: int | None, turn: int) -> int | None:
@@ -174,6 +169,9 @@ class ToolLoop:
         self.tokenizer = tokenizer
         self.schemas = dict(schemas)
         self.settings = settings
+        problems = format_problems(tokenizer, settings.format)
+        if problems:  # the same check as compile's (hpcppo.compiler): a tokenizer that cannot write the calls
+            raise ValueError(problems[0])
         self.turns = ToolTurns(tokenizer, max_tool_response_length=settings.max_tool_response_length,
                                truncate_side=settings.tool_response_truncate_side)
         self.stop_ids = closing_stop_ids(tokenizer, settings.format, settings.max_parallel_calls)

@@ -217,6 +217,11 @@ CASES: dict[str, Case] = {
     "runs-of-a-root-with-a-file": Case(["runs", "--runs-root", "{fifo_root}"], "(a file)"),
     "multi-turn-settings-while-off": Case(compile_("-o", "rollout.multi_turn.max_assistant_turns=3"),
                                           "rollout.multi_turn.enable is false", warn=True),
+    # the arith tokenizer cannot write hermes calls (no '<' among its characters): refused at compile, not at job start
+    "multi-turn-tokenizer-without-the-call-markers": Case(["compile", "{tool_spec}", "-q", "--runs-root", "{cwd}/runs",
+                                                           "-o", "rollout.multi_turn.enable=true"],
+                                                          "rollout.multi_turn.format: the hermes call format writes "
+                                                          "<tool_call> and </tool_call>, which the tokenizer cannot"),
     "tools-kwargs-names-an-unconfigured-tool": Case(["compile", "{tools_spec}", "-q", "--runs-root", "{cwd}/runs"],
                                                     "row 5: extra_info.tools_kwargs names tool 'search'"),
     # ------------------------------------------------------------------ hpcppo samples (issue 34)
@@ -259,14 +264,17 @@ def shared(tmp_path_factory, random_tiny, random_tiny_rm) -> dict[str, str]:
     rows = pq.read_table(random_tiny["train"]).to_pylist()
     rows[5]["extra_info"] = {"tools_kwargs": {"search": {"create_kwargs": {"q": "x"}}}}
     write_prompts_parquet(rows, root / "tools-kwargs.parquet")
+    calculator = '\n[[rollout.multi_turn.tools]]\nclass_name = "hpcppo.agent.builtin.Calculator"\n'
     tools_spec = root / "tools.toml"
     tools_spec.write_text(spec.read_text().replace(str(random_tiny["train"]), str(root / "tools-kwargs.parquet"))
-                          + '\n[[rollout.multi_turn.tools]]\nclass_name = "hpcppo.agent.builtin.Calculator"\n')
+                          + calculator)
+    tool_spec = root / "tool.toml"
+    tool_spec.write_text(spec.read_text() + calculator)
     bad_rm = root / "bad-rm"
     shutil.copytree(random_tiny_rm, bad_rm)
     (bad_rm / "model.safetensors").write_bytes(os.urandom(4096))
     return {"runs": str(runs), "run": run.name, "tiny_spec": str(spec), "bad_rm": str(bad_rm), "tools_spec": str(tools_spec),
-            "fifo_root": str(fifo_root)}
+            "tool_spec": str(tool_spec), "fifo_root": str(fifo_root)}
 
 
 def _tree(path: Path) -> dict[str, tuple[int, int]]:

@@ -187,3 +187,32 @@ def test_metric_commands_do_not_import_torch(setup):
     for result in probe(commands, env, tmp):
         assert result["heavy"] == [], result
         assert result["rc"] == 0, result
+
+
+def test_compile_checks_a_multi_turn_runs_tokenizer_without_torch(setup, random_tiny):
+    """With the paths check, compile loads a multi-turn run's tokenizer (transformers' tokenizer classes: its chat
+    template and call markers, hpcppo.agent.tokenizer) and still never imports torch, whether it accepts or refuses."""
+    import shutil
+
+    from hpcppo.tiny import build_tokenizer
+
+    tmp, runs, env = setup
+    model = tmp / "tool-model"
+    model.mkdir()
+    for f in random_tiny["model"].iterdir():
+        if f.name == "config.json" or f.suffix == ".safetensors":
+            shutil.copy(f, model / f.name)
+    build_tokenizer("tool").save_pretrained(model)
+    text = ARITH.read_text().replace("../artifacts/tiny-arith/model", str(model))
+    text = text.replace("../artifacts/tiny-arith/data/train.parquet", str(random_tiny["train"]))
+    text = text.replace("../artifacts/tiny-arith/data/val.parquet", str(random_tiny["val"]))
+    text += ('\n[rollout.multi_turn]\nenable = true\nformat = "compact"\n'
+             '[[rollout.multi_turn.tools]]\nclass_name = "hpcppo.agent.builtin.Calculator"\n')
+    good, bad = tmp / "tool.toml", tmp / "tool-arith-tokenizer.toml"
+    good.write_text(text)
+    bad.write_text(text.replace(str(model), str(random_tiny["model"])))  # the arith tokenizer: no <call> token
+    results = probe([["compile", str(good), "-q", "--runs-root", str(runs)],
+                     ["compile", str(bad), "-q", "--runs-root", str(runs)]], env, tmp)
+    assert [r["rc"] for r in results] == [0, 2], results
+    assert all(not any(m.split(".")[0] in ("torch", "vllm") for m in r["heavy"]) for r in results), results
+    assert "transformers" in results[0]["heavy"]  # the tokenizer was loaded: the probe saw the check run

@@ -11,19 +11,20 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import attrs
 import pytest
 import torch
 
 from hpcppo.agent.builtin import Gsm8kAnswer
 from hpcppo.agent.check import tool_schemas
 from hpcppo.agent.tool import ToolSpec
+from hpcppo.agent.tool_turns import ToolTurns
 from hpcppo.agent.worker import ToolWorker
 from hpcppo.errors import ToolFailureError
 from hpcppo.rollout.base import SamplingParams
 from hpcppo.rollout.source import ColocatedSource, StepContext
 from hpcppo.rollout.tool_loop import (ToolLoop, ToolLoopSettings, check_failures, run_kwargs, stats_metrics,
                                       stats_vector)
-from hpcppo.rollout.tool_turns import ToolTurns
 from hpcppo.train.rollout_phase import tool_metrics
 
 HERE = Path(__file__).resolve().parent
@@ -328,6 +329,11 @@ def test_agent_loop_of_a_run(tok, worker):
     c.cfg.rollout.multi_turn = MultiTurnSection()
     assert isinstance(agent_loop(c), SingleTurnLoop)
     c.cfg.rollout.multi_turn, c.tokenizer = section, hermes_tokenizer()
+    with pytest.raises(ConfigError) as err:  # the compact format on a tokenizer without its markers (as compile)
+        agent_loop(c)
+    assert str(err.value) == ("rollout.multi_turn.enable: the compact call format needs <call> and </call> as one "
+                              "token each, and the tokenizer has no such token (m)")
+    c.cfg.rollout.multi_turn = attrs.evolve(section, format="hermes")
     c.tokenizer.chat_template = None
     with pytest.raises(ConfigError) as err:
         agent_loop(c)

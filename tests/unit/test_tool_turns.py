@@ -1,4 +1,4 @@
-"""The tool turn's token ids from the chat template's delta (hpcppo.rollout.tool_turns), on real tokenizers: the
+"""The tool turn's token ids from the chat template's delta (hpcppo.agent.tool_turns), on real tokenizers: the
 ChatML one renders tools as Qwen2.5 does (a user turn of <tool_response> blocks), the tiny one as a <|tool|> turn."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcppo.rollout.tool_turns import ToolTurns, truncate_tool_text
+from hpcppo.agent.tool_turns import ToolTurns, truncate_tool_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -75,3 +75,46 @@ def test_a_tokenizer_without_a_usable_template_is_refused():
         ToolTurns(tok, max_tool_response_length=8)
     with pytest.raises(ValueError, match="left, middle, right"):
         ToolTurns(hermes_tokenizer(), max_tool_response_length=8, truncate_side="top")
+
+
+@pytest.mark.parametrize("template, match", [
+    # a template of user and assistant turns only: a tool message's content is dropped
+    ("{% for m in messages %}{% if m['role'] in ['user', 'assistant'] %}{{ '<|im_start|>' + m['role'] + '\\n' + "
+     "m['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}", "has no 'tool' role: it drops"),
+    # one that refuses other roles, as many do with raise_exception
+    ("{% for m in messages %}{% if m['role'] not in ['user', 'assistant'] %}{{ raise_exception('Only user and "
+     "assistant roles are supported!') }}{% endif %}{{ m['content'] }}{% endfor %}",
+     r"cannot render a 'tool' message \(TemplateError: Only user and assistant roles are supported!\)"),
+])
+def test_a_template_without_a_tool_role_is_refused(template, match):
+    tok = hermes_tokenizer()
+    tok.chat_template = template
+    with pytest.raises(ValueError, match=match) as err:
+        ToolTurns(tok, max_tool_response_length=8)
+    assert "\n" not in str(err.value)
+
+
+def test_a_tool_turn_the_tokenizer_cannot_write_is_refused():
+    from hpcppo import tiny  # the arith tokenizer: its template writes <|tool|>, which it has no token for
+
+    with pytest.raises(ValueError, match=r"the tool turn the chat template writes \('<eos><\|tool\|><\|assistant\|>'\) "
+                                         r"has text the tokenizer cannot write"):
+        ToolTurns(tiny.build_tokenizer(), max_tool_response_length=8)
+    ToolTurns(tiny.build_tokenizer("tool"), max_tool_response_length=8)
+
+
+def test_format_markers():
+    from hpcppo import tiny
+    from hpcppo.agent.tool_turns import closing_marker_notes, format_problems
+
+    assert format_problems(compact_tokenizer(), "compact") == [] == format_problems(hermes_tokenizer(), "hermes")
+    assert format_problems(hermes_tokenizer(), "compact") == [
+        "the compact call format needs <call> and </call> as one token each, and the tokenizer has no such token"]
+    assert format_problems(tiny.build_tokenizer(), "hermes") == [
+        "the hermes call format writes <tool_call> and </tool_call>, which the tokenizer cannot write (its unknown "
+        "token '<unk>' comes out)"]
+    assert closing_marker_notes(hermes_tokenizer(), "hermes", 1) == []
+    assert closing_marker_notes(compact_tokenizer(), "hermes", 2) == []
+    # </tool_call> written in characters: only the end of the turn ends it
+    [note] = closing_marker_notes(compact_tokenizer(), "hermes", 1)
+    assert note.startswith("max_parallel_calls = 1 but </tool_call> is not one token")

@@ -15,6 +15,11 @@ A tool's answer longer than ``max_tool_response_length`` tokens is cut to that m
 tokenizer, where verl counts characters) around verl's markers: ``left`` keeps its start then
 ``...(truncated)``, ``right`` keeps its end after ``(truncated)...``, ``middle`` keeps both ends around
 ``...(truncated)...``.
+
+The same checks run in the job (:class:`ToolTurns`, :func:`format_problems`, when the tool loop is built) and in
+``hpcppo compile`` on the login node (the tokenizer loaded by :mod:`hpcppo.agent.tokenizer`, without torch): a chat
+template that cannot render a ``tool`` message (it raises, or drops its content), a tool turn whose text the
+tokenizer cannot write (unknown tokens), or a call format whose markers the tokenizer lacks.
 """
 
 from __future__ import annotations
@@ -22,11 +27,56 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["ToolTurns", "truncate_tool_text", "TRUNCATE_SIDES"]
+from hpcppo.agent.parse import COMPACT_END, COMPACT_START, HERMES_END, HERMES_START
+
+__all__ = ["ToolTurns", "truncate_tool_text", "TRUNCATE_SIDES", "MARKERS", "marker_id", "format_problems",
+           "closing_marker_notes"]
 
 TRUNCATE_SIDES = ("left", "middle", "right")
 _SENTINEL = "\u2063hpcppo-sentinel\u2063"  # text no answer holds; only its position in the rendered template matters
+_TOOL_SENTINEL = "\u2063hpcppo-tool-answer\u2063"  # the same, for a tool message's content
 _USER = "u"
+#: Each call format's opening and closing markers (hpcppo.agent.parse).
+MARKERS = {"hermes": (HERMES_START, HERMES_END), "compact": (COMPACT_START, COMPACT_END)}
+
+
+def marker_id(tokenizer: Any, marker: str) -> int | None:
+    """The id of ``marker`` when the tokenizer has it as one token (not its unknown token), else None."""
+    found = tokenizer.convert_tokens_to_ids(marker)
+    if not isinstance(found, int) or found == tokenizer.unk_token_id:
+        return None
+    return found
+
+
+def _unknown(tokenizer: Any, text: str) -> bool:
+    unk = tokenizer.unk_token_id
+    return unk is not None and unk in tokenizer.encode(text, add_special_tokens=False)
+
+
+def format_problems(tokenizer: Any, fmt: str) -> list[str]:
+    """What the tokenizer lacks for the call format ``fmt``: ``compact`` needs ``<call>`` and ``</call>`` as one token
+    each (docs/tools.md); ``hermes`` needs its markers to be writable (no unknown token in them)."""
+    if fmt == "compact":
+        missing = [m for m in MARKERS[fmt] if marker_id(tokenizer, m) is None]
+        if missing:
+            return [f"the {fmt} call format needs {' and '.join(missing)} as one token each, and the tokenizer "
+                    f"has no such token"]
+        return []
+    unwritable = [m for m in MARKERS[fmt] if _unknown(tokenizer, m)]
+    if unwritable:
+        return [f"the {fmt} call format writes {' and '.join(unwritable)}, which the tokenizer cannot write (its "
+                f"unknown token {tokenizer.unk_token!r} comes out)"]
+    return []
+
+
+def closing_marker_notes(tokenizer: Any, fmt: str, max_parallel_calls: int) -> list[str]:
+    """A line when ``max_parallel_calls`` = 1 but the format's closing marker is not one token: the loop cannot stop
+    a turn there (:func:`hpcppo.rollout.tool_loop.closing_stop_ids`), so each turn runs to EOS (verl's way)."""
+    closer = MARKERS[fmt][1]
+    if max_parallel_calls != 1 or marker_id(tokenizer, closer) is not None:
+        return []
+    return [f"max_parallel_calls = 1 but {closer} is not one token of the tokenizer: a turn cannot stop at the end "
+            f"of its call and runs to EOS; only its first call runs"]
 
 
 def truncate_tool_text(tokenizer: Any, text: str, max_tokens: int, side: str) -> str:
@@ -70,6 +120,26 @@ class ToolTurns:
         base = self._render([], add_generation_prompt=False)
         # What the template writes after an assistant message's content when nothing follows: its end marker.
         self.assistant_end_ids: list[int] = self._encode(base)
+        self._check_tool_message()
+
+    def _check_tool_message(self) -> None:
+        """ValueError (one line) unless the template writes a ``tool`` message's content and the tokenizer can write
+        the text around it."""
+        try:
+            turn = self._render([_TOOL_SENTINEL], add_generation_prompt=True)
+        except ValueError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a template's raise_exception, a jinja error: one line
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise ValueError(f"the chat template cannot render a 'tool' message ({type(exc).__name__}: {first}); "
+                             f"the tool loop writes each tool answer as one") from None
+        if _TOOL_SENTINEL not in turn:
+            raise ValueError("the chat template has no 'tool' role: it drops a tool message's content, so the model "
+                             "would never see its tools' answers")
+        around = turn.replace(_TOOL_SENTINEL, "")
+        if _unknown(self.tokenizer, around):
+            raise ValueError(f"the tool turn the chat template writes ({around!r}) has text the tokenizer cannot "
+                             f"write (it becomes its unknown token {self.tokenizer.unk_token!r})")
 
     def _render(self, tool_texts: Sequence[str], *, add_generation_prompt: bool) -> str:
         messages = [{"role": "user", "content": _USER}, {"role": "assistant", "content": _SENTINEL}]
