@@ -47,12 +47,15 @@ class Collected:
         prompts: the step's prompts, in the order ``batch.prompt_index`` counts them (each has ``input_ids``).
         greedy: ReMax's baseline, one greedy response per prompt; None when the estimator needs none.
         times: seconds spent per phase (``weight_sync``, ``generate``), for the step's ``time/*`` metrics.
+        metrics: the source's own metrics of the step (split placement's ``rollout/staleness_*`` ...), identical on
+            every rank.
     """
 
     batch: RolloutBatch
     prompts: list[Any]
     greedy: RolloutBatch | None = None
     times: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class RolloutSource(Protocol):

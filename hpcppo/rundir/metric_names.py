@@ -75,6 +75,15 @@ OPTIONAL_COLUMNS: tuple[str, ...] = (
     # [reward_manager] dapo with overlong_buffer.log: verl's overlong_reward and overlong extra info, over the batch
     "reward_manager/overlong_reward_mean",
     "reward_manager/overlong_frac",
+    # rollout.placement = "split" (issue 35): how old the trained samples were, in policy versions (weight
+    # broadcasts), batches dropped for exceeding rollout.max_staleness, the trainer's wait for samples and the
+    # rollout ranks' wait for work, and the weight broadcast's rate
+    "rollout/staleness_mean",
+    "rollout/staleness_max",
+    "rollout/dropped_stale",
+    "time/trainer_idle_s",
+    "time/rollout_idle_s",
+    "perf/weight_broadcast_gbps",
 )
 #: Per-data-source validation scores: ``val/score/<data_source>``; with ``rollout.val_n`` > 1 also
 #: ``val/score/<data_source>/<stat>`` for each of :func:`validation_stats` (verl's metric names).

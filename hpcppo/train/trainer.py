@@ -88,6 +88,7 @@ class Trainer:
         self.env = c.env
         self.state = TrainingState(kl_coef=c.kl_ctrl.initial)  # the run's progress: replaced, never edited
         self.timer = PhaseTimer()  # this step's phase times
+        self.source_metrics: dict[str, float] = {}  # the rollout source's metrics of this step
         self.greedy_baseline = estimators.needs_greedy_baseline(self.cfg.algorithm.adv_estimator)  # ReMax
         self.source: RolloutSource = rollout_phase.colocated_source(c, greedy_baseline=self.greedy_baseline)
         self.rules = list(self.cfg.watchdog.rules) if self.cfg.watchdog.enable else []
@@ -167,7 +168,7 @@ class Trainer:
             metrics |= self.update_actor(batch)
         if self.cfg.trainer.test_freq > 0 and self.step % self.cfg.trainer.test_freq == 0:  # 0 and -1: never
             metrics |= self.validate()
-        metrics |= reward_metrics
+        metrics |= reward_metrics | self.source_metrics
         metrics |= {f"time/{k}_s": v for k, v in self.timer.times.items()}
         step_time = time.perf_counter() - start
         metrics |= {"perf/step_time_s": step_time, "perf/tokens_per_s": tokens / step_time,
@@ -187,6 +188,7 @@ class Trainer:
         got = self.source.collect(StepContext(step=self.step, branch=self.state.branch,
                                               actor_version=self.state.actor_version, seed=seed))
         self.timer.add(got.times)
+        self.source_metrics = got.metrics
         batch = batching.to_training_batch(got.batch, got.prompts, c.device)
         if got.greedy is not None:  # one per prompt -> one per sample (rows are prompt-major)
             with self.timer("reward"):
