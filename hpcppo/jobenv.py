@@ -43,6 +43,19 @@ def port_from_job_id(job_id: str) -> int:
     return PORT_BASE + random.Random(job_id).randrange(PORT_SPAN)
 
 
+def bridge_port(master_port: int) -> int:
+    """The port of a split job's bridge store (hpcppo.placement.task_env), on the same host as the rendezvous: half
+    the span away from ``MASTER_PORT`` inside the job-id range, so that two jobs of consecutive ids sharing a first
+    node do not meet (job ``i``'s bridge is job ``i + PORT_SPAN / 2``'s rendezvous); outside it, the next port.
+
+    >>> bridge_port(port_from_job_id("12345")), bridge_port(29999), bridge_port(29500)
+    (19845, 22499, 22000)
+    """
+    if PORT_BASE <= master_port < PORT_BASE + PORT_SPAN:
+        return PORT_BASE + (master_port - PORT_BASE + PORT_SPAN // 2) % PORT_SPAN
+    return master_port + 1 if master_port < 65535 else master_port - 1
+
+
 def job_defaults(*, deterministic: bool) -> list[tuple[str, str]]:
     """The (name, value) pairs a job sets when the environment does not already have them."""
     pairs = list(OFFLINE)

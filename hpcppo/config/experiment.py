@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 
 from hpcppo import engines, estimators
+from hpcppo.placement import PLACEMENTS
 from hpcppo.config.fields import FieldValueError, opt, parse_slurm_time
 from hpcppo.config.debug import DebugSection, InjectSection
 from hpcppo.config.reward import RewardManagerSection, RewardModelSection
@@ -181,6 +182,17 @@ class RolloutSection:
                                                    "side: 0.05; vllm with top_p < 1: + -log(top_p), with top_k: off; docs/sync-guard.md), -1 = off.")
     multi_turn: MultiTurnSection = opt(factory=MultiTurnSection,
                                        help="Multi-turn, tool-using rollouts (verl's rollout.multi_turn).")
+    placement: str = opt("colocated", choices=PLACEMENTS,
+                         help="Where responses are generated (docs/placement.md): colocated = on every rank, between "
+                              "updates (the engine sleeps while the ranks train); split = on rollout ranks of the same "
+                              "job that never stop generating (resources.rollout_ranks_per_node or "
+                              "resources.rollout_nodes sets them apart), the other ranks train and send them new "
+                              "weights after each update.")
+    max_staleness: int = opt(1, ge=0, help="split: the oldest policy a trained sample may come from, in policy "
+                                           "versions (weight broadcasts) behind the actor: 0 = on-policy (the "
+                                           "trainers wait for samples of their current weights), 1 = one-step-off, "
+                                           "k; older samples are dropped (rollout/dropped_stale). verl's "
+                                           "staleness_threshold, prime-rl's max_async_level.")
 
 
 @attrs.frozen(kw_only=True)
@@ -452,6 +464,12 @@ class ResourcesSection:
     time: str = opt("01:00:00", check=_check_time, allowed=_TIME_ALLOWED, help="Wall-time limit (Slurm format: D-HH:MM:SS, HH:MM:SS, MM:SS, minutes).")
     hsdp: str = opt("auto", choices=("auto", "on", "off"),
                     help="Hybrid sharding (replicate across nodes, shard within a node); auto = on when nodes > 1.")
+    rollout_ranks_per_node: int = opt(0, ge=0, help="rollout.placement = \"split\": ranks of each node that only "
+                                                    "generate (its last local ranks; the others train); 0 = none. "
+                                                    "Exactly one of this and rollout_nodes is > 0 in split mode.")
+    rollout_nodes: int = opt(0, ge=0, help="rollout.placement = \"split\": whole nodes (the job's last ones) whose "
+                                           "ranks only generate; 0 = none. Exactly one of this and "
+                                           "rollout_ranks_per_node is > 0 in split mode.")
 
 
 @attrs.frozen(kw_only=True)

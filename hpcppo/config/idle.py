@@ -47,9 +47,22 @@ def idle_settings(exp: Experiment, provenance: Mapping[str, str]) -> list[str]:
     rm = [k for k in _set_by_user(provenance, "reward_model") if k != "reward_model.enable"]
     if rm and not exp.reward_model.enable:
         out.append(f"{_shown(rm)}: reward_model.enable is false, so no reward model key has an effect")
+    out += _idle_placement(exp, provenance)
     out += _idle_validation(exp, provenance)
     out += _idle_overlong(exp, provenance)
     return out
+
+
+def _idle_placement(exp: Experiment, provenance: Mapping[str, str]) -> list[str]:
+    """rollout.max_staleness bounds the queue of a split run; rollout ranks never sleep (hpcppo.placement)."""
+    if exp.rollout.placement != "split":
+        return (["rollout.max_staleness: only rollout.placement = \"split\" has rollout ranks that generate ahead of "
+                 "the trainers; colocated runs are on-policy"] if _set_by_user(provenance, "rollout.max_staleness")
+                else [])
+    if exp.rollout.engine == "vllm" and _set_by_user(provenance, "rollout.free_cache_engine"):
+        return ["rollout.free_cache_engine: rollout ranks never sleep in rollout.placement = \"split\" (no training "
+                "shares their memory), so it has no effect"]
+    return []
 
 
 def _idle_validation(exp: Experiment, provenance: Mapping[str, str]) -> list[str]:

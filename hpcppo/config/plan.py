@@ -31,10 +31,15 @@ class RunPlan:
     device: str = opt(help="cuda or cpu.")
     backend: str = opt(help="torch.distributed backend: nccl (cuda) or gloo (cpu).")
     tensor_parallel_size: int = opt(help="Rollout tensor-parallel size.")
-    dp_size: int = opt(help="Rollout data-parallel groups = world_size / tensor_parallel_size; prompts are split over them.")
-    train_dp_size: int = opt(help="Ranks the training batch is split over = world_size (FSDP shards over all ranks).")
-    hsdp: bool = opt(help="Hybrid sharded data parallel: replicate across nodes, shard within a node.")
-    mesh_shape: list[int] = opt(help="Device-mesh shape: [replicate, shard] with HSDP, [world_size] otherwise.")
+    dp_size: int = opt(help="Rollout data-parallel groups = generating ranks / tensor_parallel_size (colocated: "
+                            "world_size; split: the rollout ranks); prompts are split over them.")
+    train_dp_size: int = opt(help="Trainer ranks, which the training batch is split over and FSDP shards over: "
+                                  "world_size colocated, world_size - rollout_ranks split.")
+    placement: str = opt(help="rollout.placement: colocated or split (hpcppo.placement).")
+    rollout_ranks: int = opt(help="Ranks that only generate (split); 0 colocated.")
+    hsdp: bool = opt(help="Hybrid sharded data parallel: replicate across (trainer) nodes, shard within a node.")
+    mesh_shape: list[int] = opt(help="The trainers' device-mesh shape: [replicate, shard] with HSDP (trainer nodes, "
+                                     "trainer ranks per node), [train_dp_size] otherwise.")
     mesh_dim_names: list[str] = opt(help="Device-mesh dimension names: [\"replicate\", \"shard\"] or [\"shard\"].")
     time_limit_s: int = opt(help="Wall-time limit in seconds.")
     time_limit: str = opt(help="Wall-time limit in Slurm format (HH:MM:SS or D-HH:MM:SS).")
@@ -42,7 +47,7 @@ class RunPlan:
     prompts_per_step: int = opt(help="trainer.train_batch_size.")
     samples_per_step: int = opt(help="train_batch_size x rollout.n.")
     prompts_per_rank: int = opt(help="Prompts each rollout data-parallel group generates per step = train_batch_size / dp_size.")
-    samples_per_rank: int = opt(help="Samples each rank trains on per step = samples_per_step / train_dp_size.")
+    samples_per_rank: int = opt(help="Samples each trainer rank trains on per step = samples_per_step / train_dp_size.")
     logprob_micro_batch_per_rank: int = opt(help="Samples per forward when recomputing log-probs and values.")
     actor_ppo_epochs: int = opt(help="Actor passes over each batch.")
     actor_mini_batch_samples: int = opt(help="Samples per actor optimizer step (all ranks) = ppo_mini_batch_size x n.")

@@ -13,6 +13,7 @@ from hpcppo.config.plan import RunPlan
 from hpcppo.config.site import Site
 from hpcppo.config import sync_guard
 from hpcppo.errors import ResolveError
+from hpcppo.placement import Placement, layout
 
 __all__ = ["resolve", "format_slurm_time", "divisors"]
 
@@ -83,7 +84,7 @@ def _check_time(site: Site, exp: Experiment) -> tuple[int, int]:
     return limit, lead
 
 
-def _check_rollout(site: Site, exp: Experiment, ranks_per_node: int, device: str) -> None:
+def _check_rollout(site: Site, exp: Experiment, ranks_per_node: int, device: str, placement: Placement) -> None:
     ro = exp.rollout
     engine = engines.lookup(ro.engine)
     if device != "cuda" and engine.sleeps and not engine.sleeps_on_cpu:
@@ -95,6 +96,13 @@ def _check_rollout(site: Site, exp: Experiment, ranks_per_node: int, device: str
     if ranks_per_node % ro.tensor_parallel_size:
         raise ResolveError(f"rollout.tensor_parallel_size={ro.tensor_parallel_size} does not divide the ranks per node "
                            f"({ranks_per_node}); valid values: {_listing(divisors(ranks_per_node))}")
+    per_node = exp.resources.rollout_ranks_per_node
+    if placement.split and per_node and per_node % ro.tensor_parallel_size:
+        # an engine's tensor-parallel group is rollout ranks of one node (NVLink), never a trainer's GPU
+        raise ResolveError(f"rollout.tensor_parallel_size={ro.tensor_parallel_size} does not divide "
+                           f"resources.rollout_ranks_per_node={per_node} (each engine's tensor-parallel group is "
+                           f"rollout ranks of one node); valid sizes: {_listing(divisors(per_node))}, or "
+                           f"rollout_ranks_per_node a multiple of {ro.tensor_parallel_size}")
     if estimators.needs_groups(exp.algorithm.adv_estimator) and ro.n < 2:
         raise ResolveError(f"algorithm.adv_estimator={exp.algorithm.adv_estimator!r} compares responses to the same "
                            f"prompt and needs rollout.n >= 2 (got {ro.n})")
@@ -281,27 +289,37 @@ def resolve(site: Site, experiment: Experiment) -> RunPlan:
         raise ResolveError(f"debug.inject.kill_rank={exp.debug.inject.kill_rank} is not a rank of this run (world size "
                            f"{world}); allowed: 0 to {world - 1}")
     limit, lead = _check_time(site, exp)
-    _check_rollout(site, exp, ranks_per_node, device)
+    res = exp.resources
+    placement = layout(exp.rollout.placement, nodes, ranks_per_node, rollout_ranks_per_node=res.rollout_ranks_per_node,
+                       rollout_nodes=res.rollout_nodes)
+    _check_rollout(site, exp, ranks_per_node, device, placement)
     _check_deterministic(exp, device)
     _check_monitor(site, exp)
 
     tp = exp.rollout.tensor_parallel_size
-    dp = world // tp
+    # colocated: every rank generates and trains; split: the rollout ranks generate, the trainer ranks train
+    generators = len(placement.rollout_ranks) if placement.split else world
+    trainers = len(placement.trainer_ranks)
+    dp = generators // tp
     train = exp.trainer.train_batch_size
     n = exp.rollout.n
     if train % dp:
+        who = (f"{generators} rollout ranks" if placement.split else f"world size {world}")
         raise ResolveError(f"trainer.train_batch_size={train} prompts cannot be split over {dp} rollout data-parallel "
-                           f"groups (world size {world} / rollout.tensor_parallel_size {tp}); use a multiple of {dp}, "
+                           f"groups ({who} / rollout.tensor_parallel_size {tp}); use a multiple of {dp}, "
                            f"e.g. {_nearest_multiples(train, dp)}")
     a, c = exp.actor, exp.critic
     needs_critic = estimators.needs_critic(exp.algorithm.adv_estimator)
-    actor_fields = _actor_fields(exp, world)
-    critic_fields = _critic_fields(exp, world) if needs_critic else dict.fromkeys(_CRITIC_FIELDS, 0)
+    actor_fields = _actor_fields(exp, trainers)
+    critic_fields = _critic_fields(exp, trainers) if needs_critic else dict.fromkeys(_CRITIC_FIELDS, 0)
     needs_reference = _needs_reference(exp)
     _check_trainer(exp, needs_critic)
     _check_token_budgets(exp, needs_critic)
-    hsdp = exp.resources.hsdp == "on" or (exp.resources.hsdp == "auto" and nodes > 1)
-    mesh_shape, mesh_names = ([nodes, ranks_per_node], ["replicate", "shard"]) if hsdp else ([world], ["shard"])
+    # FSDP shards over the trainer ranks: all of them colocated, the trainer nodes' trainer ranks split
+    train_nodes, train_local = placement.trainer_nodes, placement.trainer_local_size
+    hsdp = exp.resources.hsdp == "on" or (exp.resources.hsdp == "auto" and train_nodes > 1)
+    mesh_shape, mesh_names = (([train_nodes, train_local], ["replicate", "shard"]) if hsdp
+                              else ([trainers], ["shard"]))
     model_dtype = exp.model.dtype
     # The engine computes in model.dtype (hpcppo.train.build._engine_settings), the trainer in the actor's param_dtype.
     ro = exp.rollout
@@ -318,7 +336,9 @@ def resolve(site: Site, experiment: Experiment) -> RunPlan:
         backend="nccl" if device == "cuda" else "gloo",
         tensor_parallel_size=tp,
         dp_size=dp,
-        train_dp_size=world,
+        train_dp_size=trainers,
+        placement=placement.kind,
+        rollout_ranks=len(placement.rollout_ranks),
         hsdp=hsdp,
         mesh_shape=mesh_shape,
         mesh_dim_names=mesh_names,
@@ -328,7 +348,7 @@ def resolve(site: Site, experiment: Experiment) -> RunPlan:
         prompts_per_step=train,
         samples_per_step=train * n,
         prompts_per_rank=train // dp,
-        samples_per_rank=train * n // world,
+        samples_per_rank=train * n // trainers,
         logprob_micro_batch_per_rank=exp.rollout.micro_batch_size_per_gpu or a.ppo_micro_batch_size_per_gpu,
         **actor_fields,
         needs_critic=needs_critic,

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import jinja2
 
 from hpcppo import __version__, jobenv
+from hpcppo.placement import placement_of
 from hpcppo.errors import ConfigError
 from hpcppo.launch.shell import is_env_name, quote, quote_command, quote_env
 from hpcppo.resources import templates_dir
@@ -237,11 +238,12 @@ def render_slurm(site: Site, exp: Experiment, plan: RunPlan, run_dir: Path, *, p
         f'--output="$HPCPPO_LOG_DIR/{rank_log_name("%t")}"',
     ] + gpu_bind_args(site, plan) + container_args
     watchdog = monitor_command(site, exp, run_dir, python, prefix)
-    ctx = _common_context(site, exp, run_dir) | {
+    ctx = _common_context(site, exp, plan, run_dir) | {
         "directives": slurm_directives(site, exp, plan, run_dir),
         "device": plan.device,
         "port_base": jobenv.PORT_BASE,
         "port_span": jobenv.PORT_SPAN,
+        "bridge_offset": jobenv.PORT_SPAN // 2,  # jobenv.bridge_port's rule, for the port the script logs
         "srun_args": srun_args,
         "job_command": [quote(w) for w in prefix + job_command(site, run_dir, python)],
         "watchdog_command": watchdog,
@@ -252,7 +254,7 @@ def render_slurm(site: Site, exp: Experiment, plan: RunPlan, run_dir: Path, *, p
 
 
 def render_local(site: Site, exp: Experiment, plan: RunPlan, run_dir: Path, *, python: str | None = None) -> str:
-    ctx = _common_context(site, exp, run_dir) | {
+    ctx = _common_context(site, exp, plan, run_dir) | {
         "job_command": [quote(w) for w in job_command(site, run_dir, python)],
         "watchdog_command": watchdog_command(site, exp, run_dir, python),
         "watchdog_local": True,
@@ -266,8 +268,11 @@ def render(site: Site, exp: Experiment, plan: RunPlan, run_dir: Path, *, python:
     return fn(site, exp, plan, run_dir, python=python)
 
 
-def _common_context(site: Site, exp: Experiment, run_dir: Path) -> dict[str, Any]:
+def _common_context(site: Site, exp: Experiment, plan: RunPlan, run_dir: Path) -> dict[str, Any]:
+    placement = placement_of(exp, plan)
     return {
+        # split placement: one line saying which ranks train and which generate ("" colocated)
+        "roles": placement.describe() if placement.split else "",
         "version": __version__,
         "run_id": Path(run_dir).name,
         "run_dir": str(run_dir),

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, cast
 
 from hpcppo import jobenv
 from hpcppo.errors import HpcppoError
+from hpcppo.placement import placement_of, task_env
 from hpcppo.rundir import RunPaths, exitcodes
 from hpcppo.train.signals import PreemptionFlag  # signal and threading only: nothing slow before the handler
 
@@ -44,6 +45,8 @@ def run(run_dir: Path) -> int:
     # The job script exports these; a job started another way (torchrun, a container run with --cleanenv) gets
     # them here, before anything touches CUDA: cuBLAS reads CUBLAS_WORKSPACE_CONFIG at its first matmul.
     jobenv.apply_job_defaults(os.environ, deterministic=compiled.experiment.trainer.deterministic)
+    # Split placement: this task's role (a trainer's RANK/WORLD_SIZE become the trainers' world), before detect_env.
+    os.environ.update(task_env(placement_of(compiled), os.environ))
     plan = compiled.plan
     env = detect_env(device_type=cast("DeviceType", plan.device))  # "cpu" or "cuda": RunPlan.device's values
     _setup_logging(env.rank)

@@ -26,6 +26,7 @@ RUN_DIR = Path("/runs/example-20260101-000000-abcd")
 PYTHON = "/opt/hpcppo/venv/bin/python"  # sites without env.python get this one (the submitting interpreter)
 GSM8K = REPO / "examples" / "gsm8k-qwen2.5-7b.toml"
 ARITH = REPO / "examples" / "arith-tiny.toml"
+ARITH_ASYNC = REPO / "examples" / "arith-tiny-async.toml"
 APPTAINER = ["site.container.runtime=apptainer", "site.container.image=/images/hpcppo.sif",
              "site.container.extra_args=[\"--writable-tmpfs\"]",
              "site.container.monitor_python=\"\""]  # fmt: skip  (the monitor in apptainer exec, as the ranks)
@@ -36,6 +37,9 @@ CASES = {
     "h100-cluster": (GSM8K, "h100-cluster", []),  # pyxis
     "h100-cluster-apptainer": (GSM8K, "h100-cluster", APPTAINER),
     "local-slurm": (ARITH, "local-slurm", []),
+    # split placement (docs/placement.md): a rollout rank beside a trainer on one node; a whole node of rollout ranks
+    "local-slurm-split": (ARITH_ASYNC, "local-slurm", []),
+    "h100-cluster-split": (GSM8K, "h100-cluster", ["rollout.placement=\"split\"", "resources.rollout_nodes=1"]),
 }
 
 
