@@ -28,6 +28,7 @@ rollout rank):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -37,7 +38,8 @@ from typing import Any, Protocol
 import torch
 
 from hpcppo.rollout.base import RolloutBatch
-from hpcppo.rollout.source import Collected, StepContext, WeightStream
+from hpcppo.rollout.agent_loop import AgentLoop
+from hpcppo.rollout.source import ColocatedSource, Collected, StepContext, WeightStream
 
 log = logging.getLogger("hpcppo.rollout")
 
@@ -161,12 +163,13 @@ class SplitSource:
         max_staleness: ``rollout.max_staleness``.
         total_steps: the run's last step (the rollout ranks generate nothing past it).
         timeout_s: the longest wait for one unit before the run fails (a rollout rank that died).
+        validation: the trainer ranks' own engine for validation (colocated), when the run validates.
     """
 
     def __init__(self, end: TrainerEnd | None, *, weights: WeightStream, weights_dtype: torch.dtype | None,
                  prompts: Callable[[], list[Any]], sampler_state: Callable[[], dict[str, int]],
                  share: Callable[[Any], Any], dp_rank: int, dp_size: int, max_staleness: int, total_steps: int,
-                 timeout_s: float = 1800.0):
+                 timeout_s: float = 1800.0, validation: ColocatedSource | None = None):
         self.end = end
         self.weights = weights
         self.weights_dtype = weights_dtype
@@ -178,6 +181,7 @@ class SplitSource:
         self.max_staleness = max_staleness
         self.total_steps = total_steps
         self.timeout_s = timeout_s
+        self.validation = validation
         self.version = -1  # the policy version last broadcast; -1: none yet
         self.actor_version = -1  # the actor version it holds
         self.branch = -1
@@ -271,6 +275,13 @@ class SplitSource:
                                        actor_version=self.actor_version, redo=((unit.step, unit.dp_rank),)))
             return
         self.queue[(unit.step, unit.dp_rank)] = unit
+
+    def serving(self, actor_version: int) -> contextlib.AbstractContextManager[AgentLoop]:
+        """Validation's loop: the trainer ranks' own engine, woken between updates as colocated."""
+        if self.validation is None:
+            raise RuntimeError("this split run's trainer ranks hold no engine: it was planned without validation "
+                               "(trainer.test_freq and trainer.val_before_train off, or no data.val_files)")
+        return self.validation.serving(actor_version)
 
     def stop(self) -> None:
         """Rank 0: tell the rollout ranks the run ends."""

@@ -37,6 +37,7 @@ from hpcppo.errors import WeightSyncError
 from hpcppo.models import compute_log_probs, compute_values
 from hpcppo.rollout.base import derive_seed
 from hpcppo.rollout.source import RolloutSource, StepContext
+from hpcppo.rollout.split import Notice
 from hpcppo.config import sync_guard
 from hpcppo.config.convert import converter
 from hpcppo.config.plan import VALIDATION_PROMPTS_PER_CALL
@@ -90,7 +91,8 @@ class Trainer:
         self.timer = PhaseTimer()  # this step's phase times
         self.source_metrics: dict[str, float] = {}  # the rollout source's metrics of this step
         self.greedy_baseline = estimators.needs_greedy_baseline(self.cfg.algorithm.adv_estimator)  # ReMax
-        self.source: RolloutSource = rollout_phase.colocated_source(c, greedy_baseline=self.greedy_baseline)
+        self.bridge: Any = None  # split placement, trainer rank 0: the bridge to the rollout ranks
+        self.source: RolloutSource = self._source()
         self.rules = list(self.cfg.watchdog.rules) if self.cfg.watchdog.enable else []
         self.rules_by_name = {r.name: r for r in self.rules}
         self.keep = history_keep(self.rules)  # the recent rows the rules look back on
@@ -104,6 +106,20 @@ class Trainer:
         ) if self.env.rank == 0 else trackers.Trackers()
         self.inject = FaultInjector(self.cfg.debug.inject, rank=self.env.rank, attempt=c.attempt, ckpt=c.ckpt,
                                     metrics=c.metrics)
+
+    def _source(self) -> RolloutSource:
+        """Colocated: the rank's own engine. Split: the rollout ranks' samples (:mod:`hpcppo.rollout.split`), trainer
+        rank 0 joining them on the bridge; validation, when the run has any, on the trainer ranks' engine."""
+        c = self.c
+        colocated = rollout_phase.colocated_source(c, greedy_baseline=self.greedy_baseline) \
+            if c.engine is not None else None
+        if self.plan.placement != "split":
+            assert colocated is not None
+            return colocated
+        timeout = float(self.cfg.trainer.collective_timeout_s)
+        if self.env.rank == 0:
+            self.bridge = rollout_phase.bridge_from_env(0, backend=self.plan.backend, timeout_s=timeout)
+        return rollout_phase.split_source(c, self.bridge, timeout_s=timeout, validation=colocated)
 
     @property
     def step(self) -> int:
@@ -209,6 +225,8 @@ class Trainer:
         gap = metrics.get("rollout/logprob_gap")
         if gap is None:
             return  # an engine without log-probs of its samples: nothing to compare
+        if self.source_metrics.get("rollout/staleness_max", 0.0) > 0:
+            return  # split placement: samples of an older policy differ from the actor's by design (the gap is logged)
         line = sync_guard.gap_verdict(gap, self.plan.logprob_gap_max, self.plan.logprob_gap_max_from,
                                       step=self.step, engine=self.cfg.rollout.engine)
         if line is not None:
@@ -469,6 +487,11 @@ class Trainer:
     def close(self) -> None:
         try:
             self.trackers.close()
+            if self.bridge is not None:  # the rollout ranks leave with the trainers, whatever ended the run
+                try:
+                    self.bridge.notify_all(Notice(stop=True))
+                finally:
+                    self.bridge.close()
         finally:
             self.c.close()
 
