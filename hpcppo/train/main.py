@@ -67,7 +67,7 @@ def run(run_dir: Path) -> int:
         if compiled.job.kind == "preflight":
             from hpcppo.train.preflight import run_preflight
 
-            code = run_preflight(env, run_dir, plan.world_size, list(compiled.job.preflight_paths))
+            code = run_preflight(env, run_dir, plan.train_dp_size, list(compiled.job.preflight_paths))
         else:
             from hpcppo.train.trainer import run_training
 

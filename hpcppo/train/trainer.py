@@ -144,7 +144,7 @@ class Trainer:
                  self.cfg.actor.policy_loss.loss_mode)
         log.info("training steps %d..%d of %d (%d prompts x %d samples per step, world size %d; %d start-up objects "
                  "frozen out of the garbage collector)", self.step + 1, c.total_steps, c.total_steps,
-                 self.plan.prompts_per_step, self.cfg.rollout.n, self.plan.world_size, frozen)
+                 self.plan.prompts_per_step, self.cfg.rollout.n, self.plan.train_dp_size, frozen)
         while self.step < c.total_steps:
             self.state = self.state.next_step()
             metrics = self.train_step()
@@ -329,7 +329,7 @@ class Trainer:
     def update_settings(self, prefix: str, *, epochs: int, mini: int, micro: int, grad_clip: float,
                         max_tokens: int = 0) -> UpdateSettings:
         return UpdateSettings(prefix=prefix, epochs=epochs, mini_batch_per_rank=mini, micro_batch_per_rank=micro,
-                              grad_clip=self.state.grad_clip(grad_clip), world_size=self.plan.world_size,
+                              grad_clip=self.state.grad_clip(grad_clip), world_size=self.plan.train_dp_size,
                               max_response_length=self.cfg.data.max_response_length,
                               max_tokens_per_micro_batch=max_tokens, remove_padding=self.cfg.model.remove_padding)
 
