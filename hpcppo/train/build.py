@@ -120,10 +120,12 @@ class Components:
             self.engine.close()
 
 
-def _set_threads(env: DistEnv) -> None:
-    # Ranks sharing a CPU machine split its cores instead of oversubscribing them (OMP_NUM_THREADS wins).
+def _set_threads(env: DistEnv, tasks_per_node: int) -> None:
+    # Ranks sharing a CPU machine split its cores instead of oversubscribing them (OMP_NUM_THREADS wins). Every task
+    # of the node counts: in split placement a trainer's local world holds the trainers only, the rollout ranks
+    # beside them compute too (plan.ranks_per_node: all of them).
     if env.device_type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, env.local_world_size)))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, env.local_world_size, tasks_per_node)))
 
 
 def freeze_long_lived_objects() -> int:
@@ -326,7 +328,7 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
     """Everything the loop needs. ``preempt`` should be installed by the caller before anything slow runs, so a
     signal that arrives while the models load is kept (a default USR2 action would kill the rank)."""
     cfg, plan, site = compiled.experiment, compiled.plan, compiled.site
-    device = _seeded_device(cfg, env)
+    device = _seeded_device(cfg, plan, env)
     tokenizer = _tokenizer(cfg.model)
     train_data, val_data = build_datasets(cfg.data, tokenizer)
     val_sources = sorted({r.data_source for r in val_data.records}) if val_data is not None else []
@@ -387,7 +389,7 @@ def build_rollout_parts(compiled: Compiled, env: DistEnv) -> RolloutParts:
     """A rollout rank's parts: the same tokenizer, data, sampling and engine settings as a trainer's
     (:func:`build_components`), and a one-rank sampler over the same permutation (its batches are global)."""
     cfg, plan = compiled.experiment, compiled.plan
-    device = _seeded_device(cfg, env)
+    device = _seeded_device(cfg, plan, env)
     tokenizer = _tokenizer(cfg.model)
     train_data, _ = build_datasets(attrs.evolve(cfg.data, val_files=[]), tokenizer)
     sampler = ShardedEpochSampler(len(train_data), batch_size=plan.prompts_per_step, dp_rank=0, dp_size=1,
@@ -407,9 +409,9 @@ def needs_engine(cfg: Experiment, plan: RunPlan, val_data: PromptDataset | None)
     return val_data is not None and (cfg.trainer.val_before_train or cfg.trainer.test_freq > 0)
 
 
-def _seeded_device(cfg: Experiment, env: DistEnv) -> torch.device:
+def _seeded_device(cfg: Experiment, plan: RunPlan, env: DistEnv) -> torch.device:
     """Threads, determinism and the seed of this rank's process; its device."""
-    _set_threads(env)
+    _set_threads(env, plan.ranks_per_node)
     if cfg.trainer.deterministic:
         enable_determinism()
     torch.manual_seed(cfg.seed)
