@@ -46,7 +46,9 @@ class RunPlan:
     signal_lead_s: int = opt(help="Seconds before the limit at which USR2 asks for a checkpoint (0 on local sites).")
     prompts_per_step: int = opt(help="trainer.train_batch_size.")
     samples_per_step: int = opt(help="train_batch_size x rollout.n.")
-    prompts_per_rank: int = opt(help="Prompts each rollout data-parallel group generates per step = train_batch_size / dp_size.")
+    prompts_per_rank: int = opt(help="Prompts each rollout data-parallel group generates per step = train_batch_size / "
+                                     "dp_size; split: the busiest rollout rank's, ceil(train_dp_size / rollout_ranks) "
+                                     "trainer shares of train_batch_size / train_dp_size prompts.")
     samples_per_rank: int = opt(help="Samples each trainer rank trains on per step = samples_per_step / train_dp_size.")
     logprob_micro_batch_per_rank: int = opt(help="Samples per forward when recomputing log-probs and values.")
     actor_ppo_epochs: int = opt(help="Actor passes over each batch.")

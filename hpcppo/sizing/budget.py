@@ -56,6 +56,9 @@ class Budget:
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     host: dict[str, Any] = field(default_factory=dict)  # host memory per rank and node while the models load
+    # the step time of this run's placement and of the best other one (hpcppo.sizing.steptime.compare_placements)
+    placements: list[dict[str, Any]] = field(default_factory=list)
+    placement_verdict: str = ""
 
     @property
     def peak(self) -> Phase | None:
@@ -80,4 +83,6 @@ class Budget:
             "problems": self.problems,
             "warnings": self.warnings,
             "host_startup": self.host,
+            "placements": self.placements,
+            "placement_verdict": self.placement_verdict,
         }

@@ -1,4 +1,5 @@
-"""Compile's memory check: a colocation that cannot fit one GPU of the site is refused before it queues."""
+"""Compile's memory check: a run whose ranks (colocated, or split into trainer and rollout ranks) cannot fit one GPU of
+the site is refused before it queues."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def check_colocation(site: Site, experiment: Experiment, plan: RunPlan) -> Budge
     change); the warnings (KV cache waves, a ``signal_lead_s`` shorter than a step + checkpoint) are logged.
     CPU sites are judged only on the host memory of their ranks while the models load (``site.slurm.mem_per_task``),
     and return ``None``."""
-    budget = estimate(site, experiment, plan)
+    budget = estimate(site, experiment, plan, compare=False)  # the memory check; plan compares placements
     if site.device != "cuda":  # only the host memory at start-up is judged (estimate._host_startup)
         if budget.problems:
             raise ResolveError(budget.problems[0])

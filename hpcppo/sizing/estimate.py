@@ -38,7 +38,7 @@ from hpcppo.sizing.accumulation import grad_item_label, grads_in_flight
 from hpcppo.sizing.budget import ADAM_BYTES, MASTER_BYTES, Budget, Item, Phase, dtype_bytes
 from hpcppo.sizing.catalog import ASSUMPTIONS, GIB, GPUS, KNOWN_MODELS, ModelShape
 from hpcppo.sizing.lora import adapter_params, loads_reference, lora_note
-from hpcppo.sizing.steptime import step_time
+from hpcppo.sizing.steptime import compare_placements, step_time
 
 __all__ = ["Item", "Phase", "Budget", "model_shape", "estimate", "dtype_bytes"]
 
@@ -187,10 +187,11 @@ def _gib(b: float) -> str:
     return f"{b / GIB:.1f} GiB"
 
 
-def estimate(site: Site, exp: Experiment, plan: RunPlan, *, val_prompts: int | None = None) -> Budget:
+def estimate(site: Site, exp: Experiment, plan: RunPlan, *, val_prompts: int | None = None,
+             compare: bool = True) -> Budget:
     """The memory budget per GPU and the time estimate of one step (and of one validation, given the number of
     validation prompts). Never raises for a model it cannot size: the budget then has no phases and says why in
-    ``model_note``."""
+    ``model_note``. ``compare``: also estimate the other placement of the same GPUs (``budget.placements``)."""
     gpu = GPUS.get(site.gpu) if site.gpu else None
     shard = plan.mesh_shape[-1]
     shape, note = model_shape(exp.model.path)
@@ -210,6 +211,9 @@ def estimate(site: Site, exp: Experiment, plan: RunPlan, *, val_prompts: int | N
     if gpu is not None:
         _judge(budget, exp, plan)
         step_time(budget, exp, plan, shape, critic_shape, gpu, reward_model_shape(exp), val_prompts)
+        if compare:
+            compare_placements(budget, site, exp, plan, lambda other, other_plan: estimate(
+                site, other, other_plan, val_prompts=val_prompts, compare=False))
     return budget
 
 
@@ -248,7 +252,12 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
         return items
 
     phases = []
-    if engines.lookup(ro.engine).kv_cache_share:
+    split = plan.placement == "split"
+    if split:
+        # Rollout ranks hold a whole engine and no trainer state; trainer ranks no engine (hpcppo.placement).
+        phases.append(_rollout_rank_phase(exp, plan, m, vllm_share, reserve))
+        vllm_asleep = 0
+    elif engines.lookup(ro.engine).kv_cache_share:
         label = "vLLM: weights + kv_cache_memory_mb" if ro.kv_cache_memory_mb else "vLLM share (gpu_memory_utilization)"
         phases.append(Phase("rollout (vLLM awake)", resident() + [Item(label, vllm_share)]))
     else:
@@ -274,6 +283,22 @@ def _memory(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm: M
     if plan.needs_critic:
         phases += _critic_phases(exp, plan, cm, critic, resident(skip="critic") + asleep)
     budget.phases = [Phase(p.name, [i for i in p.items if i.bytes]) for p in phases]
+
+
+ROLLOUT_RANK = "rollout rank"  # the phase of a split run's rollout ranks (its name starts with it)
+
+
+def _rollout_rank_phase(exp: Experiment, plan: RunPlan, m: ModelShape, vllm_share: int, reserve: int) -> Phase:
+    """What a split run's rollout rank holds: its engine, awake all the time (weights in model.dtype, split by
+    tensor parallelism, and the KV cache: vLLM's share, or the HF loop's cache of its whole batch), no trainer state."""
+    ro, mbytes = exp.rollout, dtype_bytes(exp.model.dtype)
+    items = [Item("framework reserve (CUDA context, NCCL)", reserve)]
+    if engines.lookup(ro.engine).kv_cache_share:
+        label = "vLLM: weights + kv_cache_memory_mb" if ro.kv_cache_memory_mb else "vLLM share (gpu_memory_utilization)"
+        return Phase(f"{ROLLOUT_RANK} (vLLM, never sleeps)", items + [Item(label, vllm_share)])
+    return Phase(f"{ROLLOUT_RANK} (hf generate)", items + [
+        Item("engine weights (model.dtype)", m.params * mbytes),
+        Item("KV cache of the batch", plan.prompts_per_rank * ro.n * plan.max_sequence_length * m.kv_bytes_per_token(mbytes))])
 
 
 def reward_model_shape(exp: Experiment) -> ModelShape | None:
@@ -421,6 +446,11 @@ def _kv_cache(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, sha
 def _fixes(exp: Experiment, plan: RunPlan, phase: str) -> list[str]:
     a, ro = exp.actor, exp.rollout
     out: list[str] = []
+    if phase.startswith(ROLLOUT_RANK):  # an engine and nothing else: more GPUs per engine, or a smaller cache
+        what = (f"lower rollout.kv_cache_memory_mb (now {ro.kv_cache_memory_mb})" if ro.kv_cache_memory_mb else
+                f"lower rollout.gpu_memory_utilization (now {ro.gpu_memory_utilization})"
+                if engines.lookup(ro.engine).kv_cache_share else "a smaller batch per rollout rank")
+        return [what, f"a larger rollout.tensor_parallel_size (now {ro.tensor_parallel_size})"]
     if phase.startswith("rollout") and engines.lookup(ro.engine).kv_cache_share:
         out.append(f"lower rollout.kv_cache_memory_mb (now {ro.kv_cache_memory_mb})" if ro.kv_cache_memory_mb else
                    f"lower rollout.gpu_memory_utilization (now {ro.gpu_memory_utilization})")
@@ -441,7 +471,8 @@ def _fixes(exp: Experiment, plan: RunPlan, phase: str) -> list[str]:
         out.append("critic.fsdp.param_offload = true")
     if phase.startswith("old log-probs") and plan.logprob_micro_batch_per_rank > 1:
         out.append(f"a smaller rollout.micro_batch_size_per_gpu (now {plan.logprob_micro_batch_per_rank})")
-    if not phase.startswith("rollout") and engines.lookup(ro.engine).sleeps and not ro.free_cache_engine:
+    if (not phase.startswith("rollout") and engines.lookup(ro.engine).sleeps and not ro.free_cache_engine
+            and plan.placement != "split"):
         out.append("rollout.free_cache_engine = true (vLLM sleeps during the update)")
     out.append(f"more GPUs (resources.nodes, now {plan.nodes}) to shard over")
     return out

@@ -132,7 +132,9 @@ def _time_table(budget: Budget) -> list[Any]:
             table.add_row("ReMax greedy baselines (one response per prompt)", _duration(t["baseline_generate_s"]))
         table.add_row("forwards + updates at MFU", _duration(t["forward_and_update_s"]))
         table.add_row("  FLOPs", f"{t['update_flops']:.3g}")
-        table.add_row(f"weight sync ({t['weight_sync_bytes'] / 1e9:,.1f} GB all-gathered)", _duration(t["weight_sync_s"]))
+        table.add_row(f"weight sync ({t['weight_sync_bytes'] / 1e9:,.1f} GB all-gathered"
+                      + (", then broadcast to the rollout ranks)" if "weight_broadcast_s" in t else ")"),
+                      _duration(t["weight_sync_s"]))
         if t.get("grad_reduce_scatters"):
             table.add_row(f"gradient reduce-scatters ({int(t['grad_reduce_scatters'])}: one per micro-batch, "
                           f"{t['grad_reduce_scatter_bytes_per_gpu'] / 1e9:,.1f} GB per GPU; "
@@ -151,6 +153,24 @@ def _time_table(budget: Budget) -> list[Any]:
         if "gpu_hours" in t:
             table.add_row(f"GPU-hours for {int(t['total_steps']):,} steps", f"{t['gpu_hours']:,.1f}", style="bold")
         out.append(table)
+    return out
+
+
+def _placements_table(budget: Budget) -> list[Any]:
+    """The step time of this run's placement and of the best other one (docs/placement.md), and the verdict."""
+    out: list[Any] = []
+    if budget.placements:
+        out.append(Text("placements (one step, worst case)", style="bold"))
+        table = _table("placement", "step")
+        for column in ("generation side", "training side", "weight transfer", "GPU-hours / 100 steps"):
+            table.add_column(column, justify="right")
+        for i, row in enumerate(budget.placements):
+            table.add_row(("this run: " if i == 0 else "instead: ") + row["layout"], _duration(row["step_s"]),
+                          _duration(row["rollout_side_s"]), _duration(row["trainer_side_s"]),
+                          _duration(row["weight_sync_s"]), f"{row['gpu_hours_per_100_steps']:,.1f}")
+        out.append(table)
+    if budget.placement_verdict:
+        out.append(Text(budget.placement_verdict))
     return out
 
 
@@ -180,7 +200,8 @@ def render(budget: Budget, *, site: str, spec: str) -> list[Any]:
     if m is None:
         return out
 
-    out += _phase_tables(budget) + _host_table(budget) + _kv_table(budget) + _time_table(budget)
+    out += (_phase_tables(budget) + _host_table(budget) + _kv_table(budget) + _time_table(budget)
+            + _placements_table(budget))
     out += _constants_table(budget)
     for problem in budget.problems:
         out.append(Text(f"does not fit: {problem}", style="bold red"))

@@ -5,17 +5,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
+
+import attrs
 
 from hpcppo import engines
 from hpcppo.config.experiment import Experiment
 from hpcppo.config.plan import VALIDATION_PROMPTS_PER_CALL, RunPlan
+from hpcppo.config.resolve import resolve
+from hpcppo.config.site import Site
+from hpcppo.errors import ResolveError
+from hpcppo.placement import placement_of
 from hpcppo.estimators import needs_greedy_baseline
 from hpcppo.sizing.accumulation import micro_batches_per_optimizer_step, reduce_scatter_bytes
 from hpcppo.sizing.budget import ADAM_BYTES, MASTER_BYTES, Budget, dtype_bytes
 from hpcppo.sizing.catalog import ASSUMPTIONS, GpuSpec, ModelShape
 from hpcppo.sizing.lora import adapter_params, loads_reference
 
-__all__ = ["step_time"]
+__all__ = ["step_time", "compare_placements"]
 
 
 def _replica_grad_sync_bytes(exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape, shard: int) -> float:
@@ -39,7 +46,7 @@ def _grad_reduce_scatters(t: dict[str, float], exp: Experiment, plan: RunPlan, m
     the backward compute of the same micro-batches (``(train_factor - 2) N`` FLOPs per token at the assumed MFU)."""
     A = {k: c.value for k, c in ASSUMPTIONS.items()}
     L, tokens = plan.max_sequence_length, plan.samples_per_step * plan.max_sequence_length
-    link = gpu.nvlink_bytes_s if (plan.hsdp or plan.nodes == 1) else gpu.network_bytes_s
+    link = gpu.nvlink_bytes_s if (plan.hsdp or placement_of(exp, plan).trainer_nodes == 1) else gpu.network_bytes_s
     count, sent, link_s, exposed = 0, 0.0, 0.0, 0.0
     a, c = exp.actor, exp.critic
     # (gradients reduce-scattered, active parameters, token budget, reduce dtype, samples per optimizer step and rank,
@@ -95,7 +102,9 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
     every sample)."""
     A = {k: c.value for k, c in ASSUMPTIONS.items()}
     P, R, L = exp.data.max_prompt_length, exp.data.max_response_length, plan.max_sequence_length
-    tp, world, shard = plan.tensor_parallel_size, plan.world_size, budget.shard_size
+    # the ranks that train: all of them colocated, the trainer ranks split (hpcppo.placement)
+    tp, world, shard = plan.tensor_parallel_size, plan.train_dp_size, budget.shard_size
+    split = plan.placement == "split"
     mbytes = dtype_bytes(exp.model.dtype)
     peak = gpu.bf16_flops if mbytes == 2 else gpu.bf16_flops / 16  # fp32 without TF32 tensor cores: ~1/16
     t: dict[str, float] = {}
@@ -112,22 +121,36 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
         return (waves * R * step_bytes / (gpu.hbm_bytes_s * A["decode bandwidth use"]),
                 2 * m.active_params * seqs * P / (tp * peak * A["prefill MFU"]))
 
-    t["decode_s"], t["prefill_s"] = generation(plan.prompts_per_rank * exp.rollout.n)
+    # Colocated: one engine call per step of the group's prompts. Split: the busiest rollout rank's engine calls, one
+    # per trainer share of the step's prompts it is dealt (hpcppo.rollout.worker generates share by share).
+    share = plan.prompts_per_step // plan.train_dp_size if split else plan.prompts_per_rank
+    calls = plan.prompts_per_rank // share
+    decode_s, prefill_s = generation(share * exp.rollout.n)
+    t["decode_s"], t["prefill_s"] = calls * decode_s, calls * prefill_s
     t["generate_s"] = t["decode_s"] + t["prefill_s"]
     t["generated_tokens_per_s"] = plan.samples_per_step * R / t["generate_s"]
     # ReMax's baseline: one greedy response per prompt, a second engine call (hpcppo.rollout.source.ColocatedSource.collect).
-    t["baseline_generate_s"] = sum(generation(plan.prompts_per_rank)) if needs_greedy_baseline(
+    t["baseline_generate_s"] = calls * sum(generation(share)) if needs_greedy_baseline(
         exp.algorithm.adv_estimator) else 0.0
 
     flops = _update_flops(exp, plan, m, cm, rm)
     t["update_flops"] = flops
     t["forward_and_update_s"] = flops / (world * peak * A["train MFU"])
 
-    # Weight sync: every rank all-gathers the actor in the engine dtype over the FSDP shard group.
-    link = gpu.nvlink_bytes_s if (plan.hsdp or plan.nodes == 1) else gpu.network_bytes_s
+    # Weight sync: every rank all-gathers the actor in the engine dtype over the FSDP shard group. Split: the trainers
+    # gather the full parameters (iter_full_params) and trainer rank 0 broadcasts them to the rollout ranks over the
+    # bridge: each link of the broadcast carries the model once, across nodes unless the job has one.
+    trainer_nodes = placement_of(exp, plan).trainer_nodes  # the nodes the FSDP shard groups span
+    link = gpu.nvlink_bytes_s if (plan.hsdp or trainer_nodes == 1) else gpu.network_bytes_s
     sync_bytes = m.params * mbytes
     t["weight_sync_bytes"] = sync_bytes
-    t["weight_sync_s"] = sync_bytes * (shard - 1) / shard / (link * A["collective efficiency"]) if engines.lookup(exp.rollout.engine).timed_weight_sync else 0.0
+    gather_s = sync_bytes * (shard - 1) / shard / (link * A["collective efficiency"])
+    if split:
+        bridge = gpu.nvlink_bytes_s if plan.nodes == 1 else gpu.network_bytes_s
+        t["weight_broadcast_s"] = sync_bytes / (bridge * A["collective efficiency"])
+        t["weight_sync_s"] = gather_s + t["weight_broadcast_s"]
+    else:
+        t["weight_sync_s"] = gather_s if engines.lookup(exp.rollout.engine).timed_weight_sync else 0.0
 
     # HSDP: each optimizer step all-reduces the gradient shards (reduce dtype) across the replicas (nodes), over the
     # network (ring all-reduce: 2 (r - 1) / r of the bytes). Sharding collectives inside a node overlap compute.
@@ -141,21 +164,29 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
     host = _offload_bytes(exp, plan, m, cm, shard, rm)
     t["offload_bytes_per_gpu"] = host
     t["offload_s"] = host / gpu.pcie_bytes_s
-    t["step_s"] = (t["generate_s"] + t["baseline_generate_s"] + t["forward_and_update_s"] + t["weight_sync_s"]
-                   + t["grad_reduce_scatter_s"] + t["replica_grad_sync_s"] + t["offload_s"])
+    t["rollout_side_s"] = t["generate_s"] + t["baseline_generate_s"]
+    t["trainer_side_s"] = (t["forward_and_update_s"] + t["grad_reduce_scatter_s"] + t["replica_grad_sync_s"]
+                           + t["offload_s"])
+    if split and exp.rollout.max_staleness > 0:
+        # the rollout ranks generate the next batches while the trainers train on this one: the slower side sets the
+        # pace, and each step adds the weight transfer (both sides take part in it)
+        t["step_s"] = max(t["rollout_side_s"], t["trainer_side_s"]) + t["weight_sync_s"]
+    else:  # colocated, or split on-policy (max_staleness = 0: the trainers wait for samples of their weights)
+        t["step_s"] = t["rollout_side_s"] + t["trainer_side_s"] + t["weight_sync_s"]
     _validation_time(t, exp, plan, val_prompts, generation)
 
     # A checkpoint: fp32 weights and AdamW moments of actor and critic, written once (DCP deduplicates replicas).
     state = 12 * m.params + (12 * cm.critic_params if plan.needs_critic else 0)
     t["checkpoint_bytes"] = state
-    t["checkpoint_s"] = state / (plan.nodes * A["checkpoint write per node"] * 1e9)
+    t["checkpoint_s"] = state / (trainer_nodes * A["checkpoint write per node"] * 1e9)  # the trainers write
     if plan.total_steps:
         t["total_steps"] = plan.total_steps
         validations = t.get("validation_s", 0.0) * _validations(exp, plan.total_steps)
-        t["gpu_hours"] = (plan.total_steps * t["step_s"] + validations) * world / 3600
-    # validations included: every test_freq steps (and the one before training, in the run's total)
+        t["gpu_hours"] = (plan.total_steps * t["step_s"] + validations) * plan.world_size / 3600
+    # validations included: every test_freq steps (and the one before training, in the run's total); every GPU of
+    # the allocation counts, rollout ranks too
     t["gpu_hours_per_100_steps"] = (100 * t["step_s"] + t.get("validation_s", 0.0) * _validations(
-        exp, 100, before=False)) * world / 3600
+        exp, 100, before=False)) * plan.world_size / 3600
     budget.time = t
     _check_signal_lead(budget, exp, plan, t)
 
@@ -211,3 +242,109 @@ def _validation_time(t: dict[str, float], exp: Experiment, plan: RunPlan, val_pr
     t["validation_prompts"] = val_prompts
     t["validation_s"] = calls * sum(generation(VALIDATION_PROMPTS_PER_CALL * n)) + (sum(generation(last * n)) if last
                                                                                  else 0.0)
+
+
+# ------------------------------------------------------------------------------------------------ placements
+
+# vLLM's share of a GPU in the alternatives: a rollout rank holds its engine alone, so it takes vLLM's own default
+# (EngineArgs.gpu_memory_utilization = 0.9); a colocated alternative of a split run keeps the spec's share if its
+# phases fit beside the trainer's state, else hpcppo's default (rollout.gpu_memory_utilization = 0.5).
+SPLIT_SHARE, COLOCATED_SHARE = 0.9, 0.5
+
+EstimateFn = Callable[[Experiment, RunPlan], Budget]
+
+
+def _candidates(exp: Experiment, plan: RunPlan) -> list[list[Experiment]]:
+    """The other placements of the same job, each as the variants to try in order (the first that fits counts):
+    colocated for a split run; for a colocated run every split that keeps whole tensor-parallel groups on the
+    rollout side (rollout ranks on every node, or whole nodes)."""
+    ro, res = exp.rollout, exp.resources
+    vllm_share = engines.lookup(ro.engine).kv_cache_share and not ro.kv_cache_memory_mb
+    if plan.placement == "split":
+        colocated = attrs.evolve(exp, rollout=attrs.evolve(ro, placement="colocated"),
+                                 resources=attrs.evolve(res, rollout_ranks_per_node=0, rollout_nodes=0))
+        variants = [colocated]
+        if vllm_share and ro.gpu_memory_utilization > COLOCATED_SHARE:
+            variants.append(attrs.evolve(colocated, rollout=attrs.evolve(colocated.rollout,
+                                                                         gpu_memory_utilization=COLOCATED_SHARE)))
+        return [variants]
+    # a rollout rank runs a whole engine on its own GPU (config.resolve refuses tensor parallelism in split)
+    split = attrs.evolve(ro, placement="split", tensor_parallel_size=1,
+                         gpu_memory_utilization=max(SPLIT_SHARE, ro.gpu_memory_utilization)
+                         if vllm_share else ro.gpu_memory_utilization)
+    return ([[attrs.evolve(exp, rollout=split, resources=attrs.evolve(res, rollout_ranks_per_node=k))]
+             for k in range(1, plan.ranks_per_node)]
+            + [[attrs.evolve(exp, rollout=split, resources=attrs.evolve(res, rollout_nodes=k))]
+               for k in range(1, plan.nodes)])
+
+
+def _row(exp: Experiment, plan: RunPlan, budget: Budget) -> dict[str, Any]:
+    p, t = placement_of(exp, plan), budget.time
+    return {"placement": p.kind, "layout": p.describe(), "rollout_gpus": len(p.rollout_ranks) or plan.world_size,
+            "trainer_gpus": plan.train_dp_size, "max_staleness": exp.rollout.max_staleness,
+            "gpu_memory_utilization": exp.rollout.gpu_memory_utilization,
+            "tensor_parallel_size": exp.rollout.tensor_parallel_size, "fits": not budget.problems,
+            **{k: t[k] for k in ("step_s", "rollout_side_s", "trainer_side_s", "weight_sync_s",
+                                 "gpu_hours_per_100_steps")}}
+
+
+def compare_placements(budget: Budget, site: Site, exp: Experiment, plan: RunPlan, estimate: EstimateFn) -> None:
+    """``budget.placements``: this run's step (from ``budget.time``) and the fastest other placement of the same GPUs
+    that compiles and fits (colocated for a split run, the best split for a colocated one), each estimated whole
+    (``estimate``: memory, KV cache, step time) with its own plan; ``budget.placement_verdict`` says which is faster
+    and why."""
+    this = _row(exp, plan, budget)
+    others, refused = [], ""
+    for variants in _candidates(exp, plan):
+        try:
+            other_plan = resolve(site, variants[0])
+        except ResolveError as exc:
+            refused = refused or str(exc)
+            continue
+        rows = [_row(v, other_plan, b) for v in variants for b in [estimate(v, other_plan)] if b.time]
+        fitting = [r for r in rows if r["fits"]]
+        others += fitting[:1] or rows[-1:]
+    budget.placements = [this]
+    what = "colocated" if plan.placement == "split" else "split"
+    if not others:
+        budget.placement_verdict = (f"no {what} placement of these {plan.world_size} GPUs compiles"
+                                    + (f" ({refused})" if refused else ""))
+        return
+    best = min(others, key=lambda r: (not r["fits"], r["step_s"]))
+    budget.placements.append(best)
+    budget.placement_verdict = _verdict(this, best) + ("" if best["fits"] else
+                                                       f" The {what} placement does not fit the GPUs' memory.")
+    changed = [f"{key} = {best[key]}" for key in ("gpu_memory_utilization", "tensor_parallel_size")
+               if best[key] != getattr(exp.rollout, key)]
+    if best["placement"] == "split" and changed:
+        budget.placement_verdict += (f" Split counted with rollout.{' and rollout.'.join(changed)}: a rollout rank "
+                                     f"holds one whole engine and nothing else.")
+
+
+def _side(row: dict[str, Any]) -> str:
+    if row["placement"] == "colocated":
+        return (f"colocated generates ({row['rollout_side_s']:,.0f} s) and trains ({row['trainer_side_s']:,.0f} s) "
+                f"one after the other on all {row['trainer_gpus']} GPUs")
+    overlap = ("overlapping" if row["max_staleness"] > 0 else
+               "not overlapping (max_staleness = 0: the trainers wait for samples of their own weights)")
+    return (f"split generates on {row['rollout_gpus']} GPUs ({row['rollout_side_s']:,.0f} s) and trains on "
+            f"{row['trainer_gpus']} ({row['trainer_side_s']:,.0f} s), {overlap}, plus "
+            f"{row['weight_sync_s']:,.1f} s of weight transfer")
+
+
+def _verdict(this: dict[str, Any], other: dict[str, Any]) -> str:
+    """Which placement is faster per step, by how much, and why (the phases' times on each side)."""
+    fast, slow = (this, other) if this["step_s"] <= other["step_s"] else (other, this)
+    ratio = slow["step_s"] / fast["step_s"] if fast["step_s"] else 1.0
+    split = fast if fast["placement"] == "split" else slow
+    if fast["placement"] == "split":
+        why = ("generation and training overlap (and the rollout ranks give the KV cache their whole memory)"
+               if split["max_staleness"] > 0 else "each side is faster on GPUs of its own")
+    else:
+        why = ("each side on fewer GPUs takes longer than the overlap saves"
+               if split["max_staleness"] > 0 else "split on-policy overlaps nothing")
+    first = _side(fast)
+    return (f"{fast['placement']} is faster: {fast['step_s']:,.0f} s a step against {slow['step_s']:,.0f} s for "
+            f"{slow['layout']} ({ratio:.2f}x): {why}. {first[0].upper() + first[1:]}; {_side(slow)}. Worst case "
+            f"as above: the long tail of response lengths, which split hides (colocated waits for each step's "
+            f"longest response), is not modelled.")

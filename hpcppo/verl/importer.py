@@ -23,6 +23,7 @@ from typing import Any
 import tomli_w
 
 from hpcppo.verl import names as verl
+from hpcppo.verl.names.async_policy import ASYNC, RECIPE_DEFAULTS, VERL_DOC as ASYNC_DOC, is_split, split_layout
 from hpcppo.verl.names.convert import REF, dynamic_on
 from hpcppo.config.convert import MAX_INPUT_BYTES, read_input
 from hpcppo.config.experiment import Experiment
@@ -270,8 +271,11 @@ def _watchdog(imp: Imported, mode: str) -> None:
 
 
 def translate(settings: list[Setting], *, name: str | None = None, default_name: str = "verl-import",
-              cwd: Path | None = None, out_dir: Path | None = None, watchdog: str = "off") -> Imported:
-    """Translate verl settings (later ones win, as in Hydra) into hpcppo values and a report."""
+              cwd: Path | None = None, out_dir: Path | None = None, watchdog: str = "off",
+              recipe: str = "") -> Imported:
+    """Translate verl settings (later ones win, as in Hydra) into hpcppo values and a report. ``recipe``: the verl
+    recipe the command runs (``one_step_off``, ``fully_async``; hpcppo.verl.read.RECIPES), "" for verl's trainer
+    (a YAML: told by its keys)."""
     cwd = cwd or Path.cwd()
     out_dir = out_dir or cwd
     imp = Imported()
@@ -280,6 +284,7 @@ def translate(settings: list[Setting], *, name: str | None = None, default_name:
         if s.key in last:
             imp.notes.append(f"{s.key} is given twice; the later {s.text} wins, as in verl")
         last[s.key] = s
+    recipe = _recipe_defaults(imp, last, recipe)
     # An interpolation or Hydra's ??? is not a value: for the translation the key is unset.
     ctx = {k: s.value for k, s in last.items() if not _unresolved(s.value)}
     for s in last.values():
@@ -298,6 +303,7 @@ def translate(settings: list[Setting], *, name: str | None = None, default_name:
             continue  # hsdp = auto is off on one node already
         _apply(imp, Setting(key, value, f"{key}={show(value)}", default=True), {**ctx, key: value}, cwd, out_dir)
     _derived_defaults(imp, ctx, cwd, out_dir)
+    _split_placement(imp, ctx, recipe)
     _watchdog(imp, watchdog)
     imp.notes.append("resources.time is hpcppo's default (01:00:00) unless the site sets one; verl has no wall-time "
                      "limit: set resources.time for your partition (the job checkpoints and requeues at the limit)")
@@ -307,6 +313,51 @@ def translate(settings: list[Setting], *, name: str | None = None, default_name:
         imp.values["name"] = verl.run_name(default_name)
         imp.comments["name"] = ["no trainer.experiment_name in the input: from the input's name"]
     return imp
+
+
+def _recipe_defaults(imp: Imported, last: dict[str, Setting], recipe: str) -> str:
+    """The recipe's own defaults for the keys the input leaves unset, added to ``last`` (hpcppo.verl.names.
+    async_policy.RECIPE_DEFAULTS); the recipe, told by the input's keys when the entry module did not say it. The
+    fully async recipe's step is its update (``require_batches x ppo_mini_batch_size`` prompts): verl's
+    data.train_batch_size is then not one."""
+    if not recipe:
+        recipe = ("fully_async" if any(k.startswith(ASYNC) for k in last)
+                  else "one_step_off" if is_split({k: s.value for k, s in last.items()}) else "")
+    if not recipe:
+        return ""
+    staleness = last[ASYNC + "staleness_threshold"].value if ASYNC + "staleness_threshold" in last else None
+    for key, value in RECIPE_DEFAULTS[recipe]:
+        # verl: partial_rollout "only actually takes effect when staleness_threshold>0" (the recipe's README)
+        if key in last or (key == ASYNC + "partial_rollout" and staleness == 0):
+            continue
+        last[key] = Setting(key, value, f"{key}={show(value)}", default=True)
+    if recipe == "fully_async" and "data.train_batch_size" in last:
+        s = last.pop("data.train_batch_size")
+        imp.skip("ignored", s, "the fully async recipe's trainer updates on require_batches x ppo_mini_batch_size "
+                               "prompts (its required_samples), hpcppo's step (async_training.require_batches)")
+    return recipe
+
+
+def _split_placement(imp: Imported, ctx: Mapping[str, Any], recipe: str) -> None:
+    """verl's two resource pools as one allocation of trainer and rollout ranks (resources.nodes and gpus_per_node
+    overwritten), and the one-step-off recipe's staleness."""
+    if not is_split(ctx):
+        return
+    try:
+        how, nodes, gpus, _ = split_layout(ctx)
+    except verl.Untranslatable:
+        return  # rollout.nnodes / n_gpus_per_node are reported with the reason
+    pools = (f"verl's trainer pool (trainer.nnodes x n_gpus_per_node) and rollout pool (rollout.nnodes x "
+             f"n_gpus_per_node) as one allocation")
+    imp.values["resources.nodes"], imp.values["resources.gpus_per_node"] = nodes, gpus
+    if how == "per-node":
+        imp.comments["resources.gpus_per_node"] = [f"{pools}: each node holds both pools' GPUs"]
+    else:
+        imp.comments["resources.nodes"] = [f"{pools}: the rollout's nodes after the trainer's"]
+    if recipe == "one_step_off" and "rollout.max_staleness" not in imp.values:
+        imp.values["rollout.max_staleness"] = 1
+        imp.comments["rollout.max_staleness"] = ["verl's one-step-off recipe: step k + 1 is generated while step k "
+                                                 "trains, one policy version behind (OneStepOffRayTrainer)"]
 
 
 def _derived_defaults(imp: Imported, ctx: Mapping[str, Any], cwd: Path, out_dir: Path) -> None:
@@ -505,7 +556,8 @@ def import_verl(source: str, out: Path, *, force: bool = False, name: str | None
                           "verl YAML config)", file=label)
     refuse_vision_language(settings, label)
     out_dir = out.resolve().parent
-    imp = translate(settings, name=name, default_name=stem, cwd=cwd, out_dir=out_dir, watchdog=watchdog)
+    imp = translate(settings, name=name, default_name=stem, cwd=cwd, out_dir=out_dir, watchdog=watchdog,
+                    recipe=read.recipe)
     imp.report[:0] = read.reports
     imp.notes[:0] = notes
     text_out = to_toml(imp, label)
@@ -593,6 +645,7 @@ of vLLM's own, no `max_lora_rank`. The actor's `lora_adapter_path` (a trained ad
 `actor.lora.adapter_path`; verl reads r, alpha and the target modules from the adapter, hpcppo checks at compile that
 `[actor.lora]` has the adapter's.
 
+{asynchronous}
 {rollout_correction}
 When the input leaves one of these unset, the import writes verl's default, because hpcppo's differs: {defaults}
 (`trainer.val_before_train` only when `data.val_files` is given, `fsdp_size` only on more than one node).
@@ -608,7 +661,8 @@ def _group(key: str) -> str:
 def render_doc() -> str:
     """docs/verl.md: the mapping table, one section per verl config group, from the entries the importer uses."""
     defaults = ", ".join(f"`{k}={show(v)}`" for k, v in VERL_DEFAULTS)
-    out = [DOC_HEAD.format(commit=verl.VERL_COMMIT, defaults=defaults, rollout_correction=ROLLOUT_CORRECTION_DOC)]
+    out = [DOC_HEAD.format(commit=verl.VERL_COMMIT, defaults=defaults, rollout_correction=ROLLOUT_CORRECTION_DOC,
+                           asynchronous=ASYNC_DOC)]
     groups: dict[str, list[verl.Entry]] = {}
     for e in verl.ENTRIES:
         group = "keys verl does not have" if e.kind == verl.NOT_VERL else _group(e.verl)

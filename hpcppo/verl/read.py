@@ -52,6 +52,7 @@ class Read:
     config_path: str | None = None
     config_name: str | None = None
     config_unknown: bool = False
+    recipe: str = ""  # "one_step_off" or "fully_async": the command runs verl's recipe of that name (RECIPES)
 
 
 def show(value: Any) -> str:
@@ -90,11 +91,20 @@ def _setting(word: str, environ: Mapping[str, str]) -> Setting | str:
                    unknown=tuple(unknowns), environ_names=_names_in(word))
 
 
+# verl's asynchronous recipes (verl/experimental/<name>_policy at b178a3c), by a word of their entry module
+RECIPES = {"one_step_off": "one_step_off_policy", "fully_async": "fully_async_policy"}
+
+
+def recipe_of(module: str) -> str:
+    """The recipe a verl entry module runs ("" for verl's trainer)."""
+    return next((name for name, word in RECIPES.items() if word in module), "")
+
+
 def read_input_text(text: str, environ: Mapping[str, str] | None = None) -> Read:
     """Settings of a verl command line (or a script that runs one), with the Hydra config it names."""
     environ = os.environ if environ is None else environ
     script = read_script(text, environ)
-    out = Read(notes=list(script.notes))
+    out = Read(notes=list(script.notes), recipe=recipe_of(script.module))
     words = script.command
     if words is None:
         for lineno, tokens in script.loose:  # a bare list of overrides

@@ -79,6 +79,7 @@ class Script:
     uncertain: dict[str, str] = field(default_factory=dict)  # name -> why its value is not known
     notes: list[str] = field(default_factory=list)
     command: list[str] | None = None  # the words after main_ppo
+    module: str = ""  # the verl entry point the command runs (verl.trainer.main_ppo, a recipe's ...)
     command_line: int = 0
     loose: list[tuple[int, list[str]]] = field(default_factory=list)  # key=value lines outside a verl command
     _depth: list[_Block] = field(default_factory=list)
@@ -405,7 +406,8 @@ class Script:
             for w in words:
                 self.assign(w, cmd.line)
             return
-        module = next((j for j, w in enumerate(words) if "main_ppo" in w), None)
+        # verl's trainer, and the one-step-off and fully async recipes' (verl/experimental/*_policy at b178a3c)
+        module = next((j for j, w in enumerate(words) if "main_ppo" in w or "fully_async_main" in w), None)
         if module is not None:
             if self.command is not None:
                 self.notes.append(f"line {cmd.line}: a second verl command; only the first is imported")
@@ -414,6 +416,7 @@ class Script:
                 self.notes.append(f"environment variable {self.scalar(w).split(US)[0]} for the verl command: not a "
                                   f"setting (the site's [env.vars] sets job variables)")
             self.command = [f for w in words[module + 1:] for f in self.expand(w)]
+            self.module = words[module]
             self.command_line = cmd.line
             return
         if head in ("source", "."):

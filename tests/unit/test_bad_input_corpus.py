@@ -24,6 +24,7 @@ from test_analysis_summary import compiled_run, story
 
 REPO = Path(__file__).resolve().parents[2]
 ARITH = str(REPO / "examples" / "arith-tiny.toml")
+GSM8K = str(REPO / "examples" / "gsm8k-qwen2.5-7b.toml")  # a GPU site's split: 2 x 8 H100, vLLM TP 2
 TIMEOUT_S = 60  # a fresh interpreter on a loaded 2-core machine; each case takes ~1-3 s
 LONG = "a" * 300
 # What stands for /dev/null: a FIFO of the case's own. A command that replaced its output file atomically turned
@@ -121,6 +122,30 @@ CASES: dict[str, Case] = {
     "critic-lora-rank-above-the-model": Case(["compile", "{tiny_spec}", "-q", "--runs-root", "{cwd}/runs", "-o",
                                               "critic.lora.rank=65"], "narrowest adapted layer"),
     "rollback-past-the-run": Case(["rollback", "{run}", "--to", "99999999999999999999999"], "has 30 steps"),
+    # split placement (issue 35, docs/placement.md): each refusal of the layout, and a key that does nothing
+    "split-without-rollout-ranks": Case(compile_("-o", 'rollout.placement="split"'), "needs exactly one of"),
+    "split-with-both-ways": Case(compile_("-o", 'rollout.placement="split"', "-o", "resources.rollout_nodes=1", "-o",
+                                          "resources.rollout_ranks_per_node=1"), "both are set"),
+    "split-without-a-trainer": Case(compile_("-o", 'rollout.placement="split"', "-o",
+                                             "resources.rollout_ranks_per_node=2"), "leaves no trainer rank"),
+    "split-rollout-nodes-on-one-node": Case(compile_("-o", 'rollout.placement="split"', "-o",
+                                                     "resources.rollout_nodes=1"), "needs at least 2 nodes"),
+    "rollout-ranks-colocated": Case(compile_("-o", "resources.rollout_ranks_per_node=1"),
+                                    "only rollout.placement = \"split\" does"),
+    "placement-unknown": Case(compile_("-o", 'rollout.placement="async"'), "allowed values: \"colocated\", \"split\""),
+    "staleness-negative": Case(compile_("-o", "rollout.max_staleness=-1"), "must be >= 0"),
+    "split-tp-not-dividing-rollout-ranks": Case(
+        ["compile", GSM8K, "--site", "h100-cluster", "--no-check-paths", "-q", "--runs-root", "{cwd}/runs", "-o",
+         'rollout.placement="split"', "-o", "resources.rollout_ranks_per_node=3"],
+        "does not divide resources.rollout_ranks_per_node=3"),
+    "split-prompts-over-trainer-ranks": Case(
+        ["compile", GSM8K, "--site", "h100-cluster", "--no-check-paths", "-q", "--runs-root", "{cwd}/runs", "-o",
+         'rollout.placement="split"', "-o", "resources.rollout_ranks_per_node=2", "-o",
+         "rollout.tensor_parallel_size=1"], "cannot be split over the 12 trainer ranks"),
+    "split-tensor-parallel-rollout-ranks": Case(
+        ["compile", GSM8K, "--site", "h100-cluster", "--no-check-paths", "-q", "--runs-root", "{cwd}/runs", "-o",
+         'rollout.placement="split"', "-o", "resources.rollout_nodes=1"], "each rollout rank runs a whole engine"),
+    "staleness-colocated": Case(compile_("-o", "rollout.max_staleness=2"), "colocated runs are on-policy", warn=True),
     "kv-cache-with-hf": Case(compile_("-o", "rollout.kv_cache_memory_mb=512"), "only the vLLM engine", warn=True),
     "vllm-keys-with-hf": Case(compile_("-o", "rollout.enforce_eager=true", "-o", "rollout.gpu_memory_utilization=0.3"),
                               "only the vLLM engine", warn=True),

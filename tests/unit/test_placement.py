@@ -19,6 +19,7 @@ ARITH = REPO / "examples" / "arith-tiny.toml"
 ASYNC = REPO / "examples" / "arith-tiny-async.toml"
 GSM8K = REPO / "examples" / "gsm8k-qwen2.5-7b.toml"
 SPLIT = ['rollout.placement="split"']
+SPLIT1 = SPLIT + ["rollout.tensor_parallel_size=1"]  # a rollout rank's engine on its own GPU
 
 
 def _compile(spec: Path, site: str, overrides: list[str]):
@@ -153,24 +154,29 @@ def test_the_async_example_compiles_to_one_trainer_and_one_rollout_rank():
 
 
 def test_trainers_shard_over_their_own_nodes():
-    c = _compile(GSM8K, "h100-cluster", SPLIT + ["resources.rollout_nodes=1", "resources.nodes=3"])
+    c = _compile(GSM8K, "h100-cluster", SPLIT1 + ["resources.rollout_nodes=1", "resources.nodes=3"])
     assert c.plan.train_dp_size == 16 and c.plan.hsdp and c.plan.mesh_shape == [2, 8]
-    assert c.plan.dp_size == 4 and c.plan.prompts_per_rank == 256  # 8 rollout ranks / TP 2
-    c = _compile(GSM8K, "h100-cluster", SPLIT + ["resources.rollout_nodes=1"])
+    # 16 trainer shares of 64 prompts dealt to 8 rollout ranks: 2 each
+    assert c.plan.dp_size == 8 and c.plan.prompts_per_rank == 128
+    c = _compile(GSM8K, "h100-cluster", SPLIT1 + ["resources.rollout_nodes=1"])
     assert c.plan.train_dp_size == 8 and not c.plan.hsdp and c.plan.mesh_shape == [8]
-    c = _compile(GSM8K, "h100-cluster", SPLIT + ["resources.rollout_ranks_per_node=4"])
-    assert c.plan.train_dp_size == 8 and c.plan.mesh_shape == [2, 4] and c.plan.dp_size == 4
+    c = _compile(GSM8K, "h100-cluster", SPLIT1 + ["resources.rollout_ranks_per_node=4"])
+    assert c.plan.train_dp_size == 8 and c.plan.mesh_shape == [2, 4] and c.plan.prompts_per_rank == 128
+    c = _compile(GSM8K, "h100-cluster", SPLIT1 + ["resources.rollout_ranks_per_node=6"])
+    assert c.plan.train_dp_size == 4 and c.plan.dp_size == 12 and c.plan.prompts_per_rank == 256  # 4 shares, 12 ranks
 
 
 @pytest.mark.parametrize("overrides, says", [
     (SPLIT + ["resources.rollout_ranks_per_node=3"],
      "rollout.tensor_parallel_size=2 does not divide resources.rollout_ranks_per_node=3"),
-    # 1280 samples per mini-batch over 10 trainer ranks = 128 per rank, which micro-batches of 16 divide; 1024
-    # prompts over 3 rollout groups do not split
-    (SPLIT + ["resources.rollout_ranks_per_node=3", "rollout.tensor_parallel_size=1"],
-     "trainer.train_batch_size=1024 prompts cannot be split over 6 rollout data-parallel groups (6 rollout ranks"),
+    # a rollout rank runs its engine alone (hpcppo.train.rollout_rank): no tensor-parallel group across them
+    (SPLIT + ["resources.rollout_nodes=1"],
+     "rollout.tensor_parallel_size=2 with rollout.placement = \"split\": each rollout rank runs a whole engine"),
+    # one share of the step's prompts per trainer rank: 1024 prompts over 10 trainer ranks do not split
+    (SPLIT1 + ["resources.rollout_ranks_per_node=3"],
+     "trainer.train_batch_size=1024 prompts cannot be split over the 10 trainer ranks"),
     # the mini-batch is split over the trainer ranks only: 1280 samples over 16 - 4 = 12 of them do not split
-    (SPLIT + ["resources.rollout_ranks_per_node=2"],
+    (SPLIT1 + ["resources.rollout_ranks_per_node=2", "trainer.train_batch_size=768"],
      "actor.ppo_mini_batch_size=256 x rollout.n=5 = 1280 samples is not divisible by data-parallel size 12"),
     (["resources.rollout_nodes=1"], "only rollout.placement = \"split\" does"),
     (SPLIT, "needs exactly one of"),
@@ -192,5 +198,5 @@ def test_settings_that_do_nothing_are_named():
                     "of the trainers; colocated runs are on-policy"]
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        _compile(GSM8K, "h100-cluster", SPLIT + ["resources.rollout_nodes=1"])  # the spec sets free_cache_engine
+        _compile(GSM8K, "h100-cluster", SPLIT1 + ["resources.rollout_nodes=1"])  # the spec sets free_cache_engine
     assert any("rollout ranks never sleep" in str(w.message) for w in seen)

@@ -39,7 +39,8 @@ CASES = {
     "local-slurm": (ARITH, "local-slurm", []),
     # split placement (docs/placement.md): a rollout rank beside a trainer on one node; a whole node of rollout ranks
     "local-slurm-split": (ARITH_ASYNC, "local-slurm", []),
-    "h100-cluster-split": (GSM8K, "h100-cluster", ["rollout.placement=\"split\"", "resources.rollout_nodes=1"]),
+    "h100-cluster-split": (GSM8K, "h100-cluster", ["rollout.placement=\"split\"", "resources.rollout_nodes=1",
+                                                   "rollout.tensor_parallel_size=1"]),
 }
 
 

@@ -10,6 +10,7 @@ from hpcppo.verl.names.convert import (A, ACTOR_TOKENS, ARR, CRITIC_TOKENS, MODE
                                         reward_name, reward_path, run_name, schedule, token_budget, top_k, total_steps, warmup,
                                         warmup_ratio)
 
+from hpcppo.verl.names.async_policy import async_entries
 from hpcppo.verl.names.moe import moe_entries
 from hpcppo.verl.names.reward import reward_entries
 
@@ -358,7 +359,6 @@ def _rollout_entries() -> list[Entry]:
     ign(R + "mtp", "multi-token prediction: not in hpcppo", prefix=True),
     ign(R + "skip_dump_dir", "only with skip_rollout"),
     ign(R + "_target_", "Hydra's class to build; not a setting"),
-    uns(ARR + "hybrid_engine", "hpcppo always colocates generation and training", ok=(True,)),
     m(ARR + "nccl_timeout", "trainer.collective_timeout_s", "seconds, as in verl"),
     ]
 
@@ -520,7 +520,8 @@ def _alias_entries() -> list[Entry]:
 
 def _build_entries() -> list[Entry]:
     return [*_data_entries(), *_actor_entries(), *_reference_entries(), *_rollout_entries(),
-            *_critic_and_algorithm_entries(), *_trainer_entries(), *moe_entries(), *_alias_entries()]
+            *_critic_and_algorithm_entries(), *_trainer_entries(), *moe_entries(), *async_entries(),
+            *_alias_entries()]
 
 
 # Indexed (and checked for keys listed twice) where it is looked up: hpcppo.verl.names.
