@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SETTINGS = {
@@ -77,12 +78,12 @@ def _run(example: str, world: int, overrides: list[str], root: Path, runs: Path)
     return run
 
 
-def _figures(run: Path) -> dict[str, object]:
+def _figures(run: Path) -> dict[str, Any]:
     from hpcppo import metrics as hmetrics
 
     df = hmetrics.load(run)
     later = df[df["step"] > 1]
-    out: dict[str, object] = {"step_time_s": float(statistics.median(later["perf/step_time_s"])),
+    out: dict[str, Any] = {"step_time_s": float(statistics.median(later["perf/step_time_s"])),
                               "reward": [float(x) for x in df["reward/mean"]]}
     for key in ("time/generate_s", "time/trainer_idle_s", "time/rollout_idle_s", "time/weight_sync_s",
                 "time/actor_update_s"):
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     root = _model(args.cache)
     workloads = {"arith": [], "long": [f"data.max_response_length={args.long_response}", f"rollout.n={args.long_n}"]}
-    results: dict[str, dict[str, list[dict[str, object]]]] = {w: {s: [] for s in SETTINGS} for w in workloads}
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {w: {s: [] for s in SETTINGS} for w in workloads}
     names = list(SETTINGS)
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
@@ -116,22 +117,22 @@ def main(argv: list[str] | None = None) -> int:
                     results[workload][setting].append(fig)
                     print(f"round {r + 1} {workload:5s} {setting:10s} step {fig['step_time_s']:.3f} s "
                           f"(run {time.perf_counter() - start:.0f} s)", flush=True)
-    summary: dict[str, dict[str, dict[str, object]]] = {}
+    summary: dict[str, dict[str, dict[str, Any]]] = {}
     for workload, by_setting in results.items():
         print(f"\n{workload}: median step time over rounds (s), and the reward curve (mean over rounds)")
         summary[workload] = {}
         for setting, figs in by_setting.items():
-            row: dict[str, object] = {"step_time_s": statistics.median(float(f["step_time_s"]) for f in figs)}  # type: ignore[arg-type]
+            row: dict[str, Any] = {"step_time_s": statistics.median(float(f["step_time_s"]) for f in figs)}
             for key in ("time/generate_s", "time/trainer_idle_s", "time/rollout_idle_s", "time/weight_sync_s",
                         "time/actor_update_s"):
-                vals = [float(f[key]) for f in figs if key in f]  # type: ignore[arg-type]
+                vals = [float(f[key]) for f in figs if key in f]
                 if vals:
                     row[key] = statistics.median(vals)
             curves = [f["reward"] for f in figs]
-            row["reward"] = [statistics.mean(c[i] for c in curves) for i in range(min(len(c) for c in curves))]  # type: ignore[arg-type]
+            row["reward"] = [statistics.mean(c[i] for c in curves) for i in range(min(len(c) for c in curves))]
             summary[workload][setting] = row
-            extras = "  ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in row.items() if k.startswith("time/"))  # type: ignore[str-bytes-safe]
-            reward = " ".join(f"{x:.2f}" for x in row["reward"])  # type: ignore[attr-defined]
+            extras = "  ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in row.items() if k.startswith("time/"))
+            reward = " ".join(f"{x:.2f}" for x in row["reward"])
             print(f"  {setting:10s} {row['step_time_s']:.3f} s/step  {extras}\n  {'':10s} reward {reward}")
     if args.json:
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "summary": summary,

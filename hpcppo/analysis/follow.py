@@ -79,7 +79,8 @@ def eta_s(rows: pd.DataFrame, total: int | None) -> float | None:
 def make_view(state: str, rows: pd.DataFrame, total: int | None, elapsed_s: float | None) -> View:
     """The view of the current history ``rows`` (as :func:`hpcppo.metrics.load` returns them)."""
     step = int(rows["step"].iloc[-1]) if len(rows) else None
-    return View(state, step, total, elapsed_s, eta_s(rows, total), *(last_value(rows, c) for c in _SHOWN),
+    reward, kl, kl_coef, tokens_per_s = (last_value(rows, c) for c in _SHOWN)
+    return View(state, step, total, elapsed_s, eta_s(rows, total), reward, kl, kl_coef, tokens_per_s,
                 staleness=last_value(rows, "rollout/staleness_mean"),
                 trainer_idle_s=last_value(rows, "time/trainer_idle_s"))
 
