@@ -15,9 +15,10 @@ CPU processes, through the real job entry point (``python -m hpcppo.train.main``
 Each setting runs ``--steps`` steps, validation and checkpoints off, the order of the three rotated every round so no
 setting always runs on a warmer machine. Per setting: the median of ``perf/step_time_s`` over the steps after the
 first (start-up excluded), ``time/trainer_idle_s`` and ``time/rollout_idle_s`` (split), and the reward curve
-(``reward/mean`` per step, the mean over rounds). Two workloads: the arith example as it is (8 response tokens), and
-``--long-response`` tokens with ``--long-n`` samples per prompt, where generation takes about as long as training and
-the overlap shows.
+(``reward/mean`` per step, the mean over rounds). Two workloads: the arith example as it is (the warm model answers
+in ~4 tokens), and a longer-generation one: an untrained tiny model of the same shape, which rarely samples EOS, so
+every response runs to ``--long-response`` tokens (``--long-n`` samples per prompt), where generation is a real part
+of the step and the overlap shows (its reward stays ~0: a timing workload, not a learning one).
 """
 
 from __future__ import annotations
@@ -53,6 +54,12 @@ def _model(cache: Path) -> Path:
         from hpcppo.tiny import build_tiny_model_and_data
 
         build_tiny_model_and_data(cache / "model", cache / "data", seed=0)
+    if not (cache / "random-model" / "config.json").exists():  # the longer-generation workload's model
+        from hpcppo.tiny import TinySettings, build_model, build_tokenizer
+
+        tok = build_tokenizer()
+        build_model(tok, TinySettings(seed=3)).save_pretrained(cache / "random-model")
+        tok.save_pretrained(cache / "random-model")
     return cache
 
 
@@ -96,13 +103,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--long-response", type=int, default=16, help="response tokens of the longer-generation workload")
-    ap.add_argument("--long-n", type=int, default=8, help="samples per prompt of the longer-generation workload")
+    ap.add_argument("--long-response", type=int, default=48, help="response tokens of the longer-generation workload")
+    ap.add_argument("--long-n", type=int, default=4, help="samples per prompt of the longer-generation workload")
     ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "hpcppo-bench-placement")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     root = _model(args.cache)
-    workloads = {"arith": [], "long": [f"data.max_response_length={args.long_response}", f"rollout.n={args.long_n}"]}
+    # The warm model answers in ~4 tokens and stops; an untrained one of the same shape rarely samples EOS, so every
+    # response runs to max_response_length: generation then takes about as long as training (its reward is ~0).
+    workloads = {"arith": [], "long": [f"model.path={root / 'random-model'}", "data.max_prompt_length=16",
+                                       f"data.max_response_length={args.long_response}", f"rollout.n={args.long_n}"]}
     results: dict[str, dict[str, list[dict[str, Any]]]] = {w: {s: [] for s in SETTINGS} for w in workloads}
     names = list(SETTINGS)
     with tempfile.TemporaryDirectory() as tmp:
