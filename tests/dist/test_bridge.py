@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 import pytest
 import torch
@@ -243,10 +244,12 @@ def _missing(rank: int, world: int, ports: list[int]) -> dict:
     # a rollout rank that said it is ready but never takes the bytes: the collective's wait ends, naming it
     bridge = Bridge.connect("127.0.0.1", ports[2], rank, 2, timeout_s=TIMEOUT_S)
     if rank == 0:
+        start = time.monotonic()
         try:
             bridge.broadcast_weights([("huge", torch.zeros(64 << 20, dtype=torch.uint8))], version=9, timeout_s=2)
         except BridgeTimeout as exc:
             out["stalled"] = str(exc)
+        out["stalled_s"] = time.monotonic() - start
         dist.barrier()
     else:
         version, _it = bridge.receive_weights(timeout_s=TIMEOUT_S)  # ready, and then never iterated
@@ -265,5 +268,6 @@ def test_every_wait_ends_in_one_line_naming_the_missing_peer():
     assert "rank 0 (the trainer) sent no weights within 1 s" in receiver["receive"]
     assert "rank 0 (the trainer) posted no notice within 1 s" in receiver["notice"]
     assert "rollout rank 1 did not all receive bucket 0 of weights version 9 within 2 s" in sender["stalled"]
-    for line in [*sender.values(), *receiver.values()]:
+    assert sender["stalled_s"] < TIMEOUT_S / 2  # the call's own timeout, not the group's (TIMEOUT_S)
+    for line in [v for v in (*sender.values(), *receiver.values()) if isinstance(v, str)]:
         assert "\n" not in line and line.startswith("bridge 127.0.0.1:"), line
