@@ -25,7 +25,7 @@ from hpcppo.config.idle import warn_idle_settings
 from hpcppo.config.load import (expand_path_text, experiment_from_data, load_experiment_with_provenance,
                                 load_site_with_provenance, parse_overrides)
 from hpcppo.config.resolve import resolve
-from hpcppo.config.multi_turn import MultiTurnSection, check_multi_turn
+from hpcppo.config.multi_turn import MultiTurnSection
 from hpcppo.config.reward import check_reward_combination
 from hpcppo.config.reward_check import check_reward_model
 from hpcppo.config.rollout_corr import metric_columns as rollout_corr_columns
@@ -68,7 +68,6 @@ def compile_config(spec: str | os.PathLike[str], site: str | os.PathLike[str] = 
         check_engine_installed(site_obj, experiment)
         check_trackers_installed(site_obj, experiment)
         _check_tools(experiment.rollout.multi_turn, str(spec_path))
-    check_multi_turn(experiment.rollout.multi_turn, file=str(spec_path))
     check_rule_metrics(experiment.watchdog, file=str(spec_path),
                        extra=tuple(rollout_corr_columns(experiment.algorithm.rollout_correction)))
     check_reward_combination(experiment.reward_model, experiment.reward_manager, experiment.data.max_response_length,

@@ -87,6 +87,12 @@ class WeightSyncError(HpcppoError):
     (exit 1, the line in its exit record); raised in the job, never by a command."""
 
 
+class ToolFailureError(HpcppoError):
+    """A tool failed (raised, crashed its worker, timed out) more often in one step than
+    ``rollout.multi_turn.max_tool_failures_per_step``: the job stops (exit 1, the line naming the tool in its exit
+    record); raised in the job, never by a command."""
+
+
 class StorageError(HpcppoError):
     """A file system the run writes to refused a write: full, over quota, read-only, or gone."""
 

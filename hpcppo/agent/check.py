@@ -10,7 +10,7 @@ from hpcppo.agent.parse import compact_problems
 from hpcppo.agent.schema import schema_problems, tool_name
 from hpcppo.agent.tool import ToolLoadError, ToolSpec, load_tool_class, read_tool_config
 
-__all__ = ["tool_problems", "collect_specs"]
+__all__ = ["tool_problems", "collect_specs", "tool_schemas"]
 
 
 def collect_specs(entries: Sequence[tuple[str, dict[str, Any], dict[str, Any]]],
@@ -52,3 +52,16 @@ def tool_problems(specs: Sequence[ToolSpec], fmt: str = "hermes") -> list[str]:
             problems.append(f"{where}: tool name {name!r} is also tools[{names[name]}]'s; names must be unique")
         names[name] = i
     return problems
+
+
+def tool_schemas(specs: Sequence[ToolSpec]) -> dict[str, dict[str, Any]]:
+    """Each tool's schema by its name (the configured one, else the class's ``default_schema``), in config order;
+    for the rollout loop's parsing. Assumes :func:`tool_problems` found nothing (ToolLoadError otherwise)."""
+    out: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        schema = spec.tool_schema if spec.tool_schema is not None else load_tool_class(spec.class_name).default_schema
+        if schema is None:
+            raise ToolLoadError(f"class_name {spec.class_name!r}: no tool_schema given and the class has no "
+                                "default_schema")
+        out[tool_name(schema)] = schema
+    return out

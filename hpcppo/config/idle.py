@@ -48,6 +48,10 @@ def idle_settings(exp: Experiment, provenance: Mapping[str, str]) -> list[str]:
     if rm and not exp.reward_model.enable:
         out.append(f"{_shown(rm)}: reward_model.enable is false, so no reward model key has an effect")
     out += _idle_placement(exp, provenance)
+    turns = _set_by_user(provenance, "rollout.multi_turn")
+    turns = [k for k in turns if k != "rollout.multi_turn.enable"]
+    if turns and not exp.rollout.multi_turn.enable:
+        out.append(f"{_shown(turns)}: rollout.multi_turn.enable is false, so no multi-turn key has an effect")
     out += _idle_validation(exp, provenance)
     out += _idle_overlong(exp, provenance)
     return out

@@ -2,9 +2,9 @@
 (``actor_rollout_ref.rollout.multi_turn.*`` in verl/trainer/config/rollout/rollout.yaml at b178a3c) and its tools
 as ``[[rollout.multi_turn.tools]]`` tables or verl's ``tool_config_path`` YAML.
 
-The rollout loop is not built yet: ``enable = true`` is refused at compile (:func:`check_multi_turn`), as is
-``interaction_config_path`` (verl's simulated user turns). Compile also imports every tool class and checks its
-schema, without torch (``hpcppo.agent.check``, run by the compiler).
+The rollout loop is ``hpcppo.rollout.tool_loop``; ``interaction_config_path`` (verl's simulated user turns) is
+refused. Compile imports every tool class and checks its schema, without torch (``hpcppo.agent.check``, run by the
+compiler).
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from typing import Any
 import attrs
 
 from hpcppo.config.fields import FieldValueError, opt
-from hpcppo.errors import ConfigError
 
-__all__ = ["MultiTurnSection", "ToolEntry", "TOOL_CALL_FORMATS", "check_multi_turn"]
+__all__ = ["MultiTurnSection", "ToolEntry", "TOOL_CALL_FORMATS"]
 
 #: hpcppo.agent.parse.FORMATS (a test keeps the two in step; config imports no agent module).
 TOOL_CALL_FORMATS = ("hermes", "compact")
@@ -38,8 +37,8 @@ class ToolEntry:
 class MultiTurnSection:
     """``[rollout.multi_turn]``: the model calls tools during generation (verl's rollout.multi_turn)."""
 
-    enable: bool = opt(False, help="Multi-turn, tool-using rollouts (verl's multi_turn.enable). Not available yet: "
-                                   "true is refused at compile.")
+    enable: bool = opt(False, help="Multi-turn, tool-using rollouts (verl's multi_turn.enable): the model calls the "
+                                   "tools while it generates (docs/tools.md).")
     max_assistant_turns: int = opt(0, ge=0, help="Most assistant (model) turns per trajectory; 0 = no limit but the "
                                                  "response budget (verl's null).")
     max_user_turns: int = opt(0, ge=0, help="Most tool (observation) turns per trajectory; 0 = no limit but the "
@@ -60,17 +59,15 @@ class MultiTurnSection:
                                                     "tool_schema}]), added to tools; \"\" = none.")
     call_timeout_s: float = opt(60.0, gt=0.0, help="A tool call not answered in this many seconds costs its worker "
                                                    "(restarted) and gives an error observation.")
+    max_tool_failures_per_step: int = opt(32, ge=0, help="A tool that fails (raises, crashes its worker, times "
+                                                         "out) more often than this in one step, over all ranks, "
+                                                         "stops the job with one line naming it (exit 1).")
     interaction_config_path: str = opt("", help="verl's simulated user turns: not supported yet; refused at compile.")
 
     def __attrs_post_init__(self) -> None:
+        if self.enable and not self.tools and not self.tool_config_path:
+            raise FieldValueError("enable", "multi-turn rollouts need tools: add [[rollout.multi_turn.tools]] "
+                                            "tables or tool_config_path")
         if self.interaction_config_path:
             raise FieldValueError("interaction_config_path", "interaction turns (verl's user simulator) are not "
                                                              "supported yet; remove the key")
-
-
-def check_multi_turn(section: MultiTurnSection, *, file: str | None = None) -> None:
-    """Refuse what the trainer cannot do yet, in one line (never accepted silently)."""
-    if section.enable:
-        raise ConfigError("multi-turn rollouts are not available yet (the tool interface, sandbox and parsing are; "
-                          "the multi-turn rollout loop is not built yet); set enable = false",
-                          file=file, key="rollout.multi_turn.enable")

@@ -52,6 +52,8 @@ class SamplingParams:
         top_k: keep the k most likely tokens; -1 (or 0) disables it.
         max_new_tokens: the longest response (>= 1).
         seed: seeds the engine's generator; None draws one from torch's global RNG.
+        stop_token_ids: further ids that end a response like EOS (kept in it, masked 1): a tool call's closing
+            token, for the tool loop (``hpcppo.rollout.tool_loop``); empty for a single-turn rollout.
     """
 
     eos_token_id: int | tuple[int, ...]
@@ -62,11 +64,13 @@ class SamplingParams:
     top_k: int = -1
     max_new_tokens: int = 128
     seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         eos = self.eos_token_id
         eos_ids = (int(eos),) if isinstance(eos, int) else tuple(int(e) for e in eos)
         object.__setattr__(self, "eos_token_id", eos_ids)
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         if not eos_ids:
             raise ValueError("SamplingParams.eos_token_id: give at least one end-of-sequence token id")
         if self.n < 1:
@@ -84,6 +88,11 @@ class SamplingParams:
     def eos_ids(self) -> tuple[int, ...]:
         """``eos_token_id`` as a tuple (it is always normalised to one)."""
         return self.eos_token_id  # type: ignore[return-value]
+
+    @property
+    def end_ids(self) -> tuple[int, ...]:
+        """Every id that ends a response: the EOS ids, then the further stop ids."""
+        return self.eos_ids + tuple(t for t in self.stop_token_ids if t not in self.eos_ids)
 
     @property
     def greedy(self) -> bool:
@@ -362,6 +371,35 @@ def batch_from_lists(
     index = torch.arange(len(prompts)).repeat_interleave(n)
     return assemble_batch(prompt_ids=prompt_ids[index], prompt_mask=prompt_mask[index], response_ids=response_ids,
                           response_mask=response_mask, rollout_log_probs=rollout_lps, prompt_index=index)
+
+
+@runtime_checkable
+class RequestEngine(Protocol):
+    """An engine that also takes requests one at a time (vLLM): the tool loop submits each continuation on its own,
+    so that a trajectory waiting on a tool holds up no other."""
+
+    @property
+    def takes_requests(self) -> bool:
+        """Whether requests may come one at a time in an order of this rank's own: not when ranks of a
+        tensor-parallel group must give one engine the same inputs at the same steps."""
+        ...
+
+    def submit(self, key: str, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
+        """Queue one sample's request under ``key`` (``sampling.seed`` its own)."""
+        ...
+
+    def busy(self) -> bool:
+        """Whether submitted requests are still running."""
+        ...
+
+    def step_finished(self) -> list[tuple[str, list[int], list[float]]]:
+        """Run the engine one step; the requests that finished: ``(key, tokens, log-probs)``, the end id that
+        stopped one included."""
+        ...
+
+    def abort(self, keys: Sequence[str]) -> None:
+        """Drop these requests where they still run (a failed step's)."""
+        ...
 
 
 @runtime_checkable

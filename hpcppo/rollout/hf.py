@@ -147,7 +147,7 @@ class HFRolloutEngine:
         """The KV-cached sampling loop. Returns ``[B, R]`` tokens, float32 log-probs and the response mask."""
         model = self.model
         batch = ids.shape[0]
-        eos = torch.tensor(sampling.eos_ids, device=ids.device)
+        eos = torch.tensor(sampling.end_ids, device=ids.device)  # EOS and the further stop ids
         temperature = sampling.logprob_temperature
         extra = {"logits_to_keep": 1} if self._has_logits_to_keep else {}
 

@@ -23,6 +23,7 @@ import torch
 
 from hpcppo.rollout.agent_loop import AgentLoop
 from hpcppo.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
+from hpcppo.rollout.tool_loop import LoopStats, ToolLoop
 
 WeightStream = Callable[..., Iterable[tuple[str, torch.Tensor]]]
 """``weights(dtype=..., into=...)``: the actor's full tensors by Hugging Face name (a collective iterator)."""
@@ -49,6 +50,8 @@ class Collected:
         times: seconds spent per phase (``weight_sync``, ``generate``), for the step's ``time/*`` metrics.
         metrics: the source's own metrics of the step (split placement's ``rollout/staleness_*`` ...), identical on
             every rank.
+        tool_stats: the tool loop's counts of the step on this rank (None: the single-turn loop).
+        tool_rewards: the tool loop's per-call step rewards, one list per row of ``batch`` (None: single turn).
     """
 
     batch: RolloutBatch
@@ -56,6 +59,8 @@ class Collected:
     greedy: RolloutBatch | None = None
     times: dict[str, float] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    tool_stats: LoopStats | None = None
+    tool_rewards: list[list[float]] | None = None
 
 
 class RolloutSource(Protocol):
@@ -111,12 +116,16 @@ class ColocatedSource:
         inputs = [p.input_ids for p in prompts]
         with _timed(times, "generate"):
             batch = self.loop.run(inputs, dataclasses.replace(self.sampling, seed=ctx.seed))
+            tools = self.loop if isinstance(self.loop, ToolLoop) else None
+            tool_stats = tools.take_stats() if tools is not None else None  # before the greedy run's
+            tool_rewards = tools.tool_rewards if tools is not None else None
             greedy = None
             if self.greedy_baseline:  # verl decodes it with do_sample=False: no draw, the seed changes nothing
                 greedy = self.loop.run(inputs, dataclasses.replace(self.sampling, n=1, temperature=0.0, top_p=1.0,
                                                                    top_k=-1, seed=ctx.seed))
             self.engine.sleep()
-        return Collected(batch=batch.stamped(self.engine_version), prompts=prompts, greedy=greedy, times=times)
+        return Collected(batch=batch.stamped(self.engine_version), prompts=prompts, greedy=greedy, times=times,
+                         tool_stats=tool_stats, tool_rewards=tool_rewards)
 
     @contextlib.contextmanager
     def serving(self, actor_version: int) -> Iterator[AgentLoop]:

@@ -53,6 +53,7 @@ engine for real on that backend (exact weight sync against the HF engine, tensor
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -265,6 +266,7 @@ class VLLMRolloutEngine:
         self._llm: Any = vllm.LLM(**kwargs)
         _unlink_cpu_shm_segments()
         self._sleep_mode = enable_sleep_mode
+        self._tensor_parallel_size = tensor_parallel_size
         self._sleep_level = sleep_level
         self._bucket_bytes = int(sync_bucket_bytes)
         self._dtype = dtype
@@ -324,7 +326,7 @@ class VLLMRolloutEngine:
             max_tokens=sampling.max_new_tokens,
             logprobs=0,  # the sampled token's log-prob only
             seed=seed,
-            stop_token_ids=list(sampling.eos_ids),
+            stop_token_ids=list(sampling.end_ids),  # EOS, then a tool call's closing token (the tool loop)
             detokenize=False,  # the trainer decodes what it needs; skipping it saves CPU time per step
         )
 
@@ -350,8 +352,50 @@ class VLLMRolloutEngine:
         # two copies of one prompt in a batch (sampling with replacement) would get identical samples.
         params = [self._sampling_params(sampling, prompt_seed(sampling.seed, i, sampling.n)) for i in range(len(rows))]
         outputs = self.llm.generate([{"prompt_token_ids": r} for r in rows], params, use_tqdm=False)
-        return _to_rollout_batch(outputs, n=sampling.n, eos_token_ids=sampling.eos_ids,
+        return _to_rollout_batch(outputs, n=sampling.n, eos_token_ids=sampling.end_ids,
                                  pad_token_id=sampling.pad_token_id)
+
+    # -- one request at a time (the tool loop: each continuation its own request) ------------------------------
+
+    @property
+    def takes_requests(self) -> bool:
+        """One rank per engine only: the ranks of a tensor-parallel group drive one engine in lockstep, and the
+        order in which tool answers come back is each rank's own (the tool loop batches turn by turn there)."""
+        return self._tensor_parallel_size == 1
+
+    def submit(self, key: str, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
+        """Queue one request of one sample (``sampling.n`` is ignored; ``sampling.seed`` is the request's own) under
+        ``key``, without running it: :meth:`step_finished` runs the engine. vLLM's ``LLMEngine.add_request``
+        (vllm/v1/engine/llm_engine.py, 0.32.0), which ``LLM.generate`` also uses; the request id it reports back
+        is the one given (``RequestOutput.request_id`` is the external id)."""
+        if not self._weights_valid:
+            raise RuntimeError("the vLLM engine has no weights: call sync_weights() before submit()")
+        self._wake(weights=True, kv=True)
+        params = self._sampling_params(dataclasses.replace(sampling, n=1), sampling.seed)
+        self.llm.llm_engine.add_request(key, {"prompt_token_ids": [int(t) for t in prompt_ids]}, params)
+
+    def busy(self) -> bool:
+        """Whether submitted requests are still running."""
+        return bool(self.llm.llm_engine.has_unfinished_requests())
+
+    def abort(self, keys: Sequence[str]) -> None:
+        """Drop these requests where they still run (``LLMEngine.abort_request`` takes the external ids)."""
+        self.llm.llm_engine.abort_request(list(keys))
+
+    def step_finished(self) -> list[tuple[str, list[int], list[float]]]:
+        """One engine step (as ``LLM._run_engine`` loops over them); the requests that finished in it, each as
+        ``(key, tokens, log-probs)``; the EOS or stop id that ended one is its last token (vLLM keeps it)."""
+        done = []
+        for output in self.llm.llm_engine.step():
+            if not getattr(output, "finished", False):
+                continue
+            c = output.outputs[0]
+            tokens = [int(t) for t in c.token_ids]
+            if c.logprobs is None or len(c.logprobs) != len(tokens):
+                raise ValueError("vLLM returned no log-probs for every token: submit passes SamplingParams(logprobs=0)")
+            lps = [_logprob_value(c.logprobs[j][t]) for j, t in enumerate(tokens)]
+            done.append((str(output.request_id), tokens, lps))
+        return done
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Stream ``(hf_name, full_tensor)`` pairs into the engine's model in bounded buckets; returns the bytes

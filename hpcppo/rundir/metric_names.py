@@ -64,6 +64,17 @@ STANDARD_COLUMNS: tuple[str, ...] = (
     "val/score",
 )
 
+#: With [rollout.multi_turn] enable (declared then only): the tool loop's metrics of a step
+#: (hpcppo.rollout.tool_loop), over all ranks; with :func:`tool_columns`.
+TOOL_LOOP_COLUMNS: tuple[str, ...] = (
+    "rollout/turns_mean",  # assistant turns per trajectory
+    "rollout/turns_max",
+    "rollout/tool_calls_mean",  # calls run per trajectory
+    "rollout/tool_errors",  # error observations: calls that could not run, tools that failed
+    "rollout/tool_timeouts",  # calls whose tool worker did not answer in call_timeout_s
+    "time/tool_s",  # the slowest rank's time in tool calls (part of time/generate_s)
+)
+
 #: Columns a trainer adds when its configuration produces them (the KL loss only with actor.use_kl_loss).
 OPTIONAL_COLUMNS: tuple[str, ...] = (
     "actor/kl_loss",
@@ -85,6 +96,15 @@ OPTIONAL_COLUMNS: tuple[str, ...] = (
     "time/rollout_idle_s",
     "perf/weight_broadcast_gbps",
 )
+#: Per-tool counts of the tool loop: ``rollout/tool_calls/<tool>`` and ``rollout/tool_failures/<tool>``.
+TOOL_PREFIXES = ("rollout/tool_calls/", "rollout/tool_failures/")
+
+
+def tool_columns(tools: Sequence[str]) -> list[str]:
+    """The per-tool columns of a run with these tools (by schema name)."""
+    return [p + t for t in tools for p in TOOL_PREFIXES]
+
+
 #: Per-data-source validation scores: ``val/score/<data_source>``; with ``rollout.val_n`` > 1 also
 #: ``val/score/<data_source>/<stat>`` for each of :func:`validation_stats` (verl's metric names).
 VALIDATION_PREFIX = "val/score/"
@@ -137,8 +157,8 @@ def trainer_columns(val_sources: Sequence[str] = (), val_n: int = 1, *, acc: boo
 
 def is_trainer_column(name: str) -> bool:
     """Whether the trainer can log ``name`` (a rule watching anything else would never fire)."""
-    return name in STANDARD_COLUMNS or name in OPTIONAL_COLUMNS or any(
-        name.startswith(p) and len(name) > len(p) for p in (VALIDATION_PREFIX, VALIDATION_ACC_PREFIX))
+    return name in STANDARD_COLUMNS or name in OPTIONAL_COLUMNS or name in TOOL_LOOP_COLUMNS or any(
+        name.startswith(p) and len(name) > len(p) for p in (VALIDATION_PREFIX, VALIDATION_ACC_PREFIX, *TOOL_PREFIXES))
 
 
 class Headline(NamedTuple):
@@ -177,6 +197,11 @@ HEADLINE: tuple[Headline, ...] = (
     _h("critic/grad_norm", None, "summary"),
     _h("perf/tokens_per_s", "max", "summary compare follow"),
     _h("perf/step_time_s", "min", "log summary compare"),
+    # multi-turn runs only (the columns exist there): the tool loop's turns, calls and errors
+    _h("rollout/turns_mean", None, "summary"),
+    _h("rollout/tool_calls_mean", None, "summary compare"),
+    _h("rollout/tool_errors", "min", "summary"),
+    _h("rollout/tool_timeouts", "min", "summary"),
 )
 
 

@@ -21,6 +21,9 @@ from torch import nn
 from transformers import AutoTokenizer
 
 from hpcppo import algos, jobenv, models
+from hpcppo.agent.check import collect_specs, tool_schemas
+from hpcppo.agent.tool import ToolSpec
+from hpcppo.agent.worker import ToolWorker
 from hpcppo.config import Compiled, DataSection, Experiment, FsdpSection, ModelSection, RunPlan, Site
 from hpcppo.config.reward import RewardManagerSection, overlong_buffer_on
 from hpcppo.data.dataset import PromptDataset, Truncation, read_prompts
@@ -34,7 +37,9 @@ from hpcppo.distributed.fsdp import apply_activation_checkpointing, apply_fsdp
 from hpcppo.distributed.mesh import build_mesh
 from hpcppo.metrics import MetricsWriter
 from hpcppo.config.rollout_corr import metric_columns as rollout_corr_columns
+from hpcppo.config.multi_turn import MultiTurnSection
 from hpcppo.metrics.schema import trainer_columns
+from hpcppo.rundir.metric_names import TOOL_LOOP_COLUMNS, tool_columns
 from hpcppo.models.reward_model import STRIP as REWARD_MODEL_STRIP, build_reward_model
 from hpcppo.rollout import EngineSettings, RolloutEngine, SamplingParams, build_engine
 from hpcppo.rollout.base import generation_config_eos, stop_token_ids
@@ -58,6 +63,26 @@ class ModelSet:
     # Optimizer state in host memory between updates (optimizer_offload). Not with param_offload: FSDP2's CPU
     # offload already keeps it there, and the step runs on the CPU.
     optim_offload: bool = False
+
+
+@dataclass
+class RankTools:
+    """The tools of a multi-turn run on this rank: their specs, their schemas by name, and the rank's tool worker
+    (started at the end of :func:`build_components`, closed with the components)."""
+
+    specs: list[ToolSpec]
+    schemas: dict[str, dict[str, Any]]
+    call_timeout_s: float
+    worker: ToolWorker | None = None
+
+    def started(self) -> RankTools:
+        self.worker = ToolWorker(self.specs, call_timeout_s=self.call_timeout_s)
+        return self
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
 
 
 @dataclass
@@ -94,6 +119,7 @@ class Components:
     reward_model: RewardModelScorer | None = None  # [reward_model]: its scores replace score_fn's in training
     # With the actor's LoRA the reference is the actor with its adapters disabled (verl's ref_in_actor): no copy.
     ref_in_actor: bool = False
+    tools: RankTools | None = None  # [rollout.multi_turn] enable: the tools and this rank's tool worker
 
     def reference_policy(self) -> contextlib.AbstractContextManager[nn.Module | None]:
         """The reference policy for the KL (None when the run has none): its own model, or the actor without its
@@ -118,6 +144,8 @@ class Components:
             self.metrics.close()
         if self.engine is not None:
             self.engine.close()
+        if self.tools is not None:
+            self.tools.close()
 
 
 def _set_threads(env: DistEnv, tasks_per_node: int) -> None:
@@ -349,9 +377,11 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
     paths = RunPaths(run_dir)
     ckpt = CheckpointManager(paths.checkpoints, keep_last=cfg.checkpoint.keep_last, rank=env.rank,
                              world_size=env.world_size)
+    tools = _tools(cfg.rollout.multi_turn)
     attempt, metrics = _metrics_log(paths, env, site, trainer_columns(
         val_sources, ro.val_n, acc=overlong_buffer_on(cfg.reward_manager))
-        + rollout_corr_columns(cfg.algorithm.rollout_correction))
+        + rollout_corr_columns(cfg.algorithm.rollout_correction)
+        + ([*TOOL_LOOP_COLUMNS, *tool_columns(list(tools.schemas))] if tools is not None else []))
     log.info("built: %d train prompts, %d val prompts, %d steps; actor%s%s; engine %s",
              len(train_data), len(val_data) if val_data else 0, total_steps,
              " + critic" if critic is not None else "", " + reference" if reference is not None else "", ro.engine)
@@ -362,6 +392,8 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
         val_sampling=val_sampling, kl_ctrl=kl_ctrl, score_fn=build_score_fn(cfg.data, cfg.reward_manager), ckpt=ckpt,
         metrics=metrics, attempt=attempt, preempt=preempt if preempt is not None else PreemptionFlag(),
         groups=groups, ref_in_actor=ref_in_actor, reward_model=reward_model,
+        # Last: the worker process is started once everything that could fail here has been built.
+        tools=tools.started() if tools is not None else None,
     )
 
 
@@ -380,6 +412,7 @@ class RolloutParts:
     total_steps: int
     engine: RolloutEngine
     sampling: SamplingParams
+    tools: RankTools | None = None  # not built on rollout ranks yet: split with multi_turn stops in agent_loop's line
 
     def close(self) -> None:
         self.engine.close()
@@ -407,6 +440,14 @@ def needs_engine(cfg: Experiment, plan: RunPlan, val_data: PromptDataset | None)
     if plan.placement != "split":
         return True
     return val_data is not None and (cfg.trainer.val_before_train or cfg.trainer.test_freq > 0)
+
+
+def _tools(section: MultiTurnSection) -> RankTools | None:
+    """The configured tools of a multi-turn run (schemas read; the worker not started yet), None without."""
+    if not section.enable:
+        return None
+    specs = collect_specs([(t.class_name, t.config, t.tool_schema) for t in section.tools], section.tool_config_path)
+    return RankTools(specs=specs, schemas=tool_schemas(specs), call_timeout_s=section.call_timeout_s)
 
 
 def _seeded_device(cfg: Experiment, plan: RunPlan, env: DistEnv) -> torch.device:

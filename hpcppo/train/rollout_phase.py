@@ -11,18 +11,50 @@ from typing import Any
 import torch
 
 from hpcppo import models
-from hpcppo.distributed.env import broadcast_object
+from hpcppo.distributed.env import all_reduce_host, broadcast_object
+from hpcppo.errors import ConfigError
 from hpcppo.rollout.agent_loop import AgentLoop, SingleTurnLoop
 from hpcppo.rollout.base import RolloutBatch
-from hpcppo.rollout.source import ColocatedSource
+from hpcppo.rollout.source import ColocatedSource, Collected
 from hpcppo.rollout.split import SplitSource, TrainerEnd
+from hpcppo.rollout.tool_loop import ToolLoop, ToolLoopSettings, check_failures, stats_metrics, stats_vector
 from hpcppo.train.lora import actor_weights
 
 
 def agent_loop(c: Any) -> AgentLoop:
-    """The run's agent loop over ``c.engine`` (the trainer's components, or a rollout rank's parts with ``cfg``,
-    ``engine``, ``tokenizer``): the same on a colocated rank and on a rollout rank of a split run."""
-    return SingleTurnLoop(c.engine)
+    """The run's agent loop over ``c.engine`` (the trainer's components, or a split run's rollout rank's parts): the
+    tool loop with the rank's tool worker (``c.tools``, started and closed with the components) when
+    ``rollout.multi_turn.enable``, else the single-turn loop."""
+    mt = c.cfg.rollout.multi_turn
+    if not mt.enable:
+        return SingleTurnLoop(c.engine)
+    if c.tools is None or c.tools.worker is None:
+        raise RuntimeError("rollout.multi_turn.enable is set but the components have no started tool worker")
+    settings = ToolLoopSettings(
+        max_response_length=c.cfg.data.max_response_length, format=mt.format,
+        max_assistant_turns=mt.max_assistant_turns, max_user_turns=mt.max_user_turns,
+        max_parallel_calls=mt.max_parallel_calls, max_tool_response_length=mt.max_tool_response_length,
+        tool_response_truncate_side=mt.tool_response_truncate_side,
+        max_tool_failures_per_step=mt.max_tool_failures_per_step)
+    try:
+        return ToolLoop(c.engine, c.tools.worker, c.tokenizer, c.tools.schemas, settings)
+    except ValueError as exc:  # a tokenizer whose chat template cannot render a tool turn: one line, at job start
+        raise ConfigError(f"{exc} ({c.cfg.model.path})", key="rollout.multi_turn.enable") from None
+
+
+def tool_metrics(c: Any, got: Collected) -> dict[str, float]:
+    """The tool loop's metrics of the step, summed (and maxed) over the ranks, identical on every rank; raises
+    :class:`~hpcppo.errors.ToolFailureError` on every rank together when a tool failed more often than
+    ``rollout.multi_turn.max_tool_failures_per_step``. Empty (and no collective) for the single-turn loop."""
+    if got.tool_stats is None:
+        return {}
+    names = list(c.tools.schemas)
+    sums, maxima = stats_vector(got.tool_stats, names)
+    sums, maxima = all_reduce_host(sums, "sum"), all_reduce_host(maxima, "max")
+    metrics = stats_metrics(sums, maxima, names)
+    check_failures({n: metrics[f"rollout/tool_failures/{n}"] for n in names},
+                   c.cfg.rollout.multi_turn.max_tool_failures_per_step)
+    return metrics
 
 
 def _weights(c: Any) -> Any:

@@ -90,6 +90,7 @@ class Trainer:
         self.state = TrainingState(kl_coef=c.kl_ctrl.initial)  # the run's progress: replaced, never edited
         self.timer = PhaseTimer()  # this step's phase times
         self.source_metrics: dict[str, float] = {}  # the rollout source's metrics of this step
+        self.rollout_metrics: dict[str, float] = {}  # the tool loop's metrics of this step (none single-turn)
         self.greedy_baseline = estimators.needs_greedy_baseline(self.cfg.algorithm.adv_estimator)  # ReMax
         self.bridge: Any = None  # split placement, trainer rank 0: the bridge to the rollout ranks
         self.source: RolloutSource = self._source()
@@ -186,6 +187,7 @@ class Trainer:
             metrics |= self.validate()
         metrics |= reward_metrics | self.source_metrics
         metrics |= {f"time/{k}_s": v for k, v in self.timer.times.items()}
+        metrics |= self.rollout_metrics
         step_time = time.perf_counter() - start
         metrics |= {"perf/step_time_s": step_time, "perf/tokens_per_s": tokens / step_time,
                     "perf/max_memory_gb": self.peak_memory_gb()}
@@ -205,7 +207,10 @@ class Trainer:
                                               actor_version=self.state.actor_version, seed=seed))
         self.timer.add(got.times)
         self.source_metrics = got.metrics
+        self.rollout_metrics = rollout_phase.tool_metrics(c, got)
         batch = batching.to_training_batch(got.batch, got.prompts, c.device)
+        if got.tool_rewards is not None:  # verl's tool_extra_fields: into the reward function's extra_info
+            batch["tool_rewards"] = got.tool_rewards
         if got.greedy is not None:  # one per prompt -> one per sample (rows are prompt-major)
             with self.timer("reward"):
                 baselines = rollout_phase.greedy_baseline_scores(c, got.prompts, got.greedy)
@@ -246,8 +251,11 @@ class Trainer:
                 return {"token_level_scores": batching.place_scores(scores.tolist(), attend)}, metrics
             texts = c.tokenizer.batch_decode(batch["responses"] * attend, skip_special_tokens=True)
             penalties: list[float] = []
+            extra = [r.extra_info for r in records]
+            if "tool_rewards" in batch:  # the tool loop's step rewards, as verl's reward managers pass them
+                extra = [dict(e or {}, tool_rewards=list(tr)) for e, tr in zip(extra, batch["tool_rewards"])]
             rule = c.score_fn([r.data_source for r in records], texts, [r.ground_truth for r in records],
-                              [r.extra_info for r in records], lengths=attend.sum(-1).tolist(), penalties=penalties)
+                              extra, lengths=attend.sum(-1).tolist(), penalties=penalties)
             log_overlong = self.cfg.reward_manager.overlong_buffer.log and self.cfg.reward_manager.name == "dapo"
             metrics = reward_phase.overlong_metrics(penalties) if log_overlong else {}
             return {"token_level_scores": batching.place_scores(rule, attend)}, metrics

@@ -54,6 +54,16 @@ class Counter(Tool):
         return float(self._instances[instance_id]["sum"])
 
 
+class Echo(Tool):
+    """Says its integer back: ``echo N``."""
+
+    default_schema = {"type": "function", "function": {"name": "echo", "description": "says n back", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}
+
+    def execute(self, instance_id: str, parameters: dict[str, Any]) -> tuple[str, float, dict[str, float]]:
+        return f"echo {parameters['n']}", 0.0, {}
+
+
 class BadCtor(Tool):
     default_schema = _schema("badctor")
 

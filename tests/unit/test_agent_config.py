@@ -1,18 +1,20 @@
-"""[rollout.multi_turn]: verl's names, the tools checked at compile without torch (one line per problem), and what
-is not available yet refused in one line."""
+"""[rollout.multi_turn]: verl's names, the tools checked at compile without torch (one line per problem), what is
+not available yet (interaction turns) refused in one line, and keys that do nothing while enable is false named in a
+warning."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
 
 from hpcppo.compiler import compile_config
 from hpcppo.config import load_resolved, write_resolved
-from hpcppo.errors import ConfigError
+from hpcppo.errors import ConfigError, SettingWarning
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = (REPO / "examples" / "arith-tiny.toml").read_text()
@@ -115,7 +117,7 @@ def test_tools_compile_with_verls_names_and_round_trip(tmp_path, user_tools):
      '"object", properties = {text = {type = "array"}}}}}',
      "the compact format needs a tool name of lowercase letters, digits and '-' (not 'my_echo'); parameter 'text' "
      "is array"),
-    ("[rollout.multi_turn]\nenable = true", "rollout.multi_turn.enable: multi-turn rollouts are not available yet"),
+    ("[rollout.multi_turn]\nenable = true", "rollout.multi_turn.enable: multi-turn rollouts need tools"),
     ('[rollout.multi_turn]\ninteraction_config_path = "sim.yaml"', "interaction turns (verl's user simulator) are "
                                                                    "not supported yet"),
     ("[rollout.multi_turn]\nformat = \"json\"", "allowed values: \"hermes\", \"compact\""),
@@ -134,13 +136,27 @@ def test_each_bad_tool_has_its_own_line(tmp_path, user_tools):
     assert len(lines) == 2 and all("exp.toml: rollout.multi_turn.tools: tools[" in line for line in lines)
 
 
-def test_without_the_paths_check_the_tools_are_not_imported_but_enable_is_still_refused(tmp_path):
+def test_without_the_paths_check_the_tools_are_not_imported(tmp_path):
     spec = tmp_path / "exp.toml"
     spec.write_text(EXAMPLE + '\n[[rollout.multi_turn.tools]]\nclass_name = "only_on_the_cluster.Tool"\n')
-    compiled = compile_config(spec, "local", check_paths=False, check_memory=False)
+    compiled = compile_config(spec, "local", ["rollout.multi_turn.enable=true"], check_paths=False, check_memory=False)
+    assert compiled.experiment.rollout.multi_turn.enable
     assert compiled.experiment.rollout.multi_turn.tools[0].class_name == "only_on_the_cluster.Tool"
-    with pytest.raises(ConfigError, match="multi-turn rollouts are not available yet"):
-        compile_config(spec, "local", ["rollout.multi_turn.enable=true"], check_paths=False, check_memory=False)
+
+
+def test_multi_turn_keys_without_enable_are_named_in_one_warning(tmp_path):
+    spec = tmp_path / "exp.toml"
+    spec.write_text(EXAMPLE + '\n[rollout.multi_turn]\nmax_assistant_turns = 3\n')
+    with pytest.warns(SettingWarning) as got:
+        compile_config(spec, "local", check_paths=False, check_memory=False)
+    lines = [str(w.message) for w in got if "multi_turn" in str(w.message)]
+    assert len(lines) == 1 and "rollout.multi_turn.max_assistant_turns" in lines[0] and "enable is false" in lines[0]
+    spec.write_text(EXAMPLE + '\n[rollout.multi_turn]\nenable = true\nmax_assistant_turns = 3\n'
+                              '[[rollout.multi_turn.tools]]\nclass_name = "hpcppo.agent.builtin.Calculator"\n')
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        compile_config(spec, "local", check_paths=False, check_memory=False)
+    assert not [w for w in seen if "multi_turn" in str(w.message)]
 
 
 def test_verls_tool_config_yaml(tmp_path, user_tools):

@@ -155,6 +155,8 @@ CASES: dict[str, Case] = {
                                          "greedy validation", warn=True),
     "val-n-without-validation": Case(compile_("-o", "rollout.val_n=4", "-o", "trainer.test_freq=0", "-o",
                                               "trainer.val_before_train=false"), "validation never runs", warn=True),
+    "multi-turn-keys-while-off": Case(compile_("-o", "rollout.multi_turn.max_assistant_turns=3"),
+                                      "rollout.multi_turn.enable is false", warn=True),
     "overlong-settings-while-off": Case(compile_("-o", "reward_manager.overlong_buffer.len=4"),
                                         "the overlong buffer is off", warn=True),
     "overlong-len-equal-to-response": Case(compile_("-o", "reward_manager.name=dapo", "-o",

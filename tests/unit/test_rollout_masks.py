@@ -3,6 +3,9 @@ loss mask only the model's. A hand-built trajectory with a tool turn in the midd
 two tool tokens, model tokens and EOS) makes them differ: the forwards attend to the tool turn, the losses, the
 token counts and the advantages ignore it, the scoring and the length metrics count it.
 
+A second, hand-built trajectory of three assistant turns and two tool turns is checked against a hand computation:
+masks, positions, log-prob alignment and the PPO loss.
+
 Each test compares the trajectory with the same tokens as one plain turn (both masks all ones): what reads the
 attention mask must not see a difference, what reads the loss mask must not see what lies under the tool turn.
 """
@@ -233,3 +236,56 @@ def test_advantages_whitening_and_the_kl_penalty_ignore_the_tool_turn(estimator)
     assert clean_metrics["response/clip_ratio"] == 0.5  # 6 >= max_response_length 6
     if estimator == "gae":  # whitened over the model's tokens
         assert algos.masked_mean(clean["advantages"], mask.long()).abs() < 1e-5
+
+
+# ---------------------------------------------------------------- a hand-built 3-turn trajectory (issue 34)
+# prompt, then: assistant [11, 12], tool [30, 31, 32], assistant [13], tool [33, 34], assistant [14, EOS]
+P3 = [5, 6, 7]
+TURNS = [([11, 12], 1), ([30, 31, 32], 0), ([13], 1), ([33, 34], 0), ([14, EOS], 1)]
+R3 = [t for ids, _ in TURNS for t in ids]
+M3 = [m for ids, m in TURNS for _ in ids]
+
+
+def test_three_turns_masks_positions_log_probs_and_loss_by_hand():
+    from hpcppo.models import compute_log_probs
+
+    model = tiny_model(3)
+    with torch.no_grad():  # by hand: one forward of the unpadded sequence, log-softmax at the previous position
+        full = torch.tensor([P3 + R3])
+        logits = model(input_ids=full).logits[0].float()
+        by_hand = torch.log_softmax(logits, -1)[len(P3) - 1:-1].gather(-1, torch.tensor(R3)[:, None])[:, 0]
+    sampled = [float(by_hand[j]) if m else 0.0 for j, m in enumerate(M3)]
+    # a second, shorter sample left pads the prompt and right pads the response
+    out = batch_from_trajectories([Trajectory(prompt_ids=P3, response_ids=R3, loss_mask=M3, rollout_log_probs=sampled,
+                                              policy_version=[4] * len(R3), prompt_index=0),
+                                   Trajectory(prompt_ids=[9], response_ids=[15, EOS], loss_mask=[1, 1],
+                                              rollout_log_probs=[-1.0, -2.0], policy_version=[4, 4], prompt_index=1)],
+                                  PAD)
+    assert out.response_mask[0].tolist() == M3 and out.response_attention_mask[0].tolist() == [1] * 10
+    assert out.response_mask[1].tolist() == [1, 1] + [0] * 8
+    assert out.position_ids[0].tolist() == list(range(13))  # prompt and every turn: one run of positions
+    assert out.position_ids[1, out.prompt_width - 1:out.prompt_width + 2].tolist() == [0, 1, 2]
+    batch = batching.to_training_batch(out, [SimpleNamespace(index=i, record=None) for i in range(2)],
+                                       torch.device("cpu"))
+    with torch.no_grad():
+        lp = compute_log_probs(model, batch["input_ids"], batch["attention_mask"], batch["position_ids"], 10,
+                               micro_batch_size=2)
+    assert torch.allclose(lp[0], by_hand, atol=1e-5)  # aligned: column j is response token j's log-prob
+    assert torch.allclose(lp[0] * out.response_mask[0], out.rollout_log_probs[0], atol=1e-5)
+    assert out.rollout_log_probs[0].tolist() == pytest.approx(sampled)
+
+    # the PPO loss (token-mean, clip 0.2) against its hand computation over the five model tokens
+    g = torch.Generator().manual_seed(1)
+    old = lp + 0.3 * torch.randn(lp.shape, generator=g)
+    adv = torch.randn(lp.shape, generator=g)
+    mb = batch | {"old_log_probs": old, "advantages": adv}
+    info = batching.global_batch_info(mb["response_mask"], 1, 2)
+    assert info.batch_num_tokens == 7  # 5 + 2 model tokens: no tool token counts
+    loss = actor_loss(model, ActorSection(loss_agg_mode="token-mean", entropy_coeff=0.0),
+                      clip_ratio_low=0.2, clip_ratio_high=0.2, kl_loss=False, temperature=1.0)(
+        mb, info, batching.UpdateMetrics(), 1)
+    ratio = torch.exp(lp - old)
+    per_token = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
+    mask = out.response_mask.float()
+    want = (per_token * mask).sum() / mask.sum()
+    assert float(loss.detach()) == pytest.approx(float(want), rel=1e-5)
