@@ -42,7 +42,7 @@ def _worker(rank: int, world: int, tp: int) -> dict:
 
     vllm_engine._empty_cache = lambda: None
     env = detect_env(os.environ, device_type="cpu")
-    plan = SimpleNamespace(tensor_parallel_size=tp, dp_size=world // tp, prompts_per_step=8)
+    plan = SimpleNamespace(placement="colocated", tensor_parallel_size=tp, dp_size=world // tp, prompts_per_step=8)
     sampler, groups = build_sampler(PROMPTS, plan, env, seed=3, shuffle=True)
 
     def item(i: int, source: str):
@@ -62,6 +62,7 @@ def _worker(rank: int, world: int, tp: int) -> dict:
         score_fn=lambda sources, texts, truths, extras, preds=None, lengths=None, penalties=None: [
             float(t) for t in truths],
         reward_model=None,  # rule-based validation
+        cfg=SimpleNamespace(rollout=SimpleNamespace(multi_turn=SimpleNamespace(enable=False))),  # agent_loop: one turn
     )
     trainer = Trainer.__new__(Trainer)  # only the phases under test: rollout and validate
     trainer.c, trainer.cfg, trainer.env = c, SimpleNamespace(seed=5, reward_manager=RewardManagerSection()), env
