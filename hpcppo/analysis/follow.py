@@ -56,6 +56,9 @@ class View:
     kl: float | None
     kl_coef: float | None
     tokens_per_s: float | None
+    # split placement (docs/placement.md): how far behind the actor the trained samples were, and the trainers' wait
+    staleness: float | None = None
+    trainer_idle_s: float | None = None
 
 
 def eta_s(rows: pd.DataFrame, total: int | None) -> float | None:
@@ -76,7 +79,10 @@ def eta_s(rows: pd.DataFrame, total: int | None) -> float | None:
 def make_view(state: str, rows: pd.DataFrame, total: int | None, elapsed_s: float | None) -> View:
     """The view of the current history ``rows`` (as :func:`hpcppo.metrics.load` returns them)."""
     step = int(rows["step"].iloc[-1]) if len(rows) else None
-    return View(state, step, total, elapsed_s, eta_s(rows, total), *(last_value(rows, c) for c in _SHOWN))
+    reward, kl, kl_coef, tokens_per_s = (last_value(rows, c) for c in _SHOWN)
+    return View(state, step, total, elapsed_s, eta_s(rows, total), reward, kl, kl_coef, tokens_per_s,
+                staleness=last_value(rows, "rollout/staleness_mean"),
+                trainer_idle_s=last_value(rows, "time/trainer_idle_s"))
 
 
 def clock(seconds: float | None) -> str:
@@ -85,8 +91,10 @@ def clock(seconds: float | None) -> str:
 
 
 def metrics_text(v: View) -> str:
+    split = "" if v.staleness is None else \
+        f"  staleness {number_text(v.staleness)}  trainer idle {number_text(v.trainer_idle_s)} s"
     return (f"reward {number_text(v.reward)}  kl {number_text(v.kl)}  kl_coef {number_text(v.kl_coef)}  "
-            f"tok/s {number_text(v.tokens_per_s, ',.0f')}")
+            f"tok/s {number_text(v.tokens_per_s, ',.0f')}{split}")
 
 
 def steps_text(v: View) -> str:

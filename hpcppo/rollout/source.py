@@ -48,6 +48,8 @@ class Collected:
         prompts: the step's prompts, in the order ``batch.prompt_index`` counts them (each has ``input_ids``).
         greedy: ReMax's baseline, one greedy response per prompt; None when the estimator needs none.
         times: seconds spent per phase (``weight_sync``, ``generate``), for the step's ``time/*`` metrics.
+        metrics: the source's own metrics of the step (split placement's ``rollout/staleness_*`` ...), identical on
+            every rank.
         tool_stats: the tool loop's counts of the step on this rank (None: the single-turn loop).
         tool_rewards: the tool loop's per-call step rewards, one list per row of ``batch`` (None: single turn).
         tool_scores: the tool loop's end-of-trajectory ``calc_reward`` per tool, one mapping per row of ``batch``
@@ -59,6 +61,7 @@ class Collected:
     prompts: list[Any]
     greedy: RolloutBatch | None = None
     times: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
     tool_stats: LoopStats | None = None
     tool_rewards: list[list[float]] | None = None
     tool_scores: list[dict[str, float]] | None = None

@@ -86,6 +86,15 @@ OPTIONAL_COLUMNS: tuple[str, ...] = (
     # [reward_manager] dapo with overlong_buffer.log: verl's overlong_reward and overlong extra info, over the batch
     "reward_manager/overlong_reward_mean",
     "reward_manager/overlong_frac",
+    # rollout.placement = "split" (issue 35): how old the trained samples were, in policy versions (weight
+    # broadcasts), batches dropped for exceeding rollout.max_staleness, the trainer's wait for samples and the
+    # rollout ranks' wait for work, and the weight broadcast's rate
+    "rollout/staleness_mean",
+    "rollout/staleness_max",
+    "rollout/dropped_stale",
+    "time/trainer_idle_s",
+    "time/rollout_idle_s",
+    "perf/weight_broadcast_gbps",
 )
 #: Per-tool counts of the tool loop: ``rollout/tool_calls/<tool>`` and ``rollout/tool_failures/<tool>``.
 TOOL_PREFIXES: tuple[str, ...] = ("rollout/tool_calls/", "rollout/tool_failures/")

@@ -104,7 +104,7 @@ class Components:
     actor: ModelSet
     reference: nn.Module | None  # frozen: no optimizer (None: no reference, or the actor without its adapters)
     critic: ModelSet | None  # only when the estimator has a critic
-    engine: RolloutEngine
+    engine: RolloutEngine | None  # None on a split run's trainer ranks that never validate (rollout ranks generate)
     sampling: SamplingParams
     val_sampling: SamplingParams
     kl_ctrl: algos.KLController
@@ -142,15 +142,18 @@ class Components:
         self.preempt.restore()
         if self.metrics is not None:
             self.metrics.close()
-        self.engine.close()
+        if self.engine is not None:
+            self.engine.close()
         if self.tools is not None:
             self.tools.close()
 
 
-def _set_threads(env: DistEnv) -> None:
-    # Ranks sharing a CPU machine split its cores instead of oversubscribing them (OMP_NUM_THREADS wins).
+def _set_threads(env: DistEnv, tasks_per_node: int) -> None:
+    # Ranks sharing a CPU machine split its cores instead of oversubscribing them (OMP_NUM_THREADS wins). Every task
+    # of the node counts: in split placement a trainer's local world holds the trainers only, the rollout ranks
+    # beside them compute too (plan.ranks_per_node: all of them).
     if env.device_type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, env.local_world_size)))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, env.local_world_size, tasks_per_node)))
 
 
 def freeze_long_lived_objects() -> int:
@@ -218,8 +221,17 @@ def build_sampler(num_items: int, plan: RunPlan, env: DistEnv, *, seed: int,
     """The prompt sampler of this rank and its place in the rollout groups.
 
     Prompts are split over the rollout's data-parallel groups (``plan.dp_size`` = world / tensor_parallel_size),
-    not over ranks: the ranks of one vLLM tensor-parallel group must submit the same prompts.
+    not over ranks: the ranks of one vLLM tensor-parallel group must submit the same prompts. In split placement
+    over the trainer ranks: each trainer rank's share is one unit the rollout ranks generate
+    (:mod:`hpcppo.rollout.split`), with the prompts and the seed a colocated rank of that index would use.
     """
+    if plan.placement == "split":  # the trainers' world: one share per trainer rank, dealt to the rollout ranks
+        groups = RolloutGroups(tp_size=1, dp_size=env.world_size, dp_rank=env.rank, tp_rank=0)
+        if groups.dp_size != plan.train_dp_size:
+            raise RuntimeError(f"the run was planned for {plan.train_dp_size} trainer ranks, this job has "
+                               f"{groups.dp_size}")
+        return ShardedEpochSampler(num_items, batch_size=plan.prompts_per_step, dp_rank=groups.dp_rank,
+                                   dp_size=groups.dp_size, seed=seed, shuffle=shuffle), groups
     groups = rollout_groups(env.rank, env.world_size, plan.tensor_parallel_size)
     if groups.dp_size != plan.dp_size:
         raise RuntimeError(f"the run was planned for {plan.dp_size} rollout groups, this job has {groups.dp_size}")
@@ -344,7 +356,7 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
     """Everything the loop needs. ``preempt`` should be installed by the caller before anything slow runs, so a
     signal that arrives while the models load is kept (a default USR2 action would kill the rank)."""
     cfg, plan, site = compiled.experiment, compiled.plan, compiled.site
-    device = _seeded_device(cfg, env)
+    device = _seeded_device(cfg, plan, env)
     tokenizer = _tokenizer(cfg.model)
     train_data, val_data = build_datasets(cfg.data, tokenizer)
     val_sources = sorted({r.data_source for r in val_data.records}) if val_data is not None else []
@@ -358,7 +370,7 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
     critic = _build_critic(cfg, plan, mesh, device, total_steps) if plan.needs_critic else None
     reward_model = _build_reward_model(cfg, plan, mesh, device) if cfg.reward_model.enable else None
     ro = cfg.rollout
-    engine = build_engine(ro.engine, _engine_settings(cfg, device, env))
+    engine = build_engine(ro.engine, _engine_settings(cfg, device, env)) if needs_engine(cfg, plan, val_data) else None
     sampling, val_sampling = _sampling_params(cfg, tokenizer)
     kl_ctrl = _kl_controller(cfg.algorithm.kl_ctrl)
 
@@ -385,6 +397,51 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
     )
 
 
+@dataclass
+class RolloutParts:
+    """What a rollout rank of a split run generates with (no trainer state): the engine, the agent loop's inputs,
+    the data and a sampler that sees the trainers' global batches."""
+
+    cfg: Experiment
+    plan: RunPlan
+    env: DistEnv
+    device: torch.device
+    tokenizer: Any
+    train_data: PromptDataset
+    sampler: ShardedEpochSampler
+    total_steps: int
+    engine: RolloutEngine
+    sampling: SamplingParams
+    tools: RankTools | None = None  # not built on rollout ranks yet: split with multi_turn stops in agent_loop's line
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def build_rollout_parts(compiled: Compiled, env: DistEnv) -> RolloutParts:
+    """A rollout rank's parts: the same tokenizer, data, sampling and engine settings as a trainer's
+    (:func:`build_components`), and a one-rank sampler over the same permutation (its batches are global)."""
+    cfg, plan = compiled.experiment, compiled.plan
+    device = _seeded_device(cfg, plan, env)
+    tokenizer = _tokenizer(cfg.model)
+    train_data, _ = build_datasets(attrs.evolve(cfg.data, val_files=[]), tokenizer)
+    sampler = ShardedEpochSampler(len(train_data), batch_size=plan.prompts_per_step, dp_rank=0, dp_size=1,
+                                  seed=cfg.seed, shuffle=cfg.data.shuffle)
+    total_steps = plan.total_steps or plan.total_epochs * sampler.steps_per_epoch
+    engine = build_engine(cfg.rollout.engine, _engine_settings(cfg, device, env))
+    sampling, _ = _sampling_params(cfg, tokenizer)
+    return RolloutParts(cfg=cfg, plan=plan, env=env, device=device, tokenizer=tokenizer, train_data=train_data,
+                        sampler=sampler, total_steps=total_steps, engine=engine, sampling=sampling)
+
+
+def needs_engine(cfg: Experiment, plan: RunPlan, val_data: PromptDataset | None) -> bool:
+    """Whether a trainer rank builds an engine: always colocated; in split placement only to validate (the rollout
+    ranks generate the training samples, and validation runs between updates on the trainer ranks' own engine)."""
+    if plan.placement != "split":
+        return True
+    return val_data is not None and (cfg.trainer.val_before_train or cfg.trainer.test_freq > 0)
+
+
 def _tools(section: MultiTurnSection) -> RankTools | None:
     """The configured tools of a multi-turn run (schemas read; the worker not started yet), None without."""
     if not section.enable:
@@ -393,9 +450,9 @@ def _tools(section: MultiTurnSection) -> RankTools | None:
     return RankTools(specs=specs, schemas=tool_schemas(specs), call_timeout_s=section.call_timeout_s)
 
 
-def _seeded_device(cfg: Experiment, env: DistEnv) -> torch.device:
+def _seeded_device(cfg: Experiment, plan: RunPlan, env: DistEnv) -> torch.device:
     """Threads, determinism and the seed of this rank's process; its device."""
-    _set_threads(env)
+    _set_threads(env, plan.ranks_per_node)
     if cfg.trainer.deterministic:
         enable_determinism()
     torch.manual_seed(cfg.seed)

@@ -48,6 +48,16 @@ def run(run_dir: Path) -> int:
     # Split placement: this task's role (a trainer's RANK/WORLD_SIZE become the trainers' world), before detect_env.
     os.environ.update(task_env(placement_of(compiled), os.environ))
     plan = compiled.plan
+    if os.environ.get("HPCPPO_ROLE") == "rollout":  # a rollout rank: not in the trainers' world (hpcppo.placement)
+        _setup_logging(int(os.environ.get("HPCPPO_GLOBAL_RANK", "0")))
+        if compiled.job.kind != "train":
+            return exitcodes.DONE  # preflight checks the trainers' world; a rollout rank has nothing to add
+        from hpcppo.train.rollout_rank import run_rollout_rank
+
+        try:
+            return run_rollout_rank(compiled, run_dir, device_type=plan.device, preempt=preempt)
+        finally:
+            preempt.restore()
     env = detect_env(device_type=cast("DeviceType", plan.device))  # "cpu" or "cuda": RunPlan.device's values
     _setup_logging(env.rank)
     dist_env.init_distributed(env, timeout_s=compiled.job.collective_timeout_s)
@@ -57,7 +67,7 @@ def run(run_dir: Path) -> int:
         if compiled.job.kind == "preflight":
             from hpcppo.train.preflight import run_preflight
 
-            code = run_preflight(env, run_dir, plan.world_size, list(compiled.job.preflight_paths))
+            code = run_preflight(env, run_dir, plan.train_dp_size, list(compiled.job.preflight_paths))
         else:
             from hpcppo.train.trainer import run_training
 

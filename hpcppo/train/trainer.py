@@ -37,6 +37,7 @@ from hpcppo.errors import WeightSyncError
 from hpcppo.models import compute_log_prob_outputs, compute_log_probs, compute_values
 from hpcppo.rollout.base import derive_seed
 from hpcppo.rollout.source import RolloutSource, StepContext
+from hpcppo.rollout.split import Notice
 from hpcppo.rollout.tool_loop import ToolLoop, run_kwargs, with_tool_results
 from hpcppo.config import sync_guard
 from hpcppo.config.convert import converter
@@ -89,9 +90,11 @@ class Trainer:
         self.env = c.env
         self.state = TrainingState(kl_coef=c.kl_ctrl.initial)  # the run's progress: replaced, never edited
         self.timer = PhaseTimer()  # this step's phase times
+        self.source_metrics: dict[str, float] = {}  # the rollout source's metrics of this step
         self.rollout_metrics: dict[str, float] = {}  # the tool loop's metrics of this step (none single-turn)
         self.greedy_baseline = estimators.needs_greedy_baseline(self.cfg.algorithm.adv_estimator)  # ReMax
-        self.source: RolloutSource = rollout_phase.colocated_source(c, greedy_baseline=self.greedy_baseline)
+        self.bridge: Any = None  # split placement, trainer rank 0: the bridge to the rollout ranks
+        self.source: RolloutSource = self._source()
         self.rules = list(self.cfg.watchdog.rules) if self.cfg.watchdog.enable else []
         self.rules_by_name = {r.name: r for r in self.rules}
         self.keep = history_keep(self.rules)  # the recent rows the rules look back on
@@ -105,6 +108,20 @@ class Trainer:
         ) if self.env.rank == 0 else trackers.Trackers()
         self.inject = FaultInjector(self.cfg.debug.inject, rank=self.env.rank, attempt=c.attempt, ckpt=c.ckpt,
                                     metrics=c.metrics)
+
+    def _source(self) -> RolloutSource:
+        """Colocated: the rank's own engine. Split: the rollout ranks' samples (:mod:`hpcppo.rollout.split`), trainer
+        rank 0 joining them on the bridge; validation, when the run has any, on the trainer ranks' engine."""
+        c = self.c
+        colocated = rollout_phase.colocated_source(c, greedy_baseline=self.greedy_baseline) \
+            if c.engine is not None else None
+        if self.plan.placement != "split":
+            assert colocated is not None
+            return colocated
+        timeout = float(self.cfg.trainer.collective_timeout_s)
+        if self.env.rank == 0:
+            self.bridge = rollout_phase.bridge_from_env(0, backend=self.plan.backend, timeout_s=timeout)
+        return rollout_phase.split_source(c, self.bridge, timeout_s=timeout, validation=colocated)
 
     @property
     def step(self) -> int:
@@ -129,7 +146,7 @@ class Trainer:
                  self.cfg.actor.policy_loss.loss_mode)
         log.info("training steps %d..%d of %d (%d prompts x %d samples per step, world size %d; %d start-up objects "
                  "frozen out of the garbage collector)", self.step + 1, c.total_steps, c.total_steps,
-                 self.plan.prompts_per_step, self.cfg.rollout.n, self.plan.world_size, frozen)
+                 self.plan.prompts_per_step, self.cfg.rollout.n, self.plan.train_dp_size, frozen)
         while self.step < c.total_steps:
             self.state = self.state.next_step()
             metrics = self.train_step()
@@ -171,7 +188,7 @@ class Trainer:
             metrics |= self.update_actor(batch)
         if self.cfg.trainer.test_freq > 0 and self.step % self.cfg.trainer.test_freq == 0:  # 0 and -1: never
             metrics |= self.validate()
-        metrics |= reward_metrics
+        metrics |= reward_metrics | self.source_metrics
         metrics |= {f"time/{k}_s": v for k, v in self.timer.times.items()}
         metrics |= self.rollout_metrics
         step_time = time.perf_counter() - start
@@ -192,6 +209,7 @@ class Trainer:
         got = self.source.collect(StepContext(step=self.step, branch=self.state.branch,
                                               actor_version=self.state.actor_version, seed=seed))
         self.timer.add(got.times)
+        self.source_metrics = got.metrics
         self.rollout_metrics = rollout_phase.tool_metrics(c, got)
         batch = batching.to_training_batch(got.batch, got.prompts, c.device)
         if got.tool_rewards is not None:  # verl's tool_extra_fields: into the reward function's extra_info
@@ -218,6 +236,8 @@ class Trainer:
         gap = metrics.get("rollout/logprob_gap")
         if gap is None:
             return  # an engine without log-probs of its samples: nothing to compare
+        if self.source_metrics.get("rollout/staleness_max", 0.0) > 0:
+            return  # split placement: samples of an older policy differ from the actor's by design (the gap is logged)
         line = sync_guard.gap_verdict(gap, self.plan.logprob_gap_max, self.plan.logprob_gap_max_from,
                                       step=self.step, engine=self.cfg.rollout.engine)
         if line is not None:
@@ -334,7 +354,7 @@ class Trainer:
     def update_settings(self, prefix: str, *, epochs: int, mini: int, micro: int, grad_clip: float,
                         max_tokens: int = 0) -> UpdateSettings:
         return UpdateSettings(prefix=prefix, epochs=epochs, mini_batch_per_rank=mini, micro_batch_per_rank=micro,
-                              grad_clip=self.state.grad_clip(grad_clip), world_size=self.plan.world_size,
+                              grad_clip=self.state.grad_clip(grad_clip), world_size=self.plan.train_dp_size,
                               max_response_length=self.cfg.data.max_response_length,
                               max_tokens_per_micro_batch=max_tokens, remove_padding=self.cfg.model.remove_padding)
 
@@ -494,6 +514,11 @@ class Trainer:
     def close(self) -> None:
         try:
             self.trackers.close()
+            if self.bridge is not None:  # the rollout ranks leave with the trainers, whatever ended the run
+                try:
+                    self.bridge.notify_all(Notice(stop=True))
+                finally:
+                    self.bridge.close()
         finally:
             self.c.close()
 

@@ -43,7 +43,7 @@ def _worker(rank: int, world: int, tp: int) -> dict:
 
     vllm_engine._empty_cache = lambda: None
     env = detect_env(os.environ, device_type="cpu")
-    plan = SimpleNamespace(tensor_parallel_size=tp, dp_size=world // tp, prompts_per_step=8)
+    plan = SimpleNamespace(placement="colocated", tensor_parallel_size=tp, dp_size=world // tp, prompts_per_step=8)
     sampler, groups = build_sampler(PROMPTS, plan, env, seed=3, shuffle=True)
 
     def item(i: int, source: str):

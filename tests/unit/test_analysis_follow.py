@@ -74,6 +74,9 @@ def test_view_and_plain_line():
                                 "tok/s -")
     empty = fl.make_view("PENDING (Priority)", rows([], []), None, None)
     assert empty.step is None and fl.steps_text(empty) == "step -/?"
+    # A split run's rows also say how stale its samples were and how long the trainers waited for them.
+    split = rows([1, 2, 3], [0.0, 2.0, 4.0]).assign(**{"rollout/staleness_mean": 1.0, "time/trainer_idle_s": 0.25})
+    assert fl.metrics_text(fl.make_view("RUNNING", split, 10, 65.0)).endswith("staleness 1  trainer idle 0.25 s")
 
 
 # ----------------------------------------------------------------------------- a log that grows while we follow

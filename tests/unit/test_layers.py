@@ -24,7 +24,9 @@ DEFERRED: dict[tuple[str, str], str] = {
                                                      "show and import-verl, in the same module, stay without it",
     **{("hpcppo.train.main", target): "the job entry point installs its preemption handler first: a signal that comes while torch and the models load is kept, not fatal"
        for target in ("hpcppo.config", "hpcppo.distributed.env", "hpcppo.train.preflight",
-                      "hpcppo.train.trainer")},
+                      "hpcppo.train.trainer", "hpcppo.train.rollout_rank")},
+    ("hpcppo.train.rollout_phase", "hpcppo.distributed.bridge"): "the bridge's store and process groups only in a "
+                                                                  "split run (rollout.placement = \"split\")",
     **{("hpcppo.train.export", target): "torch only when a model is exported: cli.model, which imports this "
                                         "module, also serves `tools make-model`, torch-free when up to date"
        for target in ("hpcppo.config", "hpcppo.distributed.checkpoint", "hpcppo.distributed.loading",

@@ -25,13 +25,23 @@ def _env(rank: int, world: int):
 
 
 def test_sampler_is_sharded_by_group_not_by_rank():
-    plan = SimpleNamespace(tensor_parallel_size=2, dp_size=2, prompts_per_step=8)
+    plan = SimpleNamespace(placement="colocated", tensor_parallel_size=2, dp_size=2, prompts_per_step=8)
     shares = [build_sampler(40, plan, _env(r, 4), seed=1, shuffle=True)[0].next_batch() for r in range(4)]
     assert shares[0] == shares[1] and shares[2] == shares[3]  # one group, one share
     assert len(shares[0]) == 4 and set(shares[0]).isdisjoint(shares[2])
     # tp = 1: exactly the per-rank sharding of before
-    plan1 = SimpleNamespace(tensor_parallel_size=1, dp_size=4, prompts_per_step=8)
+    plan1 = SimpleNamespace(placement="colocated", tensor_parallel_size=1, dp_size=4, prompts_per_step=8)
     assert [len(build_sampler(40, plan1, _env(r, 4), seed=1, shuffle=True)[0].next_batch()) for r in range(4)] == [2] * 4
     with pytest.raises(RuntimeError, match="planned for 4 rollout groups, this job has 2"):
-        build_sampler(40, SimpleNamespace(tensor_parallel_size=2, dp_size=4, prompts_per_step=8), _env(0, 4),
+        build_sampler(40, SimpleNamespace(placement="colocated", tensor_parallel_size=2, dp_size=4, prompts_per_step=8), _env(0, 4),
                       seed=1, shuffle=True)
+
+
+def test_split_trainers_shard_over_the_trainer_ranks():
+    # Split placement: one share per trainer rank (the rollout ranks generate each share as one unit), whatever the
+    # rollout side's tensor-parallel size; the trainers' world is the trainer ranks only.
+    plan = SimpleNamespace(placement="split", tensor_parallel_size=2, dp_size=1, train_dp_size=2, prompts_per_step=8)
+    shares = [build_sampler(40, plan, _env(r, 2), seed=1, shuffle=True) for r in range(2)]
+    assert [g.dp_rank for _, g in shares] == [0, 1] and all(g.tp_size == 1 and g.dp_size == 2 for _, g in shares)
+    batches = [s.next_batch() for s, _ in shares]
+    assert len(batches[0]) == 4 and set(batches[0]).isdisjoint(batches[1])

@@ -38,10 +38,11 @@ def _worker(rank: int, world: int, model_dir: str, data_dir: str) -> dict:
     engine = vllm_engine(Path(model_dir), tensor_parallel_size=2, dist_env=env)
     tok = PreTrainedTokenizerFast.from_pretrained(model_dir)
     data = PromptDataset(read_prompts([str(Path(data_dir) / "train.parquet")]), tok, max_prompt_length=48)
-    plan = SimpleNamespace(tensor_parallel_size=2, dp_size=1, prompts_per_step=8)
+    plan = SimpleNamespace(placement="colocated", tensor_parallel_size=2, dp_size=1, prompts_per_step=8)
     sampler, groups = build_sampler(len(data), plan, env, seed=3, shuffle=True)
     sampled = greedy(n=2, temperature=1.0)
-    c = SimpleNamespace(engine=engine, sampler=sampler, groups=groups, device=torch.device("cpu"), actor=SimpleNamespace(model=actor),
+    one_turn = SimpleNamespace(rollout=SimpleNamespace(multi_turn=SimpleNamespace(enable=False)))  # agent_loop
+    c = SimpleNamespace(cfg=one_turn, engine=engine, sampler=sampler, groups=groups, device=torch.device("cpu"), actor=SimpleNamespace(model=actor),
                         train_data=data, sampling=sampled)
     trainer = Trainer.__new__(Trainer)  # the rollout phase only, as the trainer runs it
     trainer.c, trainer.cfg, trainer.env = c, SimpleNamespace(seed=5), env

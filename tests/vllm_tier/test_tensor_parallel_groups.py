@@ -44,9 +44,10 @@ def _worker(rank: int, world: int, model_dir: str, data_dir: str) -> dict:
                          kv_cache_memory_bytes=KV_CACHE_BYTES + rank * KV_STEP)
     tok = PreTrainedTokenizerFast.from_pretrained(model_dir)
     data = PromptDataset(read_prompts([str(Path(data_dir) / "train.parquet")]), tok, max_prompt_length=48)
-    plan = SimpleNamespace(tensor_parallel_size=2, dp_size=world // 2, prompts_per_step=8)
+    plan = SimpleNamespace(placement="colocated", tensor_parallel_size=2, dp_size=world // 2, prompts_per_step=8)
     sampler, groups = build_sampler(len(data), plan, env, seed=3, shuffle=True)
-    c = SimpleNamespace(engine=engine, sampler=sampler, groups=groups, device=torch.device("cpu"),
+    one_turn = SimpleNamespace(rollout=SimpleNamespace(multi_turn=SimpleNamespace(enable=False)))  # agent_loop
+    c = SimpleNamespace(cfg=one_turn, engine=engine, sampler=sampler, groups=groups, device=torch.device("cpu"),
                         actor=SimpleNamespace(model=actor),  # the trainer streams c.actor.model (a ModelSet's)
                         train_data=data, sampling=greedy(n=2, temperature=1.0))
     trainer = Trainer.__new__(Trainer)  # the rollout phase only, as the trainer runs it

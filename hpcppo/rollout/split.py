@@ -1,0 +1,292 @@
+"""Split placement's rollout source: rollout ranks that never stop generating, trainer ranks that take their samples
+within ``rollout.max_staleness`` policy versions (issue 35, docs/rollout-phase.md, docs/placement.md).
+
+The protocol between the two roles, over the bridge (``hpcppo.distributed.bridge``: trainer rank 0 and every
+rollout rank):
+
+* A **policy version** counts weight broadcasts (0 = the first). The trainer broadcasts at a step's ``collect``
+  when the actor changed since the last one (or after a start or a rollback), so a version rises by at most one per
+  step. The batch's per-token ``policy_version`` keeps the colocated unit, the actor version (optimizer steps).
+* A **unit** is one data-parallel share of one step: ``(step, dp_rank)``, the prompts trainer ``dp_rank`` samples
+  for that step and the seed colocated would use (``derive_seed(seed, step, dp_rank, branch)``), so a rollout rank
+  produces exactly the rows a colocated rank would with the same weights. Units are dealt round-robin over the
+  rollout ranks (:func:`owner`): every rollout rank works, however many trainer ranks there are, and with several
+  rollout ranks consecutive steps are generated side by side.
+* Each ``collect`` sends one :class:`Notice` (the step the trainer now collects, the version it broadcasts or
+  holds, a reset when the branch changed) before the weights. A rollout rank generates step ``t`` with weights of
+  version ``v`` only when no sample of it can be too old when the trainer reaches ``t``: the version rises by at
+  most one per step, so ``v >= notice.version + (t - notice.step) - max_staleness`` (:func:`may_generate`). With
+  staleness ``k`` the rollout ranks therefore run up to ``k`` steps ahead; with 0 they generate each step after its
+  broadcast (on-policy). The trainer still checks every batch's version and drops one older than the bound
+  (``rollout/dropped_stale``), asking for it again.
+* A rollback or a resume is a **reset**: the notice carries the sampler's cursor before the step, the new branch and
+  the version of the restored weights (broadcast with it); every queued or in-flight sample of another branch or an
+  older version is discarded, and the rollout ranks regenerate from the cursor. The queue is never checkpointed: it
+  is regenerated deterministically from the checkpoint (the sampler's cursor, the branch's seeds, the restored
+  weights).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from hpcppo.rollout.base import RolloutBatch
+from hpcppo.rollout.agent_loop import AgentLoop
+from hpcppo.rollout.source import ColocatedSource, Collected, StepContext, WeightStream
+
+log = logging.getLogger("hpcppo.rollout")
+
+
+class TrainerEnd(Protocol):
+    """The bridge as trainer rank 0 sees it (``hpcppo.distributed.bridge.Bridge``, rank 0)."""
+
+    def broadcast_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> Any: ...
+
+    def notify_all(self, obj: Any) -> None: ...
+
+    def recv_any(self, timeout_s: float) -> tuple[int, Any]: ...
+
+
+class RolloutEnd(Protocol):
+    """The bridge as a rollout rank sees it."""
+
+    def receive_weights(self) -> tuple[int, Iterator[tuple[str, torch.Tensor]]]: ...
+
+    def send_obj(self, obj: Any) -> None: ...
+
+    def poll_notice(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Trainer rank 0 -> rollout ranks, once per ``collect`` (and at the end).
+
+    Attributes:
+        step: the step the trainer collects now.
+        branch: its branch (rollbacks so far).
+        version: the policy version the trainer holds after this notice (broadcast with it when ``weights``).
+        actor_version: the actor version of those weights (stamped on the samples, per token).
+        weights: a broadcast of ``version``'s weights follows on the bridge.
+        reset: the sampler's state before ``step``'s batch: drop everything and regenerate from here (start, resume,
+            rollback); None otherwise.
+        redo: units the trainer dropped as too old and needs again.
+        stop: the run ends; the rollout ranks leave.
+    """
+
+    step: int = 0
+    branch: int = 0
+    version: int = 0
+    actor_version: int = 0
+    weights: bool = False
+    reset: dict[str, int] | None = None
+    redo: tuple[tuple[int, int], ...] = ()
+    stop: bool = False
+
+
+@dataclass(frozen=True)
+class Produced:
+    """Rollout rank -> trainer rank 0: one unit's samples (CPU tensors).
+
+    Attributes:
+        step, dp_rank: the unit.
+        branch: the branch whose seed sampled it.
+        version: the policy version of the weights that generated it.
+        indices: the data set indices of its prompts (the trainer checks them against its own sampler's).
+        batch: the samples, ``policy_version`` stamped with the actor version.
+        greedy: ReMax's greedy responses, one per prompt; None when the estimator needs none.
+        generate_s: seconds spent generating it.
+        idle_s: seconds the rollout rank waited for work (a notice, weights) since its previous unit.
+        worker: the rollout rank's index.
+    """
+
+    step: int
+    dp_rank: int
+    branch: int
+    version: int
+    indices: tuple[int, ...]
+    batch: RolloutBatch
+    greedy: RolloutBatch | None
+    generate_s: float
+    idle_s: float
+    worker: int
+
+
+def owner(step: int, dp_rank: int, dp_size: int, rollout_ranks: int) -> int:
+    """The rollout rank that generates unit ``(step, dp_rank)``: round-robin over units, so every rollout rank has
+    work and consecutive steps go to different ranks when there are more rollout ranks than trainer groups."""
+    return (step * dp_size + dp_rank) % rollout_ranks
+
+
+def may_generate(step: int, version: int, notice_step: int, notice_version: int, max_staleness: int) -> bool:
+    """Whether weights of ``version`` may generate ``step`` given the latest notice: the version the trainer will
+    hold at ``step`` is at most ``notice_version + (step - notice_step)`` (one broadcast per step at most)."""
+    return step >= notice_step and version >= notice_version + (step - notice_step) - max_staleness
+
+
+@dataclass
+class SplitStats:
+    """What one ``collect`` saw, for the step's metrics."""
+
+    staleness: list[int] = field(default_factory=list)
+    dropped_stale: int = 0
+    discarded: int = 0  # samples of a discarded branch or from before a reset (a rollback's)
+    rollout_idle_s: float = 0.0
+    broadcast_bytes: int = 0
+    broadcast_s: float = 0.0
+
+
+def _counted(weights: Iterable[tuple[str, torch.Tensor]], stats: SplitStats) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, tensor in weights:
+        stats.broadcast_bytes += tensor.numel() * tensor.element_size()
+        yield name, tensor
+
+
+class SplitSource:
+    """The trainer's side of split placement: every trainer rank calls :meth:`collect` (the weights are gathered
+    collectively); trainer rank 0 alone holds the bridge (``end``), takes the units and shares them.
+
+    Args:
+        end: the bridge on trainer rank 0; None on the other trainer ranks.
+        weights: the actor's weights as a collective stream (:data:`WeightStream`).
+        weights_dtype: the dtype to gather them in (the rollout engine's; None = as they are).
+        prompts: this trainer rank's prompts of the step (advances the sampler, as colocated).
+        sampler_state: the sampler's cursor now (before :attr:`prompts` is called), for a reset.
+        share: rank 0's object on every trainer rank (``broadcast_object`` over the trainer group).
+        dp_rank, dp_size: this trainer rank's data-parallel place.
+        max_staleness: ``rollout.max_staleness``.
+        total_steps: the run's last step (the rollout ranks generate nothing past it).
+        timeout_s: the longest wait for one unit before the run fails (a rollout rank that died).
+        validation: the trainer ranks' own engine for validation (colocated), when the run validates.
+    """
+
+    def __init__(self, end: TrainerEnd | None, *, weights: WeightStream, weights_dtype: torch.dtype | None,
+                 prompts: Callable[[], list[Any]], sampler_state: Callable[[], dict[str, int]],
+                 share: Callable[[Any], Any], dp_rank: int, dp_size: int, max_staleness: int, total_steps: int,
+                 timeout_s: float = 1800.0, validation: ColocatedSource | None = None):
+        self.end = end
+        self.weights = weights
+        self.weights_dtype = weights_dtype
+        self.prompts = prompts
+        self.sampler_state = sampler_state
+        self.share = share
+        self.dp_rank = dp_rank
+        self.dp_size = dp_size
+        self.max_staleness = max_staleness
+        self.total_steps = total_steps
+        self.timeout_s = timeout_s
+        self.validation = validation
+        self.version = -1  # the policy version last broadcast; -1: none yet
+        self.actor_version = -1  # the actor version it holds
+        self.branch = -1
+        self.floor = 0  # the oldest version a sample may have: the reset's (older ones belong to a discarded branch)
+        self.queue: dict[tuple[int, int], Produced] = {}  # rank 0: units received ahead of their step
+        self.trained: list[tuple[int, int, int, int]] = []  # rank 0: (step, dp_rank, branch, version) of each unit used
+
+    def collect(self, ctx: StepContext) -> Collected:
+        times: dict[str, float] = {}
+        stats = SplitStats()
+        reset = ctx.branch != self.branch or self.version < 0
+        state = self.sampler_state() if reset else None
+        prompts = self.prompts()
+        broadcast = reset or ctx.actor_version != self.actor_version
+        if broadcast:
+            self.version += 1
+            self.actor_version = ctx.actor_version
+        if reset:
+            self.branch, self.floor = ctx.branch, self.version
+        notice = Notice(step=ctx.step, branch=ctx.branch, version=self.version, actor_version=ctx.actor_version,
+                        weights=broadcast, reset=state)
+        start = time.perf_counter()
+        if self.end is not None:
+            self.end.notify_all(notice)
+        if broadcast:
+            stream = _counted(self.weights(dtype=self.weights_dtype, into=None), stats)
+            if self.end is not None:
+                begin = time.perf_counter()
+                self.end.broadcast_weights(stream, self.version)
+                stats.broadcast_s = time.perf_counter() - begin
+            else:
+                for _ in stream:  # this rank's part of the collective gather
+                    pass
+        times["weight_sync"] = time.perf_counter() - start
+        start = time.perf_counter()
+        got = self._take(ctx, stats) if self.end is not None else None
+        shares: list[tuple[Produced, dict[str, float], float]] = self.share(got)
+        mine, metrics, generate_s = shares[self.dp_rank]
+        times["trainer_idle"] = time.perf_counter() - start
+        times["generate"] = generate_s
+        expected = tuple(int(p.index) for p in prompts)
+        if mine.indices != expected:
+            raise RuntimeError(f"step {ctx.step}: the rollout rank generated prompts {list(mine.indices)[:4]}... for "
+                               f"trainer rank {self.dp_rank}, whose sampler gives {list(expected)[:4]}...")
+        return Collected(batch=mine.batch, prompts=prompts, greedy=mine.greedy, times=times, metrics=metrics)
+
+    def _take(self, ctx: StepContext, stats: SplitStats) -> list[tuple[Produced, dict[str, float], float]]:
+        """Rank 0: the step's units, each within the bound: ``(unit, metrics, generate_s)`` per trainer rank."""
+        assert self.end is not None
+        wanted = {(ctx.step, d) for d in range(self.dp_size)}
+        for key in [k for k in self.queue if k not in wanted]:  # a step before this one: a rollback skipped it
+            if key[0] < ctx.step:
+                del self.queue[key]
+        for key in list(self.queue):
+            self._admit(self.queue.pop(key), ctx, stats)
+        deadline = time.monotonic() + self.timeout_s
+        while not wanted <= self.queue.keys():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(wanted - self.queue.keys())
+                raise TimeoutError(f"step {ctx.step}: no samples for units {missing} from the rollout ranks in "
+                                   f"{self.timeout_s:.0f} s (a rollout rank died or hangs; see its log)")
+            _, unit = self.end.recv_any(timeout_s=left)
+            self._admit(unit, ctx, stats)
+        units = [self.queue.pop(k) for k in sorted(wanted)]
+        generate_s = max(u.generate_s for u in units)
+        for u in units:
+            stats.staleness.append(self.version - u.version)
+            self.trained.append((u.step, u.dp_rank, u.branch, u.version))
+        metrics = {"rollout/staleness_mean": sum(stats.staleness) / len(stats.staleness),
+                   "rollout/staleness_max": float(max(stats.staleness)),
+                   "rollout/dropped_stale": float(stats.dropped_stale),
+                   "time/rollout_idle_s": stats.rollout_idle_s}
+        if stats.broadcast_s > 0:
+            metrics["perf/weight_broadcast_gbps"] = stats.broadcast_bytes / stats.broadcast_s / 1e9
+        if stats.discarded:
+            log.info("step %d: %d unit(s) of a discarded branch or older weights dropped", ctx.step, stats.discarded)
+        log.info("step %d: trained units %s (trainer rank/branch/policy version/rollout rank; policy version now %d)",
+                 ctx.step, " ".join(f"{u.dp_rank}/{u.branch}/{u.version}/{u.worker}" for u in units), self.version)
+        return [(u, metrics, generate_s) for u in units]
+
+    def _admit(self, unit: Produced, ctx: StepContext, stats: SplitStats) -> None:
+        """Queue a received unit, or drop it: another branch or before the last reset (discarded), older than the
+        bound (``rollout/dropped_stale``, asked for again), or a step already trained."""
+        assert self.end is not None
+        stats.rollout_idle_s += unit.idle_s
+        if unit.branch != self.branch or unit.version < self.floor or unit.step < ctx.step:
+            stats.discarded += 1
+            return
+        if unit.step == ctx.step and self.version - unit.version > self.max_staleness:
+            stats.dropped_stale += 1
+            self.end.notify_all(Notice(step=ctx.step, branch=self.branch, version=self.version,
+                                       actor_version=self.actor_version, redo=((unit.step, unit.dp_rank),)))
+            return
+        self.queue[(unit.step, unit.dp_rank)] = unit
+
+    def serving(self, actor_version: int) -> contextlib.AbstractContextManager[AgentLoop]:
+        """Validation's loop: the trainer ranks' own engine, woken between updates as colocated."""
+        if self.validation is None:
+            raise RuntimeError("this split run's trainer ranks hold no engine: it was planned without validation "
+                               "(trainer.test_freq and trainer.val_before_train off, or no data.val_files)")
+        return self.validation.serving(actor_version)
+
+    def stop(self) -> None:
+        """Rank 0: tell the rollout ranks the run ends."""
+        if self.end is not None:
+            self.end.notify_all(Notice(stop=True))
+

@@ -1,0 +1,199 @@
+"""A rollout rank's loop in split placement (the protocol: :mod:`hpcppo.rollout.split`).
+
+Obey every notice in order (load the weights broadcast after it, reset to a cursor, regenerate dropped units,
+stop), then generate the next unit of this rank that the latest notice allows (:func:`~hpcppo.rollout.split.
+may_generate`), send it, repeat; with nothing allowed, wait for the next notice. The prompts of a step come from a
+copy of the trainer's sampler (the same permutation of the same data set), its seed from the step, the trainer
+rank and the branch: a rollout rank generates what a colocated rank would, and nothing but cursors crosses the
+bridge.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+from hpcppo.rollout.agent_loop import AgentLoop
+from hpcppo.rollout.base import RolloutEngine, SamplingParams, derive_seed
+from hpcppo.rollout.split import Notice, Produced, RolloutEnd, may_generate, owner
+
+log = logging.getLogger("hpcppo.rollout")
+
+class Sampler(Protocol):
+    """The trainer's prompt sampler (``hpcppo.data.sampler.ShardedEpochSampler``), one data-parallel rank."""
+
+    dp_size: int
+
+    def next_batch(self) -> list[int]: ...
+
+    def load_state_dict(self, state: Any) -> None: ...
+
+
+NOTICE_POLL_S = 0.005  # the wait between two looks at the notice box when there is nothing to generate
+
+
+class RolloutWorker:
+    """One rollout rank.
+
+    Args:
+        end: the bridge (this rollout rank's side).
+        engine: the rank's engine (awake for the whole run).
+        loop: the agent loop that drives it (``train.rollout_phase.agent_loop``: the same as colocated).
+        prompt_at: a data set index -> its prompt (with ``input_ids``).
+        sampler: a sampler over the same data set, one data-parallel rank: its batches are the trainer's global
+            batches, split into ``dp_size`` shares as the trainer ranks' samplers split them.
+        sampling: the rollout's sampling parameters (each unit's seed replaces theirs).
+        seed: the run's seed (``derive_seed``'s base).
+        index: this rollout rank's index; ``rollout_ranks``: how many there are.
+        dp_size: the trainer's data-parallel size.
+        max_staleness: ``rollout.max_staleness``.
+        total_steps: the run's last step.
+        greedy_baseline: also decode one greedy response per prompt (ReMax).
+        notice_timeout_s: the longest wait for a notice before the rank gives up (the trainer died).
+    """
+
+    def __init__(self, end: RolloutEnd, *, engine: RolloutEngine, loop: AgentLoop, prompt_at: Callable[[int], Any],
+                 sampler: Sampler, sampling: SamplingParams, seed: int, index: int, rollout_ranks: int,
+                 dp_size: int, max_staleness: int, total_steps: int, greedy_baseline: bool = False,
+                 notice_timeout_s: float = 1800.0):
+        if sampler.dp_size != 1:
+            raise ValueError("the rollout rank's sampler must see whole global batches (dp_size 1)")
+        self.end = end
+        self.engine = engine
+        self.loop = loop
+        self.prompt_at = prompt_at
+        self.sampler = sampler
+        self.sampling = sampling
+        self.seed = seed
+        self.index = index
+        self.rollout_ranks = rollout_ranks
+        self.dp_size = dp_size
+        self.max_staleness = max_staleness
+        self.total_steps = total_steps
+        self.greedy_baseline = greedy_baseline
+        self.notice_timeout_s = notice_timeout_s
+        self.notice: Notice | None = None  # the latest
+        self.version = -1  # the policy version of the engine's weights
+        self.actor_version = -1
+        self.branch = 0
+        self.batches: dict[int, list[int]] = {}  # step -> its global batch (dataset indices), from the cursor on
+        self.next_sampled = 0  # the step the sampler's cursor is at
+        self.done: set[tuple[int, int]] = set()  # units sent on this branch
+        self.stopped = False
+        self.idle_s = 0.0  # waited since the last unit sent
+        self.sent = 0
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> int:
+        """Until the stop notice; returns the units sent."""
+        while True:
+            self.obey(self.end.poll_notice())
+            if self.stopped:
+                return self.sent
+            unit = self.next_unit()
+            if unit is None:
+                self.wait()
+                continue
+            self.generate(*unit)
+
+    def wait(self) -> None:
+        """Wait for a notice (idle time), failing after ``notice_timeout_s``."""
+        start = time.perf_counter()
+        while True:
+            notices = self.end.poll_notice()
+            if notices:
+                self.idle_s += time.perf_counter() - start
+                self.obey(notices)
+                return
+            if time.perf_counter() - start > self.notice_timeout_s:
+                raise TimeoutError(f"rollout rank {self.index}: no notice from trainer rank 0 in "
+                                   f"{self.notice_timeout_s:.0f} s (the trainer died or hangs; see its log)")
+            time.sleep(NOTICE_POLL_S)
+
+    def obey(self, notices: Any) -> None:
+        """Apply notices in the order they were sent; weights follow a notice that says so."""
+        for notice in _as_list(notices):
+            if notice.stop:
+                self.stopped = True
+                return
+            if notice.redo:
+                self.done.difference_update(notice.redo)
+                continue  # a redo repeats the step's version: nothing else changes
+            if notice.reset is not None:
+                self.reset(notice)
+            self.notice = notice
+            if notice.weights:
+                start = time.perf_counter()
+                version, tensors = self.end.receive_weights()
+                if version != notice.version:
+                    raise RuntimeError(f"rollout rank {self.index}: weights of version {version} arrived after the "
+                                       f"notice of version {notice.version}")
+                self.engine.sync_weights(tensors)
+                self.version, self.actor_version = version, notice.actor_version
+                log.debug("weights of version %d loaded in %.3f s", version, time.perf_counter() - start)
+
+    def reset(self, notice: Notice) -> None:
+        """Start again at ``notice.step`` on ``notice.branch`` from the trainer's cursor: nothing sent before counts."""
+        assert notice.reset is not None
+        self.sampler.load_state_dict(notice.reset)
+        self.branch = notice.branch
+        self.next_sampled = notice.step
+        self.batches.clear()
+        self.done.clear()
+
+    def next_unit(self) -> tuple[int, int] | None:
+        """This rank's first unit not yet sent that the latest notice allows."""
+        notice = self.notice
+        if notice is None:
+            return None
+        last = min(self.total_steps, notice.step + self.max_staleness)  # may_generate's horizon
+        for step in range(notice.step, last + 1):
+            for dp_rank in range(self.dp_size):
+                if owner(step, dp_rank, self.dp_size, self.rollout_ranks) != self.index \
+                        or (step, dp_rank) in self.done:
+                    continue
+                if may_generate(step, self.version, notice.step, notice.version, self.max_staleness):
+                    return step, dp_rank
+                return None  # units are generated in order: a later one is not allowed either
+        return None
+
+    def global_batch(self, step: int) -> list[int]:
+        """The step's prompts (all trainer ranks'), drawn in order from the cursor."""
+        while self.next_sampled <= step:
+            self.batches[self.next_sampled] = self.sampler.next_batch()
+            self.next_sampled += 1
+        for old in [s for s in self.batches if s < (self.notice.step if self.notice else 0)]:
+            del self.batches[old]
+        return self.batches[step]
+
+    def generate(self, step: int, dp_rank: int) -> None:
+        batch = self.global_batch(step)
+        share = len(batch) // self.dp_size
+        indices = batch[dp_rank * share:(dp_rank + 1) * share]
+        inputs = [self.prompt_at(i).input_ids for i in indices]
+        seed = derive_seed(self.seed, step, dp_rank, self.branch)  # the colocated rank's seed for this share
+        start = time.perf_counter()
+        out = self.loop.run(inputs, dataclasses.replace(self.sampling, seed=seed))
+        greedy = None
+        if self.greedy_baseline:
+            greedy = self.loop.run(inputs, dataclasses.replace(self.sampling, n=1, temperature=0.0, top_p=1.0,
+                                                               top_k=-1, seed=seed))
+        generate_s = time.perf_counter() - start
+        self.end.send_obj(Produced(step=step, dp_rank=dp_rank, branch=self.branch, version=self.version,
+                                   indices=tuple(indices), batch=out.stamped(self.actor_version), greedy=greedy,
+                                   generate_s=generate_s, idle_s=self.idle_s, worker=self.index))
+        self.idle_s = 0.0
+        self.done.add((step, dp_rank))
+        self.sent += 1
+
+
+def _as_list(notices: Any) -> Iterator[Notice]:
+    """``poll_notice``'s answer as notices: a list of them, one, or None."""
+    if notices is None:
+        return iter(())
+    if isinstance(notices, Notice):
+        return iter((notices,))
+    return iter(notices)

@@ -1,0 +1,293 @@
+"""Split placement's protocol (hpcppo.rollout.split, hpcppo.rollout.worker): the staleness bound, drop counting,
+version stamping, rollback drops, with the real SplitSource and RolloutWorker in one process.
+
+Stand-ins, named as such: ``StandInBridge`` (queues in one process instead of hpcppo.distributed.bridge's store and
+process group: a weight broadcast does not block until the receivers join) and ``StandInEngine`` (its "model" is one
+number, the actor version it was sent, written into every response so a test can read which weights generated it).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+
+from hpcppo.data.sampler import ShardedEpochSampler
+from hpcppo.rollout.agent_loop import SingleTurnLoop
+from hpcppo.rollout.base import RolloutBatch, batch_from_lists, derive_seed
+from hpcppo.rollout.source import StepContext
+from hpcppo.rollout.split import Notice, Produced, SplitSource, may_generate, owner
+from hpcppo.rollout.worker import RolloutWorker
+
+EOS, PAD = 99, 0
+SEED = 7
+PROMPTS = 16  # data set size
+PER_STEP = 4  # prompts per step (global)
+
+
+@dataclass
+class Item:
+    index: int
+    input_ids: list[int]
+
+
+DATA = [Item(i, [10 + i, 3]) for i in range(PROMPTS)]
+
+
+class StandInBridge:
+    """In-process stand-in for hpcppo.distributed.bridge.Bridge: one trainer end, ``ranks`` rollout ends."""
+
+    def __init__(self, ranks: int):
+        self.inbox: queue.Queue[tuple[int, Any]] = queue.Queue()
+        self.notices = [queue.Queue[Any]() for _ in range(ranks)]
+        self.weights = [queue.Queue[Any]() for _ in range(ranks)]
+        self.sent = 0  # units sent by all rollout ends
+
+    # trainer rank 0
+    def notify_all(self, obj: Any) -> None:
+        for q in self.notices:
+            q.put(obj)
+
+    def broadcast_weights(self, named: Any, version: int) -> None:
+        tensors = [(n, t.detach().clone()) for n, t in named]
+        for q in self.weights:
+            q.put((version, tensors))
+
+    def recv_any(self, timeout_s: float) -> tuple[int, Any]:
+        return self.inbox.get(timeout=timeout_s)
+
+    def end(self, rank: int) -> "StandInRolloutEnd":
+        return StandInRolloutEnd(self, rank)
+
+
+class StandInRolloutEnd:
+    def __init__(self, bridge: StandInBridge, rank: int):
+        self.bridge, self.rank = bridge, rank
+
+    def receive_weights(self) -> tuple[int, Any]:
+        version, tensors = self.bridge.weights[self.rank].get(timeout=30)
+        return version, iter(tensors)
+
+    def send_obj(self, obj: Any) -> None:
+        self.bridge.inbox.put((self.rank + 1, obj))
+        self.bridge.sent += 1
+
+    def poll_notice(self) -> list[Any]:
+        out = []
+        while True:
+            try:
+                out.append(self.bridge.notices[self.rank].get_nowait())
+            except queue.Empty:
+                return out
+
+
+class StandInEngine:
+    """Generates ``[weight, seed % 89 + 1, EOS]`` for every sample: the weights that made it can be read back."""
+
+    def __init__(self) -> None:
+        self.w = -1.0
+
+    def generate(self, prompts: Any, sampling: Any) -> RolloutBatch:
+        rows = [[int(self.w) + 1, sampling.seed % 89 + 1, EOS] for _ in range(len(prompts) * sampling.n)]
+        return batch_from_lists(prompts, rows, [[0.0] * 3 for _ in rows], n=sampling.n, eos_token_ids=[EOS],
+                                pad_token_id=PAD)
+
+    def sync_weights(self, named: Any) -> int:
+        for _, t in named:
+            self.w = float(t)
+        return 1
+
+
+@dataclass
+class Sampling:
+    n: int = 2
+    seed: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+
+
+class Harness:
+    """A trainer (one or more data-parallel shares, all on rank 0's SplitSource) and its rollout ranks in threads."""
+
+    def __init__(self, *, max_staleness: int, rollout_ranks: int = 1, dp_size: int = 1, total_steps: int = 8,
+                 worker_staleness: int | None = None):
+        self.bridge = StandInBridge(rollout_ranks)
+        self.actor_version = 0
+        self.sampler = ShardedEpochSampler(PROMPTS, batch_size=PER_STEP, dp_rank=0, dp_size=dp_size, seed=SEED)
+        self.source = SplitSource(
+            self.bridge, weights=lambda **_: iter([("w", torch.tensor(float(self.actor_version)))]),
+            weights_dtype=None, prompts=lambda: [DATA[i] for i in self.sampler.next_batch()],
+            sampler_state=self.sampler.state_dict, share=lambda x: x, dp_rank=0, dp_size=dp_size,
+            max_staleness=max_staleness, total_steps=total_steps, timeout_s=30)
+        self.workers = []
+        for r in range(rollout_ranks):
+            engine = StandInEngine()
+            self.workers.append(RolloutWorker(
+                self.bridge.end(r), engine=engine, loop=SingleTurnLoop(engine),  # type: ignore[arg-type]
+                prompt_at=DATA.__getitem__,
+                sampler=ShardedEpochSampler(PROMPTS, batch_size=PER_STEP, dp_rank=0, dp_size=1, seed=SEED),
+                sampling=Sampling(), seed=SEED, index=r, rollout_ranks=rollout_ranks,  # type: ignore[arg-type]
+                dp_size=dp_size, max_staleness=max_staleness if worker_staleness is None else worker_staleness,
+                total_steps=total_steps, notice_timeout_s=30))
+        self.errors: list[BaseException] = []
+        self.threads = [threading.Thread(target=self._run, args=(w,), daemon=True) for w in self.workers]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, worker: RolloutWorker) -> None:
+        try:
+            worker.run()
+        except BaseException as exc:  # noqa: BLE001 - reported by close()
+            self.errors.append(exc)
+
+    def collect(self, step: int, branch: int = 0) -> Any:
+        got = self.source.collect(StepContext(step=step, branch=branch, actor_version=self.actor_version,
+                                              seed=derive_seed(SEED, step, 0, branch)))
+        return got
+
+    def settle(self, sent: int) -> None:
+        """Wait until the rollout ranks have sent ``sent`` units in all (what they may generate ahead)."""
+        deadline = time.monotonic() + 30
+        while self.bridge.sent < sent:
+            assert time.monotonic() < deadline, f"only {self.bridge.sent} of {sent} units sent"
+            time.sleep(0.002)
+
+    def close(self) -> None:
+        self.source.stop()
+        for t in self.threads:
+            t.join(timeout=30)
+        assert not self.errors, self.errors
+
+
+def weight_of(batch: RolloutBatch) -> int:
+    """The actor version the stand-in engine held when it generated the batch (all rows alike)."""
+    values = {int(x) - 1 for x in batch.response_ids[:, 0]}
+    assert len(values) == 1
+    return values.pop()
+
+
+def test_may_generate_and_owner() -> None:
+    assert may_generate(5, 4, 5, 4, 0) and not may_generate(6, 4, 5, 4, 0)
+    assert may_generate(7, 4, 5, 4, 2) and not may_generate(8, 4, 5, 4, 2)
+    assert not may_generate(4, 9, 5, 4, 1)  # a step the trainer has passed
+    assert [owner(s, d, 2, 3) for s in (0, 1) for d in (0, 1)] == [0, 1, 2, 0]
+
+
+@pytest.mark.parametrize("k", [0, 1, 2])
+def test_staleness_bound_reached_and_kept_and_versions_stamped(k: int) -> None:
+    h = Harness(max_staleness=k, total_steps=8)
+    stale = []
+    try:
+        for step in range(1, 9):
+            got = h.collect(step)
+            # The trainer is slower than the rollout: the rollout rank generates as far ahead as the bound allows.
+            h.settle(min(8, step + k))
+            made_with = weight_of(got.batch)
+            assert set(got.batch.policy_version[got.batch.response_attention_mask.bool()].tolist()) == {made_with}
+            stale.append(int(got.metrics["rollout/staleness_max"]))
+            assert got.metrics["rollout/dropped_stale"] == 0
+            assert self_consistent(got, step)
+            h.actor_version += 1  # one update per step: one broadcast per step
+    finally:
+        h.close()
+    assert max(stale) == k  # the pipeline is k steps deep, not less
+    assert stale[k:] == [k] * (8 - k)
+
+
+def self_consistent(got: Any, step: int) -> bool:
+    """The batch answers the step's prompts with the colocated seed of this step."""
+    return all(int(x) == derive_seed(SEED, step, 0) % 89 + 1 for x in got.batch.response_ids[:, 1])
+
+
+def test_staleness_zero_is_on_policy() -> None:
+    h = Harness(max_staleness=0, total_steps=5)
+    try:
+        for step in range(1, 6):
+            got = h.collect(step)
+            assert weight_of(got.batch) == h.actor_version  # generated with the weights the trainer holds
+            h.actor_version += 1
+    finally:
+        h.close()
+
+
+def test_too_old_batch_is_dropped_counted_and_regenerated() -> None:
+    # The rollout rank believes it may run 3 steps ahead; the trainer allows 1: what it made too early is dropped.
+    h = Harness(max_staleness=1, worker_staleness=3, total_steps=6)
+    dropped = 0.0
+    try:
+        for step in range(1, 7):
+            got = h.collect(step)
+            h.settle(min(6, step + 3) + int(dropped))
+            dropped += got.metrics["rollout/dropped_stale"]
+            assert got.metrics["rollout/staleness_max"] <= 1
+            h.actor_version += 1
+    finally:
+        h.close()
+    assert dropped >= 2
+
+
+def test_two_trainer_shares_and_two_rollout_ranks_all_work() -> None:
+    h = Harness(max_staleness=1, rollout_ranks=2, dp_size=2, total_steps=4)
+    try:
+        for step in range(1, 5):
+            h.collect(step)
+            h.actor_version += 1
+    finally:
+        h.close()
+    assert all(w.sent > 0 for w in h.workers)  # no idle rollout rank
+    assert sorted((s, d) for s, d, _, _ in h.source.trained) == [(s, d) for s in range(1, 5) for d in (0, 1)]
+
+
+def test_rollback_drops_queued_and_in_flight_samples_of_the_discarded_branch() -> None:
+    h = Harness(max_staleness=2, total_steps=8)
+    try:
+        for step in range(1, 5):
+            h.collect(step)
+            h.settle(min(8, step + 2))  # steps 5 and 6 of branch 0 are queued now
+            h.actor_version += 1
+        # Rolled back to the checkpoint of step 4 (the last one): branch 1, the restored weights' actor version
+        # (here: new ones). Steps 5 and 6 of branch 0 wait in the bridge's inbox, exactly the next steps' units.
+        h.actor_version = 50
+        before = len(h.source.trained)
+        for step in range(5, 9):
+            got = h.collect(step, branch=1)
+            assert weight_of(got.batch) >= 50  # never the discarded branch's weights
+            assert all(int(x) == derive_seed(SEED, step, 0, 1) % 89 + 1 for x in got.batch.response_ids[:, 1])
+            h.actor_version += 1
+    finally:
+        h.close()
+    after = h.source.trained[before:]
+    assert [s for s, _, _, _ in after] == list(range(5, 9))
+    assert all(branch == 1 and version >= h.source.floor for _, _, branch, version in after)
+
+
+def test_a_unit_for_another_trainer_rank_order_is_refused() -> None:
+    # The sampler the trainer reads must be the one the rollout ranks copy: a mismatch is an error, not a silent mix.
+    h = Harness(max_staleness=0, total_steps=3)
+    try:
+        h.sampler.next_batch()  # the trainer's cursor moves ahead of the rollout rank's copy
+        h.source.version = 0  # no reset: the rollout rank keeps the cursor it has
+        h.source.branch = 0
+        h.bridge.notify_all(Notice(step=1, version=0, actor_version=0, weights=True,
+                                   reset={"epoch": 0, "cursor": 0}))
+        h.bridge.broadcast_weights(iter([("w", torch.tensor(0.0))]), 0)
+        with pytest.raises(RuntimeError, match="sampler gives"):
+            h.collect(1)
+    finally:
+        h.close()
+
+
+def test_produced_is_picklable() -> None:
+    import pickle
+
+    engine = StandInEngine()
+    b = engine.generate([[1, 2]], Sampling(seed=3))
+    p = Produced(step=1, dp_rank=0, branch=0, version=0, indices=(1,), batch=b, greedy=None, generate_s=0.0,
+                 idle_s=0.0, worker=0)
+    assert pickle.loads(pickle.dumps(p)).indices == (1,)
