@@ -109,16 +109,19 @@ def test_split_rollback_drops_the_samples_of_the_discarded_branch(runs):
 
 
 @pytest.mark.slow
-def test_the_async_example_learns_with_staleness_one(tmp_path, warm_tiny):
-    """examples/arith-tiny-async.toml (1 trainer + 1 rollout rank, staleness 1) lifts the reward past the colocated
-    learning test's margin (tests/e2e/test_learns.py: the last 4 steps' mean above the first 2 steps' + 0.15)."""
+@pytest.mark.parametrize("staleness", [1, pytest.param(2, marks=pytest.mark.manual)])
+def test_the_async_example_learns(tmp_path, warm_tiny, staleness):
+    """examples/arith-tiny-async.toml (1 trainer + 1 rollout rank) lifts the reward past the colocated learning
+    test's margin (tests/e2e/test_learns.py: the last 4 steps' mean above the first 2 steps' + 0.15) with staleness 1
+    (in CI) and 2 (manual: ``.venv/bin/python -m pytest -m manual tests/e2e/test_split_run.py``), and its samples
+    are as stale as the bound lets them be."""
     root, _ = warm_tiny
     run = compile_run(REPO / "examples" / "arith-tiny-async.toml", tmp_path / "runs", [
         f"model.path={root / 'model'}", f"data.train_files=['{root / 'data' / 'train.parquet'}']",
         f"data.val_files=['{root / 'data' / 'val.parquet'}']", "trainer.total_steps=12", "trainer.test_freq=0",
-        "trainer.val_before_train=false", "checkpoint.save_every=0"])
+        "trainer.val_before_train=false", "checkpoint.save_every=0", f"rollout.max_staleness={staleness}"])
     assert wait_all(launch_ranks(run, 2, "a0")) == [0, 0], logs_of(run)
     train = hmetrics.load(run)
     start, end = train["reward/mean"].head(2).mean(), train["reward/mean"].tail(4).mean()
     assert end > start + 0.15, (start, end, train["reward/mean"].tolist())
-    assert train["rollout/staleness_max"].max() == 1  # one step off, as asked
+    assert train["rollout/staleness_max"].max() == staleness  # as far off as asked, never further
