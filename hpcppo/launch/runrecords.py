@@ -45,6 +45,7 @@ class RunFacts:
     site: str  # the site's name (resolved.toml), "?" when it cannot be read
     scheduler: str  # "slurm", "local", "?"
     world_size: int
+    roles: str  # the ranks' roles: "2 ranks, colocated" or "3 trainer + 1 rollout ranks, split, max_staleness 1"
     total_steps: int | None
     time_limit_s: float | None
     signal_lead_s: float
@@ -89,10 +90,21 @@ def _plan_facts(run: RunDir) -> dict[str, Any]:
     plan = data.get("plan", {}) if isinstance(data.get("plan"), dict) else {}
     job = data.get("job", {}) if isinstance(data.get("job"), dict) else {}
     return {"site": site.get("name", "?"), "scheduler": site.get("scheduler", "?"),
-            "world_size": plan.get("world_size", 1), "total_steps": plan.get("total_steps"),
+            "world_size": plan.get("world_size", 1), "roles": _roles(plan, data.get("experiment")),
+            "total_steps": plan.get("total_steps"),
             "time_limit_s": plan.get("time_limit_s"), "signal_lead_s": plan.get("signal_lead_s", 0),
             "time_limit": plan.get("time_limit"), "kind": job.get("kind", "train"),
             "watchdog": _watchdog_enabled(data)}
+
+
+def _roles(plan: dict[str, Any], experiment: Any) -> str:
+    """The ranks' roles as a resolved.toml's plan (and rollout.max_staleness) says them (hpcppo.placement)."""
+    world, rollout = plan.get("world_size", 1), plan.get("rollout_ranks", 0)
+    if plan.get("placement") != "split" or not isinstance(world, int) or not isinstance(rollout, int):
+        return f"{world} ranks, colocated"
+    ro = experiment.get("rollout") if isinstance(experiment, dict) else None
+    staleness = ro.get("max_staleness", 1) if isinstance(ro, dict) else "?"
+    return f"{world - rollout} trainer + {rollout} rollout ranks, split, max_staleness {staleness}"
 
 
 def _watchdog_enabled(resolved: dict[str, Any]) -> bool:

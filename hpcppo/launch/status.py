@@ -100,6 +100,7 @@ class JobStatus:
     paused: bool = False  # control/PAUSED exists
     moved_from: str | None = None  # the directory job.sbatch runs in when it is not this one (a copy)
     monitor: str | None = None  # a running attempt's watchdog monitor (runrecords.monitor_liveness); None: not asked
+    roles: str = ""  # the ranks' roles (runrecords.RunFacts.roles): colocated, or split's trainer and rollout ranks
 
     def to_dict(self) -> dict[str, Any]:
         """The fields, in order: what ``status --json`` and ``runs --json`` print."""
@@ -176,7 +177,7 @@ def _blank_status(run: RunDir, f: RunFacts) -> JobStatus:
     return JobStatus(run_id=run.run_id, path=str(run.path), site=f.site, scheduler=f.scheduler,
                      attempts=len(f.attempts), latest_checkpoint=latest, total_steps=total,
                      steps_done=f.kind == "train" and isinstance(total, int) and latest is not None and latest >= total,
-                     paused=f.paused, moved_from=f.moved_from)  # fmt: skip
+                     paused=f.paused, moved_from=f.moved_from, roles=f.roles)  # fmt: skip
 
 
 def _one_status(run: RunDir, f: RunFacts, infos: dict[str, Any], query_error: str | None) -> JobStatus:

@@ -26,6 +26,7 @@ def format_run(st: JobStatus, attempts: Sequence[dict[str, Any]], events: Sequen
     lines = [f"run         {st.run_id}",
              f"site        {st.site} ({st.scheduler})",
              f"job         {st.job_id or '-'}",
+             f"ranks       {st.roles or '-'}",
              f"state       {state_text(st.state, st.reason)}{source}",
              f"elapsed     {format_elapsed(st.elapsed_s)}",
              f"attempts    {st.attempts}",

@@ -170,6 +170,22 @@ def test_cancel_of_a_run_never_submitted(tmp_path, capsys):
     assert status.run_status(RunDir.open(runs, path.name)).state == "NOT_SUBMITTED"
 
 
+@pytest.mark.parametrize(("overrides", "roles"), [
+    ([], "2 ranks, colocated"),
+    (["-o", 'rollout.placement="split"', "-o", "resources.rollout_ranks_per_node=1"],
+     "1 trainer + 1 rollout ranks, split, max_staleness 1"),
+])
+def test_status_shows_the_ranks_roles(tmp_path, capsys, overrides, roles):
+    """A split run's status says which ranks train and which generate (issue 35), from its resolved.toml."""
+    runs = tmp_path / "runs"
+    assert main(["compile", str(ARITH), "--site", "local", "--no-check-paths", "-q", "--runs-root", str(runs),
+                 *overrides]) == 0
+    [path] = runs.iterdir()
+    capsys.readouterr()
+    assert main(["status", path.name, "--runs-root", str(runs)]) == 0
+    assert f"ranks       {roles}\n" in capsys.readouterr().out
+
+
 def test_status_of_one_run_shows_its_last_events(env, capsys):
     from hpcppo.rundir import events
 
@@ -199,8 +215,8 @@ def test_status_json_prints_the_job_status_fields_in_their_order_then_the_detail
     st = status_json(capsys, runs, run)
     assert list(st) == ["run_id", "path", "site", "scheduler", "attempts", "job_id", "submitted_at", "state", "reason",
                         "elapsed_s", "restarts", "source", "latest_checkpoint", "total_steps", "steps_done",
-                        "exit_record", "exit_reason", "resumable", "paused", "moved_from", "monitor",
+                        "exit_record", "exit_reason", "resumable", "paused", "moved_from", "monitor", "roles",
                         "attempt_records", "events", "damaged_checkpoints"]
-    assert list(st)[:21] == [f.name for f in status.JobStatus.__attrs_attrs__]
+    assert list(st)[:22] == [f.name for f in status.JobStatus.__attrs_attrs__]
     assert (st["state"], st["job_id"], st["source"], st["elapsed_s"]) == ("RUNNING", JOB, "sacct", 65)
     assert st["monitor"].startswith("not alive (no heartbeat in 0:01:05 of this attempt")
