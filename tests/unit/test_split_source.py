@@ -20,7 +20,7 @@ import torch
 from hpcppo.data.sampler import ShardedEpochSampler
 from hpcppo.rollout.agent_loop import SingleTurnLoop
 from hpcppo.rollout.base import RolloutBatch, batch_from_lists, derive_seed
-from hpcppo.rollout.source import StepContext
+from hpcppo.rollout.source import Generated, StepContext
 from hpcppo.rollout.split import Notice, Produced, SplitSource, may_generate, owner
 from hpcppo.rollout.worker import RolloutWorker
 
@@ -288,6 +288,6 @@ def test_produced_is_picklable() -> None:
 
     engine = StandInEngine()
     b = engine.generate([[1, 2]], Sampling(seed=3))
-    p = Produced(step=1, dp_rank=0, branch=0, version=0, indices=(1,), batch=b, greedy=None, generate_s=0.0,
+    p = Produced(step=1, dp_rank=0, branch=0, version=0, indices=(1,), generated=Generated(batch=b), generate_s=0.0,
                  idle_s=0.0, worker=0)
     assert pickle.loads(pickle.dumps(p)).indices == (1,)
