@@ -67,7 +67,7 @@ def _tool_run(tmp_path: Path, monkeypatch, overrides=(), name: str = "e2e") -> t
     if not tiny["train"].exists():
         scripted_model_dir(tiny["model"], compact_tokenizer(), TABLE)
         rows = synthetic.generate_rows(64, seed=1, split="train", max_operand=19)
-        for i, row in enumerate(rows):  # the row's index for every phase of its trajectories' tool (verl's tools_kwargs)
+        for i, row in enumerate(rows):  # the row's index for every phase of its trajectory's tool (verl's tools_kwargs)
             row["extra_info"] = dict(row["extra_info"], tools_kwargs={"mul": {p: {"row": i} for p in PHASES}})
         write_prompts_parquet(rows, tiny["train"])
         synthetic.write_split(tiny["val"], synthetic.generate_rows(8, seed=2, split="val", max_operand=19))
