@@ -109,10 +109,6 @@ def _check_rollout(site: Site, exp: Experiment, ranks_per_node: int, device: str
         raise ResolveError(f"rollout.tensor_parallel_size={ro.tensor_parallel_size} with rollout.placement = \"split\": "
                            f"each rollout rank runs a whole engine on its own GPU; use 1 (an engine's model must fit "
                            f"one GPU), or rollout.placement = \"colocated\"")
-    if placement.split and ro.multi_turn.enable:
-        # a rollout rank starts no tool worker yet (hpcppo.train.rollout_rank): its agent loop would stop the job
-        raise ResolveError("rollout.multi_turn.enable = true with rollout.placement = \"split\": the rollout ranks "
-                           "run no tool workers yet; use rollout.placement = \"colocated\" for multi-turn runs")
     if estimators.needs_groups(exp.algorithm.adv_estimator) and ro.n < 2:
         raise ResolveError(f"algorithm.adv_estimator={exp.algorithm.adv_estimator!r} compares responses to the same "
                            f"prompt and needs rollout.n >= 2 (got {ro.n})")

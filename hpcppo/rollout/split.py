@@ -37,9 +37,8 @@ from typing import Any, Protocol
 
 import torch
 
-from hpcppo.rollout.base import RolloutBatch
 from hpcppo.rollout.agent_loop import AgentLoop
-from hpcppo.rollout.source import ColocatedSource, Collected, StepContext, WeightStream
+from hpcppo.rollout.source import ColocatedSource, Collected, Generated, StepContext, WeightStream
 
 log = logging.getLogger("hpcppo.rollout")
 
@@ -99,8 +98,8 @@ class Produced:
         branch: the branch whose seed sampled it.
         version: the policy version of the weights that generated it.
         indices: the data set indices of its prompts (the trainer checks them against its own sampler's).
-        batch: the samples, ``policy_version`` stamped with the actor version.
-        greedy: ReMax's greedy responses, one per prompt; None when the estimator needs none.
+        generated: the samples (``policy_version`` stamped with the actor version), ReMax's greedy responses and the
+            tool loop's results and counts (a multi-turn run's), as a colocated rank's ``generate`` gives them.
         generate_s: seconds spent generating it.
         idle_s: seconds the rollout rank waited for work (a notice, weights) since its previous unit.
         worker: the rollout rank's index.
@@ -111,8 +110,7 @@ class Produced:
     branch: int
     version: int
     indices: tuple[int, ...]
-    batch: RolloutBatch
-    greedy: RolloutBatch | None
+    generated: Generated
     generate_s: float
     idle_s: float
     worker: int
@@ -226,7 +224,10 @@ class SplitSource:
         if mine.indices != expected:
             raise RuntimeError(f"step {ctx.step}: the rollout rank generated prompts {list(mine.indices)[:4]}... for "
                                f"trainer rank {self.dp_rank}, whose sampler gives {list(expected)[:4]}...")
-        return Collected(batch=mine.batch, prompts=prompts, greedy=mine.greedy, times=times, metrics=metrics)
+        g = mine.generated
+        return Collected(batch=g.batch, prompts=prompts, greedy=g.greedy, times=times, metrics=metrics,
+                         tool_stats=g.tool_stats, tool_rewards=g.tool_rewards, tool_scores=g.tool_scores,
+                         greedy_tool_rewards=g.greedy_tool_rewards, greedy_tool_scores=g.greedy_tool_scores)
 
     def _take(self, ctx: StepContext, stats: SplitStats) -> list[tuple[Produced, dict[str, float], float]]:
         """Rank 0: the step's units, each within the bound: ``(unit, metrics, generate_s)`` per trainer rank."""

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from hpcppo.rollout.agent_loop import AgentLoop
 from hpcppo.rollout.base import RolloutEngine, SamplingParams, derive_seed
+from hpcppo.rollout.source import generate
 from hpcppo.rollout.split import Notice, Produced, RolloutEnd, may_generate, owner
 
 log = logging.getLogger("hpcppo.rollout")
@@ -42,7 +43,7 @@ class RolloutWorker:
         end: the bridge (this rollout rank's side).
         engine: the rank's engine (awake for the whole run).
         loop: the agent loop that drives it (``train.rollout_phase.agent_loop``: the same as colocated).
-        prompt_at: a data set index -> its prompt (with ``input_ids``).
+        prompt_at: a data set index -> its prompt (with ``input_ids``, and its ``tools_kwargs`` for the tool loop).
         sampler: a sampler over the same data set, one data-parallel rank: its batches are the trainer's global
             batches, split into ``dp_size`` shares as the trainer ranks' samplers split them.
         sampling: the rollout's sampling parameters (each unit's seed replaces theirs).
@@ -173,18 +174,15 @@ class RolloutWorker:
         batch = self.global_batch(step)
         share = len(batch) // self.dp_size
         indices = batch[dp_rank * share:(dp_rank + 1) * share]
-        inputs = [self.prompt_at(i).input_ids for i in indices]
+        prompts = [self.prompt_at(i) for i in indices]
         seed = derive_seed(self.seed, step, dp_rank, self.branch)  # the colocated rank's seed for this share
         start = time.perf_counter()
-        out = self.loop.run(inputs, dataclasses.replace(self.sampling, seed=seed))
-        greedy = None
-        if self.greedy_baseline:
-            greedy = self.loop.run(inputs, dataclasses.replace(self.sampling, n=1, temperature=0.0, top_p=1.0,
-                                                               top_k=-1, seed=seed))
+        got = generate(self.loop, prompts, self.sampling, seed=seed, greedy_baseline=self.greedy_baseline)
         generate_s = time.perf_counter() - start
+        got = dataclasses.replace(got, batch=got.batch.stamped(self.actor_version))
         self.end.send_obj(Produced(step=step, dp_rank=dp_rank, branch=self.branch, version=self.version,
-                                   indices=tuple(indices), batch=out.stamped(self.actor_version), greedy=greedy,
-                                   generate_s=generate_s, idle_s=self.idle_s, worker=self.index))
+                                   indices=tuple(indices), generated=got, generate_s=generate_s, idle_s=self.idle_s,
+                                   worker=self.index))
         self.idle_s = 0.0
         self.done.add((step, dp_rank))
         self.sent += 1

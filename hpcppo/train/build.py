@@ -68,7 +68,7 @@ class ModelSet:
 @dataclass
 class RankTools:
     """The tools of a multi-turn run on this rank: their specs, their schemas by name, and the rank's tool worker
-    (started at the end of :func:`build_components`, closed with the components)."""
+    (started at the end of :func:`build_components` or :func:`build_rollout_parts`, closed with them)."""
 
     specs: list[ToolSpec]
     schemas: dict[str, dict[str, Any]]
@@ -392,8 +392,9 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
         val_sampling=val_sampling, kl_ctrl=kl_ctrl, score_fn=build_score_fn(cfg.data, cfg.reward_manager), ckpt=ckpt,
         metrics=metrics, attempt=attempt, preempt=preempt if preempt is not None else PreemptionFlag(),
         groups=groups, ref_in_actor=ref_in_actor, reward_model=reward_model,
-        # Last: the worker process is started once everything that could fail here has been built.
-        tools=tools.started() if tools is not None else None,
+        # Last: the worker process is started once everything that could fail here has been built; a split run's
+        # trainer rank without an engine runs no loop (its rollout ranks run the tools), only their metrics' names.
+        tools=tools.started() if tools is not None and engine is not None else tools,
     )
 
 
@@ -412,10 +413,14 @@ class RolloutParts:
     total_steps: int
     engine: RolloutEngine
     sampling: SamplingParams
-    tools: RankTools | None = None  # not built on rollout ranks yet: split with multi_turn stops in agent_loop's line
+    tools: RankTools | None = None  # [rollout.multi_turn] enable: the tools and this rank's tool worker
 
     def close(self) -> None:
-        self.engine.close()
+        try:
+            self.engine.close()
+        finally:
+            if self.tools is not None:
+                self.tools.close()
 
 
 def build_rollout_parts(compiled: Compiled, env: DistEnv) -> RolloutParts:
@@ -430,8 +435,11 @@ def build_rollout_parts(compiled: Compiled, env: DistEnv) -> RolloutParts:
     total_steps = plan.total_steps or plan.total_epochs * sampler.steps_per_epoch
     engine = build_engine(cfg.rollout.engine, _engine_settings(cfg, device, env))
     sampling, _ = _sampling_params(cfg, tokenizer)
+    tools = _tools(cfg.rollout.multi_turn)
     return RolloutParts(cfg=cfg, plan=plan, env=env, device=device, tokenizer=tokenizer, train_data=train_data,
-                        sampler=sampler, total_steps=total_steps, engine=engine, sampling=sampling)
+                        sampler=sampler, total_steps=total_steps, engine=engine, sampling=sampling,
+                        # Last, as build_components does: the worker process starts once nothing here can fail.
+                        tools=tools.started() if tools is not None else None)
 
 
 def needs_engine(cfg: Experiment, plan: RunPlan, val_data: PromptDataset | None) -> bool:

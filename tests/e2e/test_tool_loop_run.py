@@ -56,29 +56,49 @@ def _workers_of(pid: int) -> list[int]:
     return found
 
 
+RUN = ["trainer.total_steps=2", "checkpoint.save_every=0", "data.max_response_length=64", "trainer.train_batch_size=8",
+       "actor.ppo_mini_batch_size=8", "algorithm.adv_estimator=grpo"]
+
+
+def _tool_run(tmp_path: Path, monkeypatch, overrides=(), name: str = "e2e") -> tuple[Path, Path]:
+    """Compile the multi-turn run (its tool logs each phase to ``tmp_path/<name>-phases.<pid>``; the scratch
+    directory the ranks' TMPDIR points at): ``(run dir, scratch)``. The data and model are made once per tmp_path."""
+    tiny = {"model": tmp_path / "model", "train": tmp_path / "train.parquet", "val": tmp_path / "val.parquet"}
+    if not tiny["train"].exists():
+        scripted_model_dir(tiny["model"], compact_tokenizer(), TABLE)
+        rows = synthetic.generate_rows(64, seed=1, split="train", max_operand=19)
+        for i, row in enumerate(rows):  # the row's index for every phase of its trajectory's tool (verl's tools_kwargs)
+            row["extra_info"] = dict(row["extra_info"], tools_kwargs={"mul": {p: {"row": i} for p in PHASES}})
+        write_prompts_parquet(rows, tiny["train"])
+        synthetic.write_split(tiny["val"], synthetic.generate_rows(8, seed=2, split="val", max_operand=19))
+    log = tmp_path / ("phases" if name == "e2e" else f"{name}-phases")
+    spec = write_spec(tmp_path / f"{name}.toml", tiny, name=name, extra=EXTRA.replace("LOG", str(log)))
+    here = str(Path(__file__).resolve().parents[1] / "unit")  # the ranks (and their tool workers) import the tool
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+    run = compile_run(spec, tmp_path / "runs", [*RUN, *overrides])
+    scratch = tmp_path / "tmp"
+    scratch.mkdir(exist_ok=True)
+    monkeypatch.setenv("TMPDIR", str(scratch))  # the ranks' TMPDIR: the tool worker's scratch goes there
+    return run, scratch
+
+
+def _trained_phases(log: Path) -> list[list]:
+    """Per tool instance that got a training row's arguments: its ``(phase, kwargs)`` in order."""
+    phases: dict[str, list] = {}
+    for path in log.parent.glob(f"{log.name}.*"):
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            phases.setdefault(entry["instance"], []).append((entry["phase"], entry["kwargs"]))
+    return [p for p in phases.values() if p[0][1]]
+
+
 def test_a_multi_turn_run_logs_its_tool_metrics_and_leaves_nothing_behind(tmp_path, monkeypatch, capsys):
     from hpcppo.agent.tool import ToolSpec
     from hpcppo.agent.worker import ToolWorker
 
     with ToolWorker([ToolSpec("hpcppo.agent.builtin.Calculator")]) as w:  # the check below can see a worker
         assert _workers_of(os.getpid()) == [w.pid]
-    tiny = {"model": scripted_model_dir(tmp_path / "model", compact_tokenizer(), TABLE),
-            "train": tmp_path / "train.parquet", "val": tmp_path / "val.parquet"}
-    rows = synthetic.generate_rows(64, seed=1, split="train", max_operand=19)
-    for i, row in enumerate(rows):  # the row's index for every phase of its trajectories' tool (verl's tools_kwargs)
-        row["extra_info"] = dict(row["extra_info"], tools_kwargs={"mul": {p: {"row": i} for p in PHASES}})
-    write_prompts_parquet(rows, tiny["train"])
-    synthetic.write_split(tiny["val"], synthetic.generate_rows(8, seed=2, split="val", max_operand=19))
-    log = tmp_path / "phases"
-    spec = write_spec(tmp_path / "exp.toml", tiny, extra=EXTRA.replace("LOG", str(log)))
-    here = str(Path(__file__).resolve().parents[1] / "unit")  # the ranks (and their tool workers) import the tool
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
-    run = compile_run(spec, tmp_path / "runs", ["trainer.total_steps=2", "checkpoint.save_every=0",
-                                                "data.max_response_length=64", "trainer.train_batch_size=8",
-                                                "actor.ppo_mini_batch_size=8", "algorithm.adv_estimator=grpo"])
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
-    monkeypatch.setenv("TMPDIR", str(scratch))  # the ranks' TMPDIR: the tool worker's scratch goes there
+    run, scratch = _tool_run(tmp_path, monkeypatch)
     procs = launch_ranks(run, 2, "a0")  # the local site's two ranks: the tool metrics are summed over them
     assert wait_all(procs, timeout=240) == [0, 0], logs_of(run)
     assert not [w for p in procs for w in _workers_of(p.pid)]
@@ -93,12 +113,7 @@ def test_a_multi_turn_run_logs_its_tool_metrics_and_leaves_nothing_behind(tmp_pa
         assert row["rollout/tool_timeouts"] == 0 and row["time/tool_s"] > 0
         assert row["response/length_mean"] > 24  # two calls and the tool turn between them
     # every trajectory's instance got one training row's arguments in all four phases (validation rows give none)
-    phases: dict[str, list] = {}
-    for path in tmp_path.glob("phases.*"):
-        for line in path.read_text().splitlines():
-            entry = json.loads(line)
-            phases.setdefault(entry["instance"], []).append((entry["phase"], entry["kwargs"]))
-    trained = [p for p in phases.values() if p[0][1]]
+    trained = _trained_phases(tmp_path / "phases")
     assert len(trained) == 32  # 2 steps x 8 prompts x n = 2
     for p in trained:
         assert [name for name, _ in p] == ["create", "execute", "calc_reward", "release"]
@@ -108,3 +123,38 @@ def test_a_multi_turn_run_logs_its_tool_metrics_and_leaves_nothing_behind(tmp_pa
     [summary] = json.loads(capsys.readouterr().out)
     assert summary["metrics"]["rollout/tool_calls_mean"]["last"] == 1.0
     assert {"rollout/turns_mean", "rollout/tool_errors", "rollout/tool_timeouts"} <= set(summary["metrics"])
+
+
+TOOL_KEYS = ("rollout/turns_mean", "rollout/turns_max", "rollout/tool_calls_mean", "rollout/tool_calls/mul",
+             "rollout/tool_errors", "rollout/tool_failures/mul", "rollout/tool_timeouts")
+
+
+def test_a_split_multi_turn_run_runs_the_tools_on_its_rollout_rank_as_colocated(tmp_path, monkeypatch):
+    """1 trainer + 1 rollout rank at max_staleness 0 beside a 1-rank colocated run of the same spec: the rollout
+    rank's tool worker gets each row's tools kwargs, the tool loop's counts travel with the units to the trainer's
+    metrics, the same as colocated (the same rows: the same seeds and weights), and no tool worker or scratch
+    directory outlives the run. The trainer rank never validates: it runs no tool worker, only the rollout rank."""
+    quiet = ["trainer.val_before_train=false", "trainer.test_freq=0"]
+    colocated, scratch = _tool_run(tmp_path, monkeypatch, [*quiet, "site.local.procs_per_node=1"], name="colocated")
+    split, _ = _tool_run(tmp_path, monkeypatch, [*quiet, "site.local.procs_per_node=2", "rollout.placement=split",
+                                                 "resources.rollout_ranks_per_node=1", "rollout.max_staleness=0"],
+                         name="split")
+    procs = {colocated: launch_ranks(colocated, 1, "a0"), split: launch_ranks(split, 2, "a0")}
+    for run, ranks in procs.items():
+        assert wait_all(ranks, timeout=240) == [0] * len(ranks), logs_of(run)
+    assert not [w for ranks in procs.values() for p in ranks for w in _workers_of(p.pid)]
+    assert not list(scratch.glob("hpcppo-tools-*"))
+    a, b = hmetrics.load(colocated).set_index("step"), hmetrics.load(split).set_index("step")
+    assert list(b.index) == [1, 2] and list(b["rollout/staleness_max"]) == [0.0, 0.0]
+    for step in (1, 2):
+        assert b.loc[step, "rollout/tool_calls/mul"] == 16 and b.loc[step, "time/tool_s"] > 0
+        for key in (*TOOL_KEYS, "response/length_mean", "reward/mean", "actor/pg_loss"):
+            assert abs(a.loc[step, key] - b.loc[step, key]) <= 1e-6, (step, key, a.loc[step, key], b.loc[step, key])
+    # the rollout rank's tool saw the same rows' arguments, in all four phases, as the colocated rank's
+    rows = {}
+    for name in ("colocated", "split"):
+        trained = _trained_phases(tmp_path / f"{name}-phases")
+        assert len(trained) == 32
+        assert all([ph for ph, _ in p] == ["create", "execute", "calc_reward", "release"] for p in trained)
+        rows[name] = sorted(p[0][1]["row"] for p in trained)
+    assert rows["split"] == rows["colocated"]

@@ -150,10 +150,6 @@ CASES: dict[str, Case] = {
     "split-tensor-parallel-rollout-ranks": Case(
         ["compile", GSM8K, "--site", "h100-cluster", "--no-check-paths", "-q", "--runs-root", "{cwd}/runs", "-o",
          'rollout.placement="split"', "-o", "resources.rollout_nodes=1"], "each rollout rank runs a whole engine"),
-    "split-with-multi-turn": Case(compile_("-o", 'rollout.placement="split"', "-o", "resources.rollout_ranks_per_node=1",
-                                          "-o", "rollout.multi_turn.enable=true", "-o",
-                                          'rollout.multi_turn.tools=[{{class_name="hpcppo.agent.builtin.Calculator"}}]'),
-                                  "run no tool workers yet"),
     "staleness-colocated": Case(compile_("-o", "rollout.max_staleness=2"), "colocated runs are on-policy", warn=True),
     "kv-cache-with-hf": Case(compile_("-o", "rollout.kv_cache_memory_mb=512"), "only the vLLM engine", warn=True),
     "vllm-keys-with-hf": Case(compile_("-o", "rollout.enforce_eager=true", "-o", "rollout.gpu_memory_utilization=0.3"),

@@ -20,8 +20,9 @@ import torch
 from hpcppo.data.sampler import ShardedEpochSampler
 from hpcppo.rollout.agent_loop import SingleTurnLoop
 from hpcppo.rollout.base import RolloutBatch, batch_from_lists, derive_seed
-from hpcppo.rollout.source import StepContext
+from hpcppo.rollout.source import Generated, StepContext
 from hpcppo.rollout.split import Notice, Produced, SplitSource, may_generate, owner
+from hpcppo.rollout.tool_loop import LoopStats
 from hpcppo.rollout.worker import RolloutWorker
 
 EOS, PAD = 99, 0
@@ -288,6 +289,9 @@ def test_produced_is_picklable() -> None:
 
     engine = StandInEngine()
     b = engine.generate([[1, 2]], Sampling(seed=3))
-    p = Produced(step=1, dp_rank=0, branch=0, version=0, indices=(1,), batch=b, greedy=None, generate_s=0.0,
+    p = Produced(step=1, dp_rank=0, branch=0, version=0, indices=(1,), generated=Generated(
+        batch=b, tool_stats=LoopStats(turns=2), tool_rewards=[[0.5]], tool_scores=[{"mul": 1.0}]), generate_s=0.0,
                  idle_s=0.0, worker=0)
-    assert pickle.loads(pickle.dumps(p)).indices == (1,)
+    back = pickle.loads(pickle.dumps(p))  # a multi-turn unit's tool results and counts travel with it
+    assert back.indices == (1,) and back.generated.tool_rewards == [[0.5]] and back.generated.tool_stats == LoopStats(
+        turns=2)
