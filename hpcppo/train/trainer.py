@@ -90,8 +90,8 @@ class Trainer:
         self.env = c.env
         self.state = TrainingState(kl_coef=c.kl_ctrl.initial)  # the run's progress: replaced, never edited
         self.timer = PhaseTimer()  # this step's phase times
-        self.source_metrics: dict[str, float] = {}  # the rollout source's metrics of this step
-        self.rollout_metrics: dict[str, float] = {}  # the tool loop's metrics of this step (none single-turn)
+        # the rollout source's metrics of this step: split's staleness and idle times, the tool loop's counts
+        self.source_metrics: dict[str, float] = {}
         self.greedy_baseline = estimators.needs_greedy_baseline(self.cfg.algorithm.adv_estimator)  # ReMax
         self.bridge: Any = None  # split placement, trainer rank 0: the bridge to the rollout ranks
         self.source: RolloutSource = self._source()
@@ -190,7 +190,6 @@ class Trainer:
             metrics |= self.validate()
         metrics |= reward_metrics | self.source_metrics
         metrics |= {f"time/{k}_s": v for k, v in self.timer.times.items()}
-        metrics |= self.rollout_metrics
         step_time = time.perf_counter() - start
         metrics |= {"perf/step_time_s": step_time, "perf/tokens_per_s": tokens / step_time,
                     "perf/max_memory_gb": self.peak_memory_gb()}
@@ -209,8 +208,7 @@ class Trainer:
         got = self.source.collect(StepContext(step=self.step, branch=self.state.branch,
                                               actor_version=self.state.actor_version, seed=seed))
         self.timer.add(got.times)
-        self.source_metrics = got.metrics
-        self.rollout_metrics = rollout_phase.tool_metrics(c, got)
+        self.source_metrics = got.metrics | rollout_phase.tool_metrics(c, got)
         batch = batching.to_training_batch(got.batch, got.prompts, c.device)
         if got.tool_rewards is not None:  # verl's tool_extra_fields: into the reward function's extra_info
             batch["tool_rewards"] = got.tool_rewards

@@ -82,7 +82,7 @@ def _trainer(tmp_path: Path, *, rank: int, log_samples: int) -> Trainer:
     t.timer = PhaseTimer()
     t.inject = SimpleNamespace(before_step=lambda *a: None, on_row=lambda step, branch, metrics: metrics)
     t.recovery = SimpleNamespace(last_checkpoint_s=None)
-    t.rollout_metrics = {}  # what the real rollout() sets: the tool loop's metrics (none single-turn)
+    t.source_metrics = {}  # what the real rollout() sets: the source's metrics (none colocated single-turn)
     t.rollout = lambda: {k: v for k, v in _batch().items() if k != "token_level_scores"}
     t.score = lambda batch: ({"token_level_scores": _batch()["token_level_scores"]}, {})
     t.old_log_probs_ref_and_values = lambda batch: {}
