@@ -297,7 +297,7 @@ def _candidates(exp: Experiment, plan: RunPlan) -> list[list[Experiment]]:
             variants.append(attrs.evolve(colocated, rollout=attrs.evolve(colocated.rollout,
                                                                          gpu_memory_utilization=COLOCATED_SHARE)))
         return [variants]
-    # a rollout rank runs a whole engine on its own GPU (config.resolve refuses tensor parallelism in split)
+    # the alternative splits try engines of one GPU each (a split engine of k GPUs is one a spec asks for)
     split = attrs.evolve(ro, placement="split", tensor_parallel_size=1,
                          gpu_memory_utilization=max(SPLIT_SHARE, ro.gpu_memory_utilization)
                          if vllm_share else ro.gpu_memory_utilization)
