@@ -268,7 +268,7 @@ class SplitSource:
             metrics["perf/weight_broadcast_gbps"] = stats.broadcast_bytes / stats.broadcast_s / 1e9
         if stats.discarded:
             log.info("step %d: %d unit(s) of a discarded branch or older weights dropped", ctx.step, stats.discarded)
-        log.info("step %d: trained units %s (trainer rank/branch/policy version/rollout rank; policy version now %d)",
+        log.info("step %d: trained units %s (trainer rank/branch/policy version/rollout engine; policy version now %d)",
                  ctx.step, " ".join(f"{u.dp_rank}/{u.branch}/{u.version}/{u.worker}" for u in units), self.version)
         return [(u, metrics, generate_s) for u in units]
 
