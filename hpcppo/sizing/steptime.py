@@ -134,7 +134,7 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
         return (waves * R * step_bytes / (gpu.hbm_bytes_s * A["decode bandwidth use"]),
                 2 * m.active_params * seqs * P / (tp * peak * A["prefill MFU"]))
 
-    # Colocated: one engine call per step of the group's prompts. Split: the busiest rollout rank's engine calls, one
+    # Colocated: one engine call per step of the group's prompts. Split: the busiest rollout engine's calls, one
     # per trainer share of the step's prompts it is dealt (hpcppo.rollout.worker generates share by share).
     share = plan.prompts_per_step // plan.train_dp_size if split else plan.prompts_per_rank
     calls = plan.prompts_per_rank // share

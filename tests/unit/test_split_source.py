@@ -164,7 +164,8 @@ class Harness:
                 self.bridge.end(r), engine=engine, loop=SingleTurnLoop(engine),  # type: ignore[arg-type]
                 prompt_at=DATA.__getitem__,
                 sampler=ShardedEpochSampler(PROMPTS, batch_size=PER_STEP, dp_rank=0, dp_size=1, seed=SEED),
-                sampling=Sampling(), seed=SEED, index=index, rollout_ranks=rollout_ranks // tp,  # type: ignore[arg-type]
+                sampling=Sampling(), seed=SEED, index=index,  # type: ignore[arg-type]
+                rollout_ranks=rollout_ranks // tp,
                 dp_size=dp_size, max_staleness=max_staleness if worker_staleness is None else worker_staleness,
                 total_steps=total_steps, notice_timeout_s=30,
                 group=groups[index].member(member) if tp > 1 else None, member=member))

@@ -27,7 +27,8 @@ def test_a_tensor_parallel_vllm_engine_of_two_rollout_ranks_samples_from_the_tra
         "rollout.engine=vllm", "rollout.placement=split", "resources.rollout_ranks_per_node=2",
         "rollout.tensor_parallel_size=2", "site.local.procs_per_node=3", "rollout.max_staleness=0",
         "trainer.total_steps=3", "trainer.val_before_train=false", "trainer.test_freq=0", "checkpoint.save_every=0"])
-    assert wait_all(launch_ranks(run, 3, "a0"), timeout=420)  # below pytest's: the harness ends the ranks == [0, 0, 0], logs_of(run)
+    # the wait ends below pytest's timeout, so that the harness ends the ranks of a hung run
+    assert wait_all(launch_ranks(run, 3, "a0"), timeout=420) == [0, 0, 0], logs_of(run)
     df = hmetrics.load(run)
     assert list(df["step"]) == [1, 2, 3]
     assert (df["rollout/logprob_gap"] < SYNCED).all(), df["rollout/logprob_gap"].tolist()
