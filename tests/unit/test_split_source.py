@@ -357,3 +357,17 @@ def test_produced_is_picklable() -> None:
     p = Produced(step=1, dp_rank=0, branch=0, version=0, indices=(1,), batch=b, greedy=None, generate_s=0.0,
                  idle_s=0.0, worker=0)
     assert pickle.loads(pickle.dumps(p)).indices == (1,)
+
+
+def test_an_engines_ranks_share_one_world_on_a_port_of_the_engines_own() -> None:
+    from hpcppo.train.rollout_rank import own_world
+
+    env = {"HPCPPO_BRIDGE_PORT": "20000"}
+    worlds = [own_world(env, i, 2) for i in range(6)]  # 6 rollout ranks at TP 2: engines 0, 1, 2
+    assert [(w["RANK"], w["WORLD_SIZE"], w["MASTER_PORT"]) for w in worlds] == [
+        ("0", "2", "20001"), ("1", "2", "20001"), ("0", "2", "20002"), ("1", "2", "20002"),
+        ("0", "2", "20003"), ("1", "2", "20003")]
+    assert all(w["MASTER_ADDR"] == "127.0.0.1" and "LOCAL_RANK" not in w for w in worlds)  # the task's GPU stays
+    # one rank per engine: a world of one each, the ports one world per rollout rank always used
+    assert [(w["RANK"], w["WORLD_SIZE"], w["MASTER_PORT"]) for w in (own_world(env, i) for i in range(3))] == [
+        ("0", "1", "20001"), ("0", "1", "20002"), ("0", "1", "20003")]
