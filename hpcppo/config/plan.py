@@ -32,7 +32,7 @@ class RunPlan:
     backend: str = opt(help="torch.distributed backend: nccl (cuda) or gloo (cpu).")
     tensor_parallel_size: int = opt(help="Rollout tensor-parallel size.")
     dp_size: int = opt(help="Rollout data-parallel groups = generating ranks / tensor_parallel_size (colocated: "
-                            "world_size; split: the rollout ranks); prompts are split over them.")
+                            "world_size; split: the rollout ranks, i.e. engines); prompts are split over them.")
     train_dp_size: int = opt(help="Trainer ranks, which the training batch is split over and FSDP shards over: "
                                   "world_size colocated, world_size - rollout_ranks split.")
     placement: str = opt(help="rollout.placement: colocated or split (hpcppo.placement).")
@@ -47,7 +47,7 @@ class RunPlan:
     prompts_per_step: int = opt(help="trainer.train_batch_size.")
     samples_per_step: int = opt(help="train_batch_size x rollout.n.")
     prompts_per_rank: int = opt(help="Prompts each rollout data-parallel group generates per step = train_batch_size / "
-                                     "dp_size; split: the busiest rollout rank's, ceil(train_dp_size / rollout_ranks) "
+                                     "dp_size; split: the busiest rollout engine's, ceil(train_dp_size / dp_size) "
                                      "trainer shares of train_batch_size / train_dp_size prompts.")
     samples_per_rank: int = opt(help="Samples each trainer rank trains on per step = samples_per_step / train_dp_size.")
     logprob_micro_batch_per_rank: int = opt(help="Samples per forward when recomputing log-probs and values.")

@@ -10,8 +10,10 @@ rollout rank):
 * A **unit** is one data-parallel share of one step: ``(step, dp_rank)``, the prompts trainer ``dp_rank`` samples
   for that step and the seed colocated would use (``derive_seed(seed, step, dp_rank, branch)``), so a rollout rank
   produces exactly the rows a colocated rank would with the same weights. Units are dealt round-robin over the
-  rollout ranks (:func:`owner`): every rollout rank works, however many trainer ranks there are, and with several
-  rollout ranks consecutive steps are generated side by side.
+  rollout engines (:func:`owner`): every engine works, however many trainer ranks there are, and with several
+  engines consecutive steps are generated side by side. An engine is one rollout rank, or with
+  ``rollout.tensor_parallel_size = k`` a group of k consecutive rollout ranks (:func:`engine_of`): its first rank
+  takes the notices and sends the units, the others follow it (:class:`hpcppo.rollout.worker.RolloutWorker`).
 * Each ``collect`` sends one :class:`Notice` (the step the trainer now collects, the version it broadcasts or
   holds, a reset when the branch changed) before the weights. A rollout rank generates step ``t`` with weights of
   version ``v`` only when no sample of it can be too old when the trainer reaches ``t``: the version rises by at
@@ -102,7 +104,7 @@ class Produced:
             tool loop's results and counts (a multi-turn run's), as a colocated rank's ``generate`` gives them.
         generate_s: seconds spent generating it.
         idle_s: seconds the rollout rank waited for work (a notice, weights) since its previous unit.
-        worker: the rollout rank's index.
+        worker: the engine's index (:func:`engine_of`).
     """
 
     step: int
@@ -116,10 +118,17 @@ class Produced:
     worker: int
 
 
-def owner(step: int, dp_rank: int, dp_size: int, rollout_ranks: int) -> int:
-    """The rollout rank that generates unit ``(step, dp_rank)``: round-robin over units, so every rollout rank has
-    work and consecutive steps go to different ranks when there are more rollout ranks than trainer groups."""
-    return (step * dp_size + dp_rank) % rollout_ranks
+def owner(step: int, dp_rank: int, dp_size: int, engines: int) -> int:
+    """The rollout engine that generates unit ``(step, dp_rank)``: round-robin over units, so every engine has work
+    and consecutive steps go to different engines when there are more engines than trainer groups."""
+    return (step * dp_size + dp_rank) % engines
+
+
+def engine_of(index: int, tensor_parallel_size: int) -> tuple[int, int]:
+    """Rollout rank ``index``'s engine and its rank in the engine's tensor-parallel group: ``k`` consecutive rollout
+    ranks form one engine (they are on one node: compile checks that ``k`` divides the rollout ranks of a node, and
+    a node's rollout ranks are consecutive, hpcppo.placement)."""
+    return divmod(index, tensor_parallel_size)
 
 
 def may_generate(step: int, version: int, notice_step: int, notice_version: int, max_staleness: int) -> bool:
@@ -260,7 +269,7 @@ class SplitSource:
             metrics["perf/weight_broadcast_gbps"] = stats.broadcast_bytes / stats.broadcast_s / 1e9
         if stats.discarded:
             log.info("step %d: %d unit(s) of a discarded branch or older weights dropped", ctx.step, stats.discarded)
-        log.info("step %d: trained units %s (trainer rank/branch/policy version/rollout rank; policy version now %d)",
+        log.info("step %d: trained units %s (trainer rank/branch/policy version/rollout engine; policy version now %d)",
                  ctx.step, " ".join(f"{u.dp_rank}/{u.branch}/{u.version}/{u.worker}" for u in units), self.version)
         return [(u, metrics, generate_s) for u in units]
 

@@ -6,6 +6,13 @@ may_generate`), send it, repeat; with nothing allowed, wait for the next notice.
 copy of the trainer's sampler (the same permutation of the same data set), its seed from the step, the trainer
 rank and the branch: a rollout rank generates what a colocated rank would, and nothing but cursors crosses the
 bridge.
+
+An engine with tensor parallelism (``rollout.tensor_parallel_size = k``) is a group of k rollout ranks
+(:func:`~hpcppo.rollout.split.engine_of`) that must run every collective in the same order: the same weight loads,
+the same generate calls with the same prompts and seed. The group's first rank (its *leader*) is the only one that
+reads notices and sends units; before each weight load, unit and stop it tells the others what to do through the
+engine's own group (:class:`EngineGroup`), and they do the same (:meth:`RolloutWorker.follow`). Units are dealt
+over engines, not ranks.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from typing import Any, Protocol
 
 from hpcppo.rollout.agent_loop import AgentLoop
 from hpcppo.rollout.base import RolloutEngine, SamplingParams, derive_seed
-from hpcppo.rollout.source import generate
+from hpcppo.rollout.source import Generated, generate
 from hpcppo.rollout.split import Notice, Produced, RolloutEnd, may_generate, owner
 
 log = logging.getLogger("hpcppo.rollout")
@@ -36,6 +43,19 @@ class Sampler(Protocol):
 NOTICE_POLL_S = 0.005  # the wait between two looks at the notice box when there is nothing to generate
 
 
+class EngineGroup(Protocol):
+    """The processes of one tensor-parallel engine (``hpcppo.train.rollout_rank``: a gloo group over the engine's
+    world)."""
+
+    def share(self, obj: Any) -> Any:
+        """The group's first rank's ``obj``, on every rank (blocks until the first rank sends one)."""
+        ...
+
+
+# what a leader tells its followers (the first item of a command)
+WEIGHTS, GENERATE, STOP = "weights", "generate", "stop"
+
+
 class RolloutWorker:
     """One rollout rank.
 
@@ -48,18 +68,21 @@ class RolloutWorker:
             batches, split into ``dp_size`` shares as the trainer ranks' samplers split them.
         sampling: the rollout's sampling parameters (each unit's seed replaces theirs).
         seed: the run's seed (``derive_seed``'s base).
-        index: this rollout rank's index; ``rollout_ranks``: how many there are.
+        index: this rank's engine (:func:`~hpcppo.rollout.split.engine_of`); ``rollout_ranks``: how many engines
+            there are (the rollout ranks / ``tensor_parallel_size``).
         dp_size: the trainer's data-parallel size.
         max_staleness: ``rollout.max_staleness``.
         total_steps: the run's last step.
         greedy_baseline: also decode one greedy response per prompt (ReMax).
         notice_timeout_s: the longest wait for a notice before the rank gives up (the trainer died).
+        group: the engine's group when it spans several ranks (``tensor_parallel_size > 1``), None alone.
+        member: this rank's place in ``group`` (0: the leader).
     """
 
     def __init__(self, end: RolloutEnd, *, engine: RolloutEngine, loop: AgentLoop, prompt_at: Callable[[int], Any],
                  sampler: Sampler, sampling: SamplingParams, seed: int, index: int, rollout_ranks: int,
                  dp_size: int, max_staleness: int, total_steps: int, greedy_baseline: bool = False,
-                 notice_timeout_s: float = 1800.0):
+                 notice_timeout_s: float = 1800.0, group: EngineGroup | None = None, member: int = 0):
         if sampler.dp_size != 1:
             raise ValueError("the rollout rank's sampler must see whole global batches (dp_size 1)")
         self.end = end
@@ -76,6 +99,10 @@ class RolloutWorker:
         self.total_steps = total_steps
         self.greedy_baseline = greedy_baseline
         self.notice_timeout_s = notice_timeout_s
+        self.group = group
+        self.member = member
+        if member and group is None:
+            raise ValueError(f"rollout rank {member} of an engine needs the engine's group")
         self.notice: Notice | None = None  # the latest
         self.version = -1  # the policy version of the engine's weights
         self.actor_version = -1
@@ -89,7 +116,9 @@ class RolloutWorker:
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
-        """Until the stop notice; returns the units sent."""
+        """Until the stop notice; returns the units sent (a follower sends none)."""
+        if self.member:
+            return self.follow()
         while True:
             self.obey(self.end.poll_notice())
             if self.stopped:
@@ -118,6 +147,7 @@ class RolloutWorker:
         """Apply notices in the order they were sent; weights follow a notice that says so."""
         for notice in _as_list(notices):
             if notice.stop:
+                self.tell(STOP)
                 self.stopped = True
                 return
             if notice.redo:
@@ -127,14 +157,42 @@ class RolloutWorker:
                 self.reset(notice)
             self.notice = notice
             if notice.weights:
-                start = time.perf_counter()
-                version, tensors = self.end.receive_weights()
-                if version != notice.version:
-                    raise RuntimeError(f"rollout rank {self.index}: weights of version {version} arrived after the "
-                                       f"notice of version {notice.version}")
-                self.engine.sync_weights(tensors)
-                self.version, self.actor_version = version, notice.actor_version
-                log.debug("weights of version %d loaded in %.3f s", version, time.perf_counter() - start)
+                self.tell(WEIGHTS, notice.version)
+                self.load_weights(notice.version)
+                self.version, self.actor_version = notice.version, notice.actor_version
+
+    def load_weights(self, expected: int) -> None:
+        """Receive the bridge's broadcast (every rollout rank takes part) and load this rank's part of it."""
+        start = time.perf_counter()
+        version, tensors = self.end.receive_weights()
+        if version != expected:
+            raise RuntimeError(f"rollout rank {self.index}.{self.member}: weights of version {version} arrived after "
+                               f"the notice of version {expected}")
+        self.engine.sync_weights(tensors)
+        log.debug("weights of version %d loaded in %.3f s", version, time.perf_counter() - start)
+
+    def tell(self, *command: Any) -> None:
+        """The leader's command to the engine's other ranks (nothing without a group)."""
+        if self.group is not None:
+            self.group.share(command)
+
+    def follow(self) -> int:
+        """A follower's loop: do what the leader says, in its order, until it says stop; notices are the leader's
+        (this rank's own copies are dropped as they come, so the bridge's store does not grow)."""
+        assert self.group is not None
+        while True:
+            command = self.group.share(None)
+            self.end.poll_notice()
+            if command[0] == STOP:
+                self.stopped = True
+                return 0
+            if command[0] == WEIGHTS:
+                self.load_weights(command[1])
+                self.version = command[1]
+            elif command[0] == GENERATE:
+                self.produce(*command[1:])
+            else:
+                raise RuntimeError(f"rollout rank {self.index}.{self.member}: unknown command {command[0]!r}")
 
     def reset(self, notice: Notice) -> None:
         """Start again at ``notice.step`` on ``notice.branch`` from the trainer's cursor: nothing sent before counts."""
@@ -174,10 +232,10 @@ class RolloutWorker:
         batch = self.global_batch(step)
         share = len(batch) // self.dp_size
         indices = batch[dp_rank * share:(dp_rank + 1) * share]
-        prompts = [self.prompt_at(i) for i in indices]
         seed = derive_seed(self.seed, step, dp_rank, self.branch)  # the colocated rank's seed for this share
+        self.tell(GENERATE, list(indices), seed)
         start = time.perf_counter()
-        got = generate(self.loop, prompts, self.sampling, seed=seed, greedy_baseline=self.greedy_baseline)
+        got = self.produce(list(indices), seed)
         generate_s = time.perf_counter() - start
         got = dataclasses.replace(got, batch=got.batch.stamped(self.actor_version))
         self.end.send_obj(Produced(step=step, dp_rank=dp_rank, branch=self.branch, version=self.version,
@@ -187,6 +245,12 @@ class RolloutWorker:
         self.done.add((step, dp_rank))
         self.sent += 1
 
+    def produce(self, indices: list[int], seed: int) -> Generated:
+        """Generate a unit's rows (and its greedy baseline) from its prompts, as a colocated rank does
+        (:func:`hpcppo.rollout.source.generate`: each row's tools kwargs, the tool loop's results): every rank of an
+        engine runs this with the same arguments."""
+        prompts = [self.prompt_at(i) for i in indices]
+        return generate(self.loop, prompts, self.sampling, seed=seed, greedy_baseline=self.greedy_baseline)
 
 def _as_list(notices: Any) -> Iterator[Notice]:
     """``poll_notice``'s answer as notices: a list of them, one, or None."""

@@ -134,7 +134,7 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
         return (waves * R * step_bytes / (gpu.hbm_bytes_s * A["decode bandwidth use"]),
                 2 * m.active_params * seqs * P / (tp * peak * A["prefill MFU"]))
 
-    # Colocated: one engine call per step of the group's prompts. Split: the busiest rollout rank's engine calls, one
+    # Colocated: one engine call per step of the group's prompts. Split: the busiest rollout engine's calls, one
     # per trainer share of the step's prompts it is dealt (hpcppo.rollout.worker generates share by share).
     share = plan.prompts_per_step // plan.train_dp_size if split else plan.prompts_per_rank
     calls = plan.prompts_per_rank // share
@@ -297,7 +297,7 @@ def _candidates(exp: Experiment, plan: RunPlan) -> list[list[Experiment]]:
             variants.append(attrs.evolve(colocated, rollout=attrs.evolve(colocated.rollout,
                                                                          gpu_memory_utilization=COLOCATED_SHARE)))
         return [variants]
-    # a rollout rank runs a whole engine on its own GPU (config.resolve refuses tensor parallelism in split)
+    # the alternative splits try engines of one GPU each (a split engine of k GPUs is one a spec asks for)
     split = attrs.evolve(ro, placement="split", tensor_parallel_size=1,
                          gpu_memory_utilization=max(SPLIT_SHARE, ro.gpu_memory_utilization)
                          if vllm_share else ro.gpu_memory_utilization)

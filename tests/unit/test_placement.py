@@ -20,6 +20,7 @@ ASYNC = REPO / "examples" / "arith-tiny-async.toml"
 GSM8K = REPO / "examples" / "gsm8k-qwen2.5-7b.toml"
 SPLIT = ['rollout.placement="split"']
 SPLIT1 = SPLIT + ["rollout.tensor_parallel_size=1"]  # a rollout rank's engine on its own GPU
+NO_VAL = ["trainer.test_freq=0", "trainer.val_before_train=false"]
 
 
 def _compile(spec: Path, site: str, overrides: list[str]):
@@ -166,12 +167,22 @@ def test_trainers_shard_over_their_own_nodes():
     assert c.plan.train_dp_size == 4 and c.plan.dp_size == 12 and c.plan.prompts_per_rank == 256  # 4 shares, 12 ranks
 
 
+def test_tensor_parallel_rollout_engines_are_groups_of_rollout_ranks():
+    # the example's TP 2 with a rollout node: 8 rollout ranks form 4 engines; 8 trainer shares of 128 prompts dealt
+    # round robin over the 4 engines: 2 each
+    c = _compile(GSM8K, "h100-cluster", SPLIT + NO_VAL + ["resources.rollout_nodes=1"])
+    assert (c.plan.tensor_parallel_size, c.plan.rollout_ranks, c.plan.dp_size, c.plan.train_dp_size) == (2, 8, 4, 8)
+    assert c.plan.prompts_per_rank == 256
+    c = _compile(GSM8K, "h100-cluster", SPLIT + NO_VAL + ["resources.rollout_ranks_per_node=4"])  # 2 engines/node
+    assert (c.plan.rollout_ranks, c.plan.dp_size, c.plan.train_dp_size, c.plan.prompts_per_rank) == (8, 4, 8, 256)
+
+
 @pytest.mark.parametrize("overrides, says", [
     (SPLIT + ["resources.rollout_ranks_per_node=3"],
      "rollout.tensor_parallel_size=2 does not divide resources.rollout_ranks_per_node=3"),
-    # a rollout rank runs its engine alone (hpcppo.train.rollout_rank): no tensor-parallel group across them
+    # the trainers validate on engines of their own, one per trainer rank: no tensor-parallel group across them
     (SPLIT + ["resources.rollout_nodes=1"],
-     "rollout.tensor_parallel_size=2 with rollout.placement = \"split\": each rollout rank runs a whole engine"),
+     "rollout.tensor_parallel_size=2 with rollout.placement = \"split\" and validation (trainer.test_freq=5"),
     # one share of the step's prompts per trainer rank: 1024 prompts over 10 trainer ranks do not split
     (SPLIT1 + ["resources.rollout_ranks_per_node=3"],
      "trainer.train_batch_size=1024 prompts cannot be split over the 10 trainer ranks"),

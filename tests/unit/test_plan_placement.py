@@ -44,6 +44,22 @@ def test_rollout_ranks_hold_the_engine_and_trainer_ranks_no_engine():
         "actor params (fp32 shard)"] == 2 * _items(split.phases[1])["actor params (fp32 shard)"]
 
 
+def test_a_tensor_parallel_rollout_engine_is_budgeted_per_gpu():
+    # TP 2 over the rollout node: each rollout GPU holds half the engine's weights and half its KV heads, so the same
+    # share leaves more KV cache; the engine (2 GPUs) is dealt 2 trainer shares
+    no_val = ["trainer.test_freq=0", "trainer.val_before_train=false", "rollout.gpu_memory_utilization=0.9"]
+    tp2, c2 = _budget(['rollout.placement="split"', "resources.rollout_nodes=1", "rollout.tensor_parallel_size=2"]
+                      + no_val)
+    tp1, c1 = _budget(SPLIT + no_val)
+    m = tp2.model
+    assert _items(tp2.phases[0]) == _items(tp1.phases[0])  # the same share of each GPU
+    assert tp2.kv["weights_bytes"] == -(-m.params * 2 // 2) and tp1.kv["weights_bytes"] == m.params * 2
+    assert tp2.kv["kv_bytes_per_token_per_gpu"] * 2 == tp1.kv["kv_bytes_per_token_per_gpu"]
+    assert tp2.kv["kv_cache_bytes"] > tp1.kv["kv_cache_bytes"]
+    assert (c2.plan.dp_size, c2.plan.prompts_per_rank, c1.plan.dp_size, c1.plan.prompts_per_rank) == (4, 256, 8, 128)
+    assert tp2.kv["sequences_per_engine"] == 256 * 5
+
+
 def test_an_hf_rollout_rank_holds_the_weights_and_its_batchs_cache():
     budget, c = _budget(SPLIT + ['rollout.engine="hf"'])
     rollout = _items(budget.phases[0])

@@ -2,8 +2,10 @@
 version stamping, rollback drops, with the real SplitSource and RolloutWorker in one process.
 
 Stand-ins, named as such: ``StandInBridge`` (queues in one process instead of hpcppo.distributed.bridge's store and
-process group: a weight broadcast does not block until the receivers join) and ``StandInEngine`` (its "model" is one
-number, the actor version it was sent, written into every response so a test can read which weights generated it).
+process group: a weight broadcast does not block until the receivers join), ``StandInEngine`` (its "model" is one
+number, the actor version it was sent, written into every response so a test can read which weights generated it;
+it logs what it was asked, so the ranks of one tensor-parallel engine can be compared) and ``StandInEngineGroup``
+(queues instead of hpcppo.train.rollout_rank.GlooEngineGroup's broadcast: the leader does not wait for the others).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from hpcppo.data.sampler import ShardedEpochSampler
 from hpcppo.rollout.agent_loop import SingleTurnLoop
 from hpcppo.rollout.base import RolloutBatch, batch_from_lists, derive_seed
 from hpcppo.rollout.source import Generated, StepContext
-from hpcppo.rollout.split import Notice, Produced, SplitSource, may_generate, owner
+from hpcppo.rollout.split import Notice, Produced, SplitSource, engine_of, may_generate, owner
 from hpcppo.rollout.tool_loop import LoopStats
 from hpcppo.rollout.worker import RolloutWorker
 
@@ -48,6 +50,7 @@ class StandInBridge:
         self.notices = [queue.Queue[Any]() for _ in range(ranks)]
         self.weights = [queue.Queue[Any]() for _ in range(ranks)]
         self.sent = 0  # units sent by all rollout ends
+        self.senders: list[int] = []  # the bridge rank of each unit's sender
 
     # trainer rank 0
     def notify_all(self, obj: Any) -> None:
@@ -75,6 +78,7 @@ class StandInRolloutEnd:
         return version, iter(tensors)
 
     def send_obj(self, obj: Any) -> None:
+        self.bridge.senders.append(self.rank + 1)
         self.bridge.inbox.put((self.rank + 1, obj))
         self.bridge.sent += 1
 
@@ -92,8 +96,10 @@ class StandInEngine:
 
     def __init__(self) -> None:
         self.w = -1.0
+        self.calls: list[tuple[Any, ...]] = []  # ("load", w) and ("generate", prompts, seed, n, w), in order
 
     def generate(self, prompts: Any, sampling: Any) -> RolloutBatch:
+        self.calls.append(("generate", [list(p) for p in prompts], sampling.seed, sampling.n, self.w))
         rows = [[int(self.w) + 1, sampling.seed % 89 + 1, EOS] for _ in range(len(prompts) * sampling.n)]
         return batch_from_lists(prompts, rows, [[0.0] * 3 for _ in rows], n=sampling.n, eos_token_ids=[EOS],
                                 pad_token_id=PAD)
@@ -101,7 +107,28 @@ class StandInEngine:
     def sync_weights(self, named: Any) -> int:
         for _, t in named:
             self.w = float(t)
+        self.calls.append(("load", self.w))
         return 1
+
+
+class StandInEngineGroup:
+    """In-process stand-in for GlooEngineGroup: the leader's objects reach each other rank through a queue."""
+
+    def __init__(self, size: int):
+        self.boxes = [queue.Queue[Any]() for _ in range(size)]
+
+    def member(self, rank: int) -> Any:
+        group = self
+
+        class Member:
+            def share(self, obj: Any) -> Any:
+                if rank == 0:
+                    for box in group.boxes[1:]:
+                        box.put(obj)
+                    return obj
+                return group.boxes[rank].get(timeout=30)
+
+        return Member()
 
 
 @dataclass
@@ -117,7 +144,9 @@ class Harness:
     """A trainer (one or more data-parallel shares, all on rank 0's SplitSource) and its rollout ranks in threads."""
 
     def __init__(self, *, max_staleness: int, rollout_ranks: int = 1, dp_size: int = 1, total_steps: int = 8,
-                 worker_staleness: int | None = None):
+                 worker_staleness: int | None = None, tensor_parallel_size: int = 1):
+        tp = tensor_parallel_size
+        groups = [StandInEngineGroup(tp) for _ in range(rollout_ranks // tp)]
         self.bridge = StandInBridge(rollout_ranks)
         self.actor_version = 0
         self.sampler = ShardedEpochSampler(PROMPTS, batch_size=PER_STEP, dp_rank=0, dp_size=dp_size, seed=SEED)
@@ -127,15 +156,20 @@ class Harness:
             sampler_state=self.sampler.state_dict, share=lambda x: x, dp_rank=0, dp_size=dp_size,
             max_staleness=max_staleness, total_steps=total_steps, timeout_s=30)
         self.workers = []
+        self.engines = []
         for r in range(rollout_ranks):
             engine = StandInEngine()
+            self.engines.append(engine)
+            index, member = engine_of(r, tp)
             self.workers.append(RolloutWorker(
                 self.bridge.end(r), engine=engine, loop=SingleTurnLoop(engine),  # type: ignore[arg-type]
                 prompt_at=DATA.__getitem__,
                 sampler=ShardedEpochSampler(PROMPTS, batch_size=PER_STEP, dp_rank=0, dp_size=1, seed=SEED),
-                sampling=Sampling(), seed=SEED, index=r, rollout_ranks=rollout_ranks,  # type: ignore[arg-type]
+                sampling=Sampling(), seed=SEED, index=index,  # type: ignore[arg-type]
+                rollout_ranks=rollout_ranks // tp,
                 dp_size=dp_size, max_staleness=max_staleness if worker_staleness is None else worker_staleness,
-                total_steps=total_steps, notice_timeout_s=30))
+                total_steps=total_steps, notice_timeout_s=30,
+                group=groups[index].member(member) if tp > 1 else None, member=member))
         self.errors: list[BaseException] = []
         self.threads = [threading.Thread(target=self._run, args=(w,), daemon=True) for w in self.workers]
         for t in self.threads:
@@ -245,6 +279,38 @@ def test_two_trainer_shares_and_two_rollout_ranks_all_work() -> None:
     assert sorted((s, d) for s, d, _, _ in h.source.trained) == [(s, d) for s in range(1, 5) for d in (0, 1)]
 
 
+def test_engine_of_groups_consecutive_rollout_ranks() -> None:
+    assert [engine_of(i, 2) for i in range(6)] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+    assert [engine_of(i, 4) for i in range(8)] == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2), (1, 3)]
+    assert [engine_of(i, 1) for i in range(3)] == [(0, 0), (1, 0), (2, 0)]
+
+
+def test_tensor_parallel_groups_are_the_unit_of_dealing_and_only_leaders_send() -> None:
+    # 4 rollout ranks at TP 2 = 2 engines (ranks 0+1, 2+3); 2 trainer shares per step; a rollback midway
+    h = Harness(max_staleness=1, rollout_ranks=4, dp_size=2, total_steps=6, tensor_parallel_size=2)
+    try:
+        for step in range(1, 4):
+            h.collect(step)
+            h.actor_version += 1
+        h.actor_version = 50
+        for step in range(4, 7):
+            got = h.collect(step, branch=1)
+            assert weight_of(got.batch) >= 50
+            h.actor_version += 1
+    finally:
+        h.close()
+    assert set(h.bridge.senders) == {1, 3}  # bridge ranks of rollout ranks 0 and 2, the engines' first ranks
+    assert [w.sent for w in h.workers][1::2] == [0, 0] and all(w.sent > 0 for w in h.workers[0::2])
+    assert sorted((s, d) for s, d, _, _ in h.source.trained) == [(s, d) for s in range(1, 7) for d in (0, 1)]
+    for leader, follower in ((0, 1), (2, 3)):
+        # one engine: the same weight loads and the same generate calls (prompts, seed, weights), in the same order
+        assert h.engines[leader].calls == h.engines[follower].calls
+        assert any(c[0] == "generate" for c in h.engines[leader].calls)
+    # units dealt round robin over the engines, not the ranks: each engine generated whole units of its own
+    made = [{(tuple(map(tuple, c[1])), c[2]) for c in h.engines[r].calls if c[0] == "generate"} for r in (0, 2)]
+    assert made[0] and made[1] and not made[0] & made[1]
+
+
 def test_rollback_drops_queued_and_in_flight_samples_of_the_discarded_branch() -> None:
     h = Harness(max_staleness=2, total_steps=8)
     try:
@@ -295,3 +361,17 @@ def test_produced_is_picklable() -> None:
     back = pickle.loads(pickle.dumps(p))  # a multi-turn unit's tool results and counts travel with it
     assert back.indices == (1,) and back.generated.tool_rewards == [[0.5]] and back.generated.tool_stats == LoopStats(
         turns=2)
+
+
+def test_an_engines_ranks_share_one_world_on_a_port_of_the_engines_own() -> None:
+    from hpcppo.train.rollout_rank import own_world
+
+    env = {"HPCPPO_BRIDGE_PORT": "20000"}
+    worlds = [own_world(env, i, 2) for i in range(6)]  # 6 rollout ranks at TP 2: engines 0, 1, 2
+    assert [(w["RANK"], w["WORLD_SIZE"], w["MASTER_PORT"]) for w in worlds] == [
+        ("0", "2", "20001"), ("1", "2", "20001"), ("0", "2", "20002"), ("1", "2", "20002"),
+        ("0", "2", "20003"), ("1", "2", "20003")]
+    assert all(w["MASTER_ADDR"] == "127.0.0.1" and "LOCAL_RANK" not in w for w in worlds)  # the task's GPU stays
+    # one rank per engine: a world of one each, the ports one world per rollout rank always used
+    assert [(w["RANK"], w["WORLD_SIZE"], w["MASTER_PORT"]) for w in (own_world(env, i) for i in range(3))] == [
+        ("0", "1", "20001"), ("0", "1", "20002"), ("0", "1", "20003")]

@@ -168,8 +168,8 @@ VERL_DOC = """**Asynchronous training** (verl's recipes `verl.experimental.one_s
 rollout pool (`rollout.nnodes x n_gpus_per_node`) become one allocation, the rollout sharing the trainer's nodes
 (`resources.rollout_ranks_per_node`, when both pools have the same nodes and at most 8 GPUs a node together) or taking
 whole nodes after them (`resources.rollout_nodes`, when both have the same GPUs per node); other shapes are refused in
-one line. A rollout rank runs one whole engine on its own GPU: compile refuses `tensor_model_parallel_size` > 1 with
-split placement. **One-step-off** generates step k + 1 while step k trains: `rollout.max_staleness = 1`, and the recipe's
+one line. `tensor_model_parallel_size = k` makes engines of k rollout ranks of one node (compile refuses it with
+validation on, where the trainer ranks would need such engines too). **One-step-off** generates step k + 1 while step k trains: `rollout.max_staleness = 1`, and the recipe's
 `algorithm.rollout_correction.bypass_mode = true` (its config/one_step_off_ppo_trainer.yaml). **Fully async**: the
 rollouter may run `(1 + staleness_threshold) x trigger_parameter_sync_step x require_batches x ppo_mini_batch_size`
 samples ahead of a weight sync (`FullyAsyncRollouter.set_max_required_samples`), the trainer syncs after
