@@ -32,7 +32,7 @@ def test_two_node_job_runs_one_task_per_node_and_sacct_reports_it(submit_job, tm
     assert info.state == "COMPLETED", info
     assert sorted(out.read_text().split("\n")[:2]) == ["n1 0", "n2 1"]
     # Accounting lags the controller by moments (for ~0.2 s it even lists only the batch host): then sacct is the source.
-    info = wait_for_state(job_id, {"COMPLETED"}, 15, submitted_after=submitted_at,
+    info = wait_for_state(job_id, {"COMPLETED"}, 120, submitted_after=submitted_at,
                           condition=lambda i: i.source == "sacct" and i.nodelist == "n[1-2]")  # fmt: skip
     assert (info.exit_code, info.restart_count) == ("0:0", 0)
     assert info.submit_time is not None and info.start_time is not None and info.end_time is not None
@@ -45,7 +45,7 @@ def test_cancel_running_job(submit_job, wait_for_state):
     running = wait_for_state(job_id, {"RUNNING"}, submitted_after=submitted_at)
     assert running.reason is None and running.nodelist in ("n1", "n2")
     slurm.cancel(job_id)
-    info = wait_for_state(job_id, {"CANCELLED"}, 30, submitted_after=submitted_at)
+    info = wait_for_state(job_id, {"CANCELLED"}, 120, submitted_after=submitted_at)
     assert info.is_finished
     slurm.cancel(job_id)  # cancelling an ended job is not an error
 
@@ -59,15 +59,15 @@ def test_requeue_then_start_now_runs_the_job_again(submit_job, tmp_path, wait_fo
     assert wait_for_file_lines(runs, 1) == ["run 0"]
     slurm.requeue(job_id)
     # Requeued jobs wait ~2 minutes (BeginTime); the controller reports that while accounting lags.
-    pending = wait_for_state(job_id, {"PENDING"}, 30, submitted_after=submitted_at, condition=lambda i: i.reason == "BeginTime")
+    pending = wait_for_state(job_id, {"PENDING"}, 120, submitted_after=submitted_at, condition=lambda i: i.reason == "BeginTime")
     assert pending.restart_count == 1
     slurm.update_start_now(job_id)
-    again = wait_for_state(job_id, {"RUNNING"}, 30, submitted_after=submitted_at)
+    again = wait_for_state(job_id, {"RUNNING"}, 120, submitted_after=submitted_at)
     assert again.restart_count == 1
     assert wait_for_file_lines(runs, 2) == ["run 0", "run 1"]
     slurm.cancel(job_id)
     # Both records in accounting: the latest one wins and the older one counts as a restart.
-    done = wait_for_state(job_id, {"CANCELLED"}, 30, submitted_after=submitted_at, condition=lambda i: i.source == "sacct")
+    done = wait_for_state(job_id, {"CANCELLED"}, 120, submitted_after=submitted_at, condition=lambda i: i.source == "sacct")
     assert done.restart_count == 1
 
 
