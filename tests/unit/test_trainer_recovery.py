@@ -57,13 +57,14 @@ def make_trainer(tmp_path: Path, rules: list[Rule]) -> Trainer:
     actor_set = ModelSet(actor, actor_optim, schedule(actor_optim))
     critic_set = ModelSet(critic, critic_optim, schedule(critic_optim))
     c = SimpleNamespace(
-        cfg=cfg, plan=SimpleNamespace(world_size=1), env=SimpleNamespace(rank=0), run_dir=tmp_path,
+        cfg=cfg, plan=SimpleNamespace(world_size=1, train_dp_size=1, placement="colocated"),
+        env=SimpleNamespace(rank=0), run_dir=tmp_path,
         actor=actor_set, critic=critic_set, trained=lambda: {"actor": actor_set, "critic": critic_set},
         critic_set=lambda: critic_set,
         kl_ctrl=AdaptiveKLController(0.01, target_kl=0.1, horizon=100), sampler=Cursor(),
         ckpt=CheckpointManager(RunPaths(tmp_path).checkpoints, keep_last=10), metrics=None, attempt=0,
         preempt=SimpleNamespace(local=False),
-        engine=None, sampling=None,  # the rollout source is built, never asked: these tests run no rollout
+        engine=SimpleNamespace(), sampling=None,  # the rollout source is built, never asked: these tests run no rollout
     )
     return Trainer(c)  # type: ignore[arg-type]
 
