@@ -117,6 +117,15 @@ class RolloutSource(Protocol):
         """The agent loop, its engine awake with the actor's weights, for extra generation (validation)."""
         ...
 
+    def state_dict(self, step: int, branch: int, actor_version: int) -> dict[str, Any]:
+        """What a checkpoint of ``step`` needs to resume this source exactly (called on every rank; rank 0's is
+        saved): nothing for a colocated source, the queue for a split one."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A checkpoint's :meth:`state_dict` (every rank), before the first :meth:`collect` of a resumed run."""
+        ...
+
 
 @contextlib.contextmanager
 def _timed(times: dict[str, float], phase: str) -> Iterator[None]:
@@ -162,6 +171,12 @@ class ColocatedSource:
         return Collected(batch=got.batch.stamped(self.engine_version), prompts=prompts, greedy=got.greedy, times=times,
                          tool_stats=got.tool_stats, tool_rewards=got.tool_rewards, tool_scores=got.tool_scores,
                          greedy_tool_rewards=got.greedy_tool_rewards, greedy_tool_scores=got.greedy_tool_scores)
+
+    def state_dict(self, step: int, branch: int, actor_version: int) -> dict[str, Any]:
+        return {}  # a step's samples come from the weights the checkpoint holds
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
 
     @contextlib.contextmanager
     def serving(self, actor_version: int) -> Iterator[AgentLoop]:

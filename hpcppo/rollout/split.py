@@ -15,17 +15,23 @@ rollout rank):
   ``rollout.tensor_parallel_size = k`` a group of k consecutive rollout ranks (:func:`engine_of`): its first rank
   takes the notices and sends the units, the others follow it (:class:`hpcppo.rollout.worker.RolloutWorker`).
 * Each ``collect`` sends one :class:`Notice` (the step the trainer now collects, the version it broadcasts or
-  holds, a reset when the branch changed) before the weights. A rollout rank generates step ``t`` with weights of
-  version ``v`` only when no sample of it can be too old when the trainer reaches ``t``: the version rises by at
-  most one per step, so ``v >= notice.version + (t - notice.step) - max_staleness`` (:func:`may_generate`). With
-  staleness ``k`` the rollout ranks therefore run up to ``k`` steps ahead; with 0 they generate each step after its
-  broadcast (on-policy). The trainer still checks every batch's version and drops one older than the bound
-  (``rollout/dropped_stale``), asking for it again.
-* A rollback or a resume is a **reset**: the notice carries the sampler's cursor before the step, the new branch and
-  the version of the restored weights (broadcast with it); every queued or in-flight sample of another branch or an
-  older version is discarded, and the rollout ranks regenerate from the cursor. The queue is never checkpointed: it
-  is regenerated deterministically from the checkpoint (the sampler's cursor, the branch's seeds, the restored
-  weights).
+  holds, a reset when the branch changed) before the weights. A rollout rank generates step ``t`` with the weights
+  of step ``t - max_staleness``'s notice (the reset's, when that is later: :func:`generation_step`): it applies a
+  notice only when its next unit needs it (:class:`hpcppo.rollout.worker.RolloutWorker`). The version rises by at
+  most one per step, so no sample is older than the bound when the trainer reaches its step, and which weights made
+  which sample is fixed by the step numbers alone, not by how fast either side runs: a split run is as reproducible
+  as a colocated one. With staleness ``k`` the rollout ranks run ``k`` steps ahead; with 0 they generate each step
+  after its broadcast (on-policy). The trainer still checks every unit's version and drops one older than the bound
+  (``rollout/dropped_stale``, asked for again; it cannot happen when both sides read the same bound).
+* A rollback is a **reset**: the notice carries the sampler's cursor before the step, the new branch and the version
+  of the restored weights (broadcast with it); every queued or in-flight sample of another branch or an older
+  version is discarded, and the rollout ranks regenerate from the cursor.
+* A **checkpoint holds the queue** (:meth:`SplitSource.state_dict`): trainer rank 0 waits for the units of the next
+  ``max_staleness`` steps (generated with weights the rollout ranks already have, so the wait costs what the next
+  step's broadcast would wait anyway) and saves them with the version counter. A resume restores them, and its reset
+  tells the rollout ranks which units the trainer holds (:attr:`Notice.held`): they generate from the first unit it
+  does not hold, with the checkpoint's weights, exactly as the uninterrupted run did. A resumed split run repeats the
+  uninterrupted one's samples and losses at any staleness.
 """
 
 from __future__ import annotations
@@ -33,14 +39,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 import torch
 
 from hpcppo.rollout.agent_loop import AgentLoop
+from hpcppo.rollout.base import RolloutBatch
 from hpcppo.rollout.source import ColocatedSource, Collected, Generated, StepContext, WeightStream
+from hpcppo.rollout.tool_loop import LoopStats
 
 log = logging.getLogger("hpcppo.rollout")
 
@@ -78,6 +87,7 @@ class Notice:
         reset: the sampler's state before ``step``'s batch: drop everything and regenerate from here (start, resume,
             rollback); None otherwise.
         redo: units the trainer dropped as too old and needs again.
+        held: with a reset, units the trainer holds already (restored from a checkpoint): not to be generated.
         stop: the run ends; the rollout ranks leave.
     """
 
@@ -88,6 +98,7 @@ class Notice:
     weights: bool = False
     reset: dict[str, int] | None = None
     redo: tuple[tuple[int, int], ...] = ()
+    held: tuple[tuple[int, int], ...] = ()
     stop: bool = False
 
 
@@ -131,10 +142,10 @@ def engine_of(index: int, tensor_parallel_size: int) -> tuple[int, int]:
     return divmod(index, tensor_parallel_size)
 
 
-def may_generate(step: int, version: int, notice_step: int, notice_version: int, max_staleness: int) -> bool:
-    """Whether weights of ``version`` may generate ``step`` given the latest notice: the version the trainer will
-    hold at ``step`` is at most ``notice_version + (step - notice_step)`` (one broadcast per step at most)."""
-    return step >= notice_step and version >= notice_version + (step - notice_step) - max_staleness
+def generation_step(step: int, max_staleness: int, reset_step: int) -> int:
+    """The step whose notice's weights generate ``step``: ``max_staleness`` steps earlier, or the last reset's step
+    when that is later (the weights before a reset belong to a discarded branch or a previous attempt)."""
+    return max(step - max_staleness, reset_step)
 
 
 @dataclass
@@ -194,22 +205,29 @@ class SplitSource:
         self.branch = -1
         self.floor = 0  # the oldest version a sample may have: the reset's (older ones belong to a discarded branch)
         self.queue: dict[tuple[int, int], Produced] = {}  # rank 0: units received ahead of their step
+        self.early = SplitStats()  # rank 0: what units received by a checkpoint's wait add to the next step's metrics
+        self.restored: dict[str, Any] | None = None  # a checkpoint's state (load_state_dict), until the next collect
         self.trained: list[tuple[int, int, int, int]] = []  # rank 0: (step, dp_rank, branch, version) of each unit used
 
     def collect(self, ctx: StepContext) -> Collected:
         times: dict[str, float] = {}
-        stats = SplitStats()
+        stats, self.early = self.early, SplitStats()
         reset = ctx.branch != self.branch or self.version < 0
         state = self.sampler_state() if reset else None
         prompts = self.prompts()
         broadcast = reset or ctx.actor_version != self.actor_version
+        restored, self.restored = self.restored, None
         if broadcast:
-            self.version += 1
+            # after a resume, the version the uninterrupted run held at this step (the checkpoint counted it)
+            self.version = int(restored["version"]) if restored is not None else self.version + 1
             self.actor_version = ctx.actor_version
+        held: tuple[tuple[int, int], ...] = ()
         if reset:
             self.branch, self.floor = ctx.branch, self.version
+            if restored is not None:
+                held = self._restore_queue(restored, ctx)
         notice = Notice(step=ctx.step, branch=ctx.branch, version=self.version, actor_version=ctx.actor_version,
-                        weights=broadcast, reset=state)
+                        weights=broadcast, reset=state, held=held)
         start = time.perf_counter()
         if self.end is not None:
             self.end.notify_all(notice)
@@ -242,20 +260,9 @@ class SplitSource:
         """Rank 0: the step's units, each within the bound: ``(unit, metrics, generate_s)`` per trainer rank."""
         assert self.end is not None
         wanted = {(ctx.step, d) for d in range(self.dp_size)}
-        for key in [k for k in self.queue if k not in wanted]:  # a step before this one: a rollback skipped it
-            if key[0] < ctx.step:
-                del self.queue[key]
         for key in list(self.queue):
-            self._admit(self.queue.pop(key), ctx, stats)
-        deadline = time.monotonic() + self.timeout_s
-        while not wanted <= self.queue.keys():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                missing = sorted(wanted - self.queue.keys())
-                raise TimeoutError(f"step {ctx.step}: no samples for units {missing} from the rollout ranks in "
-                                   f"{self.timeout_s:.0f} s (a rollout rank died or hangs; see its log)")
-            _, unit = self.end.recv_any(timeout_s=left)
-            self._admit(unit, ctx, stats)
+            self._admit(self.queue.pop(key), ctx.step, stats)
+        self._await(wanted, ctx.step, stats)
         units = [self.queue.pop(k) for k in sorted(wanted)]
         generate_s = max(u.generate_s for u in units)
         for u in units:
@@ -273,20 +280,70 @@ class SplitSource:
                  ctx.step, " ".join(f"{u.dp_rank}/{u.branch}/{u.version}/{u.worker}" for u in units), self.version)
         return [(u, metrics, generate_s) for u in units]
 
-    def _admit(self, unit: Produced, ctx: StepContext, stats: SplitStats) -> None:
+    def _await(self, wanted: set[tuple[int, int]], step: int, stats: SplitStats) -> None:
+        """Rank 0: receive units until every one of ``wanted`` is queued (``step``: the step the trainer collects
+        next), failing after ``timeout_s``."""
+        assert self.end is not None
+        deadline = time.monotonic() + self.timeout_s
+        while not wanted <= self.queue.keys():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(wanted - self.queue.keys())
+                raise TimeoutError(f"step {step}: no samples for units {missing} from the rollout ranks in "
+                                   f"{self.timeout_s:.0f} s (a rollout rank died or hangs; see its log)")
+            _, unit = self.end.recv_any(timeout_s=left)
+            self._admit(unit, step, stats)
+
+    def _admit(self, unit: Produced, step: int, stats: SplitStats) -> None:
         """Queue a received unit, or drop it: another branch or before the last reset (discarded), older than the
-        bound (``rollout/dropped_stale``, asked for again), or a step already trained."""
+        bound at its own step (``rollout/dropped_stale``, asked for again), or a step already trained (``step``: the
+        one the trainer collects now, or next when a checkpoint waits)."""
         assert self.end is not None
         stats.rollout_idle_s += unit.idle_s
-        if unit.branch != self.branch or unit.version < self.floor or unit.step < ctx.step:
+        if unit.branch != self.branch or unit.version < self.floor or unit.step < step:
             stats.discarded += 1
             return
-        if unit.step == ctx.step and self.version - unit.version > self.max_staleness:
+        if unit.step == step and self.version - unit.version > self.max_staleness:
             stats.dropped_stale += 1
-            self.end.notify_all(Notice(step=ctx.step, branch=self.branch, version=self.version,
+            self.end.notify_all(Notice(step=step, branch=self.branch, version=self.version,
                                        actor_version=self.actor_version, redo=((unit.step, unit.dp_rank),)))
             return
         self.queue[(unit.step, unit.dp_rank)] = unit
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self, step: int, branch: int, actor_version: int) -> dict[str, Any]:
+        """What a checkpoint of ``step`` (on ``branch``, the actor at ``actor_version``) needs for an exact resume:
+        the version the trainer will hold at the next step, and on rank 0 the units of the next ``max_staleness``
+        steps, waited for (plain tensors and numbers: ``torch.load(weights_only=True)`` reads them). After a
+        rollback (``branch`` is not the source's yet) the next step is a reset and nothing is queued: the resumed
+        run regenerates, as the uninterrupted one does."""
+        pending_reset = branch != self.branch or self.version < 0
+        version = self.version + 1 if pending_reset or actor_version != self.actor_version else self.version
+        units: list[dict[str, Any]] = []
+        if self.end is not None and not pending_reset:
+            last = min(self.total_steps, step + self.max_staleness)
+            wanted = {(t, d) for t in range(step + 1, last + 1) for d in range(self.dp_size)}
+            self._await(wanted, step + 1, self.early)
+            units = [unit_state(self.queue[k]) for k in sorted(wanted)]
+        return {"version": version, "branch": branch, "units": units}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A checkpoint's :meth:`state_dict`: taken at the next :meth:`collect`, the resume's reset."""
+        self.restored = state
+
+    def _restore_queue(self, restored: dict[str, Any], ctx: StepContext) -> tuple[tuple[int, int], ...]:
+        """Rank 0: queue the checkpoint's units of this branch from this step on; the units it holds (every rank
+        returns them: the notice carries them to the rollout ranks)."""
+        units = [unit_from_state(u) for u in restored.get("units", ())]
+        units = [u for u in units if u.branch == ctx.branch and u.step >= ctx.step]
+        if self.end is not None:
+            for u in units:
+                self.queue[(u.step, u.dp_rank)] = u
+        self.floor = min([self.floor] + [u.version for u in units])  # older versions, of the uninterrupted run
+        if units:
+            log.info("step %d: %d unit(s) restored from the checkpoint (steps %d..%d)", ctx.step, len(units),
+                     units[0].step, units[-1].step)
+        return tuple(sorted((u.step, u.dp_rank) for u in units))
 
     def serving(self, actor_version: int) -> contextlib.AbstractContextManager[AgentLoop]:
         """Validation's loop: the trainer ranks' own engine, woken between updates as colocated."""
@@ -300,3 +357,40 @@ class SplitSource:
         if self.end is not None:
             self.end.notify_all(Notice(stop=True))
 
+
+def unit_state(unit: Produced) -> dict[str, Any]:
+    """A unit as plain containers of tensors and numbers (a checkpoint's ``extra`` is loaded with
+    ``weights_only=True``)."""
+    g = unit.generated
+    stats = None
+    if g.tool_stats is not None:
+        stats = {f.name: getattr(g.tool_stats, f.name) for f in fields(g.tool_stats)}
+        stats["calls"], stats["failures"] = dict(stats["calls"]), dict(stats["failures"])
+    generated = {"batch": _batch_state(g.batch), "greedy": _batch_state(g.greedy), "tool_stats": stats,
+                 "tool_rewards": g.tool_rewards, "tool_scores": g.tool_scores,
+                 "greedy_tool_rewards": g.greedy_tool_rewards, "greedy_tool_scores": g.greedy_tool_scores}
+    return {"step": unit.step, "dp_rank": unit.dp_rank, "branch": unit.branch, "version": unit.version,
+            "indices": list(unit.indices), "generated": generated, "generate_s": unit.generate_s,
+            "idle_s": unit.idle_s, "worker": unit.worker}
+
+
+def unit_from_state(state: dict[str, Any]) -> Produced:
+    """:func:`unit_state`'s inverse."""
+    g = dict(state["generated"])
+    stats = g.pop("tool_stats")
+    if stats is not None:
+        stats = LoopStats(**(stats | {"calls": Counter(stats["calls"]), "failures": Counter(stats["failures"])}))
+    generated = Generated(batch=RolloutBatch(**g.pop("batch")), greedy=_batch_from_state(g.pop("greedy")),
+                          tool_stats=stats, **g)
+    return Produced(step=int(state["step"]), dp_rank=int(state["dp_rank"]), branch=int(state["branch"]),
+                    version=int(state["version"]), indices=tuple(int(i) for i in state["indices"]),
+                    generated=generated, generate_s=float(state["generate_s"]), idle_s=float(state["idle_s"]),
+                    worker=int(state["worker"]))
+
+
+def _batch_state(batch: RolloutBatch | None) -> dict[str, torch.Tensor] | None:
+    return None if batch is None else {f.name: getattr(batch, f.name) for f in fields(batch)}
+
+
+def _batch_from_state(state: dict[str, torch.Tensor] | None) -> RolloutBatch | None:
+    return None if state is None else RolloutBatch(**state)

@@ -1,11 +1,13 @@
 """A rollout rank's loop in split placement (the protocol: :mod:`hpcppo.rollout.split`).
 
-Obey every notice in order (load the weights broadcast after it, reset to a cursor, regenerate dropped units,
-stop), then generate the next unit of this rank that the latest notice allows (:func:`~hpcppo.rollout.split.
-may_generate`), send it, repeat; with nothing allowed, wait for the next notice. The prompts of a step come from a
-copy of the trainer's sampler (the same permutation of the same data set), its seed from the step, the trainer
-rank and the branch: a rollout rank generates what a colocated rank would, and nothing but cursors crosses the
-bridge.
+Take the notices in the order they were sent, and apply each one only when this rank's next unit needs it: a unit
+of step ``t`` is generated with the weights the trainer held at step ``t - max_staleness`` (the reset's step when
+that is later: :func:`~hpcppo.rollout.split.generation_step`), never older and never newer, so which weights made
+which sample does not depend on how fast either side runs. A reset, a redo or the stop takes effect at once (with
+every notice before it). Then generate the next unit of this rank, send it, repeat; with nothing to do, wait for the
+next notice. The prompts of a step come from a copy of the trainer's sampler (the same permutation of the same data
+set), its seed from the step, the trainer rank and the branch: a rollout rank generates what a colocated rank would,
+and nothing but cursors crosses the bridge.
 
 An engine with tensor parallelism (``rollout.tensor_parallel_size = k``) is a group of k rollout ranks
 (:func:`~hpcppo.rollout.split.engine_of`) that must run every collective in the same order: the same weight loads,
@@ -20,13 +22,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from hpcppo.rollout.agent_loop import AgentLoop
 from hpcppo.rollout.base import RolloutEngine, SamplingParams, derive_seed
 from hpcppo.rollout.source import Generated, generate
-from hpcppo.rollout.split import Notice, Produced, RolloutEnd, may_generate, owner
+from hpcppo.rollout.split import Notice, Produced, RolloutEnd, generation_step, owner
 
 log = logging.getLogger("hpcppo.rollout")
 
@@ -103,7 +106,9 @@ class RolloutWorker:
         self.member = member
         if member and group is None:
             raise ValueError(f"rollout rank {member} of an engine needs the engine's group")
-        self.notice: Notice | None = None  # the latest
+        self.notice: Notice | None = None  # the latest applied
+        self.pending: deque[Notice] = deque()  # received, not applied yet (the next unit does not need them)
+        self.reset_step = 0  # the step of the last reset
         self.version = -1  # the policy version of the engine's weights
         self.actor_version = -1
         self.branch = 0
@@ -120,7 +125,8 @@ class RolloutWorker:
         if self.member:
             return self.follow()
         while True:
-            self.obey(self.end.poll_notice())
+            self.pending.extend(_as_list(self.end.poll_notice()))
+            self.advance()
             if self.stopped:
                 return self.sent
             unit = self.next_unit()
@@ -133,33 +139,49 @@ class RolloutWorker:
         """Wait for a notice (idle time), failing after ``notice_timeout_s``."""
         start = time.perf_counter()
         while True:
-            notices = self.end.poll_notice()
+            notices = list(_as_list(self.end.poll_notice()))
             if notices:
                 self.idle_s += time.perf_counter() - start
-                self.obey(notices)
+                self.pending.extend(notices)
                 return
             if time.perf_counter() - start > self.notice_timeout_s:
                 raise TimeoutError(f"rollout rank {self.index}: no notice from trainer rank 0 in "
                                    f"{self.notice_timeout_s:.0f} s (the trainer died or hangs; see its log)")
             time.sleep(NOTICE_POLL_S)
 
-    def obey(self, notices: Any) -> None:
-        """Apply notices in the order they were sent; weights follow a notice that says so."""
-        for notice in _as_list(notices):
-            if notice.stop:
-                self.tell(STOP)
-                self.stopped = True
+    def advance(self) -> None:
+        """Apply the pending notices that take effect now: everything up to the last reset, redo or stop, then those
+        of steps up to the next unit's :func:`~hpcppo.rollout.split.generation_step` (all of them when this rank has
+        no unit left). A notice held back holds back its weight broadcast, and with it trainer rank 0, until the
+        units that need the older weights are sent: they are the ones the trainer takes next."""
+        urgent = max((i for i, n in enumerate(self.pending) if n.stop or n.reset is not None or n.redo), default=-1)
+        for _ in range(urgent + 1):
+            self.apply(self.pending.popleft())
+            if self.stopped:
                 return
-            if notice.redo:
-                self.done.difference_update(notice.redo)
-                continue  # a redo repeats the step's version: nothing else changes
-            if notice.reset is not None:
-                self.reset(notice)
-            self.notice = notice
-            if notice.weights:
-                self.tell(WEIGHTS, notice.version)
-                self.load_weights(notice.version)
-                self.version, self.actor_version = notice.version, notice.actor_version
+        while self.pending:
+            unit = self.next_own()
+            if self.notice is not None and unit is not None and \
+                    self.pending[0].step > generation_step(unit[0], self.max_staleness, self.reset_step):
+                return
+            self.apply(self.pending.popleft())
+
+    def apply(self, notice: Notice) -> None:
+        """One notice; weights follow a notice that says so."""
+        if notice.stop:
+            self.tell(STOP)
+            self.stopped = True
+            return
+        if notice.redo:
+            self.done.difference_update(notice.redo)
+            return  # a redo repeats the step's version: nothing else changes
+        if notice.reset is not None:
+            self.reset(notice)
+        self.notice = notice
+        if notice.weights:
+            self.tell(WEIGHTS, notice.version)
+            self.load_weights(notice.version)
+            self.version, self.actor_version = notice.version, notice.actor_version
 
     def load_weights(self, expected: int) -> None:
         """Receive the bridge's broadcast (every rollout rank takes part) and load this rank's part of it."""
@@ -199,25 +221,29 @@ class RolloutWorker:
         assert notice.reset is not None
         self.sampler.load_state_dict(notice.reset)
         self.branch = notice.branch
-        self.next_sampled = notice.step
+        self.next_sampled = self.reset_step = notice.step
         self.batches.clear()
-        self.done.clear()
+        self.done = set(notice.held)  # units the trainer holds already (restored from its checkpoint)
+
+    def next_own(self) -> tuple[int, int] | None:
+        """This rank's first unit not yet sent, from the latest notice's step on (the trainer has every earlier one)."""
+        if self.notice is None:
+            return None
+        for step in range(self.notice.step, self.total_steps + 1):
+            for dp_rank in range(self.dp_size):
+                if owner(step, dp_rank, self.dp_size, self.rollout_ranks) == self.index \
+                        and (step, dp_rank) not in self.done:
+                    return step, dp_rank
+        return None
 
     def next_unit(self) -> tuple[int, int] | None:
-        """This rank's first unit not yet sent that the latest notice allows."""
-        notice = self.notice
-        if notice is None:
+        """The next unit to generate now: this rank's first one not yet sent, when the weights it must come from
+        are loaded (:meth:`advance` applies no later notice before it is sent)."""
+        unit = self.next_own()
+        if unit is None or self.notice is None \
+                or generation_step(unit[0], self.max_staleness, self.reset_step) > self.notice.step:
             return None
-        last = min(self.total_steps, notice.step + self.max_staleness)  # may_generate's horizon
-        for step in range(notice.step, last + 1):
-            for dp_rank in range(self.dp_size):
-                if owner(step, dp_rank, self.dp_size, self.rollout_ranks) != self.index \
-                        or (step, dp_rank) in self.done:
-                    continue
-                if may_generate(step, self.version, notice.step, notice.version, self.max_staleness):
-                    return step, dp_rank
-                return None  # units are generated in order: a later one is not allowed either
-        return None
+        return unit
 
     def global_batch(self, step: int) -> list[int]:
         """The step's prompts (all trainer ranks'), drawn in order from the cursor."""

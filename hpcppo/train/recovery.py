@@ -27,6 +27,7 @@ from hpcppo.watchdog import TrainingState
 from hpcppo.watchdog.audit import Audit
 
 if TYPE_CHECKING:
+    from hpcppo.rollout.source import RolloutSource
     from hpcppo.train.build import Components
 
 log = logging.getLogger("hpcppo.train")
@@ -35,9 +36,10 @@ log = logging.getLogger("hpcppo.train")
 class Recovery:
     """Checkpoint, resume, roll back, restart the critic, stop: for one rank's :class:`Components`."""
 
-    def __init__(self, c: Components, audit: Audit):
+    def __init__(self, c: Components, audit: Audit, source: RolloutSource):
         self.c = c
         self.audit = audit
+        self.source = source  # its state goes into checkpoints (a split run's queue)
         # Duration of the checkpoint written after the previous row; recorded as time/checkpoint_s in the next.
         self.last_checkpoint_s: float | None = None
 
@@ -129,7 +131,9 @@ class Recovery:
     def checkpoint_extra(self, state: TrainingState) -> dict[str, Any]:
         c = self.c
         extra = state.to_checkpoint() | {"sampler": c.sampler.state_dict(),
-                                         "kl_ctrl": c.kl_ctrl.state_dict(state.kl_coef)}
+                                         "kl_ctrl": c.kl_ctrl.state_dict(state.kl_coef),
+                                         "rollout_source": self.source.state_dict(state.step, state.branch,
+                                                                                  state.actor_version)}
         return extra | {f"{name}_lr": s.lr.state_dict() for name, s in c.trained().items()}
 
     def save(self, state: TrainingState, background: bool = False) -> None:
@@ -218,6 +222,7 @@ class Recovery:
                               rule=rule)
         self.restore_schedules(extra, state.lr_scale)
         c.sampler.load_state_dict(extra["sampler"])
+        self.source.load_state_dict(extra.get("rollout_source", {}))  # absent from checkpoints before issue 35
         self.reoffload_optimizers()
         if c.metrics is not None:
             c.metrics.log_event(state.step, events.RESUME, f"resumed from checkpoint step {latest}")

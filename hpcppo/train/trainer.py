@@ -99,7 +99,7 @@ class Trainer:
         self.rules_by_name = {r.name: r for r in self.rules}
         self.keep = history_keep(self.rules)  # the recent rows the rules look back on
         self.audit = Audit(c.run_dir, rank=self.env.rank, metrics=c.metrics, attempt=c.attempt)
-        self.recovery = Recovery(c, self.audit)
+        self.recovery = Recovery(c, self.audit, self.source)
         # Trackers beside the HDF5 log (trainer.logger): every rank checks the packages, rank 0 writes.
         trackers.require(self.cfg.trainer.logger)
         self.trackers = trackers.open_trackers(

@@ -4,8 +4,10 @@ Shared runs, started side by side:
 
 * ``colocated``: 1 rank, greedy (top_k = 1), 4 steps;
 * ``split0``: 1 trainer + 1 rollout rank, max_staleness 0, otherwise the same: the same rows, the same losses;
-* ``resumed``: ``split0`` killed at its step-2 commit and resumed: the same numbers again (the queue is regenerated
-  from the checkpoint);
+* ``async2``: 1 trainer + 1 rollout rank, max_staleness 2, sampling, 6 steps;
+* ``resumed``: ``async2`` killed at its step-2 commit and resumed: the same samples, numbers and policy versions
+  again (the checkpoint holds the units of steps 3 and 4; steps 5 and 6 are generated with the weights of steps 3
+  and 4, as in the uninterrupted run);
 * ``rolled``: 2 trainers + 1 rollout rank, max_staleness 2, a KL spike at step 3 rolls back to checkpoint 2: samples
   the rollout rank made ahead on the abandoned branch are dropped, never trained.
 
@@ -26,14 +28,16 @@ from _harness import REPO, comparable, compile_run, kill_at_commit, launch_ranks
 GREEDY = ["trainer.total_steps=4", "checkpoint.save_every=2", "rollout.top_k=1", "trainer.val_before_train=false",
           "trainer.test_freq=0"]
 SPLIT = ["rollout.placement=split", "resources.rollout_ranks_per_node=1"]
+ASYNC = SPLIT + ["trainer.total_steps=6", "checkpoint.save_every=2", "rollout.max_staleness=2",
+                 "trainer.val_before_train=false", "trainer.test_freq=0", "site.local.procs_per_node=2"]
 UNIT = re.compile(r"step (\d+): trained units ((?:\d+/\d+/\d+/\d+ ?)+)")
 
 
-def _units(run) -> list[tuple[int, int, int, int, int]]:
+def _units(run, attempt: str = "*") -> list[tuple[int, int, int, int, int]]:
     """(step, trainer rank, branch, policy version, rollout rank) of every unit trained, in order, from the log of
-    trainer rank 0 (``hpcppo.rollout.split``'s line)."""
+    trainer rank 0 (``hpcppo.rollout.split``'s line) of every attempt or of ``attempt`` ("a1")."""
     out = []
-    for log in sorted((run / "logs").glob("rank-*-0.log")):
+    for log in sorted((run / "logs").glob(f"rank-{attempt}-0.log")):
         for m in UNIT.finditer(log.read_text(errors="replace")):
             for unit in m.group(2).split():
                 d, b, v, w = map(int, unit.split("/"))
@@ -53,8 +57,8 @@ def runs(tmp_path_factory, random_tiny):
     kl = write_spec(tmp / "kl.toml", random_tiny, name="kl", extra="[algorithm]\nuse_kl_in_reward = true\n")
     colocated = compile_run(spec, tmp / "runs", GREEDY + ["site.local.procs_per_node=1"])
     split0 = compile_run(spec, tmp / "runs", GREEDY + SPLIT + ["rollout.max_staleness=0", "site.local.procs_per_node=2"])
-    resumed = compile_run(spec, tmp / "runs", GREEDY + SPLIT + ["rollout.max_staleness=0",
-                                                                "site.local.procs_per_node=2"])
+    async2 = compile_run(spec, tmp / "runs", ASYNC)
+    resumed = compile_run(spec, tmp / "runs", ASYNC)
     rolled = compile_run(kl, tmp / "runs", SPLIT + [
         "site.local.procs_per_node=3", "rollout.max_staleness=2", "actor.lr=2e-5", "trainer.total_steps=5",
         "checkpoint.save_every=2", "debug.inject.kl_spike_at_step=3", "trainer.val_before_train=false",
@@ -63,9 +67,11 @@ def runs(tmp_path_factory, random_tiny):
     kill_at_commit(resumed, 2, first[2])
     second = launch_ranks(resumed, 2, "a1")
     third = launch_ranks(rolled, 3, "a0")
-    for run, procs in ((colocated, first[0]), (split0, first[1]), (resumed, second), (rolled, third)):
+    fourth = launch_ranks(async2, 2, "a0")
+    for run, procs in ((colocated, first[0]), (split0, first[1]), (resumed, second), (rolled, third),
+                       (async2, fourth)):
         assert wait_all(procs) == [0] * len(procs), logs_of(run)
-    return {"colocated": colocated, "split0": split0, "resumed": resumed, "rolled": rolled}
+    return {"colocated": colocated, "split0": split0, "resumed": resumed, "rolled": rolled, "async2": async2}
 
 
 @pytest.mark.slow
@@ -82,13 +88,19 @@ def test_staleness_zero_greedy_trains_on_colocated_rows(runs):
 
 
 @pytest.mark.slow
-def test_split_resume_after_a_kill_regenerates_the_queue(runs):
-    straight, resumed = comparable(hmetrics.load(runs["split0"])), comparable(hmetrics.load(runs["resumed"]))
-    assert list(resumed.index) == [1, 2, 3, 4]
-    assert resumed.loc[[3, 4]].equals(straight.loc[[3, 4]]), (resumed, straight)
-    log = logs_of(runs["resumed"])
-    assert "resumed from checkpoint step 2" in log and "rollout rank 0: stopped after" in log
-    assert not _processes_left(runs["resumed"])
+def test_split_resume_after_a_kill_repeats_the_uninterrupted_run(runs):
+    straight, resumed = comparable(hmetrics.load(runs["async2"])), comparable(hmetrics.load(runs["resumed"]))
+    assert list(resumed.index) == list(range(1, 7))
+    assert resumed.loc[3:].equals(straight.loc[3:]), (resumed, straight)
+    assert list(straight["rollout/staleness_max"]) == [0.0, 1.0, 2.0, 2.0, 2.0, 2.0]
+    # the same units from the same weights: policy versions 0, 0, 0, 1, 2, 3 (step t from step t - 2's weights)
+    units = [(s, v) for s, _, _, v, _ in _units(runs["async2"])]
+    assert units == [(1, 0), (2, 0), (3, 0), (4, 1), (5, 2), (6, 3)]
+    assert [(s, v) for s, _, _, v, _ in _units(runs["resumed"], "a1")] == units[2:]
+    log = "\n".join(p.read_text(errors="replace") for p in sorted((runs["resumed"] / "logs").glob("*.log")))
+    assert "resumed from checkpoint step 2" in log and "2 unit(s) restored from the checkpoint (steps 3..4)" in log
+    assert "rollout rank 0: stopped after 2 unit(s)" in log  # the second attempt generated steps 5 and 6 only
+    assert not _processes_left(runs["resumed"]) and not _processes_left(runs["async2"])
 
 
 @pytest.mark.slow

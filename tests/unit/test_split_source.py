@@ -10,7 +10,9 @@ it logs what it was asked, so the ranks of one tensor-parallel engine can be com
 
 from __future__ import annotations
 
+import io
 import queue
+import random
 import threading
 import time
 from dataclasses import dataclass
@@ -23,7 +25,8 @@ from hpcppo.data.sampler import ShardedEpochSampler
 from hpcppo.rollout.agent_loop import SingleTurnLoop
 from hpcppo.rollout.base import RolloutBatch, batch_from_lists, derive_seed
 from hpcppo.rollout.source import Generated, StepContext
-from hpcppo.rollout.split import Notice, Produced, SplitSource, engine_of, may_generate, owner
+from hpcppo.rollout.split import (Notice, Produced, SplitSource, engine_of, generation_step, owner, unit_from_state,
+                                  unit_state)
 from hpcppo.rollout.tool_loop import LoopStats
 from hpcppo.rollout.worker import RolloutWorker
 
@@ -92,13 +95,18 @@ class StandInRolloutEnd:
 
 
 class StandInEngine:
-    """Generates ``[weight, seed % 89 + 1, EOS]`` for every sample: the weights that made it can be read back."""
+    """Generates ``[weight, seed % 89 + 1, EOS]`` for every sample: the weights that made it can be read back.
+    ``jitter_s``: each generate sleeps a random time up to this (the rollout rank's speed varies)."""
 
-    def __init__(self) -> None:
+    def __init__(self, jitter_s: float = 0.0, seed: int = 0) -> None:
         self.w = -1.0
         self.calls: list[tuple[Any, ...]] = []  # ("load", w) and ("generate", prompts, seed, n, w), in order
+        self.jitter_s = jitter_s
+        self.rng = random.Random(seed)
 
     def generate(self, prompts: Any, sampling: Any) -> RolloutBatch:
+        if self.jitter_s:
+            time.sleep(self.rng.uniform(0, self.jitter_s))
         self.calls.append(("generate", [list(p) for p in prompts], sampling.seed, sampling.n, self.w))
         rows = [[int(self.w) + 1, sampling.seed % 89 + 1, EOS] for _ in range(len(prompts) * sampling.n)]
         return batch_from_lists(prompts, rows, [[0.0] * 3 for _ in rows], n=sampling.n, eos_token_ids=[EOS],
@@ -144,21 +152,29 @@ class Harness:
     """A trainer (one or more data-parallel shares, all on rank 0's SplitSource) and its rollout ranks in threads."""
 
     def __init__(self, *, max_staleness: int, rollout_ranks: int = 1, dp_size: int = 1, total_steps: int = 8,
-                 worker_staleness: int | None = None, tensor_parallel_size: int = 1):
+                 worker_staleness: int | None = None, tensor_parallel_size: int = 1, jitter_s: float = 0.0,
+                 weight_offset: int = 0, restored: dict[str, Any] | None = None,
+                 sampler_state: dict[str, Any] | None = None):
+        """``weight_offset``: the weights' value minus ``actor_version`` (a resumed trainer counts actor versions
+        afresh); ``restored``, ``sampler_state``: a checkpoint's source state and sampler cursor to resume from."""
         tp = tensor_parallel_size
         groups = [StandInEngineGroup(tp) for _ in range(rollout_ranks // tp)]
         self.bridge = StandInBridge(rollout_ranks)
         self.actor_version = 0
         self.sampler = ShardedEpochSampler(PROMPTS, batch_size=PER_STEP, dp_rank=0, dp_size=dp_size, seed=SEED)
+        if sampler_state is not None:
+            self.sampler.load_state_dict(sampler_state)
         self.source = SplitSource(
-            self.bridge, weights=lambda **_: iter([("w", torch.tensor(float(self.actor_version)))]),
+            self.bridge, weights=lambda **_: iter([("w", torch.tensor(float(self.actor_version + weight_offset)))]),
             weights_dtype=None, prompts=lambda: [DATA[i] for i in self.sampler.next_batch()],
             sampler_state=self.sampler.state_dict, share=lambda x: x, dp_rank=0, dp_size=dp_size,
             max_staleness=max_staleness, total_steps=total_steps, timeout_s=30)
+        if restored is not None:
+            self.source.load_state_dict(restored)
         self.workers = []
         self.engines = []
         for r in range(rollout_ranks):
-            engine = StandInEngine()
+            engine = StandInEngine(jitter_s, seed=r)
             self.engines.append(engine)
             index, member = engine_of(r, tp)
             self.workers.append(RolloutWorker(
@@ -207,11 +223,72 @@ def weight_of(batch: RolloutBatch) -> int:
     return values.pop()
 
 
-def test_may_generate_and_owner() -> None:
-    assert may_generate(5, 4, 5, 4, 0) and not may_generate(6, 4, 5, 4, 0)
-    assert may_generate(7, 4, 5, 4, 2) and not may_generate(8, 4, 5, 4, 2)
-    assert not may_generate(4, 9, 5, 4, 1)  # a step the trainer has passed
+def test_generation_step_and_owner() -> None:
+    assert generation_step(5, 0, 1) == 5 and generation_step(7, 2, 1) == 5
+    assert generation_step(3, 2, 2) == 2  # before the reset's step: the reset's weights
     assert [owner(s, d, 2, 3) for s in (0, 1) for d in (0, 1)] == [0, 1, 2, 0]
+
+
+@pytest.mark.parametrize("k,engines,dp", [(1, 1, 1), (2, 1, 2), (2, 2, 1), (3, 2, 2)])
+def test_which_weights_make_a_unit_depends_on_its_step_not_on_timing(k: int, engines: int, dp: int) -> None:
+    # Rollout ranks and trainer at random speeds: every unit of step t comes from the weights of step t - k's
+    # collect (the first step's before that), never newer ones that happened to arrive first.
+    h = Harness(max_staleness=k, rollout_ranks=engines, dp_size=dp, total_steps=10, jitter_s=0.01)
+    rng = random.Random(k * 10 + engines)
+    try:
+        for step in range(1, 11):
+            got = h.collect(step)
+            assert weight_of(got.batch) == max(step - k, 1) - 1, step  # actor version at step s's collect: s - 1
+            assert got.metrics["rollout/staleness_max"] == min(step - 1, k)
+            time.sleep(rng.uniform(0, 0.02))  # the update
+            h.actor_version += 1
+    finally:
+        h.close()
+    assert [v for _, _, _, v in h.source.trained] == [max(s - k, 1) - 1 for s in range(1, 11) for _ in range(dp)]
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+def test_a_resume_from_the_checkpointed_queue_repeats_the_uninterrupted_run(k: int) -> None:
+    # The uninterrupted run: 8 steps. The interrupted one: the same 4 steps, a checkpoint of step 4 (its queue), a
+    # new trainer and new rollout ranks from it (actor versions counted afresh, as a resumed trainer does).
+    def run(h: Harness, steps: range) -> list[tuple[list[list[int]], float]]:
+        out = []
+        try:
+            for step in steps:
+                got = h.collect(step)
+                out.append((got.batch.response_ids.tolist(), got.metrics["rollout/staleness_max"]))
+                h.actor_version += 1
+        finally:
+            h.close()
+        return out
+
+    straight = Harness(max_staleness=k, rollout_ranks=2, dp_size=2, total_steps=8, jitter_s=0.005)
+    whole = run(straight, range(1, 9))
+    first = Harness(max_staleness=k, rollout_ranks=2, dp_size=2, total_steps=8, jitter_s=0.005)
+    head = []
+    try:
+        for step in range(1, 5):
+            got = first.collect(step)
+            head.append((got.batch.response_ids.tolist(), got.metrics["rollout/staleness_max"]))
+            first.actor_version += 1
+        saved = first.source.state_dict(4, 0, first.actor_version)
+        cursor = first.sampler.state_dict()
+    finally:
+        first.close()
+    assert len(saved["units"]) == 2 * min(k, 4)  # steps 5..4+k, both trainer ranks
+    assert saved["version"] == 4  # the version step 5 broadcasts: one per step from 0
+    torch.save(saved, buf := io.BytesIO())
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=True)
+    resumed = Harness(max_staleness=k, rollout_ranks=2, dp_size=2, total_steps=8, jitter_s=0.005,
+                      weight_offset=3, restored=saved, sampler_state=cursor)
+    resumed.actor_version = 1
+    tail = run(resumed, range(5, 9))
+    assert head + tail == whole
+    assert [u[:2] for u in resumed.source.trained] == [(s, d) for s in range(5, 9) for d in (0, 1)]
+    assert [u[3] for u in resumed.source.trained] == [u[3] for u in straight.source.trained[8:]]
+    generated = sum(1 for e in resumed.engines for c in e.calls if c[0] == "generate")
+    assert generated == 2 * (4 - min(k, 4))  # the restored units are not generated again
 
 
 @pytest.mark.parametrize("k", [0, 1, 2])
@@ -348,6 +425,22 @@ def test_a_unit_for_another_trainer_rank_order_is_refused() -> None:
             h.collect(1)
     finally:
         h.close()
+
+
+def test_a_unit_survives_a_checkpoint() -> None:
+    engine = StandInEngine()
+    b = engine.generate([[1, 2]], Sampling(seed=3))
+    stats = LoopStats(turns=2, tool_calls=1)
+    stats.calls["mul"] += 1
+    p = Produced(step=3, dp_rank=1, branch=2, version=4, indices=(1, 5), generated=Generated(
+        batch=b, greedy=b, tool_stats=stats, tool_rewards=[[0.5]], tool_scores=[{"mul": 1.0}]), generate_s=0.25,
+                 idle_s=0.5, worker=1)
+    torch.save(unit_state(p), buf := io.BytesIO())
+    buf.seek(0)
+    back = unit_from_state(torch.load(buf, weights_only=True))
+    assert back.indices == (1, 5) and back.generated.tool_stats == stats and back.generated.tool_scores == [{"mul": 1.0}]
+    assert all(torch.equal(getattr(back.generated.batch, f), getattr(b, f)) for f in vars(b))
+    assert (back.step, back.dp_rank, back.branch, back.version, back.worker) == (3, 1, 2, 4, 1)
 
 
 def test_produced_is_picklable() -> None:
