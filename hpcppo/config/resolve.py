@@ -105,14 +105,6 @@ def _check_rollout(site: Site, exp: Experiment, ranks_per_node: int, device: str
                            f"resources.rollout_ranks_per_node={per_node} (each engine's tensor-parallel group is "
                            f"rollout ranks of one node); valid sizes: {_listing(divisors(per_node))}, or "
                            f"rollout_ranks_per_node a multiple of {ro.tensor_parallel_size}")
-    if placement.split and ro.tensor_parallel_size > 1 and (exp.trainer.test_freq > 0 or exp.trainer.val_before_train):
-        # the trainers validate on an engine of their own, each on its own share of the prompts
-        # (hpcppo.train.build.needs_engine, build_sampler): no tensor-parallel group spans trainer ranks yet
-        raise ResolveError(f"rollout.tensor_parallel_size={ro.tensor_parallel_size} with rollout.placement = \"split\" "
-                           f"and validation (trainer.test_freq={exp.trainer.test_freq}, trainer.val_before_train="
-                           f"{str(exp.trainer.val_before_train).lower()}): the trainer ranks validate with one whole "
-                           f"engine each; set trainer.test_freq = 0 and trainer.val_before_train = false, or "
-                           f"rollout.tensor_parallel_size = 1")
     if estimators.needs_groups(exp.algorithm.adv_estimator) and ro.n < 2:
         raise ResolveError(f"algorithm.adv_estimator={exp.algorithm.adv_estimator!r} compares responses to the same "
                            f"prompt and needs rollout.n >= 2 (got {ro.n})")

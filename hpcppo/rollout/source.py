@@ -2,9 +2,10 @@
 
 The trainer asks its :class:`RolloutSource` for a step's samples with :meth:`RolloutSource.collect` and a
 :class:`StepContext` (step, branch, actor version, seed); the source owns the engine and the weights it holds.
-:class:`ColocatedSource` is the one placement today: the engine lives on the trainer's ranks, woken between
-updates (wake up, sync the actor's weights if the engine's are stale, run the agent loop, sleep). A split source
-(issue 35) would take the same call and answer from rollout ranks that never stop.
+:class:`ColocatedSource`: the engine lives on the trainer's ranks, woken between updates (wake up, sync the actor's
+weights if the engine's are stale, run the agent loop, sleep). :class:`hpcppo.rollout.split.SplitSource` takes the
+same calls and answers from rollout ranks that never stop. Validation goes through the source too
+(:meth:`RolloutSource.validation`): the colocated engine between updates, or the rollout ranks.
 
 The source knows nothing of the trainer: the actor's weights and the step's prompts come through the two callables
 it is built with, so ``rollout`` keeps pointing away from ``train``.
@@ -27,6 +28,18 @@ from hpcppo.rollout.tool_loop import LoopStats, ToolLoop, run_kwargs
 
 WeightStream = Callable[..., Iterable[tuple[str, torch.Tensor]]]
 """``weights(dtype=..., into=...)``: the actor's full tensors by Hugging Face name (a collective iterator)."""
+
+class PromptSet(Protocol):
+    """A data set of prompts by index (``hpcppo.data.PromptDataset``)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any: ...
+
+
+ValidationChunks = Iterator[tuple[list[Any], "Generated"]]
+"""A validation's generations on one rank, chunk by chunk: the chunk's prompts and what the agent loop made of them
+(``sampling.n`` rows per prompt, prompt-major; the tool loop's results with them)."""
 
 
 @dataclass(frozen=True)
@@ -113,8 +126,12 @@ class RolloutSource(Protocol):
         """The step's samples from weights of ``ctx.actor_version`` (collective on a colocated source)."""
         ...
 
-    def serving(self, actor_version: int) -> contextlib.AbstractContextManager[AgentLoop]:
-        """The agent loop, its engine awake with the actor's weights, for extra generation (validation)."""
+    def validation(self, ctx: StepContext, prompts: PromptSet, sampling: SamplingParams,
+                   seed_of: Callable[[int], int], per_call: int) -> ValidationChunks:
+        """The validation set ``prompts`` generated with the actor's weights of ``ctx.actor_version`` after step
+        ``ctx.step``: this rank's share, in chunks of at most ``per_call`` prompts; each rank scores what it gets
+        (collective: every rank calls it). ``seed_of(shard)`` is the seed of a shard (a colocated rollout group, or
+        a split run's chunk)."""
         ...
 
     def state_dict(self, step: int, branch: int, actor_version: int) -> dict[str, Any]:
@@ -146,10 +163,13 @@ class ColocatedSource:
         prompts: the step's prompts (this rollout group's; the same on every rank of the group).
         sampling: the rollout's sampling parameters (the step's seed replaces theirs).
         greedy_baseline: also decode one greedy response per prompt (ReMax).
+        shard: this rank's rollout group and their number (``dp_rank``, ``dp_size``): its share of a validation.
     """
 
     def __init__(self, engine: RolloutEngine, loop: AgentLoop, *, weights: WeightStream,
-                 prompts: Callable[[], list[Any]], sampling: SamplingParams, greedy_baseline: bool = False):
+                 prompts: Callable[[], list[Any]], sampling: SamplingParams, greedy_baseline: bool = False,
+                 shard: tuple[int, int] = (0, 1)):
+        self.shard = shard
         self.engine = engine
         self.loop = loop
         self.weights = weights
@@ -178,11 +198,17 @@ class ColocatedSource:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
-    @contextlib.contextmanager
-    def serving(self, actor_version: int) -> Iterator[AgentLoop]:
+    def validation(self, ctx: StepContext, prompts: PromptSet, sampling: SamplingParams,
+                   seed_of: Callable[[int], int], per_call: int) -> ValidationChunks:
+        """Every ``dp_size``-th prompt from this rank's group on, with the group's seed (the ranks of a tensor-parallel
+        group decode the same prompts with the same seed), on the engine woken for it."""
+        dp_rank, dp_size = self.shard
+        mine = list(range(dp_rank, len(prompts), dp_size))
         self.engine.wake_up()
-        self.sync(actor_version)
-        yield self.loop
+        self.sync(ctx.actor_version)
+        for start in range(0, len(mine), per_call):
+            chunk = [prompts[i] for i in mine[start:start + per_call]]
+            yield chunk, generate(self.loop, chunk, sampling, seed=seed_of(dp_rank), greedy_baseline=False)
         self.engine.sleep()
 
     def sync(self, actor_version: int) -> None:

@@ -36,7 +36,6 @@ rollout rank):
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections import Counter
@@ -46,9 +45,8 @@ from typing import Any, Protocol
 
 import torch
 
-from hpcppo.rollout.agent_loop import AgentLoop
-from hpcppo.rollout.base import RolloutBatch
-from hpcppo.rollout.source import ColocatedSource, Collected, Generated, StepContext, WeightStream
+from hpcppo.rollout.base import RolloutBatch, SamplingParams
+from hpcppo.rollout.source import Collected, Generated, PromptSet, StepContext, ValidationChunks, WeightStream
 from hpcppo.rollout.tool_loop import LoopStats
 
 log = logging.getLogger("hpcppo.rollout")
@@ -75,6 +73,44 @@ class RolloutEnd(Protocol):
 
 
 @dataclass(frozen=True)
+class Validate:
+    """A validation asked of the rollout ranks: the validation set in chunks of ``per_call`` prompts (chunk ``c`` is
+    prompts ``c * per_call ..``), dealt round-robin over the engines (chunk ``c`` to engine ``c % engines``), chunk
+    ``c`` sampled with ``seeds[c]``.
+
+    Attributes:
+        step: the step after whose update the trainer validates (the weights are those of step ``step + 1``).
+        size: the validation set's size.
+        per_call: prompts per chunk.
+        seeds: each chunk's seed.
+    """
+
+    step: int
+    size: int
+    per_call: int
+    seeds: tuple[int, ...]
+
+    def chunk(self, c: int) -> list[int]:
+        """Chunk ``c``'s prompts (validation set indices)."""
+        return list(range(c * self.per_call, min(self.size, (c + 1) * self.per_call)))
+
+
+@dataclass(frozen=True)
+class Validated:
+    """Rollout rank -> trainer rank 0: one chunk of a validation.
+
+    Attributes:
+        step: the validation's step (:attr:`Validate.step`).
+        chunk: the chunk's number.
+        generated: what the agent loop made of the chunk's prompts (``sampling.n`` rows per prompt, prompt-major).
+    """
+
+    step: int
+    chunk: int
+    generated: Generated
+
+
+@dataclass(frozen=True)
 class Notice:
     """Trainer rank 0 -> rollout ranks, once per ``collect`` (and at the end).
 
@@ -88,6 +124,7 @@ class Notice:
             rollback); None otherwise.
         redo: units the trainer dropped as too old and needs again.
         held: with a reset, units the trainer holds already (restored from a checkpoint): not to be generated.
+        validate: generate the validation set with this notice's weights (:class:`Validate`) once they are loaded.
         stop: the run ends; the rollout ranks leave.
     """
 
@@ -99,6 +136,7 @@ class Notice:
     reset: dict[str, int] | None = None
     redo: tuple[tuple[int, int], ...] = ()
     held: tuple[tuple[int, int], ...] = ()
+    validate: Validate | None = None
     stop: bool = False
 
 
@@ -187,7 +225,7 @@ class SplitSource:
     def __init__(self, end: TrainerEnd | None, *, weights: WeightStream, weights_dtype: torch.dtype | None,
                  prompts: Callable[[], list[Any]], sampler_state: Callable[[], dict[str, int]],
                  share: Callable[[Any], Any], dp_rank: int, dp_size: int, max_staleness: int, total_steps: int,
-                 timeout_s: float = 1800.0, validation: ColocatedSource | None = None):
+                 timeout_s: float = 1800.0):
         self.end = end
         self.weights = weights
         self.weights_dtype = weights_dtype
@@ -199,7 +237,6 @@ class SplitSource:
         self.max_staleness = max_staleness
         self.total_steps = total_steps
         self.timeout_s = timeout_s
-        self.validation = validation
         self.version = -1  # the policy version last broadcast; -1: none yet
         self.actor_version = -1  # the actor version it holds
         self.branch = -1
@@ -207,40 +244,14 @@ class SplitSource:
         self.queue: dict[tuple[int, int], Produced] = {}  # rank 0: units received ahead of their step
         self.early = SplitStats()  # rank 0: what units received by a checkpoint's wait add to the next step's metrics
         self.restored: dict[str, Any] | None = None  # a checkpoint's state (load_state_dict), until the next collect
+        self.validated: dict[tuple[int, int], Validated] = {}  # rank 0: validation chunks by (step, chunk)
         self.trained: list[tuple[int, int, int, int]] = []  # rank 0: (step, dp_rank, branch, version) of each unit used
 
     def collect(self, ctx: StepContext) -> Collected:
         times: dict[str, float] = {}
         stats, self.early = self.early, SplitStats()
-        reset = ctx.branch != self.branch or self.version < 0
-        state = self.sampler_state() if reset else None
+        times["weight_sync"] = self._announce(ctx.step, ctx.branch, ctx.actor_version, stats)
         prompts = self.prompts()
-        broadcast = reset or ctx.actor_version != self.actor_version
-        restored, self.restored = self.restored, None
-        if broadcast:
-            # after a resume, the version the uninterrupted run held at this step (the checkpoint counted it)
-            self.version = int(restored["version"]) if restored is not None else self.version + 1
-            self.actor_version = ctx.actor_version
-        held: tuple[tuple[int, int], ...] = ()
-        if reset:
-            self.branch, self.floor = ctx.branch, self.version
-            if restored is not None:
-                held = self._restore_queue(restored, ctx)
-        notice = Notice(step=ctx.step, branch=ctx.branch, version=self.version, actor_version=ctx.actor_version,
-                        weights=broadcast, reset=state, held=held)
-        start = time.perf_counter()
-        if self.end is not None:
-            self.end.notify_all(notice)
-        if broadcast:
-            stream = _counted(self.weights(dtype=self.weights_dtype, into=None), stats)
-            if self.end is not None:
-                begin = time.perf_counter()
-                self.end.broadcast_weights(stream, self.version)
-                stats.broadcast_s = time.perf_counter() - begin
-            else:
-                for _ in stream:  # this rank's part of the collective gather
-                    pass
-        times["weight_sync"] = time.perf_counter() - start
         start = time.perf_counter()
         got = self._take(ctx, stats) if self.end is not None else None
         shares: list[tuple[Produced, dict[str, float], float]] = self.share(got)
@@ -255,6 +266,40 @@ class SplitSource:
         return Collected(batch=g.batch, prompts=prompts, greedy=g.greedy, times=times, metrics=metrics,
                          tool_stats=g.tool_stats, tool_rewards=g.tool_rewards, tool_scores=g.tool_scores,
                          greedy_tool_rewards=g.greedy_tool_rewards, greedy_tool_scores=g.greedy_tool_scores)
+
+    def _announce(self, step: int, branch: int, actor_version: int, stats: SplitStats,
+                  validate: Validate | None = None) -> float:
+        """Send the notice of ``step`` (a reset when the branch changed or nothing was sent yet) and, when the actor
+        changed, broadcast its weights (collective: every trainer rank gathers them). Before the step's prompts are
+        drawn (a reset carries the sampler's cursor). Returns the seconds it took."""
+        reset = branch != self.branch or self.version < 0
+        state = self.sampler_state() if reset else None
+        broadcast = reset or actor_version != self.actor_version
+        restored, self.restored = self.restored, None
+        if broadcast:
+            # after a resume, the version the uninterrupted run held at this step (the checkpoint counted it)
+            self.version = int(restored["version"]) if restored is not None else self.version + 1
+            self.actor_version = actor_version
+        held: tuple[tuple[int, int], ...] = ()
+        if reset:
+            self.branch, self.floor = branch, self.version
+            if restored is not None:
+                held = self._restore_queue(restored, step)
+        notice = Notice(step=step, branch=branch, version=self.version, actor_version=actor_version,
+                        weights=broadcast, reset=state, held=held, validate=validate)
+        start = time.perf_counter()
+        if self.end is not None:
+            self.end.notify_all(notice)
+        if broadcast:
+            stream = _counted(self.weights(dtype=self.weights_dtype, into=None), stats)
+            if self.end is not None:
+                begin = time.perf_counter()
+                self.end.broadcast_weights(stream, self.version)
+                stats.broadcast_s = time.perf_counter() - begin
+            else:
+                for _ in stream:  # this rank's part of the collective gather
+                    pass
+        return time.perf_counter() - start
 
     def _take(self, ctx: StepContext, stats: SplitStats) -> list[tuple[Produced, dict[str, float], float]]:
         """Rank 0: the step's units, each within the bound: ``(unit, metrics, generate_s)`` per trainer rank."""
@@ -291,8 +336,16 @@ class SplitSource:
                 missing = sorted(wanted - self.queue.keys())
                 raise TimeoutError(f"step {step}: no samples for units {missing} from the rollout ranks in "
                                    f"{self.timeout_s:.0f} s (a rollout rank died or hangs; see its log)")
-            _, unit = self.end.recv_any(timeout_s=left)
-            self._admit(unit, step, stats)
+            self._receive(left, step, stats)
+
+    def _receive(self, timeout_s: float, step: int, stats: SplitStats) -> None:
+        """Rank 0: the next message from a rollout rank: a unit (admitted) or a validation chunk (kept)."""
+        assert self.end is not None
+        _, got = self.end.recv_any(timeout_s=timeout_s)
+        if isinstance(got, Validated):
+            self.validated[(got.step, got.chunk)] = got
+        else:
+            self._admit(got, step, stats)
 
     def _admit(self, unit: Produced, step: int, stats: SplitStats) -> None:
         """Queue a received unit, or drop it: another branch or before the last reset (discarded), older than the
@@ -331,26 +384,47 @@ class SplitSource:
         """A checkpoint's :meth:`state_dict`: taken at the next :meth:`collect`, the resume's reset."""
         self.restored = state
 
-    def _restore_queue(self, restored: dict[str, Any], ctx: StepContext) -> tuple[tuple[int, int], ...]:
+    def _restore_queue(self, restored: dict[str, Any], step: int) -> tuple[tuple[int, int], ...]:
         """Rank 0: queue the checkpoint's units of this branch from this step on; the units it holds (every rank
         returns them: the notice carries them to the rollout ranks)."""
         units = [unit_from_state(u) for u in restored.get("units", ())]
-        units = [u for u in units if u.branch == ctx.branch and u.step >= ctx.step]
+        units = [u for u in units if u.branch == self.branch and u.step >= step]
         if self.end is not None:
             for u in units:
                 self.queue[(u.step, u.dp_rank)] = u
         self.floor = min([self.floor] + [u.version for u in units])  # older versions, of the uninterrupted run
         if units:
-            log.info("step %d: %d unit(s) restored from the checkpoint (steps %d..%d)", ctx.step, len(units),
+            log.info("step %d: %d unit(s) restored from the checkpoint (steps %d..%d)", step, len(units),
                      units[0].step, units[-1].step)
         return tuple(sorted((u.step, u.dp_rank) for u in units))
 
-    def serving(self, actor_version: int) -> contextlib.AbstractContextManager[AgentLoop]:
-        """Validation's loop: the trainer ranks' own engine, woken between updates as colocated."""
-        if self.validation is None:
-            raise RuntimeError("this split run's trainer ranks hold no engine: it was planned without validation "
-                               "(trainer.test_freq and trainer.val_before_train off, or no data.val_files)")
-        return self.validation.serving(actor_version)
+    def validation(self, ctx: StepContext, prompts: PromptSet, sampling: SamplingParams,
+                   seed_of: Callable[[int], int], per_call: int) -> ValidationChunks:
+        """The rollout ranks generate the validation set with the actor's weights after step ``ctx.step``: the
+        notice of step ``ctx.step + 1`` goes out now with those weights and the request (:class:`Validate`; the
+        rollout ranks take it after the units that need older weights, so the samples of later steps come from the
+        weights they would without a validation). Rank 0 gathers every chunk and shares them; trainer rank ``r``
+        gets chunks ``r``, ``r + dp_size``, ... (``sampling`` is the rollout ranks' own copy's; ``seed_of(c)`` chunk
+        ``c``'s seed)."""
+        chunks = -(-len(prompts) // per_call)
+        request = Validate(step=ctx.step, size=len(prompts), per_call=per_call,
+                           seeds=tuple(seed_of(c) for c in range(chunks)))
+        stats = self.early  # units received meanwhile count in the next step's metrics
+        self._announce(ctx.step + 1, ctx.branch, ctx.actor_version, stats, validate=request)
+        got: dict[int, Generated] | None = None
+        if self.end is not None:
+            deadline = time.monotonic() + self.timeout_s
+            while not all((ctx.step, c) in self.validated for c in range(chunks)):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = [c for c in range(chunks) if (ctx.step, c) not in self.validated]
+                    raise TimeoutError(f"step {ctx.step}: no validation chunks {missing[:8]} from the rollout ranks "
+                                       f"in {self.timeout_s:.0f} s (a rollout rank died or hangs; see its log)")
+                self._receive(left, ctx.step + 1, stats)
+            got = {c: self.validated.pop((ctx.step, c)).generated for c in range(chunks)}
+        shared: dict[int, Generated] = self.share(got)
+        for c in range(self.dp_rank, chunks, self.dp_size):
+            yield [prompts[i] for i in request.chunk(c)], shared[c]
 
     def stop(self) -> None:
         """Rank 0: tell the rollout ranks the run ends."""

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from hpcppo.rollout.agent_loop import AgentLoop
 from hpcppo.rollout.base import RolloutEngine, SamplingParams, derive_seed
 from hpcppo.rollout.source import Generated, generate
-from hpcppo.rollout.split import Notice, Produced, RolloutEnd, generation_step, owner
+from hpcppo.rollout.split import Notice, Produced, RolloutEnd, Validate, Validated, generation_step, owner
 
 log = logging.getLogger("hpcppo.rollout")
 
@@ -80,12 +80,15 @@ class RolloutWorker:
         notice_timeout_s: the longest wait for a notice before the rank gives up (the trainer died).
         group: the engine's group when it spans several ranks (``tensor_parallel_size > 1``), None alone.
         member: this rank's place in ``group`` (0: the leader).
+        val_prompt_at: a validation set index -> its prompt (None: the run never validates).
+        val_sampling: validation's sampling parameters (``rollout.val_*``; each chunk's seed replaces theirs).
     """
 
     def __init__(self, end: RolloutEnd, *, engine: RolloutEngine, loop: AgentLoop, prompt_at: Callable[[int], Any],
                  sampler: Sampler, sampling: SamplingParams, seed: int, index: int, rollout_ranks: int,
                  dp_size: int, max_staleness: int, total_steps: int, greedy_baseline: bool = False,
-                 notice_timeout_s: float = 1800.0, group: EngineGroup | None = None, member: int = 0):
+                 notice_timeout_s: float = 1800.0, group: EngineGroup | None = None, member: int = 0,
+                 val_prompt_at: Callable[[int], Any] | None = None, val_sampling: SamplingParams | None = None):
         if sampler.dp_size != 1:
             raise ValueError("the rollout rank's sampler must see whole global batches (dp_size 1)")
         self.end = end
@@ -104,6 +107,8 @@ class RolloutWorker:
         self.notice_timeout_s = notice_timeout_s
         self.group = group
         self.member = member
+        self.val_prompt_at = val_prompt_at
+        self.val_sampling = val_sampling
         if member and group is None:
             raise ValueError(f"rollout rank {member} of an engine needs the engine's group")
         self.notice: Notice | None = None  # the latest applied
@@ -182,6 +187,21 @@ class RolloutWorker:
             self.tell(WEIGHTS, notice.version)
             self.load_weights(notice.version)
             self.version, self.actor_version = notice.version, notice.actor_version
+        if notice.validate is not None:
+            self.validate(notice.validate)
+
+    def validate(self, request: Validate) -> None:
+        """This engine's chunks of a validation (every ``rollout_ranks``-th from its index), with the weights just
+        loaded; one message per chunk."""
+        chunks = len(request.seeds)
+        for c in range(self.index, chunks, self.rollout_ranks):
+            indices, seed = request.chunk(c), request.seeds[c]
+            self.tell(GENERATE, indices, seed, True)
+            start = time.perf_counter()
+            got = self.produce(indices, seed, validation=True)
+            log.debug("validation chunk %d of step %d: %d prompts in %.3f s", c, request.step, len(indices),
+                      time.perf_counter() - start)
+            self.end.send_obj(Validated(step=request.step, chunk=c, generated=got))
 
     def load_weights(self, expected: int) -> None:
         """Receive the bridge's broadcast (every rollout rank takes part) and load this rank's part of it."""
@@ -212,7 +232,7 @@ class RolloutWorker:
                 self.load_weights(command[1])
                 self.version = command[1]
             elif command[0] == GENERATE:
-                self.produce(*command[1:])
+                self.produce(command[1], command[2], validation=command[3])
             else:
                 raise RuntimeError(f"rollout rank {self.index}.{self.member}: unknown command {command[0]!r}")
 
@@ -259,7 +279,7 @@ class RolloutWorker:
         share = len(batch) // self.dp_size
         indices = batch[dp_rank * share:(dp_rank + 1) * share]
         seed = derive_seed(self.seed, step, dp_rank, self.branch)  # the colocated rank's seed for this share
-        self.tell(GENERATE, list(indices), seed)
+        self.tell(GENERATE, list(indices), seed, False)
         start = time.perf_counter()
         got = self.produce(list(indices), seed)
         generate_s = time.perf_counter() - start
@@ -271,10 +291,16 @@ class RolloutWorker:
         self.done.add((step, dp_rank))
         self.sent += 1
 
-    def produce(self, indices: list[int], seed: int) -> Generated:
-        """Generate a unit's rows (and its greedy baseline) from its prompts, as a colocated rank does
-        (:func:`hpcppo.rollout.source.generate`: each row's tools kwargs, the tool loop's results): every rank of an
-        engine runs this with the same arguments."""
+    def produce(self, indices: list[int], seed: int, validation: bool = False) -> Generated:
+        """Generate a unit's rows (and its greedy baseline) from its prompts, or a validation chunk's from the
+        validation set's, as a colocated rank does (:func:`hpcppo.rollout.source.generate`: each row's tools kwargs,
+        the tool loop's results): every rank of an engine runs this with the same arguments."""
+        if validation:
+            if self.val_prompt_at is None or self.val_sampling is None:
+                raise RuntimeError(f"rollout rank {self.index}.{self.member}: asked to validate, but it was built "
+                                   "without the validation set")
+            return generate(self.loop, [self.val_prompt_at(i) for i in indices], self.val_sampling, seed=seed,
+                            greedy_baseline=False)
         prompts = [self.prompt_at(i) for i in indices]
         return generate(self.loop, prompts, self.sampling, seed=seed, greedy_baseline=self.greedy_baseline)
 

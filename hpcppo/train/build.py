@@ -370,7 +370,7 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
     critic = _build_critic(cfg, plan, mesh, device, total_steps) if plan.needs_critic else None
     reward_model = _build_reward_model(cfg, plan, mesh, device) if cfg.reward_model.enable else None
     ro = cfg.rollout
-    engine = build_engine(ro.engine, _engine_settings(cfg, device, env)) if needs_engine(cfg, plan, val_data) else None
+    engine = build_engine(ro.engine, _engine_settings(cfg, device, env)) if needs_engine(plan) else None
     sampling, val_sampling = _sampling_params(cfg, tokenizer)
     kl_ctrl = _kl_controller(cfg.algorithm.kl_ctrl)
 
@@ -413,6 +413,8 @@ class RolloutParts:
     total_steps: int
     engine: RolloutEngine
     sampling: SamplingParams
+    val_sampling: SamplingParams
+    val_data: PromptDataset | None = None  # loaded when the run validates (the rollout ranks generate it)
     tools: RankTools | None = None  # [rollout.multi_turn] enable: the tools and this rank's tool worker
 
     def close(self) -> None:
@@ -429,25 +431,25 @@ def build_rollout_parts(compiled: Compiled, env: DistEnv) -> RolloutParts:
     cfg, plan = compiled.experiment, compiled.plan
     device = _seeded_device(cfg, plan, env)
     tokenizer = _tokenizer(cfg.model)
-    train_data, _ = build_datasets(attrs.evolve(cfg.data, val_files=[]), tokenizer)
+    validates = cfg.trainer.val_before_train or cfg.trainer.test_freq > 0
+    train_data, val_data = build_datasets(cfg.data if validates else attrs.evolve(cfg.data, val_files=[]), tokenizer)
     sampler = ShardedEpochSampler(len(train_data), batch_size=plan.prompts_per_step, dp_rank=0, dp_size=1,
                                   seed=cfg.seed, shuffle=cfg.data.shuffle)
     total_steps = plan.total_steps or plan.total_epochs * sampler.steps_per_epoch
     engine = build_engine(cfg.rollout.engine, _engine_settings(cfg, device, env))
-    sampling, _ = _sampling_params(cfg, tokenizer)
+    sampling, val_sampling = _sampling_params(cfg, tokenizer)
     tools = _tools(cfg.rollout.multi_turn)
     return RolloutParts(cfg=cfg, plan=plan, env=env, device=device, tokenizer=tokenizer, train_data=train_data,
                         sampler=sampler, total_steps=total_steps, engine=engine, sampling=sampling,
+                        val_sampling=val_sampling, val_data=val_data,
                         # Last, as build_components does: the worker process starts once nothing here can fail.
                         tools=tools.started() if tools is not None else None)
 
 
-def needs_engine(cfg: Experiment, plan: RunPlan, val_data: PromptDataset | None) -> bool:
-    """Whether a trainer rank builds an engine: always colocated; in split placement only to validate (the rollout
-    ranks generate the training samples, and validation runs between updates on the trainer ranks' own engine)."""
-    if plan.placement != "split":
-        return True
-    return val_data is not None and (cfg.trainer.val_before_train or cfg.trainer.test_freq > 0)
+def needs_engine(plan: RunPlan) -> bool:
+    """Whether a trainer rank builds an engine: colocated only (in split placement the rollout ranks generate the
+    training samples and the validations)."""
+    return plan.placement != "split"
 
 
 def _tools(section: MultiTurnSection) -> RankTools | None:

@@ -76,7 +76,8 @@ def colocated_source(c: Any, *, greedy_baseline: bool) -> ColocatedSource:
     """The engine on the trainer's ranks with the run's agent loop. The actor, the sampler and the data are looked
     up at each call, so whatever a resume or a rollback put in ``c`` is what the source reads."""
     return ColocatedSource(c.engine, agent_loop(c), weights=_weights(c), prompts=_prompts(c),
-                           sampling=c.sampling, greedy_baseline=greedy_baseline)
+                           sampling=c.sampling, greedy_baseline=greedy_baseline,
+                           shard=(c.groups.dp_rank, c.groups.dp_size))
 
 
 def bridge_from_env(rank: int, *, backend: str, timeout_s: float) -> Any:
@@ -90,8 +91,7 @@ def bridge_from_env(rank: int, *, backend: str, timeout_s: float) -> Any:
                           timeout_s=timeout_s)
 
 
-def split_source(c: Any, end: TrainerEnd | None, *, timeout_s: float,
-                 validation: ColocatedSource | None) -> SplitSource:
+def split_source(c: Any, end: TrainerEnd | None, *, timeout_s: float) -> SplitSource:
     """Split placement's source on a trainer rank (``end``: the bridge on trainer rank 0, None elsewhere). The
     weights go out in the rollout engine's dtype: vLLM's (``model.dtype``), the HF engine's float32 masters as they
     are (``RolloutEngine.sync_dtype`` on the rollout rank, which the trainer does not build)."""
@@ -99,7 +99,7 @@ def split_source(c: Any, end: TrainerEnd | None, *, timeout_s: float,
     return SplitSource(end, weights=_weights(c), weights_dtype=dtype if isinstance(dtype, torch.dtype) else None,
                        prompts=_prompts(c), sampler_state=lambda: c.sampler.state_dict(), share=broadcast_object,
                        dp_rank=c.groups.dp_rank, dp_size=c.groups.dp_size, max_staleness=c.cfg.rollout.max_staleness,
-                       total_steps=c.total_steps, timeout_s=timeout_s, validation=validation)
+                       total_steps=c.total_steps, timeout_s=timeout_s)
 
 
 def greedy_baseline_scores(c: Any, prompts: list[Any], greedy: RolloutBatch,

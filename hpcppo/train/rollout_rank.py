@@ -78,7 +78,9 @@ def run_rollout_rank(compiled: Any, run_dir: Path, *, device_type: str, preempt:
             rollout_ranks=plan.rollout_ranks // tp, dp_size=plan.train_dp_size,
             max_staleness=cfg.rollout.max_staleness, total_steps=parts.total_steps,
             greedy_baseline=estimators.needs_greedy_baseline(cfg.algorithm.adv_estimator),
-            notice_timeout_s=timeout, group=GlooEngineGroup(timeout) if tp > 1 else None, member=member)
+            notice_timeout_s=timeout, group=GlooEngineGroup(timeout) if tp > 1 else None, member=member,
+            val_prompt_at=parts.val_data.__getitem__ if parts.val_data is not None else None,
+            val_sampling=parts.val_sampling)
         log.info("rollout rank %d of %d: %s engine %d (tensor-parallel rank %d of %d), generating for %d trainer "
                  "rank(s), up to %d step(s) ahead", index, plan.rollout_ranks, cfg.rollout.engine, engine, member, tp,
                  plan.train_dp_size, cfg.rollout.max_staleness)

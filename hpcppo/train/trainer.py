@@ -18,7 +18,6 @@ with the trainer's :class:`~hpcppo.train.recovery.Recovery` as its hands, which 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import resource
@@ -38,7 +37,7 @@ from hpcppo.models import compute_log_prob_outputs, compute_log_probs, compute_v
 from hpcppo.rollout.base import derive_seed
 from hpcppo.rollout.source import RolloutSource, StepContext
 from hpcppo.rollout.split import Notice
-from hpcppo.rollout.tool_loop import ToolLoop, run_kwargs, with_tool_results
+from hpcppo.rollout.tool_loop import with_tool_results
 from hpcppo.config import sync_guard
 from hpcppo.config.convert import converter
 from hpcppo.config.plan import VALIDATION_PROMPTS_PER_CALL
@@ -110,18 +109,15 @@ class Trainer:
                                     metrics=c.metrics)
 
     def _source(self) -> RolloutSource:
-        """Colocated: the rank's own engine. Split: the rollout ranks' samples (:mod:`hpcppo.rollout.split`), trainer
-        rank 0 joining them on the bridge; validation, when the run has any, on the trainer ranks' engine."""
+        """Colocated: the rank's own engine. Split: the rollout ranks' samples and validations
+        (:mod:`hpcppo.rollout.split`), trainer rank 0 joining them on the bridge; the trainer ranks hold no engine."""
         c = self.c
-        colocated = rollout_phase.colocated_source(c, greedy_baseline=self.greedy_baseline) \
-            if c.engine is not None else None
         if self.plan.placement != "split":
-            assert colocated is not None
-            return colocated
+            return rollout_phase.colocated_source(c, greedy_baseline=self.greedy_baseline)
         timeout = float(self.cfg.trainer.collective_timeout_s)
         if self.env.rank == 0:
             self.bridge = rollout_phase.bridge_from_env(0, backend=self.plan.backend, timeout_s=timeout)
-        return rollout_phase.split_source(c, self.bridge, timeout_s=timeout, validation=colocated)
+        return rollout_phase.split_source(c, self.bridge, timeout_s=timeout)
 
     @property
     def step(self) -> int:
@@ -406,33 +402,35 @@ class Trainer:
         # for acc after it.
         width = 2 + 2 * len(stats)
         sums = [[0.0] * (width * (2 if acc else 1)) for _ in c.val_sources]
-        # Sharded over rollout groups: the ranks of a tensor-parallel group decode the same prompts with the same
-        # seed, and only the group's first rank counts the scores.
-        mine = list(range(g.dp_rank, len(c.val_data), g.dp_size))
-        # Sampled validation (val_temperature > 0) draws from its own seeded stream, never the global RNG.
-        sampling = dataclasses.replace(c.val_sampling, seed=derive_seed(self.cfg.seed, self.step, g.dp_rank,
-                                                                        self.state.branch) ^ VALIDATION_SEED_SALT)
-        with self.source.serving(self.state.actor_version) as loop:
-            for start in range(0, len(mine), VALIDATION_PROMPTS_PER_CALL):
-                prompts = [c.val_data[i] for i in mine[start : start + VALIDATION_PROMPTS_PER_CALL]]
-                out = loop.run([p.input_ids for p in prompts], sampling, **run_kwargs(loop, prompts))
-                attend = out.response_attention_mask  # the whole continuation is scored, as in training
-                texts = c.tokenizer.batch_decode(out.response_ids * attend, skip_special_tokens=True)
-                records = [prompts[int(j)].record for j in out.prompt_index]  # n rows per prompt, prompt-major
-                extra = [r.extra_info for r in records]
-                if isinstance(loop, ToolLoop):  # its results, as in training (Trainer.score)
-                    extra = with_tool_results(extra, loop.tool_rewards, loop.reward_scores)
-                preds: list[Any] = []
-                penalties: list[float] = []
-                scores = c.score_fn([r.data_source for r in records], texts, [r.ground_truth for r in records],
-                                    extra, preds=preds, lengths=attend.sum(-1).tolist(), penalties=penalties)
-                if not g.is_tp_leader:
-                    continue
-                rows = [sums[c.val_sources.index(p.record.data_source)] for p in prompts]
-                validation.accumulate(rows, scores, preds, n, stats)
-                if acc:
-                    validation.accumulate(rows, [s - q for s, q in zip(scores, penalties)], preds, n, stats,
-                                          offset=width)
+        # The source shards it (colocated: over rollout groups, whose tensor-parallel ranks decode the same prompts
+        # with the same seed, only the group's first rank counting the scores; split: the rollout ranks generate
+        # it in chunks, each trainer rank scores its own). Sampled validation (val_temperature > 0) draws from its
+        # own seeded stream, never the global RNG.
+        ctx = StepContext(step=self.step, branch=self.state.branch, actor_version=self.state.actor_version, seed=0)
+
+        def seed_of(shard: int) -> int:
+            return derive_seed(self.cfg.seed, self.step, shard, self.state.branch) ^ VALIDATION_SEED_SALT
+
+        for prompts, got in self.source.validation(ctx, c.val_data, c.val_sampling, seed_of,
+                                                   VALIDATION_PROMPTS_PER_CALL):
+            out = got.batch
+            attend = out.response_attention_mask  # the whole continuation is scored, as in training
+            texts = c.tokenizer.batch_decode(out.response_ids * attend, skip_special_tokens=True)
+            records = [prompts[int(j)].record for j in out.prompt_index]  # n rows per prompt, prompt-major
+            extra = [r.extra_info for r in records]
+            if got.tool_rewards is not None:  # the tool loop's results, as in training (Trainer.score)
+                extra = with_tool_results(extra, got.tool_rewards, got.tool_scores)
+            preds: list[Any] = []
+            penalties: list[float] = []
+            scores = c.score_fn([r.data_source for r in records], texts, [r.ground_truth for r in records],
+                                extra, preds=preds, lengths=attend.sum(-1).tolist(), penalties=penalties)
+            if not g.is_tp_leader:
+                continue
+            rows = [sums[c.val_sources.index(p.record.data_source)] for p in prompts]
+            validation.accumulate(rows, scores, preds, n, stats)
+            if acc:
+                validation.accumulate(rows, [s - q for s, q in zip(scores, penalties)], preds, n, stats,
+                                      offset=width)
         flat = all_reduce_host([x for row in sums for x in row], "sum")
         totals = [flat[i * len(row) : (i + 1) * len(row)] for i, row in enumerate(sums)]
         metrics = validation.source_metrics(metric_names.VALIDATION_PREFIX, c.val_sources,

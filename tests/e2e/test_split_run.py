@@ -4,7 +4,8 @@ Shared runs, started side by side:
 
 * ``colocated``: 1 rank, greedy (top_k = 1), 4 steps;
 * ``split0``: 1 trainer + 1 rollout rank, max_staleness 0, otherwise the same: the same rows, the same losses;
-* ``async2``: 1 trainer + 1 rollout rank, max_staleness 2, sampling, 6 steps;
+* ``async2``: 1 trainer + 1 rollout rank, max_staleness 2, sampling, 6 steps, validated by the rollout rank before
+  training and after steps 3 and 6;
 * ``resumed``: ``async2`` killed at its step-2 commit and resumed: the same samples, numbers and policy versions
   again (the checkpoint holds the units of steps 3 and 4; steps 5 and 6 are generated with the weights of steps 3
   and 4, as in the uninterrupted run);
@@ -29,7 +30,7 @@ GREEDY = ["trainer.total_steps=4", "checkpoint.save_every=2", "rollout.top_k=1",
           "trainer.test_freq=0"]
 SPLIT = ["rollout.placement=split", "resources.rollout_ranks_per_node=1"]
 ASYNC = SPLIT + ["trainer.total_steps=6", "checkpoint.save_every=2", "rollout.max_staleness=2",
-                 "trainer.val_before_train=false", "trainer.test_freq=0", "site.local.procs_per_node=2"]
+                 "trainer.val_before_train=true", "trainer.test_freq=3", "site.local.procs_per_node=2"]
 UNIT = re.compile(r"step (\d+): trained units ((?:\d+/\d+/\d+/\d+ ?)+)")
 
 
@@ -90,9 +91,10 @@ def test_staleness_zero_greedy_trains_on_colocated_rows(runs):
 @pytest.mark.slow
 def test_split_resume_after_a_kill_repeats_the_uninterrupted_run(runs):
     straight, resumed = comparable(hmetrics.load(runs["async2"])), comparable(hmetrics.load(runs["resumed"]))
-    assert list(resumed.index) == list(range(1, 7))
+    assert list(resumed.index) == list(range(0, 7))
     assert resumed.loc[3:].equals(straight.loc[3:]), (resumed, straight)
-    assert list(straight["rollout/staleness_max"]) == [0.0, 1.0, 2.0, 2.0, 2.0, 2.0]
+    assert list(straight["rollout/staleness_max"].loc[1:]) == [0.0, 1.0, 2.0, 2.0, 2.0, 2.0]
+    assert list(straight.index[straight["val/score"].notna()]) == [0, 3, 6]  # before training, after 3 and 6
     # the same units from the same weights: policy versions 0, 0, 0, 1, 2, 3 (step t from step t - 2's weights)
     units = [(s, v) for s, _, _, v, _ in _units(runs["async2"])]
     assert units == [(1, 0), (2, 0), (3, 0), (4, 1), (5, 2), (6, 3)]

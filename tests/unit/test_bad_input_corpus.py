@@ -147,11 +147,6 @@ CASES: dict[str, Case] = {
         ["compile", GSM8K, "--site", "h100-cluster", "--no-check-paths", "-q", "--runs-root", "{cwd}/runs", "-o",
          'rollout.placement="split"', "-o", "resources.rollout_ranks_per_node=2", "-o",
          "rollout.tensor_parallel_size=1"], "cannot be split over the 12 trainer ranks"),
-    # split with rollout.tensor_parallel_size > 1 compiles without validation (groups of rollout ranks form one
-    # engine, tests/unit/test_placement.py); with validation the trainers would need tensor-parallel engines too
-    "split-tensor-parallel-with-validation": Case(
-        ["compile", GSM8K, "--site", "h100-cluster", "--no-check-paths", "-q", "--runs-root", "{cwd}/runs", "-o",
-         'rollout.placement="split"', "-o", "resources.rollout_nodes=1"], "the trainer ranks validate with one whole"),
     "staleness-colocated": Case(compile_("-o", "rollout.max_staleness=2"), "colocated runs are on-policy", warn=True),
     "kv-cache-with-hf": Case(compile_("-o", "rollout.kv_cache_memory_mb=512"), "only the vLLM engine", warn=True),
     "vllm-keys-with-hf": Case(compile_("-o", "rollout.enforce_eager=true", "-o", "rollout.gpu_memory_utilization=0.3"),

@@ -175,14 +175,14 @@ def test_tensor_parallel_rollout_engines_are_groups_of_rollout_ranks():
     assert c.plan.prompts_per_rank == 256
     c = _compile(GSM8K, "h100-cluster", SPLIT + NO_VAL + ["resources.rollout_ranks_per_node=4"])  # 2 engines/node
     assert (c.plan.rollout_ranks, c.plan.dp_size, c.plan.train_dp_size, c.plan.prompts_per_rank) == (8, 4, 8, 256)
+    # validating too: the rollout engines validate (the trainer ranks hold none), so any tensor-parallel size does
+    c = _compile(GSM8K, "h100-cluster", SPLIT + ["resources.rollout_nodes=1"])
+    assert c.experiment.trainer.test_freq == 5 and c.plan.tensor_parallel_size == 2 and c.plan.dp_size == 4
 
 
 @pytest.mark.parametrize("overrides, says", [
     (SPLIT + ["resources.rollout_ranks_per_node=3"],
      "rollout.tensor_parallel_size=2 does not divide resources.rollout_ranks_per_node=3"),
-    # the trainers validate on engines of their own, one per trainer rank: no tensor-parallel group across them
-    (SPLIT + ["resources.rollout_nodes=1"],
-     "rollout.tensor_parallel_size=2 with rollout.placement = \"split\" and validation (trainer.test_freq=5"),
     # one share of the step's prompts per trainer rank: 1024 prompts over 10 trainer ranks do not split
     (SPLIT1 + ["resources.rollout_ranks_per_node=3"],
      "trainer.train_batch_size=1024 prompts cannot be split over the 10 trainer ranks"),

@@ -66,9 +66,16 @@ def test_the_source_syncs_stale_weights_only_and_stamps_their_version():
     got = src.collect(StepContext(step=3, branch=1, actor_version=4, seed=13))
     assert [c[0] for c in engine.calls] == ["wake_up", "sync", "generate", "sleep"]
     assert (got.batch.policy_version == 4).all()
-    with src.serving(4) as loop:  # validation: awake, weights current, no second sync
-        loop.run([[9]], SamplingParams(eos_token_id=2, pad_token_id=0))
+    # validation: awake, weights current (no second sync), this rank's every 2nd prompt in chunks of 2 with its
+    # group's seed
+    val = [SimpleNamespace(input_ids=[20 + i]) for i in range(5)]
+    src.shard = (1, 2)
+    chunks = list(src.validation(StepContext(step=3, branch=1, actor_version=4, seed=0), val,
+                                 SamplingParams(eos_token_id=2, pad_token_id=0), lambda shard: 100 + shard, 2))
     assert [c[0] for c in engine.calls][4:] == ["wake_up", "generate", "sleep"]
+    assert engine.calls[5][3] == 101  # rollout group 1's seed
+    assert [[p.input_ids for p in prompts] for prompts, _ in chunks] == [[[21], [23]]]
+    assert chunks[0][1].batch.response_ids[:, 0].tolist() == [21, 23]
 
 
 def test_an_engine_that_drops_its_weights_is_synced_every_step_and_remax_decodes_greedily():

@@ -43,6 +43,7 @@ class Item:
 
 
 DATA = [Item(i, [10 + i, 3]) for i in range(PROMPTS)]
+VAL = [Item(i, [50 + i, 4]) for i in range(7)]  # the validation set
 
 
 class StandInBridge:
@@ -185,7 +186,8 @@ class Harness:
                 rollout_ranks=rollout_ranks // tp,
                 dp_size=dp_size, max_staleness=max_staleness if worker_staleness is None else worker_staleness,
                 total_steps=total_steps, notice_timeout_s=30,
-                group=groups[index].member(member) if tp > 1 else None, member=member))
+                group=groups[index].member(member) if tp > 1 else None, member=member,
+                val_prompt_at=VAL.__getitem__, val_sampling=Sampling(n=1)))
         self.errors: list[BaseException] = []
         self.threads = [threading.Thread(target=self._run, args=(w,), daemon=True) for w in self.workers]
         for t in self.threads:
@@ -425,6 +427,45 @@ def test_a_unit_for_another_trainer_rank_order_is_refused() -> None:
             h.collect(1)
     finally:
         h.close()
+
+
+@pytest.mark.parametrize("k,tp", [(0, 1), (2, 1), (2, 2)])
+def test_rollout_ranks_validate_with_the_updated_weights_and_later_units_are_unchanged(k: int, tp: int) -> None:
+    # Validation after steps 0 (before training) and 2, on 2 engines (at TP 2: 4 rollout ranks), chunks of 3 of
+    # the 7 validation prompts; the training units are the same as in a run without validation.
+    def run(validate: bool) -> tuple[list[list[list[int]]], list[Any]]:
+        h = Harness(max_staleness=k, rollout_ranks=2 * tp, dp_size=1, total_steps=5, tensor_parallel_size=tp,
+                    jitter_s=0.003)
+        batches, vals = [], []
+
+        def val(step: int) -> None:
+            ctx = StepContext(step=step, branch=0, actor_version=h.actor_version, seed=0)
+            vals.append(list(h.source.validation(ctx, VAL, Sampling(n=1), lambda c: 1000 * step + c, 3)))
+
+        try:
+            if validate:
+                val(0)
+            for step in range(1, 6):
+                batches.append(h.collect(step).batch.response_ids.tolist())
+                h.actor_version += 1
+                if validate and step == 2:
+                    val(2)
+        finally:
+            h.close()
+        if tp > 1:
+            for leader in (0, 2):  # the followers ran the same generate calls, validation included
+                assert h.engines[leader].calls == h.engines[leader + 1].calls
+        return batches, vals
+
+    plain, _ = run(False)
+    batches, vals = run(True)
+    assert batches == plain
+    for step, chunks in zip((0, 2), vals):
+        assert [[p.index for p in prompts] for prompts, _ in chunks] == [[0, 1, 2], [3, 4, 5], [6]]
+        for c, (prompts, got) in enumerate(chunks):
+            assert weight_of(got.batch) == step  # the actor after step `step`'s update (version 0 before training)
+            assert [int(x) for x in got.batch.response_ids[:, 1]] == [(1000 * step + c) % 89 + 1] * len(prompts)
+            assert got.batch.prompt_ids[:, -2].tolist() == [50 + p.index for p in prompts]
 
 
 def test_a_unit_survives_a_checkpoint() -> None:

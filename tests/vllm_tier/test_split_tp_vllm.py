@@ -4,7 +4,8 @@ own, both fed by the bridge.
 
 On-policy (max_staleness 0) the engine's log-probs of its samples must be the trainer's within test_split_vllm.py's
 tolerance: both ranks received every broadcast and loaded their own shard through vLLM's reload, and generated the
-same unit in step (only the first sends it).
+same unit in step (only the first sends it). The rollout ranks also validate (before training and after step 3):
+the trainer rank holds no engine, and the TP-2 engine generates the validation set in step as it does the units.
 
 About a minute on 2 busy cores (56 s measured), as test_split_vllm.py: slow, in the vLLM tier
 (``.venv-vllm/bin/python -m pytest -m vllm tests/vllm_tier/test_split_tp_vllm.py``).
@@ -26,10 +27,13 @@ def test_a_tensor_parallel_vllm_engine_of_two_rollout_ranks_samples_from_the_tra
     run = compile_run(spec, tmp_path / "runs", [
         "rollout.engine=vllm", "rollout.placement=split", "resources.rollout_ranks_per_node=2",
         "rollout.tensor_parallel_size=2", "site.local.procs_per_node=3", "rollout.max_staleness=0",
-        "trainer.total_steps=3", "trainer.val_before_train=false", "trainer.test_freq=0", "checkpoint.save_every=0"])
+        "trainer.total_steps=3", "trainer.val_before_train=true", "trainer.test_freq=3", "checkpoint.save_every=0"])
     # the wait ends below pytest's timeout, so that the harness ends the ranks of a hung run
     assert wait_all(launch_ranks(run, 3, "a0"), timeout=420) == [0, 0, 0], logs_of(run)
-    df = hmetrics.load(run)
+    everything = hmetrics.load(run)
+    assert list(everything.loc[everything["val/score"].notna(), "step"]) == [0, 3]
+    assert everything["val/score"].dropna().between(0, 1).all()
+    df = everything[everything["step"] > 0]
     assert list(df["step"]) == [1, 2, 3]
     assert (df["rollout/logprob_gap"] < SYNCED).all(), df["rollout/logprob_gap"].tolist()
     assert list(df["rollout/staleness_max"]) == [0.0, 0.0, 0.0]
