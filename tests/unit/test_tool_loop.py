@@ -450,9 +450,8 @@ def test_the_source_gives_the_sampled_and_the_greedy_rows_their_tools_kwargs(tok
 def test_validation_gives_the_tool_loop_its_rows_tools_kwargs(tok):
     """Trainer.validate with the tool loop: each validation row's ground truth reaches the GSM8K tool, and the
     tool's results reach the reward function's extra_info as in training."""
-    import contextlib
-
     from hpcppo.config.reward import RewardManagerSection
+    from hpcppo.rollout.source import generate
     from hpcppo.train.trainer import Trainer
 
     schema = {"type": "function", "function": {"name": "gsm", "description": "check an answer", "parameters": {
@@ -480,7 +479,11 @@ def test_validation_gives_the_tool_loop_its_rows_tools_kwargs(tok):
                                     groups=SimpleNamespace(dp_rank=0, dp_size=1, is_tp_leader=True))
         trainer.cfg = SimpleNamespace(seed=0, reward_manager=RewardManagerSection())
         trainer.state = SimpleNamespace(step=1, branch=0, actor_version=0)
-        trainer.source = SimpleNamespace(serving=lambda version: contextlib.nullcontext(lp))
+        def validation(ctx, prompts, sampling, seed_of, per_call):  # a stand-in source: the colocated one's generate
+            chunk = [prompts[i] for i in range(len(prompts))]
+            yield chunk, generate(lp, chunk, sampling, seed=seed_of(0), greedy_baseline=False)
+
+        trainer.source = SimpleNamespace(validation=validation)
         metrics = trainer.validate()
     assert [e["rollout_reward_scores"] for e in extras] == [{"gsm": 1.0}, {"gsm": 0.0}]
     assert [e["tool_rewards"] for e in extras] == [[0.0], [Gsm8kAnswer.NO_IMPROVEMENT_PENALTY]]

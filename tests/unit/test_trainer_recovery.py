@@ -65,6 +65,7 @@ def make_trainer(tmp_path: Path, rules: list[Rule]) -> Trainer:
         ckpt=CheckpointManager(RunPaths(tmp_path).checkpoints, keep_last=10), metrics=None, attempt=0,
         preempt=SimpleNamespace(local=False),
         engine=SimpleNamespace(), sampling=None,  # the rollout source is built, never asked: these tests run no rollout
+        groups=SimpleNamespace(dp_rank=0, dp_size=1),
     )
     return Trainer(c)  # type: ignore[arg-type]
 
