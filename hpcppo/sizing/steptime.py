@@ -284,7 +284,7 @@ EstimateFn = Callable[[Experiment, RunPlan], Budget]
 
 
 def _candidates(exp: Experiment, plan: RunPlan) -> list[list[Experiment]]:
-    """The other placements of the same job, each as the variants to try in order (the first that fits counts):
+    """The other placements of the same job, each as the variants to try (the fastest that fits counts):
     colocated for a split run; for a colocated run every split that keeps whole tensor-parallel groups on the
     rollout side (rollout ranks on every node, or whole nodes)."""
     ro, res = exp.rollout, exp.resources
@@ -297,14 +297,23 @@ def _candidates(exp: Experiment, plan: RunPlan) -> list[list[Experiment]]:
             variants.append(attrs.evolve(colocated, rollout=attrs.evolve(colocated.rollout,
                                                                          gpu_memory_utilization=COLOCATED_SHARE)))
         return [variants]
-    # the alternative splits try engines of one GPU each (a split engine of k GPUs is one a spec asks for)
-    split = attrs.evolve(ro, placement="split", tensor_parallel_size=1,
-                         gpu_memory_utilization=max(SPLIT_SHARE, ro.gpu_memory_utilization)
-                         if vllm_share else ro.gpu_memory_utilization)
-    return ([[attrs.evolve(exp, rollout=split, resources=attrs.evolve(res, rollout_ranks_per_node=k))]
-             for k in range(1, plan.ranks_per_node)]
-            + [[attrs.evolve(exp, rollout=split, resources=attrs.evolve(res, rollout_nodes=k))]
-               for k in range(1, plan.nodes)])
+    # Each alternative split tries engines of 1, 2, 4 ... GPUs of one node (and the spec's size): the fastest that
+    # fits counts (more engines generate more at once, but a big model on few GPUs leaves little KV cache).
+    share = max(SPLIT_SHARE, ro.gpu_memory_utilization) if vllm_share else ro.gpu_memory_utilization
+
+    def splits(rollout_ranks_per_node: int, rollout_nodes: int) -> list[Experiment]:
+        group = rollout_ranks_per_node or plan.ranks_per_node  # an engine's GPUs are rollout ranks of one node
+        sizes = sorted({1 << i for i in range(group.bit_length()) if group % (1 << i) == 0}
+                       | ({ro.tensor_parallel_size} if group % ro.tensor_parallel_size == 0 else set()))
+        if not engines.lookup(ro.engine).tensor_parallel:
+            sizes = [1]
+        return [attrs.evolve(exp, rollout=attrs.evolve(ro, placement="split", tensor_parallel_size=tp,
+                                                       gpu_memory_utilization=share),
+                             resources=attrs.evolve(res, rollout_ranks_per_node=rollout_ranks_per_node,
+                                                    rollout_nodes=rollout_nodes)) for tp in sizes]
+
+    return ([splits(k, 0) for k in range(1, plan.ranks_per_node)]
+            + [splits(0, k) for k in range(1, plan.nodes)])
 
 
 def _row(exp: Experiment, plan: RunPlan, budget: Budget) -> dict[str, Any]:
@@ -325,14 +334,18 @@ def compare_placements(budget: Budget, site: Site, exp: Experiment, plan: RunPla
     this = _row(exp, plan, budget)
     others, refused = [], ""
     for variants in _candidates(exp, plan):
-        try:
-            other_plan = resolve(site, variants[0])
-        except ResolveError as exc:
-            refused = refused or str(exc)
-            continue
-        rows = [_row(v, other_plan, b) for v in variants for b in [estimate(v, other_plan)] if b.time]
+        rows = []
+        for v in variants:
+            try:
+                other_plan = resolve(site, v)
+            except ResolveError as exc:
+                refused = refused or str(exc)
+                continue
+            b = estimate(v, other_plan)
+            if b.time:
+                rows.append(_row(v, other_plan, b))
         fitting = [r for r in rows if r["fits"]]
-        others += fitting[:1] or rows[-1:]
+        others += [min(fitting, key=lambda r: r["step_s"])] if fitting else rows[-1:]
     budget.placements = [this]
     what = "colocated" if plan.placement == "split" else "split"
     if not others:
@@ -347,7 +360,7 @@ def compare_placements(budget: Budget, site: Site, exp: Experiment, plan: RunPla
                if best[key] != getattr(exp.rollout, key)]
     if best["placement"] == "split" and changed:
         budget.placement_verdict += (f" Split counted with rollout.{' and rollout.'.join(changed)}: a rollout rank "
-                                     f"holds one whole engine and nothing else.")
+                                     f"holds its engine (or its share of one) and nothing else.")
 
 
 def _side(row: dict[str, Any]) -> str:

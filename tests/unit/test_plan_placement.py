@@ -100,6 +100,21 @@ def test_plan_compares_both_placements_of_the_same_gpus():
     assert other["tensor_parallel_size"] == 1 and "rollout.tensor_parallel_size = 1" in colocated.placement_verdict
 
 
+def test_a_model_too_big_for_one_gpu_is_compared_with_tensor_parallel_rollout_engines():
+    # Qwen2.5-72B on 8 x 8 H100 (TP 8 colocated): no rollout engine of one GPU holds it; the split alternative
+    # is the fastest tensor-parallel size that fits (4: 2 leaves too little KV cache, 8 too few engines).
+    c = compile_config(REPO / "examples" / "gsm8k-qwen2.5-72b.toml", "h100-cluster", [], check_paths=False)
+    budget = estimate(c.site, c.experiment, c.plan)
+    this, other = budget.placements
+    assert other["placement"] == "split" and other["fits"] and other["tensor_parallel_size"] == 4
+    assert "does not fit" not in budget.placement_verdict
+    assert "rollout.tensor_parallel_size = 4" in budget.placement_verdict
+    tp2 = compile_config(REPO / "examples" / "gsm8k-qwen2.5-72b.toml", "h100-cluster", [
+        'rollout.placement="split"', "resources.rollout_ranks_per_node=4", "rollout.tensor_parallel_size=2",
+        "rollout.gpu_memory_utilization=0.9"], check_paths=False)
+    assert estimate(tp2.site, tp2.experiment, tp2.plan).time["step_s"] > other["step_s"]
+
+
 def test_the_verdict_says_why_split_wins():
     colocated = {"placement": "colocated", "layout": "colocated: all 16 ranks train and generate", "step_s": 300.0,
                  "rollout_side_s": 200.0, "trainer_side_s": 100.0, "weight_sync_s": 0.0, "rollout_gpus": 16,
