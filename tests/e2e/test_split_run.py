@@ -10,7 +10,8 @@ Shared runs, started side by side:
   again (the checkpoint holds the units of steps 3 and 4; steps 5 and 6 are generated with the weights of steps 3
   and 4, as in the uninterrupted run);
 * ``rolled``: 2 trainers + 1 rollout rank, max_staleness 2, a KL spike at step 3 rolls back to checkpoint 2: samples
-  the rollout rank made ahead on the abandoned branch are dropped, never trained.
+  the rollout rank made ahead on the abandoned branch are dropped, never trained; validated after steps 2 and 4 (the
+  second on the new branch), each trainer rank scoring its chunks.
 
 The learning run (the arith example with staleness 1) is its own test.
 """
@@ -63,7 +64,7 @@ def runs(tmp_path_factory, random_tiny):
     rolled = compile_run(kl, tmp / "runs", SPLIT + [
         "site.local.procs_per_node=3", "rollout.max_staleness=2", "actor.lr=2e-5", "trainer.total_steps=5",
         "checkpoint.save_every=2", "debug.inject.kl_spike_at_step=3", "trainer.val_before_train=false",
-        "trainer.test_freq=0"])
+        "trainer.test_freq=2"])
     first = [launch_ranks(colocated, 1, "a0"), launch_ranks(split0, 2, "a0"), launch_ranks(resumed, 2, "a0")]
     kill_at_commit(resumed, 2, first[2])
     second = launch_ranks(resumed, 2, "a1")
@@ -119,6 +120,8 @@ def test_split_rollback_drops_the_samples_of_the_discarded_branch(runs):
     # The rollout rank had run ahead on branch 0 (staleness 2): those units reached the trainer and were dropped.
     dropped = sum(int(n) for n in re.findall(r"(\d+) unit\(s\) of a discarded branch", log))
     assert dropped >= 1, log
+    rows = hmetrics.load(run)
+    assert list(rows.loc[rows["val/score"].notna(), "step"]) == [2, 4]
     assert not _processes_left(run)
 
 
