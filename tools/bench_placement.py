@@ -9,10 +9,12 @@ CPU processes, through the real job entry point (``python -m hpcppo.train.main``
   colocated   2 ranks, each generating and training its half of the batch (examples/arith-tiny.toml);
   split       1 trainer rank + 1 rollout rank, rollout.max_staleness = 1 (examples/arith-tiny-async.toml): the
               rollout rank generates step t+1 while the trainer trains step t;
+  split-2     the same split with max_staleness = 2: step t+2 from step t's weights (a deeper pipeline; with the
+              fixed lag the trainer's broadcast waits for the unit before, so it overlaps no more than staleness 1);
   no-overlap  the same split with max_staleness = 0: the trainer waits for each step's samples (what split costs
               without its overlap: a weight broadcast a step and one rank training the whole batch).
 
-Each setting runs ``--steps`` steps, validation and checkpoints off, the order of the three rotated every round so no
+Each setting runs ``--steps`` steps, validation and checkpoints off, the order of the settings rotated every round so no
 setting always runs on a warmer machine. Per setting: the median of ``perf/step_time_s`` over the steps after the
 first (start-up excluded), ``time/trainer_idle_s`` and ``time/rollout_idle_s`` (split), and the reward curve
 (``reward/mean`` per step, the mean over rounds). Two workloads: the arith example as it is (the warm model answers
@@ -39,6 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 SETTINGS = {
     "colocated": ("arith-tiny.toml", 2, []),
     "split": ("arith-tiny-async.toml", 2, ["rollout.max_staleness=1"]),
+    "split-2": ("arith-tiny-async.toml", 2, ["rollout.max_staleness=2"]),
     "no-overlap": ("arith-tiny-async.toml", 2, ["rollout.max_staleness=0"]),
 }
 
