@@ -87,6 +87,9 @@ def format_samples(run_id: str, step: int, samples: list[dict[str, Any]]) -> str
         shown = f"{reward:.4g}" if isinstance(reward, (int, float)) else str(reward)
         out += ["", f"--- sample {i}: row {s.get('row')}, {s.get('data_source')}, reward {shown}, ground truth "
                     f"{s.get('ground_truth')!r}; {_counts(s)}, {s.get('response_tokens')} response tokens"]
+        if "tool_rewards" in s or "tool_scores" in s:  # what the tools gave the reward function
+            out.append(f"tool rewards {s.get('tool_rewards', [])}, end-of-trajectory tool scores "
+                       f"{s.get('tool_scores', {})}")
         out += _block("[prompt]", str(s.get("prompt", "")))
         for turn in s["turns"]:
             out += _block(MARKS.get(str(turn.get("role")), f"[{turn.get('role')}]"), str(turn.get("text", "")))

@@ -12,7 +12,10 @@ The turns come from the two masks (docs/rollout-phase.md): over the response's a
 each run of tokens with loss mask 1 is a ``model`` turn (sampled by the model) and each run with loss mask 0 a
 ``tool`` turn (a tool's answer and the template around it). Token ids are decoded run by run, special tokens kept:
 the text is what the model saw. ``num_turns`` and ``tool_calls`` are written when the rollout loop puts them in the
-batch (per-row ``[B]`` tensors or lists under those names); the reward is the row's summed ``token_level_scores``.
+batch (per-row ``[B]`` tensors or lists under those names), and so are the tool loop's results that reached the
+reward function: ``tool_rewards`` (the calls' step rewards, verl's ``tool_rewards``) and ``tool_scores`` (each tool's
+end-of-trajectory ``calc_reward``, verl's ``rollout_reward_scores``); the reward is the row's summed
+``token_level_scores``.
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ from hpcppo.rundir.paths import RunPaths
 
 __all__ = ["turns", "sample_rows", "write_samples", "PER_ROW_KEYS"]
 
-#: Per-row counts the rollout loop may put in the batch; written when present.
-PER_ROW_KEYS = ("num_turns", "tool_calls")
+#: Per-row values the rollout loop may put in the batch; written when present.
+PER_ROW_KEYS = ("num_turns", "tool_calls", "tool_rewards", "tool_scores")
 
 
 def turns(ids: Sequence[int], attention: Sequence[int], loss: Sequence[int]) -> list[tuple[str, list[int]]]:

@@ -57,7 +57,9 @@ def test_turns_follow_the_two_masks():
 
 
 def test_the_writer_spreads_rows_and_marks_turns(tmp_path):
-    batch = _batch() | {"tool_calls": torch.tensor([1, 1, 1, 1]), "num_turns": [3, 3, 3, 3]}
+    batch = _batch() | {"tool_calls": torch.tensor([1, 1, 1, 1]), "num_turns": [3, 3, 3, 3],
+                        "tool_rewards": [[0.0], [0.1], [0.2], [-0.05]],
+                        "tool_scores": [{"calc": 1.0}, {"calc": 0.0}, {"calc": 1.0}, {"calc": 0.5}]}
     path = samples.write_samples(tmp_path, 7, batch, CharTokenizer(), 2)
     assert path == RunPaths(tmp_path).sample_file(7) and path.name == "step-7.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()]
@@ -67,6 +69,9 @@ def test_the_writer_spreads_rows_and_marks_turns(tmp_path):
     assert r["turns"] == [{"role": "model", "text": "cd", "tokens": 2}, {"role": "tool", "text": "xyz", "tokens": 3},
                           {"role": "model", "text": "e", "tokens": 1}]
     assert (r["response_tokens"], r["model_tokens"], r["tool_calls"], r["num_turns"]) == (6, 3, 1, 3)
+    assert r["tool_rewards"] == [0.2] and r["tool_scores"] == {"calc": 1.0}  # what reached the reward function
+    shown = format_samples("run", 7, rows)
+    assert "tool rewards [0.2], end-of-trajectory tool scores {'calc': 1.0}" in shown
     assert samples.write_samples(tmp_path, 8, _batch(), CharTokenizer(), 0) is None
     assert not RunPaths(tmp_path).sample_file(8).exists()
 
