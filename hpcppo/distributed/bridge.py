@@ -81,17 +81,22 @@ class BridgeError(RuntimeError):
 @dataclass(frozen=True)
 class BroadcastStats:
     """One weight broadcast as rank 0 saw it: ``bytes`` of tensors in ``buckets`` collectives over ``seconds``
-    (from the call to the last bucket sent, gathering time of a streamed source included)."""
+    (from the call to the last bucket sent, gathering time of a streamed source included), of which ``waited``
+    went by before the first byte, until every rollout rank called :meth:`Bridge.receive_weights` (a rollout rank
+    still generating)."""
 
     version: int
     tensors: int
     bytes: int
     buckets: int
     seconds: float
+    waited: float = 0.0
 
     @property
     def gbps(self) -> float:
-        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+        """Bytes per second of the transfer itself (the wait for the receivers excluded)."""
+        moving = self.seconds - self.waited
+        return self.bytes / moving / 1e9 if moving > 0 else 0.0
 
 
 def _peers(ranks: Iterable[int]) -> str:
@@ -214,6 +219,7 @@ class Bridge:
         _wait_keys(store, [f"w/{n}/ready/{r}" for r in receivers], timeout,
                    lambda missing: f"{self._where()}: {_peers(missing)} did not take weights version {version} "
                                    f"within {timeout:g} s")
+        waited = time.perf_counter() - start
         self._forget(n - 1)
         self._seq = n
         in_flight: deque[tuple[Any, torch.Tensor, int]] = deque()  # (work, its buffer, bucket index)
@@ -258,7 +264,7 @@ class Bridge:
             self._wait(work, timeout, f"{_peers(receivers)} did not all receive bucket {k} of weights version "
                                       f"{version}")
         return BroadcastStats(version=int(version), tensors=tensors, bytes=sent, buckets=buckets,
-                              seconds=time.perf_counter() - start)
+                              seconds=time.perf_counter() - start, waited=waited)
 
     def pending_weights(self) -> int | None:
         """The version rank 0 is broadcasting and this rollout rank has not taken yet, or None (non-blocking)."""

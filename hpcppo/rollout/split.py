@@ -195,7 +195,7 @@ class SplitStats:
     discarded: int = 0  # samples of a discarded branch or from before a reset (a rollback's)
     rollout_idle_s: float = 0.0
     broadcast_bytes: int = 0
-    broadcast_s: float = 0.0
+    broadcast_s: float = 0.0  # moving the bytes (and gathering them), the wait for the receivers excluded
 
 
 def _counted(weights: Iterable[tuple[str, torch.Tensor]], stats: SplitStats) -> Iterator[tuple[str, torch.Tensor]]:
@@ -250,13 +250,14 @@ class SplitSource:
     def collect(self, ctx: StepContext) -> Collected:
         times: dict[str, float] = {}
         stats, self.early = self.early, SplitStats()
-        times["weight_sync"] = self._announce(ctx.step, ctx.branch, ctx.actor_version, stats)
+        announced, waited = self._announce(ctx.step, ctx.branch, ctx.actor_version, stats)
+        times["weight_sync"] = announced - waited
         prompts = self.prompts()
         start = time.perf_counter()
         got = self._take(ctx, stats) if self.end is not None else None
         shares: list[tuple[Produced, dict[str, float], float]] = self.share(got)
         mine, metrics, generate_s = shares[self.dp_rank]
-        times["trainer_idle"] = time.perf_counter() - start
+        times["trainer_idle"] = time.perf_counter() - start + waited
         times["generate"] = generate_s
         expected = tuple(int(p.index) for p in prompts)
         if mine.indices != expected:
@@ -268,10 +269,12 @@ class SplitSource:
                          greedy_tool_rewards=g.greedy_tool_rewards, greedy_tool_scores=g.greedy_tool_scores)
 
     def _announce(self, step: int, branch: int, actor_version: int, stats: SplitStats,
-                  validate: Validate | None = None) -> float:
+                  validate: Validate | None = None) -> tuple[float, float]:
         """Send the notice of ``step`` (a reset when the branch changed or nothing was sent yet) and, when the actor
         changed, broadcast its weights (collective: every trainer rank gathers them). Before the step's prompts are
-        drawn (a reset carries the sampler's cursor). Returns the seconds it took."""
+        drawn (a reset carries the sampler's cursor). Returns the seconds it took and, on rank 0, how many of them
+        went by waiting for the rollout ranks to take the weights (they were generating units that need older
+        ones: trainer idle time)."""
         reset = branch != self.branch or self.version < 0
         state = self.sampler_state() if reset else None
         broadcast = reset or actor_version != self.actor_version
@@ -281,6 +284,7 @@ class SplitSource:
             self.version = int(restored["version"]) if restored is not None else self.version + 1
             self.actor_version = actor_version
         held: tuple[tuple[int, int], ...] = ()
+        waited = 0.0
         if reset:
             self.branch, self.floor = branch, self.version
             if restored is not None:
@@ -294,12 +298,13 @@ class SplitSource:
             stream = _counted(self.weights(dtype=self.weights_dtype, into=None), stats)
             if self.end is not None:
                 begin = time.perf_counter()
-                self.end.broadcast_weights(stream, self.version)
-                stats.broadcast_s = time.perf_counter() - begin
+                sent = self.end.broadcast_weights(stream, self.version)
+                waited = float(getattr(sent, "waited", 0.0))
+                stats.broadcast_s = time.perf_counter() - begin - waited
             else:
                 for _ in stream:  # this rank's part of the collective gather
                     pass
-        return time.perf_counter() - start
+        return time.perf_counter() - start, waited
 
     def _take(self, ctx: StepContext, stats: SplitStats) -> list[tuple[Produced, dict[str, float], float]]:
         """Rank 0: the step's units, each within the bound: ``(unit, metrics, generate_s)`` per trainer rank."""

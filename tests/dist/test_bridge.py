@@ -56,6 +56,7 @@ def _three(rank: int, world: int, port: int) -> dict:
     bridge = Bridge.connect("127.0.0.1", port, rank, world, timeout_s=TIMEOUT_S, bucket_bytes=BUCKET)
     out: dict = {"during": _tasks()}
     if rank == 0:
+        out["t0"] = time.time()
         out["stats"] = [bridge.broadcast_weights(iter(_weights(1)), version=3)]
         out["recv_any"] = sorted([bridge.recv_any(timeout_s=TIMEOUT_S), bridge.recv_any(timeout_s=TIMEOUT_S)])
         bridge.notify_all(("rollback", 2))
@@ -65,6 +66,9 @@ def _three(rank: int, world: int, port: int) -> dict:
         out["polled"] = bridge.poll_obj()
         out["polled_again"] = bridge.poll_obj()
     else:
+        if rank == 2:  # a rollout rank still busy: the broadcast waits for it before any byte moves
+            time.sleep(0.5)
+        out["ready_at"] = time.time()
         version, it = bridge.receive_weights(timeout_s=TIMEOUT_S)
         held = list(it)  # all held before any is read, as vLLM's engine groups them: none may be overwritten
         out["first"] = (version, [(n, t.dtype, tuple(t.shape), _bits(t)) for n, t in held])
@@ -119,6 +123,9 @@ def test_weights_arrive_bit_exact_with_their_versions(three):
     assert (first.version, second.version) == (3, 7) and first.tensors == len(_weights(1))
     assert first.bytes == sum(t.numel() * t.element_size() for _, t in _weights(1))
     assert first.buckets > 3  # several per dtype at 1 KB
+    # the wait for the late receiver is counted apart, and the rate is the transfer's alone
+    assert three[0]["t0"] + first.waited >= three[2]["ready_at"] - 0.01 and 0 < first.waited < first.seconds
+    assert first.gbps == pytest.approx(first.bytes / (first.seconds - first.waited) / 1e9)
 
 
 def test_objects_go_both_ways_and_notices_arrive_in_order(three):
