@@ -75,6 +75,17 @@ TOOL_LOOP_COLUMNS: tuple[str, ...] = (
     "time/tool_s",  # the slowest rank's time in tool calls (part of time/generate_s)
 )
 
+
+
+def validation_tool_name(name: str) -> str:
+    """A tool-loop metric's validation twin: ``rollout/x`` -> ``val/x``, ``time/tool_s`` -> ``val/tool_s``."""
+    return "val/tool_s" if name == "time/tool_s" else "val/" + name.split("/", 1)[1]
+
+
+#: The same counts over a validation's trajectories (a multi-turn run that validates); with
+#: :func:`validation_tool_columns`.
+VALIDATION_TOOL_COLUMNS: tuple[str, ...] = tuple(validation_tool_name(c) for c in TOOL_LOOP_COLUMNS)
+
 #: Columns a trainer adds when its configuration produces them (the KL loss only with actor.use_kl_loss).
 OPTIONAL_COLUMNS: tuple[str, ...] = (
     "actor/kl_loss",
@@ -98,11 +109,18 @@ OPTIONAL_COLUMNS: tuple[str, ...] = (
 )
 #: Per-tool counts of the tool loop: ``rollout/tool_calls/<tool>`` and ``rollout/tool_failures/<tool>``.
 TOOL_PREFIXES: tuple[str, ...] = ("rollout/tool_calls/", "rollout/tool_failures/")
+#: Their validation twins: ``val/tool_calls/<tool>`` and ``val/tool_failures/<tool>``.
+VALIDATION_TOOL_PREFIXES: tuple[str, ...] = tuple(validation_tool_name(p) for p in TOOL_PREFIXES)
 
 
 def tool_columns(tools: Sequence[str]) -> list[str]:
     """The per-tool columns of a run with these tools (by schema name)."""
     return [p + t for t in tools for p in TOOL_PREFIXES]
+
+
+def validation_tool_columns(tools: Sequence[str]) -> list[str]:
+    """A validating multi-turn run's validation tool columns with these tools."""
+    return [*VALIDATION_TOOL_COLUMNS, *(p + t for t in tools for p in VALIDATION_TOOL_PREFIXES)]
 
 
 def tool_columns_in(columns: Sequence[str]) -> list[str]:
@@ -164,8 +182,9 @@ def trainer_columns(val_sources: Sequence[str] = (), val_n: int = 1, *, acc: boo
 
 def is_trainer_column(name: str) -> bool:
     """Whether the trainer can log ``name`` (a rule watching anything else would never fire)."""
-    return name in STANDARD_COLUMNS or name in OPTIONAL_COLUMNS or name in TOOL_LOOP_COLUMNS or any(
-        name.startswith(p) and len(name) > len(p) for p in (VALIDATION_PREFIX, VALIDATION_ACC_PREFIX, *TOOL_PREFIXES))
+    return name in STANDARD_COLUMNS or name in OPTIONAL_COLUMNS or name in TOOL_LOOP_COLUMNS \
+        or name in VALIDATION_TOOL_COLUMNS or any(name.startswith(p) and len(name) > len(p) for p in (
+            VALIDATION_PREFIX, VALIDATION_ACC_PREFIX, *TOOL_PREFIXES, *VALIDATION_TOOL_PREFIXES))
 
 
 class Headline(NamedTuple):

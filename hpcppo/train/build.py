@@ -39,7 +39,7 @@ from hpcppo.metrics import MetricsWriter
 from hpcppo.config.rollout_corr import metric_columns as rollout_corr_columns
 from hpcppo.config.multi_turn import MultiTurnSection
 from hpcppo.metrics.schema import trainer_columns
-from hpcppo.rundir.metric_names import TOOL_LOOP_COLUMNS, tool_columns
+from hpcppo.rundir.metric_names import TOOL_LOOP_COLUMNS, tool_columns, validation_tool_columns
 from hpcppo.models.reward_model import STRIP as REWARD_MODEL_STRIP, build_reward_model
 from hpcppo.rollout import EngineSettings, RolloutEngine, SamplingParams, build_engine
 from hpcppo.rollout.base import generation_config_eos, stop_token_ids
@@ -381,7 +381,8 @@ def build_components(compiled: Compiled, env: DistEnv, run_dir: Path, *,
     attempt, metrics = _metrics_log(paths, env, site, trainer_columns(
         val_sources, ro.val_n, acc=overlong_buffer_on(cfg.reward_manager))
         + rollout_corr_columns(cfg.algorithm.rollout_correction)
-        + ([*TOOL_LOOP_COLUMNS, *tool_columns(list(tools.schemas))] if tools is not None else []))
+        + ([*TOOL_LOOP_COLUMNS, *tool_columns(list(tools.schemas))] if tools is not None else [])
+        + (validation_tool_columns(list(tools.schemas)) if tools is not None and val_data is not None else []))
     log.info("built: %d train prompts, %d val prompts, %d steps; actor%s%s; engine %s",
              len(train_data), len(val_data) if val_data else 0, total_steps,
              " + critic" if critic is not None else "", " + reference" if reference is not None else "", ro.engine)

@@ -37,7 +37,7 @@ from hpcppo.models import compute_log_prob_outputs, compute_log_probs, compute_v
 from hpcppo.rollout.base import derive_seed
 from hpcppo.rollout.source import RolloutSource, StepContext
 from hpcppo.rollout.split import Notice
-from hpcppo.rollout.tool_loop import with_tool_results
+from hpcppo.rollout.tool_loop import LoopStats, stats_metrics, stats_vector, with_tool_results
 from hpcppo.config import sync_guard
 from hpcppo.config.convert import converter
 from hpcppo.config.plan import VALIDATION_PROMPTS_PER_CALL
@@ -411,6 +411,8 @@ class Trainer:
         def seed_of(shard: int) -> int:
             return derive_seed(self.cfg.seed, self.step, shard, self.state.branch) ^ VALIDATION_SEED_SALT
 
+        tools = list(c.tools.schemas) if c.tools is not None else []
+        tool_sums, tool_max = stats_vector(LoopStats(), tools)  # this rank's chunks' counts, summed below
         for prompts, got in self.source.validation(ctx, c.val_data, c.val_sampling, seed_of,
                                                    VALIDATION_PROMPTS_PER_CALL):
             out = got.batch
@@ -426,6 +428,10 @@ class Trainer:
                                 extra, preds=preds, lengths=attend.sum(-1).tolist(), penalties=penalties)
             if not g.is_tp_leader:
                 continue
+            if got.tool_stats is not None:
+                chunk_sums, (turns_max, tool_s) = stats_vector(got.tool_stats, tools)
+                tool_sums = [a + b for a, b in zip(tool_sums, chunk_sums)]
+                tool_max = [max(tool_max[0], turns_max), tool_max[1] + tool_s]  # the rank's tool time: summed
             rows = [sums[c.val_sources.index(p.record.data_source)] for p in prompts]
             validation.accumulate(rows, scores, preds, n, stats)
             if acc:
@@ -439,6 +445,9 @@ class Trainer:
         if acc:
             metrics |= validation.source_metrics(metric_names.VALIDATION_ACC_PREFIX, c.val_sources,
                                                  [t[width:] for t in totals], stats)
+        if c.tools is not None:  # the tool loop's counts over the validation's trajectories (val/turns_mean ...)
+            counted = stats_metrics(all_reduce_host(tool_sums, "sum"), all_reduce_host(tool_max, "max"), tools)
+            metrics |= {metric_names.validation_tool_name(k): v for k, v in counted.items()}
         return metrics
 
     def peak_memory_gb(self) -> float:

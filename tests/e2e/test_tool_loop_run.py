@@ -98,7 +98,8 @@ def test_a_multi_turn_run_logs_its_tool_metrics_and_leaves_nothing_behind(tmp_pa
 
     with ToolWorker([ToolSpec("hpcppo.agent.builtin.Calculator")]) as w:  # the check below can see a worker
         assert _workers_of(os.getpid()) == [w.pid]
-    run, scratch = _tool_run(tmp_path, monkeypatch)
+    # validated after step 2, sampling as in training (greedy, the scripted model would write digits forever)
+    run, scratch = _tool_run(tmp_path, monkeypatch, ["trainer.test_freq=2", "rollout.val_temperature=1.0"])
     procs = launch_ranks(run, 2, "a0")  # the local site's two ranks: the tool metrics are summed over them
     assert wait_all(procs, timeout=240) == [0, 0], logs_of(run)
     assert not [w for p in procs for w in _workers_of(p.pid)]
@@ -112,6 +113,9 @@ def test_a_multi_turn_run_logs_its_tool_metrics_and_leaves_nothing_behind(tmp_pa
         assert row["rollout/tool_errors"] == 0 and row["rollout/tool_failures/mul"] == 0
         assert row["rollout/tool_timeouts"] == 0 and row["time/tool_s"] > 0
         assert row["response/length_mean"] > 24  # two calls and the tool turn between them
+    # the validation's own tool counts (8 validation prompts, one call each, over both ranks' shares)
+    assert df.loc[2, "val/tool_calls_mean"] == 1.0 and df.loc[2, "val/tool_calls/mul"] == 8
+    assert df.loc[2, "val/turns_max"] == 2.0 and df.loc[2, "val/tool_errors"] == 0 and df.loc[2, "val/tool_s"] > 0
     # every trajectory's instance got one training row's arguments in all four phases (validation rows give none)
     trained = _trained_phases(tmp_path / "phases")
     assert len(trained) == 32  # 2 steps x 8 prompts x n = 2

@@ -476,7 +476,8 @@ def test_validation_gives_the_tool_loop_its_rows_tools_kwargs(tok):
         trainer = Trainer.__new__(Trainer)
         trainer.c = SimpleNamespace(val_data=items, reward_model=None, tokenizer=tok, score_fn=score_fn,
                                     val_sources=["d"], val_sampling=sampling(tok, n=1),
-                                    groups=SimpleNamespace(dp_rank=0, dp_size=1, is_tp_leader=True))
+                                    groups=SimpleNamespace(dp_rank=0, dp_size=1, is_tp_leader=True),
+                                    tools=SimpleNamespace(schemas={"gsm": schema}))
         trainer.cfg = SimpleNamespace(seed=0, reward_manager=RewardManagerSection())
         trainer.state = SimpleNamespace(step=1, branch=0, actor_version=0)
         def validation(ctx, prompts, sampling, seed_of, per_call):  # a stand-in source: the colocated one's generate
@@ -488,3 +489,6 @@ def test_validation_gives_the_tool_loop_its_rows_tools_kwargs(tok):
     assert [e["rollout_reward_scores"] for e in extras] == [{"gsm": 1.0}, {"gsm": 0.0}]
     assert [e["tool_rewards"] for e in extras] == [[0.0], [Gsm8kAnswer.NO_IMPROVEMENT_PENALTY]]
     assert metrics["val/score"] == 0.5
+    # the tool loop's counts over the validation's trajectories, beside the training's rollout/* ones
+    assert (metrics["val/tool_calls_mean"], metrics["val/tool_calls/gsm"], metrics["val/turns_max"]) == (1.0, 2.0, 2.0)
+    assert metrics["val/tool_failures/gsm"] == 0.0 and metrics["val/tool_s"] > 0
