@@ -249,17 +249,25 @@ def test_which_weights_make_a_unit_depends_on_its_step_not_on_timing(k: int, eng
     assert [v for _, _, _, v in h.source.trained] == [max(s - k, 1) - 1 for s in range(1, 11) for _ in range(dp)]
 
 
-@pytest.mark.parametrize("k", [0, 1, 3])
-def test_a_resume_from_the_checkpointed_queue_repeats_the_uninterrupted_run(k: int) -> None:
+@pytest.mark.parametrize("k,validate", [(0, False), (1, False), (3, False), (2, True)])
+def test_a_resume_from_the_checkpointed_queue_repeats_the_uninterrupted_run(k: int, validate: bool) -> None:
     # The uninterrupted run: 8 steps. The interrupted one: the same 4 steps, a checkpoint of step 4 (its queue), a
-    # new trainer and new rollout ranks from it (actor versions counted afresh, as a resumed trainer does).
-    def run(h: Harness, steps: range) -> list[tuple[list[list[int]], float]]:
-        out = []
+    # new trainer and new rollout ranks from it (actor versions counted afresh, as a resumed trainer does). With
+    # `validate`, both validate after step 4, before the checkpoint (the next step's notice has gone out early).
+    def step(h: Harness, t: int, out: list) -> None:
+        got = h.collect(t)
+        out.append((got.batch.response_ids.tolist(), got.metrics["rollout/staleness_max"]))
+        h.actor_version += 1
+        if validate and t == 4:
+            ctx = StepContext(step=t, branch=0, actor_version=h.actor_version, seed=0)
+            out.append([g.batch.response_ids.tolist() for _, g in h.source.validation(
+                ctx, VAL, Sampling(n=1), lambda c: 100 + c, 3)])
+
+    def run(h: Harness, steps: range) -> list:
+        out: list = []
         try:
-            for step in steps:
-                got = h.collect(step)
-                out.append((got.batch.response_ids.tolist(), got.metrics["rollout/staleness_max"]))
-                h.actor_version += 1
+            for t in steps:
+                step(h, t, out)
         finally:
             h.close()
         return out
@@ -267,12 +275,10 @@ def test_a_resume_from_the_checkpointed_queue_repeats_the_uninterrupted_run(k: i
     straight = Harness(max_staleness=k, rollout_ranks=2, dp_size=2, total_steps=8, jitter_s=0.005)
     whole = run(straight, range(1, 9))
     first = Harness(max_staleness=k, rollout_ranks=2, dp_size=2, total_steps=8, jitter_s=0.005)
-    head = []
+    head: list = []
     try:
-        for step in range(1, 5):
-            got = first.collect(step)
-            head.append((got.batch.response_ids.tolist(), got.metrics["rollout/staleness_max"]))
-            first.actor_version += 1
+        for t in range(1, 5):
+            step(first, t, head)
         saved = first.source.state_dict(4, 0, first.actor_version)
         cursor = first.sampler.state_dict()
     finally:
@@ -287,6 +293,8 @@ def test_a_resume_from_the_checkpointed_queue_repeats_the_uninterrupted_run(k: i
     resumed.actor_version = 1
     tail = run(resumed, range(5, 9))
     assert head + tail == whole
+    if validate:  # the validation (after the 4 steps' entries) came from the weights after step 4's update
+        assert all(row[0] - 1 == 4 for chunk in whole[4] for row in chunk)
     assert [u[:2] for u in resumed.source.trained] == [(s, d) for s in range(5, 9) for d in (0, 1)]
     assert [u[3] for u in resumed.source.trained] == [u[3] for u in straight.source.trained[8:]]
     generated = sum(1 for e in resumed.engines for c in e.calls if c[0] == "generate")
