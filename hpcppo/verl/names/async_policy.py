@@ -168,8 +168,7 @@ VERL_DOC = """**Asynchronous training** (verl's recipes `verl.experimental.one_s
 rollout pool (`rollout.nnodes x n_gpus_per_node`) become one allocation, the rollout sharing the trainer's nodes
 (`resources.rollout_ranks_per_node`, when both pools have the same nodes and at most 8 GPUs a node together) or taking
 whole nodes after them (`resources.rollout_nodes`, when both have the same GPUs per node); other shapes are refused in
-one line. `tensor_model_parallel_size = k` makes engines of k rollout ranks of one node (compile refuses it with
-validation on, where the trainer ranks would need such engines too). **One-step-off** generates step k + 1 while step k trains: `rollout.max_staleness = 1`, and the recipe's
+one line. `tensor_model_parallel_size = k` makes engines of k rollout ranks of one node. **One-step-off** generates step k + 1 while step k trains: `rollout.max_staleness = 1`, and the recipe's
 `algorithm.rollout_correction.bypass_mode = true` (its config/one_step_off_ppo_trainer.yaml). **Fully async**: the
 rollouter may run `(1 + staleness_threshold) x trigger_parameter_sync_step x require_batches x ppo_mini_batch_size`
 samples ahead of a weight sync (`FullyAsyncRollouter.set_max_required_samples`), the trainer syncs after
@@ -184,5 +183,12 @@ the new weights, so one sample carries two versions; hpcppo finishes a generatio
 `compute_prox_log_prob`. The recipes' defaults apply where the input leaves a key unset. **prime-rl**'s
 `max_async_level` (its docs' `async_level` k: inference may generate from a policy up to k steps behind the trainer;
 default 2) is `rollout.max_staleness`, and so is verl's integer `staleness_threshold` above; prime-rl runs its
-inference and trainer as separate jobs, hpcppo in one allocation.
+inference and trainer as separate jobs, hpcppo in one allocation. One difference in kind: verl's rollouter and
+prime-rl's inference generate with whatever weights they hold within the bound (how old depends on timing), while
+hpcppo generates step `t` with step `t - max_staleness`'s weights exactly (`docs/rollout-phase.md`, "Versions and
+the fixed lag"): the same bound, at the bound, and a run that repeats itself and resumes exactly. Validation runs
+on the rollout side (verl b178a3c, `verl/experimental/fully_async_policy/fully_async_rollouter.py`,
+`FullyAsyncRollouter.update_param_version`, validates after a parameter sync every `rollout.test_freq` versions
+unless `async_training.use_trainer_do_validate`; hpcppo's rollout ranks generate the validation set with the weights
+after the step's update, and the trainer ranks score it).
 """
