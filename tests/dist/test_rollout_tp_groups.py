@@ -55,7 +55,7 @@ def _worker(rank: int, world: int, tp: int) -> dict:
         engine=vllm_engine.VLLMRolloutEngine("/models/m", tensor_parallel_size=tp, dist_env=env),
         sampler=sampler, groups=groups, device=torch.device("cpu"), tokenizer=_Tokenizer(),
         train_data=[item(i, "arith") for i in range(PROMPTS)], val_data=[item(i, "arith") for i in range(VAL)],
-        val_sources=["arith"],
+        val_sources=["arith"], tools=None,  # single turn: no tool loop
         actor=SimpleNamespace(model=torch.nn.Sequential(torch.nn.Embedding(64, 8), torch.nn.Linear(8, 64))),
         sampling=SamplingParams(eos_token_id=(2,), pad_token_id=0, n=2, max_new_tokens=6),
         val_sampling=SamplingParams(eos_token_id=(2,), pad_token_id=0, n=1, temperature=0.0, max_new_tokens=4),
