@@ -235,6 +235,34 @@ class RolloutBatch:
         stamp = torch.where(self.response_attention_mask.bool(), int(version), -1)
         return replace(self, policy_version=stamp.long())
 
+    def state(self) -> dict[str, torch.Tensor]:
+        """The batch as the tensors it cannot be rebuilt without, in the narrowest exact dtypes: token ids and
+        versions as int32, masks as bool, log-probs as they are. ``input_ids``, ``attention_mask``, ``position_ids``
+        and ``response_lengths`` are left out (:func:`assemble_batch` derives them). About 14 bytes a response token
+        and 5 a prompt token, against 76 and 40 for every column as the trainer holds it: what a checkpoint's
+        queued units store and what a pickled batch (a unit over the bridge, a unit shared among trainer ranks)
+        carries."""
+        for name in ("prompt_ids", "response_ids"):
+            ids = getattr(self, name)
+            if ids.numel() and (int(ids.max()) > _INT32_MAX or int(ids.min()) < -_INT32_MAX - 1):
+                raise ValueError(f"{name} holds a token id outside int32: {int(ids.min())}..{int(ids.max())}")
+        return {
+            "prompt_ids": self.prompt_ids.int(), "prompt_mask": self.prompt_mask.bool(),
+            "response_ids": self.response_ids.int(), "response_mask": self.response_mask.bool(),
+            "response_attention_mask": self.response_attention_mask.bool(),
+            "rollout_log_probs": self.rollout_log_probs, "prompt_index": self.prompt_index,
+            "policy_version": self.policy_version.int(),
+        }
+
+    @staticmethod
+    def from_state(state: Mapping[str, torch.Tensor]) -> RolloutBatch:
+        """:meth:`state`'s inverse, exact: every column equal to the original's, in the trainer's dtypes."""
+        return assemble_batch(**state)
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, torch.Tensor]]]:
+        # pickled as its state (bridge payloads, trainer-rank shares): a quarter of the bytes
+        return (_batch_from_state, (self.state(),))
+
     def pad_responses_to(self, width: int, pad_token_id: int) -> RolloutBatch:
         """The same batch with response columns right padded to ``width`` (>= the current width)."""
         extra = width - self.response_width
@@ -252,6 +280,13 @@ class RolloutBatch:
             rollout_log_probs=pad(self.rollout_log_probs, 0.0), prompt_index=self.prompt_index,
             response_attention_mask=pad(self.response_attention_mask, 0), policy_version=pad(self.policy_version, -1),
         )
+
+
+_INT32_MAX = 2**31 - 1
+
+
+def _batch_from_state(state: Mapping[str, torch.Tensor]) -> RolloutBatch:
+    return RolloutBatch.from_state(state)
 
 
 def assemble_batch(

@@ -459,7 +459,7 @@ def unit_from_state(state: dict[str, Any]) -> Produced:
     stats = g.pop("tool_stats")
     if stats is not None:
         stats = LoopStats(**(stats | {"calls": Counter(stats["calls"]), "failures": Counter(stats["failures"])}))
-    generated = Generated(batch=RolloutBatch(**g.pop("batch")), greedy=_batch_from_state(g.pop("greedy")),
+    generated = Generated(batch=RolloutBatch.from_state(g.pop("batch")), greedy=_batch_from_state(g.pop("greedy")),
                           tool_stats=stats, **g)
     return Produced(step=int(state["step"]), dp_rank=int(state["dp_rank"]), branch=int(state["branch"]),
                     version=int(state["version"]), indices=tuple(int(i) for i in state["indices"]),
@@ -468,8 +468,8 @@ def unit_from_state(state: dict[str, Any]) -> Produced:
 
 
 def _batch_state(batch: RolloutBatch | None) -> dict[str, torch.Tensor] | None:
-    return None if batch is None else {f.name: getattr(batch, f.name) for f in fields(batch)}
+    return None if batch is None else batch.state()
 
 
 def _batch_from_state(state: dict[str, torch.Tensor] | None) -> RolloutBatch | None:
-    return None if state is None else RolloutBatch(**state)
+    return None if state is None else RolloutBatch.from_state(state)
