@@ -154,6 +154,9 @@ def _time_table(budget: Budget) -> list[Any]:
                       _duration(t["offload_s"]))
         table.add_row("step", _duration(t["step_s"]), style="bold")
         table.add_row(f"checkpoint ({t['checkpoint_bytes'] / 1e9:,.0f} GB)", _duration(t["checkpoint_s"]))
+        if t.get("checkpoint_queue_wait_s"):
+            table.add_row("checkpoint's wait for the queued samples (worst case)",
+                          _duration(t["checkpoint_queue_wait_s"]))
         if "validation_s" in t:
             table.add_row(f"one validation ({int(t['validation_prompts']):,} prompts x rollout.val_n)",
                           _duration(t["validation_s"]))

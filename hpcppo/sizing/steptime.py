@@ -193,6 +193,11 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
     state = 12 * m.params + (12 * cm.critic_params if plan.needs_critic else 0)
     t["checkpoint_bytes"] = state
     t["checkpoint_s"] = state / (trainer_nodes * A["checkpoint write per node"] * 1e9)  # the trainers write
+    if split and exp.rollout.max_staleness > 0:
+        # a split checkpoint holds the units of the next max_staleness steps (docs/rollout-phase.md, "Resume: the
+        # queue is checkpointed") and waits for them: worst case (the rollout side the slower one) the generation of
+        # all of them, since the last one needs the weights of the step being checkpointed
+        t["checkpoint_queue_wait_s"] = exp.rollout.max_staleness * t["rollout_side_s"]
     if plan.total_steps:
         t["total_steps"] = plan.total_steps
         validations = t.get("validation_s", 0.0) * _validations(exp, plan.total_steps)
@@ -239,14 +244,20 @@ def _update_flops(exp: Experiment, plan: RunPlan, m: ModelShape, cm: ModelShape,
 
 
 def _check_signal_lead(budget: Budget, exp: Experiment, plan: RunPlan, t: dict[str, float]) -> None:
-    """A warning when the preemption signal's lead is shorter than a step and a checkpoint."""
+    """A warning when the preemption signal's lead is shorter than a step and a checkpoint (in split placement with
+    staleness, the checkpoint's wait for the queued units too)."""
     lead = plan.signal_lead_s
-    if lead and exp.checkpoint.save_on_preempt and lead < t["step_s"] + t["checkpoint_s"]:
+    queued = t.get("checkpoint_queue_wait_s", 0.0)
+    need = t["step_s"] + t["checkpoint_s"] + queued
+    if lead and exp.checkpoint.save_on_preempt and lead < need:
+        parts, sums = "step + checkpoint", f"{t['step_s']:.0f} s + {t['checkpoint_s']:.0f} s"
+        if queued:
+            parts += f" + its wait for the next {exp.rollout.max_staleness} steps' samples"
+            sums += f" + {queued:.0f} s"
         budget.warnings.append(
-            f"slurm.signal_lead_s = {lead} s is shorter than an estimated step + checkpoint "
-            f"({t['step_s']:.0f} s + {t['checkpoint_s']:.0f} s): the USR2 checkpoint may not finish before the time "
-            f"limit and the job would end in TIMEOUT, which Slurm does not requeue; raise it to at least "
-            f"{math.ceil(1.5 * (t['step_s'] + t['checkpoint_s']))} (-o site.slurm.signal_lead_s=...)")
+            f"slurm.signal_lead_s = {lead} s is shorter than an estimated {parts} ({sums}): the USR2 checkpoint may "
+            f"not finish before the time limit and the job would end in TIMEOUT, which Slurm does not requeue; raise "
+            f"it to at least {math.ceil(1.5 * need)} (-o site.slurm.signal_lead_s=...)")
 
 
 def _validations(exp: Experiment, total_steps: int, *, before: bool = True) -> int:

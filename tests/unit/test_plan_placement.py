@@ -4,6 +4,8 @@ both placements of the same GPUs, and which is faster and why."""
 from __future__ import annotations
 
 import json
+import logging
+import math
 from pathlib import Path
 
 import pytest
@@ -81,6 +83,27 @@ def test_split_overlaps_its_sides_unless_on_policy():
     # the trainers' updates on half the GPUs take twice as long; every GPU of the allocation is paid for
     assert t["forward_and_update_s"] == pytest.approx(2 * colocated["forward_and_update_s"])
     assert t["gpu_hours_per_100_steps"] == pytest.approx(100 * t["step_s"] * 16 / 3600)
+
+
+def test_a_split_checkpoints_wait_for_its_queue_counts_against_the_signal_lead(caplog):
+    # a split checkpoint holds the next max_staleness steps' samples and waits for them (worst case: generating them
+    # all); the preemption signal's lead must cover that too
+    times = {}
+    for k in (0, 1, 2):
+        times[k] = _budget(SPLIT + [f"rollout.max_staleness={k}"])[0].time
+    assert "checkpoint_queue_wait_s" not in times[0]
+    assert [times[k]["checkpoint_queue_wait_s"] for k in (1, 2)] == pytest.approx(
+        [times[1]["rollout_side_s"], 2 * times[2]["rollout_side_s"]])
+    need = {k: t["step_s"] + t["checkpoint_s"] + t.get("checkpoint_queue_wait_s", 0.0) for k, t in times.items()}
+    lead = int(max(need[0], need[1])) + 1
+    assert lead < need[2]
+    for k in (0, 1, 2):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="hpcppo.sizing"):
+            _budget(SPLIT + [f"rollout.max_staleness={k}", f"site.slurm.signal_lead_s={lead}"])
+        warned = [r.getMessage() for r in caplog.records if "signal_lead_s" in r.getMessage()]
+        assert bool(warned) == (k == 2), (k, warned)
+    assert "+ its wait for the next 2 steps' samples" in warned[0] and f"at least {math.ceil(1.5 * need[2])}" in warned[0]
 
 
 def test_plan_compares_both_placements_of_the_same_gpus():
