@@ -195,8 +195,8 @@ def step_time(budget: Budget, exp: Experiment, plan: RunPlan, m: ModelShape, cm:
     t["checkpoint_s"] = state / (trainer_nodes * A["checkpoint write per node"] * 1e9)  # the trainers write
     if split and exp.rollout.max_staleness > 0:
         # a split checkpoint holds the units of the next max_staleness steps (docs/rollout-phase.md, "Resume: the
-        # queue is checkpointed") and waits for them: worst case (the rollout side the slower one) the generation of
-        # all of them, since the last one needs the weights of the step being checkpointed
+        # queue is checkpointed") and waits for them: worst case (the rollout side the slower one, so nothing is
+        # queued ahead) the generation of all of them
         t["checkpoint_queue_wait_s"] = exp.rollout.max_staleness * t["rollout_side_s"]
     if plan.total_steps:
         t["total_steps"] = plan.total_steps
