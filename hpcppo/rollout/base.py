@@ -244,8 +244,10 @@ class RolloutBatch:
         carries."""
         for name in ("prompt_ids", "response_ids"):
             ids = getattr(self, name)
-            if ids.numel() and (int(ids.max()) > _INT32_MAX or int(ids.min()) < -_INT32_MAX - 1):
-                raise ValueError(f"{name} holds a token id outside int32: {int(ids.min())}..{int(ids.max())}")
+            if ids.numel():
+                low, high = (int(x) for x in torch.aminmax(ids))
+                if high > _INT32_MAX or low < -_INT32_MAX - 1:
+                    raise ValueError(f"{name} holds a token id outside int32: {low}..{high}")
         return {
             "prompt_ids": self.prompt_ids.int(), "prompt_mask": self.prompt_mask.bool(),
             "response_ids": self.response_ids.int(), "response_mask": self.response_mask.bool(),
@@ -261,7 +263,7 @@ class RolloutBatch:
 
     def __reduce__(self) -> tuple[Any, tuple[dict[str, torch.Tensor]]]:
         # pickled as its state (bridge payloads, trainer-rank shares): a quarter of the bytes
-        return (_batch_from_state, (self.state(),))
+        return (RolloutBatch.from_state, (self.state(),))
 
     def pad_responses_to(self, width: int, pad_token_id: int) -> RolloutBatch:
         """The same batch with response columns right padded to ``width`` (>= the current width)."""
@@ -283,10 +285,6 @@ class RolloutBatch:
 
 
 _INT32_MAX = 2**31 - 1
-
-
-def _batch_from_state(state: Mapping[str, torch.Tensor]) -> RolloutBatch:
-    return RolloutBatch.from_state(state)
 
 
 def assemble_batch(
